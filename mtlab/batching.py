@@ -1,0 +1,87 @@
+"""Examples to padded batches.
+
+An example is ``dict[str, Tensor]``. A tensor with at least one axis is a sequence with
+time on its first axis; a 0-d tensor (a class id) has length 1. A batch is
+``data: dict[str, Tensor[B, T, ...]]`` zero-padded to the longest item, plus
+``seq_lengths: dict[str, LongTensor[B]]``; 0-d items are stacked to ``[B]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from .errors import BatchError
+
+Batch = tuple[dict[str, Tensor], dict[str, Tensor]]
+
+
+def example_length(example: Mapping[str, Tensor], key: str | None = None) -> int:
+    """Time length of ``example[key]`` (default: its first tensor); 0-d tensors have length 1."""
+    if not example:
+        raise BatchError("empty example: an example is a dict name -> tensor with at least one entry")
+    value = example[key] if key is not None else next(iter(example.values()))
+    return 1 if value.dim() == 0 else int(value.shape[0])
+
+
+def collate(examples: Sequence[Mapping[str, Tensor]], pin_memory: bool = False) -> Batch:
+    """Zero-pad a list of examples into ``(data, seq_lengths)``.
+
+    >>> data, lens = collate([{"x": torch.ones(3, 2)}, {"x": torch.ones(5, 2)}])
+    >>> data["x"].shape, lens["x"].tolist()
+    (torch.Size([2, 5, 2]), [3, 5])
+    """
+    if len(examples) == 0:
+        raise BatchError("cannot collate an empty list of examples")
+    keys = list(examples[0].keys())
+    for i, ex in enumerate(examples):
+        if list(ex.keys()) != keys and set(ex.keys()) != set(keys):
+            raise BatchError(
+                f"example {i} has keys {sorted(ex.keys())} but example 0 has {sorted(keys)}; "
+                "every example of a batch needs the same keys"
+            )
+    data: dict[str, Tensor] = {}
+    seq_lengths: dict[str, Tensor] = {}
+    for key in keys:
+        items = [ex[key] for ex in examples]
+        first = items[0]
+        if not isinstance(first, Tensor):
+            raise BatchError(f"example entry {key!r} is {type(first).__name__}, expected a torch.Tensor")
+        if first.dim() == 0:
+            if any(t.dim() != 0 for t in items):
+                raise BatchError(f"entry {key!r} is 0-d in some examples and not in others")
+            data[key] = torch.stack(items)
+            seq_lengths[key] = torch.ones(len(items), dtype=torch.long)
+            continue
+        trailing = first.shape[1:]
+        for i, t in enumerate(items):
+            if t.dim() == 0 or t.shape[1:] != trailing:
+                raise BatchError(
+                    f"entry {key!r}: example {i} has shape {tuple(t.shape)}, example 0 has "
+                    f"{tuple(first.shape)}; only the first (time) axis may differ"
+                )
+        lengths = [int(t.shape[0]) for t in items]
+        out = first.new_zeros((len(items), max(lengths), *trailing))
+        if pin_memory:
+            out = out.pin_memory()
+        for i, t in enumerate(items):
+            out[i, : lengths[i]] = t
+        data[key] = out
+        seq_lengths[key] = torch.tensor(lengths, dtype=torch.long)
+    return data, seq_lengths
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    """Move a batch to ``device`` without waiting for the copy (non_blocking)."""
+    data, seq_lengths = batch
+    if all(t.device == device for t in data.values()) and all(
+        t.device == device for t in seq_lengths.values()
+    ):
+        return data, seq_lengths
+    nb = device.type == "cuda"
+    return (
+        {k: v.to(device, non_blocking=nb) for k, v in data.items()},
+        {k: v.to(device, non_blocking=nb) for k, v in seq_lengths.items()},
+    )

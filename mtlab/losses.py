@@ -1,0 +1,109 @@
+"""Loss computers: ``loss(targets, outputs, seq_lengths) -> (loss_sum, norm)``.
+
+Any callable with that signature works. ``loss_sum`` is the SUM over the minibatch and
+``norm`` what it should be divided by (frames, elements, utterances); both are scalar tensors.
+Summing here and dividing once at the accumulation boundary makes accumulated gradients exact
+whatever the minibatch lengths. Nothing here reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .errors import BatchError
+
+LossResult = tuple[Tensor, Tensor]
+
+
+def time_mask(lengths: Tensor, max_len: int) -> Tensor:
+    """``[B, max_len]`` bool mask, True on valid frames."""
+    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def _lookup(kind: str, where: Mapping[str, Tensor], name: str, owner: str) -> Tensor:
+    if name not in where:
+        raise BatchError(f"{owner}: no {kind} named {name!r}; available {kind}s: {sorted(where)}")
+    return where[name]
+
+
+def _lengths_for(seq_lengths: Mapping[str, Tensor], *names: str) -> Tensor | None:
+    for name in names:
+        if name in seq_lengths:
+            return seq_lengths[name]
+    return None
+
+
+class CrossEntropy:
+    """Softmax cross-entropy.
+
+    Frame level when the target has a time axis (``target [B, T]``, ``output [B, T, C]``):
+    padded frames are masked and ``norm`` is the number of valid frames. Utterance level when
+    the target has no time axis (``target [B]``, ``output [B, C]``): ``norm`` is the batch size.
+    """
+
+    def __init__(self, output: str, target: str) -> None:
+        self.output = output
+        self.target = target
+
+    def __repr__(self) -> str:
+        return f"CrossEntropy(output={self.output!r}, target={self.target!r})"
+
+    def __call__(
+        self, targets: Mapping[str, Tensor], outputs: Mapping[str, Tensor], seq_lengths: Mapping[str, Tensor]
+    ) -> LossResult:
+        logits = _lookup("output", outputs, self.output, repr(self))
+        target = _lookup("target", targets, self.target, repr(self))
+        if target.dim() == 1:
+            if logits.dim() != 2 or logits.shape[0] != target.shape[0]:
+                raise BatchError(
+                    f"{self!r}: utterance-level target {tuple(target.shape)} needs output [B, C], "
+                    f"got {tuple(logits.shape)}"
+                )
+            loss = F.cross_entropy(logits, target.long(), reduction="sum")
+            return loss, logits.new_full((), float(target.shape[0]))
+        if target.dim() != 2 or logits.dim() != 3 or logits.shape[:2] != target.shape:
+            raise BatchError(
+                f"{self!r}: frame-level target [B, T] needs output [B, T, C] with the same B and T; "
+                f"got target {tuple(target.shape)} and output {tuple(logits.shape)}"
+            )
+        lengths = _lengths_for(seq_lengths, self.target, self.output)
+        per_frame = F.cross_entropy(logits.transpose(1, 2), target.long(), reduction="none")
+        if lengths is None:
+            return per_frame.sum(), logits.new_full((), float(per_frame.numel()))
+        mask = time_mask(lengths, target.shape[1])
+        loss = torch.where(mask, per_frame, per_frame.new_zeros(())).sum()
+        return loss, mask.sum().to(logits.dtype)
+
+
+class MSE:
+    """Summed squared error over valid frames; ``norm`` is the number of valid elements."""
+
+    def __init__(self, output: str, target: str) -> None:
+        self.output = output
+        self.target = target
+
+    def __repr__(self) -> str:
+        return f"MSE(output={self.output!r}, target={self.target!r})"
+
+    def __call__(
+        self, targets: Mapping[str, Tensor], outputs: Mapping[str, Tensor], seq_lengths: Mapping[str, Tensor]
+    ) -> LossResult:
+        out = _lookup("output", outputs, self.output, repr(self))
+        target = _lookup("target", targets, self.target, repr(self))
+        if out.shape != target.shape:
+            raise BatchError(
+                f"{self!r}: output {tuple(out.shape)} and target {tuple(target.shape)} differ in shape"
+            )
+        sq = (out - target.to(out.dtype)).pow(2)
+        lengths = _lengths_for(seq_lengths, self.target, self.output)
+        if out.dim() < 2 or lengths is None:
+            return sq.sum(), out.new_full((), float(sq.numel()))
+        mask = time_mask(lengths, out.shape[1])
+        per_frame = sq.reshape(out.shape[0], out.shape[1], -1).sum(-1)
+        loss = torch.where(mask, per_frame, per_frame.new_zeros(())).sum()
+        elems_per_frame = sq[0, 0].numel()
+        return loss, mask.sum().to(out.dtype) * elems_per_frame
