@@ -148,6 +148,8 @@ class Trainer:
         self._states: dict[str, TaskState] = {t: self._new_state(t) for t in self.tasks}
         self._streams: dict[tuple[str, str], BatchStream] = {}
         self._training_mode: bool | None = None
+        self._stash: dict[str, Tensor] = {}
+        self.recipe: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ construction helpers
     def _make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -167,7 +169,7 @@ class Trainer:
     def _task_grads(self, task: str) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
         bufs = self._shared_bufs[task]
-        stash = getattr(self, "_stash", {})
+        stash = self._stash
         for name in self.task_params[task]:
             if name in bufs:
                 g = bufs[name]
@@ -670,6 +672,133 @@ class Trainer:
             self._emit("evaluate", {"task": task, "linkedset": linkedset, "loss": value, "step": self.step_count})
             return value
 
+    # ------------------------------------------------------------------ state you can keep
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: weights, optimizer, accumulators (phase, loss,
+        norm, grads), data-stream positions, RNG states, step, settings, weights and history.
+        Plain containers of tensors, strings and numbers (loadable with ``weights_only=True``)."""
+        with self._lock:
+            tasks: dict[str, Any] = {}
+            for name, st in self._states.items():
+                tasks[name] = {
+                    "phase": st.phase, "minibatches": st.minibatches,
+                    "batch_loss": st.batch_loss.detach().clone(), "batch_loss_norm": st.batch_loss_norm.detach().clone(),
+                    "set_loss": {k: torch.as_tensor(v).clone() for k, v in st.set_loss.items()},
+                    "set_norm": {k: torch.as_tensor(v).clone() for k, v in st.set_norm.items()},
+                    "records": [{"linkedset": r.linkedset, "num_examples": r.num_examples, "weight": r.weight,
+                                 "loss": r.loss.clone(), "norm": r.norm.clone()} for r in st.records],
+                    "grads": {k: v.detach().clone() for k, v in st.grads.items()},
+                    "grad_norm": None if st.grad_norm is None else st.grad_norm.clone(),
+                    "grad_norm_clipped": None if st.grad_norm_clipped is None else st.grad_norm_clipped.clone(),
+                    "clip_fraction": None if st.clip_fraction is None else st.clip_fraction.clone(),
+                    "param_norms": {k: v.clone() for k, v in st.param_norms.items()},
+                    "param_norms_clipped": {k: v.clone() for k, v in st.param_norms_clipped.items()},
+                    "weight": self.tasks[name].weight,
+                    "linkedset_weights": {k: ls.weight for k, ls in self.tasks[name].linkedsets.items()},
+                }
+            rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+            if torch.cuda.is_available() and self.device.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state(self.device)
+            return {
+                "format": "mtlab-trainer", "version": 1,
+                "models": {k: {n: t.detach().clone() for n, t in m.state_dict().items()} for k, m in self.models.items()},
+                "optimizer": _clone_tree(self.optimizer.state_dict()) if self.optimizer is not None else None,
+                "tasks": tasks,
+                "streams": {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self._streams.items()},
+                "rng": rng,
+                "step": self.step_count, "lr": self.lr, "clip_grad_value": self.clip_grad_value,
+                "history": self.log.state_dict(),
+                "settings": {"normalize_gradients": self.normalize_gradients,
+                             "numbatches_to_aggregate": self.numbatches_to_aggregate,
+                             "nonfinite": self.nonfinite, "seed": self.seed},
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any], history: bool = True) -> None:
+        """Restore a ``state_dict()``: the trainer continues exactly where that state was taken."""
+        with self._lock:
+            if not isinstance(state, Mapping) or state.get("format") != "mtlab-trainer":
+                raise ConfigError("not an mtlab trainer state (expected the dict Trainer.state_dict() returns)")
+            if state.get("version") != 1:
+                raise ConfigError(f"trainer state version {state.get('version')!r} is not supported by this mtlab (1)")
+            missing_models = sorted(set(self.models) ^ set(state["models"]))
+            missing_tasks = sorted(set(self.tasks) ^ set(state["tasks"]))
+            if missing_models or missing_tasks:
+                raise ConfigError(
+                    f"the state does not match this trainer: models differ by {missing_models}, tasks by {missing_tasks}; "
+                    "load it into a trainer built from the same recipe"
+                )
+            for name, st in state["tasks"].items():
+                unknown = set(st["grads"]) - set(self.task_params[name])
+                if unknown:
+                    raise ConfigError(f"the state's task {name!r} has gradients for unknown parameters {sorted(unknown)}")
+            for k, m in self.models.items():
+                m.load_state_dict(state["models"][k])
+            if self.optimizer is not None and state["optimizer"] is not None:
+                self.optimizer.load_state_dict(_clone_tree(state["optimizer"]))
+            for name, saved in state["tasks"].items():
+                self._reset(name)
+                st = self._states[name]
+                dev = self.device
+                st.phase = saved["phase"]
+                st.minibatches = int(saved["minibatches"])
+                st.batch_loss = saved["batch_loss"].to(dev).clone()
+                st.batch_loss_norm = saved["batch_loss_norm"].to(dev).clone()
+                st.set_loss = {k: v.to(dev).clone() for k, v in saved["set_loss"].items()}
+                st.set_norm = {k: v.to(dev).clone() for k, v in saved["set_norm"].items()}
+                st.records = [MinibatchRecord(r["linkedset"], int(r["num_examples"]), float(r["weight"]),
+                                              r["loss"].to(dev).clone(), r["norm"].to(dev).clone()) for r in saved["records"]]
+                for key in ("grad_norm", "grad_norm_clipped", "clip_fraction"):
+                    v = saved[key]
+                    setattr(st, key, None if v is None else v.to(dev).clone())
+                st.param_norms = {k: v.to(dev).clone() for k, v in saved["param_norms"].items()}
+                st.param_norms_clipped = {k: v.to(dev).clone() for k, v in saved["param_norms_clipped"].items()}
+                for pname, g in saved["grads"].items():
+                    g = g.to(device=dev, dtype=self.params[pname].dtype).clone()
+                    if len(self.param_users[pname]) > 1:
+                        self._shared_bufs[name][pname] = g
+                    else:
+                        self.params[pname].grad = g
+                self.tasks[name].weight = float(saved["weight"])
+                for sname, w in saved["linkedset_weights"].items():
+                    if sname in self.tasks[name].linkedsets:
+                        self.tasks[name].linkedsets[sname].weight = float(w)
+            for key, sst in state["streams"].items():
+                tname, sname = key.split("/", 1)
+                if tname in self.tasks and sname in self.tasks[tname].linkedsets:
+                    self.stream(tname, sname).load_state_dict(sst)
+            torch.set_rng_state(state["rng"]["torch"])
+            if "cuda" in state["rng"] and self.device.type == "cuda":
+                torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+            self.step_count = int(state["step"])
+            self.lr = state["lr"]
+            self.clip_grad_value = state["clip_grad_value"]
+            if history:
+                self.log.load_state_dict(state["history"])
+            self._emit("restore", {"step": self.step_count})
+
+    def snapshot(self) -> dict[str, Any]:
+        """An in-memory copy of the whole state (undo in a notebook; rollback in validation)."""
+        return self.state_dict()
+
+    def restore(self, snapshot: Mapping[str, Any], history: bool = True) -> None:
+        """Go back to a ``snapshot()``; the snapshot stays valid for later restores."""
+        self.load_state_dict(snapshot, history=history)
+
+    def save(self, path: str | "os.PathLike[str]") -> None:  # noqa: F821
+        """Write a checkpoint atomically (a crash mid-write leaves the previous file intact)."""
+        from .checkpoint import save_atomic
+
+        state = self.state_dict()
+        if self.recipe is not None:
+            state["recipe"] = self.recipe
+        save_atomic(state, path)
+
+    def load_checkpoint(self, path: str | "os.PathLike[str]") -> None:  # noqa: F821
+        """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""
+        from .checkpoint import load_safe
+
+        self.load_state_dict(load_safe(path))
+
     # ------------------------------------------------------------------ introspection
     def __repr__(self) -> str:
         return (f"Trainer(tasks={list(self.tasks)}, models={list(self.models)}, step={self.step_count}, "
@@ -687,3 +816,15 @@ class Trainer:
                 f"K={self.numbatches_to_aggregate} &middot; {self.device}"
                 "<table><tr><th>task</th><th>weight</th><th>linked sets (weight)</th><th>models</th>"
                 f"<th>phase</th><th>minibatches</th></tr>{''.join(rows)}</table></div>")
+
+
+def _clone_tree(obj: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone_tree(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone_tree(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_clone_tree(v) for v in obj)
+    return obj

@@ -1,0 +1,112 @@
+"""Shared benchmark pieces: the BLSTM tagger, variable-length data, timing and memory helpers."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import mtlab
+from mtlab.data.stream import BatchStream
+from mtlab.models import BLSTM
+
+CASES = {
+    # name: (layers, hidden, batch, min_len, max_len)
+    "compute": (2, 128, 16, 50, 300),
+    "overhead": (1, 16, 4, 5, 20),
+}
+DIN, CLASSES, K = 40, 10, 4
+
+
+def make_examples(n: int, min_len: int, max_len: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        t = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        out.append({"x": torch.randn(t, DIN, generator=g), "y": torch.randint(0, CLASSES, (t,), generator=g)})
+    return out
+
+
+def make_models(layers: int, hidden: int, seed: int = 0) -> dict[str, nn.Module]:
+    torch.manual_seed(seed)
+    return {"enc": BLSTM(DIN, hidden, num_layers=layers), "head": nn.Linear(2 * hidden, CLASSES)}
+
+
+def make_trainer(models, examples, batch: int, clip: float = 1.0, **kw) -> mtlab.Trainer:
+    task = mtlab.Task("tag", nodes=[mtlab.Node("h", "enc", ["x"]), mtlab.Node("logits", "head", ["h"])],
+                      inputs=["x"], targets=["y"], outputs=["logits"],
+                      loss=mtlab.losses.CrossEntropy(output="logits", target="y"),
+                      linkedsets={"train": mtlab.LinkedSet(examples)}, batch_size=batch)
+    return mtlab.Trainer(models, [task], lr=1e-3, clip_grad_value=clip, numbatches_to_aggregate=K,
+                         device="cpu", seed=0, **kw)
+
+
+class HandLoop:
+    """The same math written out in plain PyTorch: sum losses and norms over K minibatches,
+    divide once, clip by value, Adam."""
+
+    def __init__(self, models, examples, batch: int, clip: float = 1.0) -> None:
+        self.enc, self.head = models["enc"], models["head"]
+        self.params = list(self.enc.parameters()) + list(self.head.parameters())
+        self.opt = torch.optim.Adam(self.params, lr=1e-3)
+        self.stream = BatchStream(examples, batch, 1, seed=mtlab.trainer.derived_seed(0, "tag", "train"))
+        self.clip = clip
+
+    def step(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        norm = 0.0
+        for _ in range(K):
+            data, lens = next(self.stream)
+            logits = self.head(self.enc(data["x"], lens["x"]))
+            mask = torch.arange(data["y"].shape[1])[None] < lens["y"][:, None]
+            per = F.cross_entropy(logits.transpose(1, 2), data["y"], reduction="none")
+            loss = torch.where(mask, per, per.new_zeros(())).sum()
+            loss.backward()
+            norm = norm + mask.sum()
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.div_(norm)
+        torch.nn.utils.clip_grad_value_(self.params, self.clip)
+        self.opt.step()
+
+
+def timed(fn, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+def interleaved(systems: dict, rounds: int, steps: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per step of each system, measured in interleaved rounds."""
+    for s in systems.values():
+        for _ in range(warmup):
+            s()
+    times: dict[str, list[float]] = {k: [] for k in systems}
+    for r in range(rounds):
+        keys = list(systems) if r % 2 == 0 else list(reversed(systems))
+        for k in keys:
+            times[k].append(timed(systems[k], steps))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def reset_peak_rss() -> int:
+    """Reset the kernel's peak-RSS counter; return the current RSS in bytes (Linux)."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return rss("VmRSS")
+
+
+def rss(field: str = "VmHWM") -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def set_threads() -> None:
+    torch.set_num_threads(int(os.environ.get("MTLAB_BENCH_THREADS", os.cpu_count() or 1)))

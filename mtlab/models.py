@@ -1,0 +1,70 @@
+"""Plain ``nn.Module`` building blocks usable as graph nodes."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class BLSTM(nn.Module):
+    """Stacked bidirectional LSTM over padded ``[B, T, D]`` input, honouring ``seq_lengths``
+    (packed sequences, so padding never leaks into valid frames). Output ``[B, T, 2*hidden]``,
+    zero on padded frames. ``input_noise`` adds Gaussian noise to the input and ``dropout``
+    drops between layers, in training mode only (as the original's model settings)."""
+
+    def __init__(self, input_dim: int, hidden: int, num_layers: int = 1, dropout: float = 0.0,
+                 input_noise: float = 0.0) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(input_dim, hidden, num_layers=num_layers, batch_first=True, bidirectional=True,
+                            dropout=dropout if num_layers > 1 else 0.0)
+        self.input_noise = input_noise
+        self.output_dim = 2 * hidden
+
+    def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+        if self.training and self.input_noise > 0:
+            x = x + self.input_noise * torch.randn_like(x)
+        # pack_padded_sequence needs lengths on the CPU: a small host copy of B ints.
+        packed = nn.utils.rnn.pack_padded_sequence(x, seq_lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        return out
+
+
+class FeedForward(nn.Module):
+    """Per-frame MLP: ``num_layers`` hidden layers of ``hidden`` units, then a linear output."""
+
+    def __init__(self, input_dim: int, output_dim: int, hidden: int = 128, num_layers: int = 1,
+                 dropout: float = 0.0, activation: str = "relu") -> None:
+        super().__init__()
+        act = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[activation]
+        layers: list[nn.Module] = []
+        d = input_dim
+        for _ in range(num_layers):
+            layers += [nn.Linear(d, hidden), act()]
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+            d = hidden
+        layers.append(nn.Linear(d, output_dim))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` applied on the last axis (per frame for sequences)."""
+
+
+class MeanPool(nn.Module):
+    """Mean over valid frames: ``[B, T, D] -> [B, D]`` (for utterance-level targets)."""
+
+    def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+        mask = (torch.arange(x.shape[1], device=x.device)[None, :] < seq_lengths[:, None]).to(x.dtype)
+        return (x * mask[..., None]).sum(1) / seq_lengths.clamp(min=1)[:, None].to(x.dtype)
+
+
+class Concat(nn.Module):
+    """Concatenate inputs on the last axis."""
+
+    def forward(self, *xs: Tensor) -> Tensor:
+        return torch.cat(xs, dim=-1)

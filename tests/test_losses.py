@@ -1,0 +1,53 @@
+"""Built-in loss computers against direct PyTorch computations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mtlab
+from mtlab.batching import collate
+
+
+def test_frame_cross_entropy_masks_padding():
+    g = torch.Generator().manual_seed(0)
+    lens = [3, 7, 5]
+    logits_list = [torch.randn(t, 4, generator=g, dtype=torch.float64) for t in lens]
+    ys = [torch.randint(0, 4, (t,), generator=g) for t in lens]
+    data, sl = collate([{"logits": l, "y": y} for l, y in zip(logits_list, ys)])
+    data["logits"][0, 4:] = 1e6  # garbage in padding must not matter
+    loss, norm = mtlab.losses.CrossEntropy(output="logits", target="y")({"y": data["y"]}, {"logits": data["logits"]}, sl)
+    ref = sum(F.cross_entropy(l, y, reduction="sum") for l, y in zip(logits_list, ys))
+    assert float(norm) == sum(lens)
+    torch.testing.assert_close(loss, ref)
+
+
+def test_utterance_cross_entropy_norm_is_batch_size():
+    logits = torch.randn(6, 3)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    loss, norm = mtlab.losses.CrossEntropy(output="o", target="y")({"y": y}, {"o": logits}, {"y": torch.ones(6, dtype=torch.long)})
+    torch.testing.assert_close(loss, F.cross_entropy(logits, y, reduction="sum"))
+    assert float(norm) == 6
+
+
+def test_mse_counts_valid_elements_only():
+    g = torch.Generator().manual_seed(1)
+    lens = [2, 6]
+    outs = [torch.randn(t, 3, generator=g) for t in lens]
+    tgts = [torch.randn(t, 3, generator=g) for t in lens]
+    d1, sl = collate([{"o": o} for o in outs])
+    d2, _ = collate([{"t": t} for t in tgts])
+    d1["o"][0, 2:] = 99.0
+    loss, norm = mtlab.losses.MSE(output="o", target="t")({"t": d2["t"]}, {"o": d1["o"]}, {"o": sl["o"]})
+    ref = sum(((o - t) ** 2).sum() for o, t in zip(outs, tgts))
+    torch.testing.assert_close(loss, ref)
+    assert float(norm) == 3 * sum(lens)
+
+
+def test_loss_shape_errors_are_clear():
+    with pytest.raises(mtlab.BatchError, match="frame-level target"):
+        mtlab.losses.CrossEntropy(output="o", target="y")({"y": torch.zeros(2, 3, dtype=torch.long)},
+                                                          {"o": torch.zeros(2, 4)}, {})
+    with pytest.raises(mtlab.BatchError, match="no output named 'o'"):
+        mtlab.losses.MSE(output="o", target="t")({"t": torch.zeros(1)}, {"z": torch.zeros(1)}, {})
