@@ -72,6 +72,8 @@ class Trainer:
         seed: int = 0,
         nonfinite: str = "raise",
         adam: Mapping[str, Any] | None = None,
+        acc_steps: bool = False,
+        normalize_weights_acc_steps: bool = False,
     ) -> None:
         if not isinstance(models, Mapping) or not models:
             raise ConfigError("models must be a non-empty dict name -> torch.nn.Module")
@@ -144,7 +146,20 @@ class Trainer:
 
         trainable = [self.params[n] for n in users]
         self.adam_options = dict(adam or {})
-        self.optimizer = self._make_optimizer(trainable) if trainable else None
+        self.acc_steps = bool(acc_steps)
+        self.normalize_weights_acc_steps = bool(normalize_weights_acc_steps)
+        if not trainable:
+            raise ConfigError("no task uses a model with trainable parameters; check the tasks' nodes")
+        self.optimizer = self._make_optimizer(trainable) if not self.acc_steps else None
+        # acc_steps: one Adam per task (lr x task weight), applied one after another, as the original.
+        self.task_optimizers: dict[str, torch.optim.Optimizer] = {}
+        if self.acc_steps:
+            for tname, pnames in self.task_params.items():
+                groups: dict[tuple[str, ...], list[nn.Parameter]] = {}
+                for pname in pnames:
+                    groups.setdefault(tuple(users[pname]), []).append(self.params[pname])
+                self.task_optimizers[tname] = self._make_optimizer(
+                    [{"params": ps, "mtlab_users": list(u)} for u, ps in groups.items()])
         self._states: dict[str, TaskState] = {t: self._new_state(t) for t in self.tasks}
         self._streams: dict[tuple[str, str], BatchStream] = {}
         self._training_mode: bool | None = None
@@ -152,11 +167,12 @@ class Trainer:
         self.recipe: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ construction helpers
-    def _make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    def _make_optimizer(self, params: list[Any]) -> torch.optim.Optimizer:
         opts = dict(self.adam_options)
+        flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
         if "fused" not in opts and "foreach" not in opts:
             # Fused Adam can skip a step on the device (found_inf) without a host sync.
-            opts["fused"] = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+            opts["fused"] = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in flat)
         return torch.optim.Adam(params, lr=self.lr, **opts)
 
     def _new_state(self, task: str) -> TaskState:
@@ -531,7 +547,23 @@ class Trainer:
         return ("apply(): refused, parameters and optimizer untouched: " + "; ".join(parts) +
                 ". reset() and go on, or use Trainer(nonfinite='skip') to drop such steps automatically")
 
+    def _run_optimizer(self, opt: torch.optim.Optimizer, found_inf: Tensor | None) -> None:
+        if found_inf is not None and opt.defaults.get("fused"):
+            opt.found_inf = found_inf.to(torch.float32)  # the device skips the update: no host sync
+            try:
+                opt.step()
+            finally:
+                del opt.found_inf
+        elif found_inf is not None:
+            if not bool(found_inf):  # sync point: non-fused optimizers cannot skip on the device
+                opt.step()
+        else:
+            opt.step()
+
     def _step_optimizer(self, names: list[str], found_inf: Tensor | None) -> None:
+        if self.acc_steps:
+            self._step_per_task(names, found_inf)
+            return
         assert self.optimizer is not None
         weights = {n: self.tasks[n].weight for n in names}
         participating = set(names)
@@ -546,44 +578,58 @@ class Trainer:
                     self._stash[pname] = p.grad
                     p.grad = None
         scaled: list[tuple[float, list[Tensor]]] = []
-        for tname in names:
-            w = weights[tname]
-            if w != 1.0:
-                own = [self.params[p].grad for p in self.owned[tname] if self.params[p].grad is not None]
-                gradops.mul_(own, w)
-                scaled.append((w, own))
-        for pname in self.shared:
-            srcs = [(weights[t], self._shared_bufs[t].get(pname)) for t in self.param_users[pname] if t in participating]
-            srcs = [(w, g) for w, g in srcs if g is not None]
-            p = self.params[pname]
-            if not srcs:
-                p.grad = None
-                continue
-            buf = self._combined.get(pname)
-            if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
-                buf = self._combined[pname] = torch.empty_like(p)
-            p.grad = gradops.add_scaled_(buf, srcs)
         try:
+            for tname in names:
+                w = weights[tname]
+                if w != 1.0:
+                    own = [self.params[p].grad for p in self.owned[tname] if self.params[p].grad is not None]
+                    gradops.mul_(own, w)
+                    scaled.append((w, own))
+            for pname in self.shared:
+                srcs = [(weights[t], self._shared_bufs[t].get(pname)) for t in self.param_users[pname] if t in participating]
+                srcs = [(w, g) for w, g in srcs if g is not None]
+                p = self.params[pname]
+                if not srcs:
+                    p.grad = None
+                    continue
+                buf = self._combined.get(pname)
+                if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
+                    buf = self._combined[pname] = torch.empty_like(p)
+                p.grad = gradops.add_scaled_(buf, srcs)
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr
-            if found_inf is not None and self.optimizer.defaults.get("fused"):
-                self.optimizer.found_inf = found_inf.to(torch.float32)  # the device skips the update
-                self.optimizer.step()
-            elif found_inf is not None:
-                if not bool(found_inf):  # sync point: non-fused optimizers cannot skip on the device
-                    self.optimizer.step()
-            else:
-                self.optimizer.step()
+            self._run_optimizer(self.optimizer, found_inf)
         finally:
-            if hasattr(self.optimizer, "found_inf"):
-                del self.optimizer.found_inf
             for w, own in scaled:
-                gradops.div_(own, torch.tensor(w, device=self.device))
+                gradops.mul_(own, 1.0 / w)
             for pname, g in self._stash.items():
                 self.params[pname].grad = g
             self._stash = {}
             for pname in self.shared:
                 self.params[pname].grad = None
+
+    def _step_per_task(self, names: list[str], found_inf: Tensor | None) -> None:
+        """``acc_steps``: each task's own Adam (lr x task weight) on its own processed gradient,
+        one task after another; with ``normalize_weights_acc_steps`` a parameter's factor is the
+        task weight divided by the summed weights of the tasks that use it."""
+        for tname in names:
+            opt = self.task_optimizers[tname]
+            w = self.tasks[tname].weight
+            for group in opt.param_groups:
+                factor = w
+                if self.normalize_weights_acc_steps:
+                    total = sum(self.tasks[u].weight for u in group["mtlab_users"])
+                    factor = w / total if total > 0 else 0.0
+                group["lr"] = self.lr * factor
+            shared = self.task_shared[tname]
+            bufs = self._shared_bufs[tname]
+            for pname in shared:
+                self.params[pname].grad = bufs.get(pname)
+            try:
+                self._run_optimizer(opt, found_inf)
+            finally:
+                for pname in shared:
+                    self.params[pname].grad = None
 
     def _history_row(self, names: list[str], found_inf: Tensor) -> dict[str, Any]:
         row: dict[str, Any] = {"step": self.step_count, "lr": self.lr, "skipped": found_inf}
@@ -703,6 +749,7 @@ class Trainer:
                 "format": "mtlab-trainer", "version": 1,
                 "models": {k: {n: t.detach().clone() for n, t in m.state_dict().items()} for k, m in self.models.items()},
                 "optimizer": _clone_tree(self.optimizer.state_dict()) if self.optimizer is not None else None,
+                "task_optimizers": {k: _clone_tree(o.state_dict()) for k, o in self.task_optimizers.items()},
                 "tasks": tasks,
                 "streams": {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self._streams.items()},
                 "rng": rng,
@@ -710,7 +757,9 @@ class Trainer:
                 "history": self.log.state_dict(),
                 "settings": {"normalize_gradients": self.normalize_gradients,
                              "numbatches_to_aggregate": self.numbatches_to_aggregate,
-                             "nonfinite": self.nonfinite, "seed": self.seed},
+                             "nonfinite": self.nonfinite, "seed": self.seed,
+                             "acc_steps": self.acc_steps,
+                             "normalize_weights_acc_steps": self.normalize_weights_acc_steps},
             }
 
     def load_state_dict(self, state: Mapping[str, Any], history: bool = True) -> None:
@@ -733,8 +782,13 @@ class Trainer:
                     raise ConfigError(f"the state's task {name!r} has gradients for unknown parameters {sorted(unknown)}")
             for k, m in self.models.items():
                 m.load_state_dict(state["models"][k])
-            if self.optimizer is not None and state["optimizer"] is not None:
+            if (self.optimizer is None) != (state["optimizer"] is None):
+                raise ConfigError("the state was saved with acc_steps=%s but this trainer has acc_steps=%s; "
+                                  "build the trainer with the same setting" % (state["optimizer"] is None, self.acc_steps))
+            if self.optimizer is not None:
                 self.optimizer.load_state_dict(_clone_tree(state["optimizer"]))
+            for k, o in self.task_optimizers.items():
+                o.load_state_dict(_clone_tree(state["task_optimizers"][k]))
             for name, saved in state["tasks"].items():
                 self._reset(name)
                 st = self._states[name]

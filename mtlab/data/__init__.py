@@ -1,0 +1,77 @@
+"""mtlab's data layer: list files, WAV reading, features and targets, and the sample corpus.
+
+Example::
+
+    from mtlab.data import load_split
+    train = load_split(split="train", linkedset="clean")
+    dev = load_split(split="dev", linkedset="clean", stats=train.stats)
+    train[0]["features"].shape  # [T, 129]
+"""
+from .audio import SAMPLE_RATE, read_wav
+from .corpus import (
+    ENV_VAR,
+    FIXED_KEYS,
+    SEQUENCE_KEYS,
+    TARGET_KEYS,
+    SeparationDataset,
+    check_frame_lengths,
+    compute_stats,
+    data_samples_dir,
+    linked_sets,
+    load_split,
+)
+from .errors import DataError, DataWarning
+from .features import (
+    FRAME_CLASSES,
+    HOP_LENGTH,
+    N_FFT,
+    NUM_BINS,
+    WIN_LENGTH,
+    FeatureStats,
+    binary_targets,
+    dominance,
+    frame_target,
+    log_magnitude,
+    magnitude,
+    num_frames,
+    used_bins,
+)
+from .lists import JoinReport, ListEntry, join_lists, read_list
+
+from .stream import BatchStream, bucket_batches
+
+__all__ = [
+    "BatchStream",
+    "bucket_batches",
+    "ENV_VAR",
+    "FIXED_KEYS",
+    "FRAME_CLASSES",
+    "HOP_LENGTH",
+    "N_FFT",
+    "NUM_BINS",
+    "SAMPLE_RATE",
+    "SEQUENCE_KEYS",
+    "TARGET_KEYS",
+    "WIN_LENGTH",
+    "DataError",
+    "DataWarning",
+    "FeatureStats",
+    "JoinReport",
+    "ListEntry",
+    "SeparationDataset",
+    "binary_targets",
+    "check_frame_lengths",
+    "compute_stats",
+    "data_samples_dir",
+    "dominance",
+    "frame_target",
+    "join_lists",
+    "linked_sets",
+    "load_split",
+    "log_magnitude",
+    "magnitude",
+    "num_frames",
+    "read_list",
+    "read_wav",
+    "used_bins",
+]

@@ -1,0 +1,250 @@
+"""Datasets of two-speaker mixtures laid out like ``data_samples/`` (see its README).
+
+``load_split(split="train", linkedset="clean")`` reads ``<root>/<split>/mix_<linkedset>.scp`` (the input),
+``s1.scp``/``s2.scp`` (sources) and ``spk.txt`` (``name id1 id2``), joins them by name, and precomputes every
+example once. Keys of an example (T frames, F = 129 bins, S = 2 speakers):
+
+=================  ===================  =======  ======================================================
+key                shape                dtype    meaning
+=================  ===================  =======  ======================================================
+``features``       [T, F]               float32  log |STFT| of the mixture, mean/variance normalized
+``mix_mag``        [T, F]               float32  |STFT| of the mixture (linear)
+``src_mag``        [T, F, S]            float32  |STFT| of each source (linear), for PIT/direct losses
+``binary_targets`` [T, F * S]           float32  one-hot loudest source per bin, index ``f * S + s``
+``usedbins``       [T, F]               bool     mixture bin within ``usedbins_threshold_db`` of its max
+``frame_target``   [T]                  int64    0 silence, 1 s1 louder, 2 s2 louder (``FRAME_CLASSES``)
+``spk``            []                   int64    id of the main (louder) speaker, s1
+``spk_pair``       [2]                  int64    ids of s1 and s2
+=================  ===================  =======  ======================================================
+
+``usedbins`` and ``mix_mag`` come from the linked set's own mixture (noisy for ``noisy``); the source-based
+targets are the same in every linked set.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import features as F
+from .audio import SAMPLE_RATE, read_wav
+from .errors import DataError
+from .lists import JoinReport, ListEntry, join_lists, read_list
+
+ENV_VAR = "MTLAB_DATA"
+SPLITS = ("train", "dev", "test")
+SEQUENCE_KEYS = ("features", "mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target")
+FIXED_KEYS = ("spk", "spk_pair")
+TARGET_KEYS = ("mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target", "spk", "spk_pair")
+_SOURCE_KEYS = {"src_mag", "binary_targets", "frame_target"}
+_SPEAKER_KEYS = {"spk", "spk_pair"}
+NUM_SOURCES = 2
+
+
+def data_samples_dir() -> Path:
+    """The sample-data root: ``$MTLAB_DATA`` if set, else ``data_samples/`` of the repository checkout."""
+    override = os.environ.get(ENV_VAR)
+    root = Path(override) if override else Path(__file__).resolve().parents[2] / "data_samples"
+    if not root.is_dir():
+        hint = f"${ENV_VAR}={override}" if override else "the repository checkout"
+        raise DataError(f"{root}: data directory not found (from {hint}); set {ENV_VAR} to the data_samples folder")
+    return root
+
+
+def linked_sets(root: str | Path | None = None, split: str = "train") -> list[str]:
+    """Linked sets available in a split: the ``X`` of every ``mix_X.scp``."""
+    folder = _split_dir(root, split)
+    return sorted(p.stem.removeprefix("mix_") for p in folder.glob("mix_*.scp"))
+
+
+def _split_dir(root: str | Path | None, split: str) -> Path:
+    folder = (Path(root) if root is not None else data_samples_dir()) / split
+    if not folder.is_dir():
+        raise DataError(f"{folder}: split folder not found; splits are folders such as {', '.join(SPLITS)}")
+    return folder
+
+
+def _input_list(folder: Path, linkedset: str) -> dict[str, ListEntry]:
+    path = folder / f"mix_{linkedset}.scp"
+    if not path.is_file():
+        found = sorted(p.stem.removeprefix("mix_") for p in folder.glob("mix_*.scp"))
+        raise DataError(f"{path}: no list for linked set {linkedset!r}; available: {found or 'none'}")
+    entries = read_list(path)
+    if not entries:
+        raise DataError(f"{path}: linked set {linkedset!r} is empty; the list has no utterances")
+    return entries
+
+
+@dataclass(frozen=True)
+class _Row:
+    name: str
+    mix: ListEntry
+    sources: tuple[ListEntry, ...]
+    speakers: ListEntry | None
+
+
+class SeparationDataset(torch.utils.data.Dataset):
+    """Precomputed examples of one split and linked set; ``dataset[i]`` is a dict of tensors."""
+
+    def __init__(
+        self,
+        examples: list[dict[str, torch.Tensor]],
+        names: list[str],
+        stats: F.FeatureStats,
+        report: JoinReport,
+        split: str,
+        linkedset: str,
+        num_speakers: int,
+    ) -> None:
+        self.examples = examples
+        self.names = names
+        self.lengths = [int(e["features"].shape[0]) for e in examples]
+        self.stats = stats
+        self.report = report
+        self.split = split
+        self.linkedset = linkedset
+        self.num_speakers = num_speakers
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return dict(self.examples[index])
+
+    def __repr__(self) -> str:
+        frames = sum(self.lengths)
+        keys = ", ".join(self.examples[0]) if self.examples else ""
+        return f"SeparationDataset({self.split}/{self.linkedset}: {len(self)} utterances, {frames} frames; {keys})"
+
+
+def _read_rows(folder: Path, linkedset: str, need_sources: bool, need_speakers: bool) -> tuple[list[_Row], JoinReport]:
+    lists: dict[str, dict[str, ListEntry]] = {f"mix_{linkedset}.scp": _input_list(folder, linkedset)}
+    if need_sources:
+        for k in range(1, NUM_SOURCES + 1):
+            lists[f"s{k}.scp"] = read_list(folder / f"s{k}.scp")
+    if need_speakers:
+        lists["spk.txt"] = read_list(folder / "spk.txt")
+    names, report = join_lists(lists)
+    rows = []
+    for name in names:
+        sources = tuple(lists[f"s{k}.scp"][name] for k in range(1, NUM_SOURCES + 1)) if need_sources else ()
+        speakers = lists["spk.txt"][name] if need_speakers else None
+        rows.append(_Row(name, lists[f"mix_{linkedset}.scp"][name], sources, speakers))
+    return rows, report
+
+
+def _read_mixture(entry: ListEntry) -> torch.Tensor:
+    wav = read_wav(entry.resolve(), SAMPLE_RATE, origin=entry.where)
+    if wav.shape[0] < F.WIN_LENGTH:
+        raise DataError(
+            f"{entry.resolve()} (listed at {entry.where}): {wav.shape[0]} samples is shorter than one analysis "
+            f"window ({F.WIN_LENGTH} samples = 32 ms at {SAMPLE_RATE} Hz); remove it from the list"
+        )
+    return wav
+
+
+def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_db: float) -> dict[str, torch.Tensor]:
+    mix = _read_mixture(row.mix)
+    mix_mag = F.magnitude(mix)
+    feats = F.log_magnitude(mix_mag)
+    example = {"features": stats.normalize(feats) if stats is not None else feats}
+    if "mix_mag" in keys:
+        example["mix_mag"] = mix_mag
+    if "usedbins" in keys:
+        example["usedbins"] = F.used_bins(mix_mag, threshold_db)
+    if keys & _SOURCE_KEYS:
+        mags = []
+        for src in row.sources:
+            wav = read_wav(src.resolve(), SAMPLE_RATE, origin=src.where)
+            if wav.shape[0] != mix.shape[0]:
+                raise DataError(
+                    f"{src.resolve()} (listed at {src.where}) has {wav.shape[0]} samples but its mixture "
+                    f"{row.mix.resolve()} has {mix.shape[0]}; sources must match the mixture sample for sample"
+                )
+            mags.append(F.magnitude(wav))
+        src_mag = torch.stack(mags, dim=-1)
+        if "src_mag" in keys:
+            example["src_mag"] = src_mag
+        if "binary_targets" in keys:
+            example["binary_targets"] = F.binary_targets(src_mag)
+        if "frame_target" in keys:
+            example["frame_target"] = F.frame_target(src_mag, threshold_db)
+    if row.speakers is not None:
+        ids = row.speakers.ints(NUM_SOURCES)
+        if "spk" in keys:
+            example["spk"] = torch.tensor(ids[0], dtype=torch.long)
+        if "spk_pair" in keys:
+            example["spk_pair"] = torch.tensor(ids, dtype=torch.long)
+    check_frame_lengths(example, where=row.mix.where)
+    return example
+
+
+def check_frame_lengths(example: dict[str, torch.Tensor], where: str = "") -> None:
+    """Raise DataError unless every per-frame key of ``example`` has as many frames as ``features``."""
+    frames = example["features"].shape[0]
+    for key in SEQUENCE_KEYS:
+        if key in example and example[key].shape[0] != frames:
+            raise DataError(
+                f"{where}: {key!r} has {example[key].shape[0]} frames but 'features' has {frames}; "
+                "per-frame targets must be computed from audio of the same length as the input"
+            )
+
+
+def _num_speakers(root: Path, examples: Sequence[dict[str, torch.Tensor]]) -> int:
+    table = root / "speakers.tsv"
+    if table.is_file():
+        return sum(1 for line in table.read_text().splitlines()[1:] if line.strip())
+    ids = [int(e[k].max()) for e in examples for k in FIXED_KEYS if k in e]
+    return max(ids) + 1 if ids else 0
+
+
+def compute_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train") -> F.FeatureStats:
+    """Feature mean/std over every frame of ``split`` (the training split unless told otherwise)."""
+    folder = _split_dir(root, split)
+    rows, _ = _read_rows(folder, linkedset, need_sources=False, need_speakers=False)
+    feats = [F.log_magnitude(F.magnitude(_read_mixture(r.mix))) for r in rows]
+    return F.FeatureStats.from_features(feats, source=f"{split}/mix_{linkedset}.scp")
+
+
+def load_split(
+    root: str | Path | None = None,
+    split: str = "train",
+    linkedset: str = "clean",
+    targets: Sequence[str] = TARGET_KEYS,
+    stats: F.FeatureStats | None = None,
+    usedbins_threshold_db: float = F.USEDBINS_THRESHOLD_DB,
+) -> SeparationDataset:
+    """Load one split of one linked set as a :class:`SeparationDataset`.
+
+    ``targets`` picks the keys besides ``features`` (see the module docstring). ``stats`` normalizes the
+    features; when None they are computed from the ``train`` split of the same linked set and kept as
+    ``dataset.stats``. Example::
+
+        train = load_split(split="train", linkedset="noisy")
+        dev = load_split(split="dev", linkedset="noisy", stats=train.stats)
+    """
+    unknown = sorted(set(targets) - set(TARGET_KEYS))
+    if unknown:
+        raise DataError(f"unknown target keys {unknown}; valid keys: {', '.join(TARGET_KEYS)}")
+    keys = set(targets)
+    base = Path(root) if root is not None else data_samples_dir()
+    folder = _split_dir(base, split)
+    rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS))
+    if stats is None:
+        if split == "train":
+            raw = [_example(r, keys, None, usedbins_threshold_db) for r in rows]
+            stats = F.FeatureStats.from_features((e["features"] for e in raw), source=f"{split}/mix_{linkedset}.scp")
+            for e in raw:
+                e["features"] = stats.normalize(e["features"])
+            examples = raw
+        else:
+            stats = compute_stats(base, linkedset, "train")
+            examples = [_example(r, keys, stats, usedbins_threshold_db) for r in rows]
+    else:
+        examples = [_example(r, keys, stats, usedbins_threshold_db) for r in rows]
+    return SeparationDataset(
+        examples, [r.name for r in rows], stats, report, split, linkedset, _num_speakers(base, examples)
+    )
