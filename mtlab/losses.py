@@ -107,3 +107,20 @@ class MSE:
         loss = torch.where(mask, per_frame, per_frame.new_zeros(())).sum()
         elems_per_frame = sq[0, 0].numel()
         return loss, mask.sum().to(out.dtype) * elems_per_frame
+
+
+# Loss computers by the original's ``loss_type`` strings (recipes choose them by name).
+LOSSES: dict[str, type] = {"crossentropy": CrossEntropy, "mse": MSE}
+
+
+def get_loss(name: str, **settings: object) -> object:
+    """``get_loss("crossentropy", output="logits", target="y")``; unknown names list the valid ones."""
+    from .errors import ConfigError
+
+    key = name.lower()
+    if key not in LOSSES:
+        raise ConfigError(f"unknown loss type {name!r}; valid: {sorted(LOSSES)}")
+    try:
+        return LOSSES[key](**settings)
+    except TypeError as exc:
+        raise ConfigError(f"loss {name!r}: {exc}") from None

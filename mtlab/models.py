@@ -68,3 +68,21 @@ class Concat(nn.Module):
 
     def forward(self, *xs: Tensor) -> Tensor:
         return torch.cat(xs, dim=-1)
+
+
+# Model types by name, for recipes: ``type = "BLSTM"`` plus its settings.
+MODELS: dict[str, type[nn.Module]] = {
+    "BLSTM": BLSTM, "FeedForward": FeedForward, "Linear": Linear, "MeanPool": MeanPool, "Concat": Concat,
+}
+
+
+def build_model(type_name: str, **settings: object) -> nn.Module:
+    """``build_model("BLSTM", input_dim=129, hidden=64)``; unknown types list the valid ones."""
+    from .errors import ConfigError
+
+    if type_name not in MODELS:
+        raise ConfigError(f"unknown model type {type_name!r}; valid: {sorted(MODELS)}")
+    try:
+        return MODELS[type_name](**settings)
+    except TypeError as exc:
+        raise ConfigError(f"model type {type_name!r}: {exc}") from None
