@@ -131,23 +131,63 @@ class TaskState:
     """Everything a task has accumulated since its last reset; readable between any two calls.
 
     ``grads`` maps ``"<model>.<param>"`` to this task's accumulated (then normalized, then clipped)
-    gradient. Loss and norm values are tensors until read (no device sync while training).
+    gradient. ``batch_loss`` and ``batch_loss_norm`` are the weighted sums over ``records`` (one per
+    minibatch), kept as tensors until read (no device sync while training).
     """
 
     task: str
     phase: str = "empty"
-    batch_loss: Tensor = field(default_factory=lambda: torch.zeros(()))
-    batch_loss_norm: Tensor = field(default_factory=lambda: torch.zeros(()))
     minibatches: int = 0
     records: list[MinibatchRecord] = field(default_factory=list)
-    set_loss: dict[str, Tensor] = field(default_factory=dict)
-    set_norm: dict[str, Tensor] = field(default_factory=dict)
     grad_norm: Tensor | None = None
     grad_norm_clipped: Tensor | None = None
     clip_fraction: Tensor | None = None
     param_norms: dict[str, Tensor] = field(default_factory=dict)
     param_norms_clipped: dict[str, Tensor] = field(default_factory=dict)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     _grad_view: Callable[[], dict[str, Tensor]] | None = field(default=None, repr=False)
+    _sums: tuple[int, Tensor, Tensor] | None = field(default=None, repr=False)
+
+    def _totals(self) -> tuple[Tensor, Tensor]:
+        n = len(self.records)
+        if self._sums is None or self._sums[0] != n:
+            if n == 0:
+                zero = torch.zeros((), device=self.device)
+                self._sums = (0, zero, zero)
+            elif n == 1:
+                self._sums = (1, self.records[0].loss, self.records[0].norm)
+            else:
+                loss = torch.stack([r.loss for r in self.records]).sum()
+                norm = torch.stack([r.norm for r in self.records]).sum()
+                self._sums = (n, loss, norm)
+        return self._sums[1], self._sums[2]
+
+    @property
+    def batch_loss(self) -> Tensor:
+        """Σ weight × summed loss over the accumulated minibatches."""
+        return self._totals()[0]
+
+    @property
+    def batch_loss_norm(self) -> Tensor:
+        """Σ weight × norm over the accumulated minibatches."""
+        return self._totals()[1]
+
+    @property
+    def set_loss(self) -> dict[str, Tensor]:
+        return self._by_set("loss")
+
+    @property
+    def set_norm(self) -> dict[str, Tensor]:
+        return self._by_set("norm")
+
+    def _by_set(self, what: str) -> dict[str, Tensor]:
+        groups: dict[str, list[Tensor]] = {}
+        for r in self.records:
+            groups.setdefault(r.linkedset, []).append(getattr(r, what))
+        if len(groups) == 1:
+            name = next(iter(groups))
+            return {name: self.batch_loss if what == "loss" else self.batch_loss_norm}
+        return {k: v[0] if len(v) == 1 else torch.stack(v).sum() for k, v in groups.items()}
 
     @property
     def grads(self) -> dict[str, Tensor]:
@@ -159,6 +199,7 @@ class TaskState:
         return self.batch_loss / self.batch_loss_norm
 
     def linkedset_loss(self, name: str) -> Tensor:
+        """Σloss/Σnorm of one linked set's minibatches in this accumulation."""
         return self.set_loss[name] / self.set_norm[name]
 
     def model_grad_norms(self, clipped: bool = False) -> dict[str, Tensor]:

@@ -176,9 +176,7 @@ class Trainer:
         return torch.optim.Adam(params, lr=self.lr, **opts)
 
     def _new_state(self, task: str) -> TaskState:
-        st = TaskState(task=task)
-        st.batch_loss = torch.zeros((), device=self.device)
-        st.batch_loss_norm = torch.zeros((), device=self.device)
+        st = TaskState(task=task, device=self.device)
         st._grad_view = lambda t=task: self._task_grads(t)
         return st
 
@@ -352,13 +350,13 @@ class Trainer:
             stream_state = None
             if batch is None:
                 stream = self.stream(task, linkedset)
-                stream_state = stream.state_dict()
+                stream_state = (stream.epoch, stream.position)
                 batch = next(stream)
             try:
                 return self._process(t, linkedset, weight, batch)
             except BaseException:
                 if stream_state is not None:
-                    self._streams[(task, linkedset)].load_state_dict(stream_state)
+                    self._streams[(task, linkedset)].seek(*stream_state)
                 raise
 
     def _process(self, t: Task, linkedset: str, weight: float, batch: Batch) -> TaskState:
@@ -394,18 +392,19 @@ class Trainer:
             for name in shared:
                 self.params[name].grad = bufs.get(name)
             try:
-                (loss_sum * weight).backward()
+                (loss_sum if weight == 1.0 else loss_sum * weight).backward()
             finally:
                 for name in shared:
                     p = self.params[name]
                     bufs[name] = p.grad
                     p.grad = None
-        loss_w = loss_sum.detach() * weight
-        norm_w = norm.detach().to(loss_w.dtype) * weight
-        st.batch_loss = st.batch_loss + loss_w
-        st.batch_loss_norm = st.batch_loss_norm + norm_w
-        st.set_loss[linkedset] = st.set_loss.get(linkedset, 0) + loss_w
-        st.set_norm[linkedset] = st.set_norm.get(linkedset, 0) + norm_w
+        loss_w = loss_sum.detach()
+        norm_w = norm.detach()
+        if norm_w.dtype != loss_w.dtype:
+            norm_w = norm_w.to(loss_w.dtype)
+        if weight != 1.0:
+            loss_w = loss_w * weight
+            norm_w = norm_w * weight
         st.minibatches += 1
         st.records.append(MinibatchRecord(linkedset, num_examples, weight, loss_w, norm_w))
         st.phase = "accumulating"
@@ -728,9 +727,6 @@ class Trainer:
             for name, st in self._states.items():
                 tasks[name] = {
                     "phase": st.phase, "minibatches": st.minibatches,
-                    "batch_loss": st.batch_loss.detach().clone(), "batch_loss_norm": st.batch_loss_norm.detach().clone(),
-                    "set_loss": {k: torch.as_tensor(v).clone() for k, v in st.set_loss.items()},
-                    "set_norm": {k: torch.as_tensor(v).clone() for k, v in st.set_norm.items()},
                     "records": [{"linkedset": r.linkedset, "num_examples": r.num_examples, "weight": r.weight,
                                  "loss": r.loss.clone(), "norm": r.norm.clone()} for r in st.records],
                     "grads": {k: v.detach().clone() for k, v in st.grads.items()},
@@ -795,10 +791,6 @@ class Trainer:
                 dev = self.device
                 st.phase = saved["phase"]
                 st.minibatches = int(saved["minibatches"])
-                st.batch_loss = saved["batch_loss"].to(dev).clone()
-                st.batch_loss_norm = saved["batch_loss_norm"].to(dev).clone()
-                st.set_loss = {k: v.to(dev).clone() for k, v in saved["set_loss"].items()}
-                st.set_norm = {k: v.to(dev).clone() for k, v in saved["set_norm"].items()}
                 st.records = [MinibatchRecord(r["linkedset"], int(r["num_examples"]), float(r["weight"]),
                                               r["loss"].to(dev).clone(), r["norm"].to(dev).clone()) for r in saved["records"]]
                 for key in ("grad_norm", "grad_norm_clipped", "clip_fraction"):

@@ -148,6 +148,14 @@ class BatchStream:
         self.position += 1
         return next(self._loader_iter)
 
+    def seek(self, epoch: int, position: int) -> None:
+        """Go to batch ``position`` of ``epoch`` (what ``state_dict`` saves)."""
+        if epoch != self.epoch:
+            self._batches = None
+        if (epoch, position) != (self.epoch, self.position):
+            self._loader_iter = None
+        self.epoch, self.position = int(epoch), int(position)
+
     def state_dict(self) -> dict[str, Any]:
         """Plain-int position: restoring it reproduces the same next batches."""
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
