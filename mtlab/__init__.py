@@ -1,6 +1,6 @@
 """mtlab: notebook-first multi-task training with explicit, stepwise gradient accumulation."""
 
-from . import losses
+from . import data, losses, models
 from .batching import collate
 from .errors import (
     BatchError,
@@ -19,5 +19,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchError", "ConfigError", "GraphError", "LinkedSet", "ModelGraph", "MtlabError", "Node",
-    "NonFiniteError", "PhaseError", "Task", "TaskState", "Trainer", "ZeroNormError", "collate", "losses",
+    "NonFiniteError", "PhaseError", "Task", "TaskState", "Trainer", "ZeroNormError", "collate", "data", "losses", "models",
 ]
