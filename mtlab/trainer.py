@@ -74,6 +74,7 @@ class Trainer:
         adam: Mapping[str, Any] | None = None,
         acc_steps: bool = False,
         normalize_weights_acc_steps: bool = False,
+        distributed: bool | None = None,
     ) -> None:
         if not isinstance(models, Mapping) or not models:
             raise ConfigError("models must be a non-empty dict name -> torch.nn.Module")
@@ -165,6 +166,19 @@ class Trainer:
         self._training_mode: bool | None = None
         self._stash: dict[str, Tensor] = {}
         self.recipe: dict[str, Any] | None = None
+        # Data parallel: on when a torch.distributed process group is up (or distributed=True).
+        from . import distributed as _dist
+
+        if distributed is None:
+            distributed = _dist.active() and _dist.world()[1] > 1
+        if distributed and not _dist.active():
+            raise ConfigError("distributed=True needs torch.distributed.init_process_group() first "
+                              "(torchrun does it for `python -m mtlab train`)")
+        self.rank, self.world_size = _dist.world() if distributed else (0, 1)
+        self.distributed = bool(distributed)
+        self._flat: dict[str, Tensor] = {}
+        if self.distributed:
+            _dist.check_consistent(self)
 
     # ------------------------------------------------------------------ construction helpers
     def _make_optimizer(self, params: list[Any]) -> torch.optim.Optimizer:
@@ -281,6 +295,7 @@ class Trainer:
             self._streams[key] = BatchStream(
                 ls.examples, t.batch_size, t.numbuckets, seed=derived_seed(self.seed, task, linkedset),
                 num_workers=ls.num_workers, pin_memory=self.device.type == "cuda",
+                shard=(self.rank, self.world_size),
             )
         return self._streams[key]
 
@@ -301,6 +316,13 @@ class Trainer:
                 self._task(name)
                 self._reset(name)
             self._emit("reset", {"task": task})
+
+    def _adopt_grad(self, task: str, pname: str, grad: Tensor) -> None:
+        """Give ``task`` a gradient for a parameter it had none for (used by the all-reduce)."""
+        if len(self.param_users[pname]) > 1:
+            self._shared_bufs[task][pname] = grad
+        else:
+            self.params[pname].grad = grad
 
     def _reset(self, task: str) -> None:
         for name in self.owned[task]:
@@ -444,6 +466,11 @@ class Trainer:
         """Divide each task's accumulated gradients by its accumulated (weighted) norm."""
         with self._lock:
             names = self._targets_for(task, "normalize", ("accumulating",))
+            if self.distributed:
+                from .distributed import allreduce_task
+
+                for name in names:
+                    allreduce_task(self, name)
             if self.normalize_gradients and self.nonfinite == "raise":
                 for name in names:
                     # A host read (sync point), only under the "raise" policy; "skip" stays sync-free

@@ -74,6 +74,7 @@ class BatchStream:
         shuffle: bool = True,
         num_workers: int = 0,
         pin_memory: bool = False,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         if len(source) == 0:
             raise ConfigError("a linked set needs at least one example; this one is empty")
@@ -89,6 +90,10 @@ class BatchStream:
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.lengths = lengths_of(source)
+        rank, world = shard
+        if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+            raise ConfigError(f"shard must be (rank, world_size) with 0 <= rank < world_size, got {shard!r}")
+        self.rank, self.world_size = rank, world
         self.epoch = 0
         self.position = 0
         self._batches: list[list[int]] | None = None
@@ -99,13 +104,22 @@ class BatchStream:
         return len(self.epoch_batches())
 
     def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """This shard's batches of an epoch. Every rank computes the same global order; with
+        several ranks it is padded (cycling from its start) to a multiple of the world size, so
+        every rank has the same number of batches and stays in step with the others."""
         if epoch is None or epoch == self.epoch:
             if self._batches is None:
-                self._batches = bucket_batches(
-                    self.lengths, self.batch_size, self.numbuckets, self.seed, self.epoch, self.shuffle
-                )
+                self._batches = self._shard(bucket_batches(
+                    self.lengths, self.batch_size, self.numbuckets, self.seed, self.epoch, self.shuffle))
             return self._batches
-        return bucket_batches(self.lengths, self.batch_size, self.numbuckets, self.seed, epoch, self.shuffle)
+        return self._shard(bucket_batches(self.lengths, self.batch_size, self.numbuckets, self.seed, epoch, self.shuffle))
+
+    def _shard(self, batches: list[list[int]]) -> list[list[int]]:
+        if self.world_size == 1:
+            return batches
+        n = -(-len(batches) // self.world_size) * self.world_size
+        padded = [batches[i % len(batches)] for i in range(n)]
+        return padded[self.rank :: self.world_size]
 
     def next_indices(self) -> list[int]:
         """Indices of the next batch; advances the position."""
@@ -159,7 +173,8 @@ class BatchStream:
     def state_dict(self) -> dict[str, Any]:
         """Plain-int position: restoring it reproduces the same next batches."""
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "numbuckets": self.numbuckets, "batch_size": self.batch_size, "size": len(self.lengths)}
+                "numbuckets": self.numbuckets, "batch_size": self.batch_size, "size": len(self.lengths),
+                "world_size": self.world_size}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for key in ("batch_size", "numbuckets", "size"):
@@ -170,6 +185,11 @@ class BatchStream:
                 )
         self.seed = int(state.get("seed", self.seed))
         self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
+        position = int(state["position"])
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != self.world_size:
+            # Same place in the global batch order, counted in this stream's shard.
+            position = position * saved_world // self.world_size
+        self.position = position
         self._batches = None
         self._loader_iter = None

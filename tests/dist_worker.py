@@ -1,0 +1,141 @@
+"""Worker functions for the torch.distributed tests (run in spawned processes, gloo on CPU)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import mtlab
+from helpers import make_examples, make_models, task_a, task_b
+
+STEPS = 3
+
+
+def init(rank: int, world: int, port: int, timeout_s: float = 30) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def data():
+    return make_examples(21, 11), make_examples(17, 12)
+
+
+def build(distributed: bool | None = None, numbatches_to_aggregate: int = 2) -> mtlab.Trainer:
+    clean, noisy = data()
+    a = task_a((clean, noisy), weights=(1.0, 0.4), batch_size=3)
+    b = task_b(clean, batch_size=4, weight=0.7)
+    return mtlab.Trainer(make_models(), [a, b], lr=1e-2, clip_grad_value=0.5,
+                         numbatches_to_aggregate=numbatches_to_aggregate, device="cpu", seed=3, distributed=distributed)
+
+
+def params_of(tr: mtlab.Trainer) -> dict[str, list]:
+    return {k: p.detach().tolist() for k, p in tr.params.items()}
+
+
+def train_steps(rank: int, world: int, port: int, out: str) -> None:
+    init(rank, world, port)
+    tr = build()
+    for _ in range(STEPS):
+        tr.step()
+    result = {"params": params_of(tr), "unused_grad_none": tr.params["unused.weight"].grad is None,
+              "unused_no_state": tr.params["unused.weight"] not in tr.optimizer.state,
+              "world": tr.world_size, "rank": tr.rank, "history": tr.history["a/loss"].tolist()}
+    if rank == 0:
+        tr.save(os.path.join(out, "ck.pt"))
+    dist.barrier()
+    for _ in range(2):
+        tr.step()
+    result["after"] = params_of(tr)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def resume_steps(rank: int, world: int, port: int, out: str) -> None:
+    init(rank, world, port)
+    tr = build()
+    tr.load_checkpoint(os.path.join(out, "ck.pt"))
+    loaded = params_of(tr)
+    for _ in range(2):
+        tr.step()
+    with open(os.path.join(out, f"resume{world}_rank{rank}.json"), "w") as f:
+        json.dump({"loaded": loaded, "after": params_of(tr), "step": tr.step_count}, f)
+    dist.destroy_process_group()
+
+
+class Router(nn.Module):
+    """Uses its ``rare`` layer only for long inputs: on some ranks only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 8)
+        self.rare = nn.Linear(4, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if x.shape[1] > 6:
+            h = h + self.rare(x)
+        return torch.tanh(h)
+
+
+def router_batches(rank: int) -> list:
+    lengths = (2, 5) if rank == 0 else (8, 12)
+    return [mtlab.collate(make_examples(3, 100 * rank + i, lengths=lengths)) for i in range(2)]
+
+
+def build_router() -> mtlab.Trainer:
+    models = make_models()
+    torch.manual_seed(1)
+    models["enc"] = Router().double()
+    return mtlab.Trainer(models, [task_a()], lr=1e-2, clip_grad_value=0.5, device="cpu", seed=3)
+
+
+def router_run(rank: int, world: int, port: int, out: str) -> None:
+    init(rank, world, port)
+    tr = build_router()
+    for i, batch in enumerate(router_batches(rank)):
+        tr.process_minibatch("a", "clean" if i == 0 else "noisy", batch=batch)
+    tr.normalize(); tr.clip(); tr.apply()
+    with open(os.path.join(out, f"router{rank}.json"), "w") as f:
+        json.dump({"params": params_of(tr)}, f)
+    dist.destroy_process_group()
+
+
+def dying_rank(rank: int, world: int, port: int, out: str) -> None:
+    init(rank, world, port, timeout_s=20)
+    tr = build()
+    tr.step()
+    if rank == 1:
+        os._exit(3)  # dies without a word
+    t0 = time.time()
+    try:
+        for _ in range(50):
+            tr.step()
+        msg = "no error"
+    except mtlab.MtlabError as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
+        msg = f"UNEXPECTED {type(exc).__name__}: {exc}"
+    with open(os.path.join(out, "dying.json"), "w") as f:
+        json.dump({"message": msg, "seconds": time.time() - t0}, f)
+    os._exit(0)
+
+
+def mismatched(rank: int, world: int, port: int, out: str) -> None:
+    init(rank, world, port)
+    try:
+        build(numbatches_to_aggregate=2) if rank == 0 else mtlab.Trainer(
+            make_models(), [task_a(data(), batch_size=3)], device="cpu", distributed=True)
+        msg = "no error"
+    except mtlab.MtlabError as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+    with open(os.path.join(out, f"mismatch{rank}.json"), "w") as f:
+        json.dump({"message": msg}, f)
+    dist.destroy_process_group()
