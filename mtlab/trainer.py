@@ -17,6 +17,7 @@ update direction Σ_t task_weight_t × grad_t.
 
 from __future__ import annotations
 
+import signal
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -311,11 +312,32 @@ class Trainer:
     # ------------------------------------------------------------------ the stepwise API
     def reset(self, task: str | None = None) -> None:
         """Discard what ``task`` (default: every task) accumulated; its phase becomes ``empty``."""
-        with self._lock:
+        with self._critical():
             for name in [task] if task is not None else list(self.tasks):
                 self._task(name)
                 self._reset(name)
             self._emit("reset", {"task": task})
+
+    @contextmanager
+    def _critical(self) -> Iterator[None]:
+        """Hold the lock and hold back Ctrl-C until the call has finished: a stepwise call is
+        either fully done or not done at all when KeyboardInterrupt arrives."""
+        with self._lock:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            received: list[int] = []
+            try:
+                previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+            except (ValueError, OSError):
+                yield
+                return
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGINT, previous)
+            if received:
+                raise KeyboardInterrupt(f"interrupted; the trainer stopped between calls (phases {self.phase()})")
 
     def _adopt_grad(self, task: str, pname: str, grad: Tensor) -> None:
         """Give ``task`` a gradient for a parameter it had none for (used by the all-reduce)."""
@@ -359,7 +381,7 @@ class Trainer:
         Draws the next minibatch of the linked set's stream unless ``batch=(data, seq_lengths)``
         is given. Both the summed loss and the norm are multiplied by the linked set's weight.
         """
-        with self._lock:
+        with self._critical():
             t = self._task(task)
             ls = self._linkedset(task, linkedset)
             st = self._states[task]
@@ -464,7 +486,7 @@ class Trainer:
 
     def normalize(self, task: str | None = None) -> None:
         """Divide each task's accumulated gradients by its accumulated (weighted) norm."""
-        with self._lock:
+        with self._critical():
             names = self._targets_for(task, "normalize", ("accumulating",))
             if self.distributed:
                 from .distributed import allreduce_task
@@ -489,7 +511,7 @@ class Trainer:
 
     def clip(self, task: str | None = None) -> None:
         """Clip each task's gradients element-wise to ±clip_grad_value; record norms before and after."""
-        with self._lock:
+        with self._critical():
             allowed = ("normalized",) if self.normalize_gradients else ("accumulating", "normalized")
             names = self._targets_for(task, "clip", allowed)
             for name in names:
@@ -525,7 +547,7 @@ class Trainer:
         still needs normalize() or clip(), and, under ``nonfinite="raise"``, when a loss or gradient
         is not finite.
         """
-        with self._lock:
+        with self._critical():
             names = [n for n, s in self._states.items() if s.phase in ("accumulating", "normalized", "clipped")]
             if not names:
                 raise PhaseError("apply(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
