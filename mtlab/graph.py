@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .errors import GraphError
+from .errors import BatchError, GraphError, MtlabError
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,18 @@ class ModelGraph:
             takes = self._takes_lengths.get(key)
             if takes is None:
                 takes = self._takes_lengths[key] = _takes_seq_lengths(model)
-            result = model(*args, seq_lengths=first_len) if takes else model(*args)
+            try:
+                result = model(*args, seq_lengths=first_len) if takes else model(*args)
+            except MtlabError:
+                raise
+            except Exception as exc:
+                shapes = ", ".join(f"{n}{list(a.shape) if isinstance(a, Tensor) else type(a).__name__}"
+                                   for n, a in zip(node.inputs, args))
+                raise BatchError(
+                    f"{self.where}: node {node.name!r} (model {node.model!r}) failed on inputs {shapes}: "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; check that the "
+                    "batch's shapes and dtypes match what the model expects"
+                ) from exc
             used[key] = model
             if node.outputs:
                 if not isinstance(result, (tuple, list)) or len(result) != len(node.outputs):

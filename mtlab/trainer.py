@@ -413,7 +413,14 @@ class Trainer:
         with torch.enable_grad():
             result = self.graphs[t.name].run(self.models, inputs, seq_lengths)
             lengths = {**seq_lengths, **result.seq_lengths}
-            out = t.loss(targets, {k: result.outputs[k] for k in t.outputs}, lengths)
+            try:
+                out = t.loss(targets, {k: result.outputs[k] for k in t.outputs}, lengths)
+            except MtlabError:
+                raise
+            except Exception as exc:
+                shapes = {k: list(v.shape) for k, v in {**targets, **{o: result.outputs[o] for o in t.outputs}}.items()}
+                raise BatchError(f"task {t.name!r}: the loss computer {t.loss!r} failed on {shapes}: "
+                                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
             if not (isinstance(out, (tuple, list)) and len(out) == 2):
                 raise BatchError(f"task {t.name!r}: the loss computer must return (loss_sum, norm), got {type(out).__name__}")
             loss_sum, norm = out

@@ -85,10 +85,20 @@ def test_exception_in_forward_or_loss_changes_nothing_and_keeps_the_stream_posit
 
     good = tr.tasks["a"].loss
     tr.tasks["a"].loss = bad_loss
-    with pytest.raises(RuntimeError, match="loss exploded"):
+    with pytest.raises(mtlab.BatchError, match="loss computer .* failed .*RuntimeError: loss exploded") as err:
         tr.process_minibatch("a", "clean")
+    assert isinstance(err.value.__cause__, RuntimeError)
     tr.tasks["a"].loss = good
     assert tr.phase() == {"a": "applied", "b": "applied"}
     assert tr.stream("a", "clean").state_dict() == pos
     assert all(torch.equal(before[k], p) for k, p in tr.params.items())
     assert all(torch.equal(grads_b[k], v) for k, v in tr.state("b").grads.items())
+
+
+def test_a_model_failing_on_a_batch_names_the_node_and_shapes():
+    tr = build()
+    data, lens = mtlab.collate(make_examples(2, 3, din=6))
+    pos = tr.stream("a", "clean").state_dict()
+    with pytest.raises(mtlab.BatchError, match=r"node 'h' \(model 'enc'\) failed on inputs x\[2, \d+, 6\]"):
+        tr.process_minibatch("a", "clean", batch=(data, lens))
+    assert tr.phase() == {"a": "empty", "b": "empty"} and tr.stream("a", "clean").state_dict() == pos
