@@ -17,6 +17,7 @@ update direction Σ_t task_weight_t × grad_t.
 
 from __future__ import annotations
 
+import _signal
 import signal
 import threading
 import zlib
@@ -35,6 +36,7 @@ from .graph import ModelGraph
 from .history import History
 from .task import LinkedSet, MinibatchRecord, Task, TaskState, check_weight
 
+_SIGINT = int(signal.SIGINT)
 NONFINITE_POLICIES = ("raise", "skip")
 
 
@@ -328,14 +330,15 @@ class Trainer:
                 return
             received: list[int] = []
             try:
-                previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+                # _signal skips the enum wrapping of signal.signal: this runs once per call.
+                previous = _signal.signal(_SIGINT, lambda signum, frame: received.append(signum))
             except (ValueError, OSError):
                 yield
                 return
             try:
                 yield
             finally:
-                signal.signal(signal.SIGINT, previous)
+                _signal.signal(_SIGINT, previous)
             if received:
                 raise KeyboardInterrupt(f"interrupted; the trainer stopped between calls (phases {self.phase()})")
 
