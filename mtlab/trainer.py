@@ -904,6 +904,40 @@ class Trainer:
 
         self.load_state_dict(load_safe(path))
 
+    # ------------------------------------------------------------------ the layers around the core
+    @classmethod
+    def from_recipe(cls, recipe: Any) -> "Trainer":
+        """A trainer (with its schedule) from a TOML recipe, an original ``trainer.cfg`` or a dict."""
+        from .recipe import build_trainer
+
+        return build_trainer(recipe)
+
+    @classmethod
+    def load(cls, path: Any) -> "Trainer":
+        """Rebuild a trainer from a checkpoint written by ``save`` (its recipe is inside)."""
+        from .recipe import load_trainer
+
+        return load_trainer(path)
+
+    def run(self, steps: int | None = None, progress: bool = True, expdir: Any = None, schedule: Any = None) -> Any:
+        """Train with the schedule (LR decay, validation, rollback) until done, ``steps`` more steps,
+        validation stops it, or Ctrl-C; a ``tqdm.auto`` bar unless ``progress=False``."""
+        from .schedule import run
+
+        return run(self, schedule=schedule, steps=steps, progress=progress, expdir=expdir)
+
+    def explain(self) -> str:
+        """The cycle this trainer runs, each task's phase, and what the next call will do."""
+        from .debug import explain
+
+        return explain(self)
+
+    def dashboard(self, **kwargs: Any) -> Any:
+        """The live notebook dashboard (needs ``pip install "mtlab[notebook]"``)."""
+        from .ui import dashboard
+
+        return dashboard(self, **kwargs)
+
     # ------------------------------------------------------------------ introspection
     def __repr__(self) -> str:
         return (f"Trainer(tasks={list(self.tasks)}, models={list(self.models)}, step={self.step_count}, "
