@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import tempfile
@@ -18,9 +19,41 @@ class CheckpointError(MtlabError, OSError):
     """A checkpoint that cannot be written or read; the message names the file."""
 
 
+def digest(obj: Any) -> str:
+    """SHA-256 over a nested structure of tensors and plain values (tensor bytes included), so a
+    checkpoint whose bytes were damaged is refused instead of loading wrong weights."""
+    h = hashlib.sha256()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().contiguous().cpu()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, dict):
+            h.update(b"{")
+            for k in sorted(x, key=str):
+                h.update(repr(k).encode())
+                walk(x[k])
+            h.update(b"}")
+        elif isinstance(x, (list, tuple)):
+            h.update(b"[")
+            for v in x:
+                walk(v)
+            h.update(b"]")
+        else:
+            h.update(repr(x).encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
 def save_atomic(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save`` to a temporary file in the same folder, fsync, then rename over ``path``."""
+    """``torch.save`` (with a checksum of the contents) to a temporary file in the same folder,
+    fsync, then rename over ``path``: a crash mid-write leaves the previous file intact."""
     path = Path(path)
+    if isinstance(obj, dict):
+        obj = {k: v for k, v in obj.items() if k != "checksum"}
+        obj["checksum"] = digest(obj)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -56,12 +89,20 @@ def load_safe(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(f"no checkpoint at {path}")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, KeyError) as exc:
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, KeyError,
+            TypeError, AttributeError, IndexError) as exc:
+        first = (str(exc).splitlines() or [""])[0][:200]
         raise CheckpointError(
-            f"{path} is not a readable mtlab checkpoint ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+            f"{path} is not a readable mtlab checkpoint ({type(exc).__name__}: {first}); "
             "it may be truncated, corrupted or contain objects other than tensors and plain containers, "
             "which mtlab refuses to unpickle"
         ) from exc
     if not isinstance(obj, dict) or obj.get("format") != "mtlab-trainer":
         raise CheckpointError(f"{path} is not an mtlab trainer checkpoint (no 'format': 'mtlab-trainer' entry)")
+    saved = obj.pop("checksum", None)
+    if saved is None or saved != digest(obj):
+        raise CheckpointError(
+            f"{path} is damaged: its contents do not match the checksum written with it "
+            f"({'missing' if saved is None else 'mismatch'}); use an earlier checkpoint (e.g. best.pt) instead"
+        )
     return obj

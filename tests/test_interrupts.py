@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import mtlab
+from campaign import record
 from helpers import make_examples, make_models, task_a, task_b
 
 
@@ -33,6 +34,7 @@ def test_ctrl_c_during_backward_is_delivered_after_the_minibatch_is_fully_accumu
         tr.process_minibatch("a", "clean")
     handle.remove()
     st = tr.state("a")
+    record("Ctrl-C inside process_minibatch (backward)", st.minibatches == 1 and len(st.records) == 1)
     assert st.minibatches == 1 and len(st.records) == 1 and st.phase == "accumulating"
     assert set(st.grads) == set(tr.task_params["a"])
     tr.process_minibatch("a", "noisy"); tr.process_minibatch("b", "clean")
@@ -68,6 +70,7 @@ def test_ctrl_c_inside_a_call_lets_it_finish(where, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         getattr(tr, where)()
     expected = {"normalize": "normalized", "clip": "clipped", "apply": "applied"}[where]
+    record(f"Ctrl-C inside {where}", tr.phase() == {"a": expected, "b": expected})
     assert tr.phase() == {"a": expected, "b": expected}
     if where == "apply":
         assert tr.step_count == 1 and len(tr.history) == 1

@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from torch import nn
 
 import mtlab
+from campaign import record
 from helpers import make_examples, make_models, task_a, task_b
 
 EX = make_examples(16, 21)
@@ -55,9 +56,13 @@ class StepwiseCalls(RuleBasedStateMachine):
         try:
             fn(*args)
         except mtlab.MtlabError as exc:
+            held = bool(str(exc)) and same(before, fingerprint(self.tr))
+            record("refused stepwise call (state unchanged)", held)
             assert str(exc), "an mtlab error without a message"
-            assert same(before, fingerprint(self.tr)), f"state changed by a refused call: {exc}"
+            assert held, f"state changed by a refused call: {exc}"
             self.refused += 1
+            return
+        record("accepted stepwise call")
 
     @rule(task=st.sampled_from(["a", "b", "zz"]), linkedset=st.sampled_from(["clean", "noisy", "??"]))
     def process(self, task, linkedset):
@@ -124,18 +129,36 @@ TestStepwiseCalls.settings = settings(max_examples=25, stateful_step_count=25, d
 node_names = st.sampled_from(["x", "h", "g", "o", "enc", "head"])
 
 
-@settings(max_examples=80, deadline=None)
-@given(spec=st.lists(st.tuples(node_names, st.sampled_from(["enc", "head", "nope"]),
-                               st.lists(node_names, min_size=0, max_size=2)), min_size=0, max_size=4),
-       outputs=st.lists(node_names, min_size=1, max_size=2))
-def test_any_graph_spec_builds_and_runs_or_raises_a_graph_error(spec, outputs):
+@st.composite
+def graph_specs(draw):
+    """Mostly well-formed chains (inputs from earlier names), with occasional mistakes."""
+    n = draw(st.integers(1, 4))
+    spec, seen = [], ["x"]
+    for i in range(n):
+        mistake = draw(st.integers(0, 9)) == 0  # about one node in ten is wrong somehow
+        name = draw(st.sampled_from(seen)) if mistake and draw(st.booleans()) else f"n{i}"
+        model = draw(st.sampled_from(["nope", "head"] if mistake else ["enc", "head"]))
+        pool = ["later", "h"] if mistake else seen
+        inputs = [] if mistake and draw(st.booleans()) else [draw(st.sampled_from(pool))]
+        spec.append((name, model, inputs))
+        seen.append(name)
+    outputs = draw(st.lists(st.sampled_from(seen[1:] * 8 + ["x", "zz"]), min_size=1, max_size=2))
+    return spec, outputs
+
+
+@settings(max_examples=100, deadline=None)
+@given(spec_outputs=graph_specs())
+def test_any_graph_spec_builds_and_runs_or_raises_a_graph_error(spec_outputs):
+    spec, outputs = spec_outputs
     models = {"enc": nn.Linear(4, 4).double(), "head": nn.Linear(4, 4).double()}
     try:
         nodes = [mtlab.Node(name, model, inputs) for name, model, inputs in spec]
         g = mtlab.ModelGraph(nodes, ["x"], outputs, models=models)
     except mtlab.GraphError as exc:
+        record("invalid graph spec refused", bool(str(exc)))
         assert str(exc)
         return
+    record("valid graph spec ran")
     data, lens = mtlab.collate(EX[:2])
     res = g.run(models, {"x": data["x"]}, {"x": lens["x"]})
     assert all(o in res.outputs for o in outputs)
@@ -148,6 +171,7 @@ def test_collate_is_exact_for_any_lengths(lengths, dim, scalar):
     ex = [{"x": torch.randn(t, dim), "c": torch.tensor(i)} if scalar else {"x": torch.randn(t, dim)}
           for i, t in enumerate(lengths)]
     data, lens = mtlab.collate(ex)
+    record("batch padding")
     assert lens["x"].tolist() == lengths
     for i, e in enumerate(ex):
         assert torch.equal(data["x"][i, : lengths[i]], e["x"])

@@ -1,0 +1,51 @@
+"""Run the fault campaign and print how many cases of each kind were tried and whether all held.
+
+    python scripts/reliability_report.py
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = ["tests/test_reliability.py", "tests/test_properties.py", "tests/test_interrupts.py"]
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as d:
+        log = Path(d) / "campaign.tsv"
+        env = {**os.environ, "MTLAB_CAMPAIGN_LOG": str(log)}
+        extra = [s for s in ("tests/test_schedule.py", "tests/test_recipe.py", "tests/ui/test_dashboard.py")
+                 if (ROOT / s).exists()]
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITES, *extra],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+        rows = log.read_text().splitlines() if log.exists() else []
+    counts: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for line in rows:
+        kind, held = line.rsplit("\t", 1)
+        counts[kind][0] += 1
+        counts[kind][1] += int(held)
+    width = max([len(k) for k in counts] + [10])
+    print(f"{'kind of case':<{width}}  {'tried':>6}  {'held':>6}")
+    for kind in sorted(counts):
+        tried, held = counts[kind]
+        print(f"{kind:<{width}}  {tried:>6}  {held:>6}")
+    total = sum(c[0] for c in counts.values())
+    held = sum(c[1] for c in counts.values())
+    print(f"{'total':<{width}}  {total:>6}  {held:>6}")
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
+    print(f"pytest: {summary}")
+    ok = proc.returncode == 0 and total == held
+    print("ALL HELD" if ok else "SOME CASES FAILED: see pytest output above")
+    if not ok:
+        print(proc.stdout[-4000:])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
