@@ -5,7 +5,8 @@
 Padding fraction = padded frames / all frames of the collated ``features`` over whole epochs
 (BatchStream's batches, collated by mtlab.batching.collate). Throughput = examples/s drawn through
 ``torch.utils.data.DataLoader`` with that collate, num_workers 0 and 2, after the first batch (worker
-start-up is reported separately). TODO(core): add the side-by-side ratio to one training step.
+start-up is reported separately), next to the rate at which a training step of the Core
+benchmark model (2-layer BLSTM, hidden 128, K=4) consumes examples: the loader must be faster.
 """
 from __future__ import annotations
 
@@ -77,9 +78,34 @@ def main() -> None:
     for i in range(len(train) * args.epochs):
         train[i % len(train)]
     print(f"| dataset[i] alone | - | {len(train) * args.epochs / (time.perf_counter() - start):,.0f} |")
+    rates: dict[int, float] = {}
     for workers in (0, 2):
         latency, rate = throughput(train, args.batch_size, workers, args.epochs)
         print(f"| DataLoader num_workers={workers} (+collate) | {latency:.3f} | {rate:,.0f} |")
+        rates[workers] = rate
+    consume = training_rate(train, args.batch_size)
+    print(f"| training step consumes (BLSTM 2x128, K=4) | - | {consume:,.1f} |")
+    print(f"\nloader (0 workers) / training consumption = {rates[0] / consume:,.1f}x: "
+          f"{'the loader is not the bottleneck' if rates[0] > consume else 'THE LOADER IS THE BOTTLENECK'}")
+
+
+def training_rate(train: torch.utils.data.Dataset, batch_size: int, steps: int = 3) -> float:
+    """Examples per second a Core-benchmark training step consumes on these features."""
+    import mtlab
+    from mtlab.models import BLSTM
+
+    torch.manual_seed(0)
+    models = {"enc": BLSTM(train[0]["features"].shape[-1], 128, num_layers=2), "head": torch.nn.Linear(256, 3)}
+    task = mtlab.Task("frames", [mtlab.Node("h", "enc", ["features"]), mtlab.Node("o", "head", ["h"])],
+                      ["features"], ["frame_target"], ["o"],
+                      mtlab.losses.CrossEntropy(output="o", target="frame_target"),
+                      {"train": mtlab.LinkedSet(train)}, batch_size=batch_size)
+    tr = mtlab.Trainer(models, [task], clip_grad_value=1.0, numbatches_to_aggregate=4, device="cpu")
+    tr.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        tr.step()
+    return steps * 4 * batch_size / (time.perf_counter() - start)
 
 
 if __name__ == "__main__":
