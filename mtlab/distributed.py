@@ -111,3 +111,52 @@ def allreduce_task(trainer: "Trainer", task: str) -> None:
                 trainer._adopt_grad(task, names[i], views[i].clone())
     loss, norm = buf[n_grad + len(names) :].clone().unbind()
     st._sums = (len(st.records), loss, norm)
+
+
+def _launch_worker(rank: int, world: int, port: int, recipe: Any, steps: int, out_dir: str, threads: int) -> None:
+    import datetime
+    import os
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        from .recipe import build_trainer
+
+        trainer = build_trainer(recipe)
+        for _ in range(steps):
+            trainer.step()
+        trainer.history.to_csv(os.path.join(out_dir, f"history{rank}.csv"), index=False)
+        if rank == 0:
+            trainer.save(os.path.join(out_dir, "final.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(recipe: Any, nprocs: int = 2, steps: int = 3, out_dir: str | None = None, threads: int = 1) -> dict[str, Any]:
+    """Run ``steps`` data-parallel steps of a recipe on ``nprocs`` CPU processes (gloo), e.g. from a
+    notebook, and return each rank's history and rank 0's checkpoint path.
+
+    >>> res = mtlab.distributed.launch("recipes/demo.toml", nprocs=2, steps=2)
+    >>> res["history"][0]    # pandas DataFrame of rank 0
+    """
+    import socket
+    import tempfile
+
+    import pandas as pd
+    import torch.multiprocessing as mp
+
+    if not dist.is_available():
+        raise ConfigError("this torch build has no torch.distributed")
+    if nprocs < 1:
+        raise ConfigError(f"nprocs must be >= 1, got {nprocs}")
+    out = out_dir or tempfile.mkdtemp(prefix="mtlab-launch-")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_launch_worker, args=(nprocs, port, recipe, steps, out, threads), nprocs=nprocs,
+                       start_method="spawn")
+    from pathlib import Path
+
+    return {"history": {r: pd.read_csv(Path(out) / f"history{r}.csv") for r in range(nprocs)},
+            "checkpoint": str(Path(out) / "final.pt"), "out_dir": out}
