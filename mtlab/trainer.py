@@ -475,7 +475,7 @@ class Trainer:
             return [task]
         chosen = [n for n, s in self._states.items() if s.phase in allowed]
         blocked = [n for n, s in self._states.items() if s.phase not in allowed and s.phase not in ("empty", "applied")]
-        if blocked:
+        if blocked and not chosen:
             raise PhaseError(self._phase_message(blocked[0], call))
         if not chosen:
             raise PhaseError(f"{call}(): no task has accumulated minibatches; call process_minibatch(task, linkedset) first")
@@ -495,7 +495,8 @@ class Trainer:
         return f"{call}(): task {task!r} is {phase}"
 
     def normalize(self, task: str | None = None) -> None:
-        """Divide each task's accumulated gradients by its accumulated (weighted) norm."""
+        """Divide ``task``'s (default: every accumulating task's) accumulated gradients by its
+        accumulated (weighted) norm, once."""
         with self._critical():
             names = self._targets_for(task, "normalize", ("accumulating",))
             if self.distributed:

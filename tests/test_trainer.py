@@ -492,3 +492,16 @@ def test_snapshot_restore_and_checkpoint_continue_bit_for_bit(tmp_path):
     assert other.history.equals(tr.history)
     s1, s2 = tr.stream("a", "clean"), other.stream("a", "clean")
     assert torch.equal(next(s1)[0]["x"], next(s2)[0]["x"])
+
+
+def test_normalize_all_covers_the_tasks_still_accumulating():
+    ex = make_examples(12, 90)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex)], clip_grad_value=1.0, device="cpu")
+    tr.process_minibatch("a", "clean"); tr.process_minibatch("b", "clean")
+    tr.normalize("b")
+    with pytest.raises(mtlab.PhaseError, match="task 'a' has not been normalized"):
+        tr.clip("a")
+    tr.normalize()  # only 'a' is left to normalize
+    assert tr.phase() == {"a": "normalized", "b": "normalized"}
+    with pytest.raises(mtlab.PhaseError, match="already normalized; next call: clip"):
+        tr.normalize()
