@@ -169,6 +169,7 @@ class Trainer:
         self._training_mode: bool | None = None
         self._stash: dict[str, Tensor] = {}
         self.recipe: dict[str, Any] | None = None
+        self.schedule: Any = None  # a mtlab.schedule.Schedule when built from a recipe
         # Data parallel: on when a torch.distributed process group is up (or distributed=True).
         from . import distributed as _dist
 
@@ -751,9 +752,11 @@ class Trainer:
                 m.train(previous[k])
             self._training_mode = None
 
-    def evaluate(self, task: str, linkedset: str, num_batches: int | None = None, examples: Any = None) -> float:
+    def evaluate(self, task: str, linkedset: str, num_batches: int | None = None, examples: Any = None,
+                 totals: bool = False) -> Any:
         """Σloss/Σnorm over the linked set's held-out examples (``valid``, else its training
-        examples, or ``examples=``), in eval mode, without gradients. Leaves accumulators alone."""
+        examples, or ``examples=``), in eval mode, without gradients. Leaves accumulators alone.
+        ``totals=True`` returns ``(Σloss, Σnorm)`` instead, for pooling several linked sets exactly."""
         with self._lock:
             t = self._task(task)
             ls = self._linkedset(task, linkedset)
@@ -775,7 +778,7 @@ class Trainer:
                     norm += torch.as_tensor(n, device=self.device).double()
             value = float(total / norm) if float(norm) != 0 else float("nan")
             self._emit("evaluate", {"task": task, "linkedset": linkedset, "loss": value, "step": self.step_count})
-            return value
+            return (float(total), float(norm)) if totals else value
 
     # ------------------------------------------------------------------ state you can keep
     def state_dict(self) -> dict[str, Any]:
@@ -892,12 +895,9 @@ class Trainer:
 
     def save(self, path: str | "os.PathLike[str]") -> None:  # noqa: F821
         """Write a checkpoint atomically (a crash mid-write leaves the previous file intact)."""
-        from .checkpoint import save_atomic
+        from .schedule import save_checkpoint
 
-        state = self.state_dict()
-        if self.recipe is not None:
-            state["recipe"] = self.recipe
-        save_atomic(state, path)
+        save_checkpoint(self, self.schedule, path)
 
     def load_checkpoint(self, path: str | "os.PathLike[str]") -> None:  # noqa: F821
         """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""

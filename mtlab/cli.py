@@ -1,0 +1,168 @@
+"""The ``mtlab`` command line.
+
+    mtlab train RECIPE --expdir DIR [--steps N] [--no-progress]   train a recipe into an experiment folder
+    mtlab demo [--expdir DIR] [--steps N]                        recipes/demo.toml on data_samples/
+    mtlab resume DIR [--steps N]                                 continue DIR/final.pt exactly
+    mtlab evaluate DIR [--checkpoint best|final|PATH] [--split dev]
+
+A bad recipe or checkpoint prints one message and exits with code 2; Ctrl-C saves ``final.pt`` and
+exits with code 130 (``mtlab resume DIR`` continues from there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _demo_recipe() -> Path:
+    path = Path(__file__).resolve().parents[1] / "recipes" / "demo.toml"
+    if not path.is_file():
+        from .errors import ConfigError
+
+        raise ConfigError(f"{path}: the demo recipe is not here; run from a checkout of the mtlab repository "
+                          "(pip install -e .) or give a recipe to `mtlab train`")
+    return path
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mtlab", description="Multi-task training with explicit gradient accumulation.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--steps", type=int, default=None, help="run at most this many steps now (default: to the end)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar; log lines instead")
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (default: 1 for demo, else torch's choice)")
+
+    p = sub.add_parser("train", help="train a recipe into an experiment folder")
+    p.add_argument("recipe", type=Path)
+    p.add_argument("--expdir", type=Path, required=True, help="experiment folder (must not hold an experiment yet)")
+    common(p)
+    p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus")
+    p.add_argument("--expdir", type=Path, default=None, help="experiment folder (default: exp/demo, exp/demo-2, ...)")
+    common(p)
+    p = sub.add_parser("resume", help="continue an experiment from its final.pt")
+    p.add_argument("expdir", type=Path)
+    common(p)
+    p = sub.add_parser("evaluate", help="evaluate a checkpoint on held-out data")
+    p.add_argument("expdir", type=Path)
+    p.add_argument("--checkpoint", default="best", help="best, final or a path (default: best, else final)")
+    p.add_argument("--split", default=None, help="evaluate this split (default: each linked set's valid data)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return parser
+
+
+def _fresh_expdir(path: Path) -> None:
+    from .errors import ConfigError
+
+    if (path / "final.pt").exists() or (path / "best.pt").exists():
+        raise ConfigError(f"{path} already holds an experiment; `mtlab resume {path}` continues it, "
+                          "or choose another --expdir")
+
+
+def _train(trainer: object, expdir: Path, args: argparse.Namespace) -> int:
+    from .schedule import run
+
+    schedule = run(trainer, trainer.schedule, steps=args.steps, progress=not args.no_progress,  # type: ignore[attr-defined]
+                   expdir=expdir)
+    print((expdir / "summary.txt").read_text(), end="")
+    if schedule.last_stop == "interrupted":
+        print(f"interrupted: final.pt saved; continue with `mtlab resume {expdir}`", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"experiment folder: {expdir}")
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from .recipe import load_trainer
+
+    path = args.expdir / "final.pt"
+    if not path.exists() and (args.expdir / "best.pt").exists():
+        print(f"{path} is missing (killed run?); resuming from best.pt", file=sys.stderr)
+        path = args.expdir / "best.pt"
+    trainer = load_trainer(path)
+    schedule = getattr(trainer, "schedule")
+    if schedule.finished or trainer.step_count >= schedule.num_steps:
+        why = "validation stopped it (num_tries)" if schedule.finished else f"all {schedule.num_steps} steps are done"
+        print(f"{args.expdir}: nothing to resume, {why}")
+        return 0
+    return _train(trainer, args.expdir, args)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
+    from .recipe import load_split_for, load_trainer
+
+    choice = {"best": args.expdir / "best.pt", "final": args.expdir / "final.pt"}.get(args.checkpoint, Path(args.checkpoint))
+    if args.checkpoint == "best" and not choice.exists():
+        choice = args.expdir / "final.pt"
+    trainer = load_trainer(choice)
+    results: dict[str, float] = {}
+    for tname, task in trainer.tasks.items():
+        for sname, ls in task.linkedsets.items():
+            examples = load_split_for(trainer, tname, sname, args.split) if args.split else ls.valid
+            if examples is None:
+                continue
+            results[f"{tname}/{sname}"] = trainer.evaluate(tname, sname, examples=examples)
+    if not results:
+        raise ConfigError(f"{choice}: no linked set has held-out data; give --split (e.g. --split dev)")
+    print(f"{choice} (step {trainer.step_count}), split: {args.split or 'valid'}")
+    for key, value in results.items():
+        print(f"  {key:<24} {value:.4f}")
+    out = args.expdir / f"evaluation_{args.split or 'valid'}.json"
+    out.write_text(json.dumps({"checkpoint": str(choice), "step": trainer.step_count, "split": args.split or "valid",
+                               "loss": results}, indent=1) + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``mtlab`` and ``python -m mtlab``; returns the exit code."""
+    args = _parser().parse_args(argv)
+    from .errors import MtlabError
+
+    if getattr(args, "no_progress", True):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("mtlab").addHandler(handler)
+        logging.getLogger("mtlab").setLevel(logging.INFO)
+    try:
+        # The demo's model is small: one thread is fastest, and several threads on busy cores were
+        # 15x slower per step in our measurements (oversubscription). Other commands keep torch's choice.
+        threads = args.threads or (1 if args.command == "demo" else None)
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        if args.command == "train":
+            from .recipe import build_trainer
+
+            _fresh_expdir(args.expdir)
+            return _train(build_trainer(args.recipe), args.expdir, args)
+        if args.command == "demo":
+            from .recipe import build_trainer
+
+            expdir = args.expdir
+            if expdir is None:
+                expdir, n = Path("exp/demo"), 1
+                while (expdir / "final.pt").exists():
+                    n += 1
+                    expdir = Path(f"exp/demo-{n}")
+            _fresh_expdir(expdir)
+            return _train(build_trainer(_demo_recipe()), expdir, args)
+        if args.command == "resume":
+            return _resume(args)
+        return _evaluate(args)
+    except MtlabError as exc:
+        print(f"mtlab {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted before training started; nothing saved", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,139 @@
+"""The experiment folder a scheduled run writes.
+
+========================  =============================================================
+``recipe.toml``           copy of the recipe file (when the run started from a file)
+``recipe.json``           the resolved recipe the checkpoints carry (with feature stats)
+``stats/*.json``          feature mean/std of each linked set's training split
+``best.pt``/``final.pt``  checkpoints (best validation; end of every run, also on Ctrl-C)
+``history.csv``           one row per step (losses, gradient norms, lr, skipped)
+``validation.csv``        one row per validation (values, action taken, tries)
+``losses.png``            training and validation losses; ``grad_norms.png``: gradient norms
+``summary.json/.txt``     steps, stop reason, time per step, first/last losses, best validation
+========================  =============================================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .trainer import Trainer
+
+if TYPE_CHECKING:
+    from .schedule import Schedule
+
+
+def prepare(trainer: Trainer, path: Path) -> None:
+    """Create ``path`` and write the recipe (copy and resolved JSON) and the feature stats."""
+    path.mkdir(parents=True, exist_ok=True)
+    recipe = trainer.recipe
+    if recipe is None:
+        return
+    source = Path(str(recipe.get("source", "")))
+    if source.suffix == ".toml" and source.is_file() and not (path / "recipe.toml").exists():
+        shutil.copyfile(source, path / "recipe.toml")
+    (path / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
+    stats = recipe.get("stats") or {}
+    if stats:
+        from .data import FeatureStats
+
+        (path / "stats").mkdir(exist_ok=True)
+        for key, value in stats.items():
+            name = re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("_")
+            FeatureStats.from_dict(value, origin=f"recipe stats {key!r}").save(path / "stats" / f"{name}.json")
+
+
+def _mean(values: list[float]) -> float | None:
+    finite = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
+
+
+def summary(trainer: Trainer, schedule: "Schedule", wall_s: float, steps_run: int) -> dict[str, Any]:
+    """Host-side facts about the run: steps, stop reason, speed, first/last losses, best validation."""
+    rows = trainer.log.rows()
+    tasks = list(trainer.tasks)
+    first = {t: _mean([r.get(f"{t}/loss", math.nan) for r in rows[:5]]) for t in tasks}
+    last = {t: _mean([r.get(f"{t}/loss", math.nan) for r in rows[-5:]]) for t in tasks}
+    recipe = trainer.recipe or {}
+    return {
+        "recipe": recipe.get("name", recipe.get("source")), "step": trainer.step_count,
+        "num_steps": schedule.num_steps, "steps_run": steps_run, "stop": schedule.last_stop,
+        "finished": schedule.finished or trainer.step_count >= schedule.num_steps,
+        "wall_s": round(wall_s, 3), "s_per_step": round(wall_s / steps_run, 4) if steps_run else None,
+        "train_loss_first5": first, "train_loss_last5": last,
+        "best_validation": schedule.best, "best_step": schedule.best_step, "validations": len(schedule.validation),
+        "lr_scale": schedule.lr_scale, "skipped_steps": list(schedule.skipped), "device": str(trainer.device),
+    }
+
+
+def _text(s: dict[str, Any]) -> str:
+    lines = [f"recipe        {s['recipe']}",
+             f"steps         {s['step']} / {s['num_steps']} ({s['steps_run']} this run, stop: {s['stop']})",
+             f"time          {s['wall_s']:.1f} s ({s['s_per_step']} s/step) on {s['device']}"]
+    for t, v in s["train_loss_first5"].items():
+        end = s["train_loss_last5"].get(t)
+        fmt = (lambda x: "n/a" if x is None else f"{x:.4f}")
+        lines.append(f"loss {t:<8} {fmt(v)} (first 5 steps) -> {fmt(end)} (last 5 steps)")
+    if s["best_validation"] is not None:
+        lines.append(f"validation    best {s['best_validation']:.4f} at step {s['best_step']} ({s['validations']} validations)")
+    if s["skipped_steps"]:
+        lines.append(f"skipped       {len(s['skipped_steps'])} non-finite steps: {s['skipped_steps'][:20]}")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(trainer: Trainer, schedule: "Schedule", path: Path) -> list[str]:
+    """``losses.png`` and ``grad_norms.png`` with matplotlib's object API (no pyplot, no display)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return ["plots skipped: matplotlib is not installed (pip install 'mtlab[notebook]')"]
+    frame = trainer.history
+    if frame.empty:
+        return []
+    steps = frame["step"].to_numpy()
+    fig = Figure(figsize=(8, 4.5))  # no layout engine: it costs more than the drawing
+    ax = fig.subplots()
+    for t in trainer.tasks:
+        if f"{t}/loss" in frame:
+            ax.plot(steps, frame[f"{t}/loss"].to_numpy(dtype=float), lw=1, label=f"{t} (train)")
+    for t in trainer.tasks:
+        pts = [(r["step"], r[t]) for r in schedule.validation if t in r]
+        if pts:
+            ax.plot(*zip(*pts), "o--", ms=4, label=f"{t} (valid)")
+    ax.set(xlabel="step", ylabel="loss (Σloss / Σnorm)", title="losses")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path / "losses.png", dpi=100)
+    fig = Figure(figsize=(8, 4.5))  # no layout engine: it costs more than the drawing
+    ax = fig.subplots()
+    for t in trainer.tasks:
+        for col, style in ((f"{t}/grad_norm", "-"), (f"{t}/grad_norm_clipped", ":")):
+            if col in frame:
+                ax.plot(steps, frame[col].to_numpy(dtype=float), style, lw=1, label=col)
+    ax.set(xlabel="step", ylabel="gradient norm", title="gradient norms (before / after clipping)", yscale="log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path / "grad_norms.png", dpi=100)
+    return []
+
+
+def finish(trainer: Trainer, schedule: "Schedule", path: Path, wall_s: float, steps_run: int) -> dict[str, Any]:
+    """Write ``final.pt`` first (so it exists whatever fails later), then the tables, plots and summary."""
+    import pandas as pd
+
+    from .schedule import _say, save_checkpoint
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(trainer, schedule, path / "final.pt")
+    trainer.history.to_csv(path / "history.csv", index=False)
+    pd.DataFrame(schedule.validation).to_csv(path / "validation.csv", index=False)
+    for note in _plot(trainer, schedule, path):
+        _say(note)
+    s = summary(trainer, schedule, wall_s, steps_run)
+    (path / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
+    (path / "summary.txt").write_text(_text(s))
+    return s

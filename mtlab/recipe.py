@@ -1,0 +1,498 @@
+"""Recipes: one TOML file that describes models, tasks and trainer settings.
+
+>>> trainer = build_trainer("recipes/demo.toml")   # models, tasks, data, Trainer, Schedule
+>>> trainer = load_trainer("exp/demo/final.pt")     # rebuilt from the recipe stored in the checkpoint
+
+A recipe has ``[trainer]`` (the original's ``trainer.cfg`` key names, see ``TRAINER_KEYS``; a
+``trainer_cfg = "trainer.cfg"`` top-level key reads the original INI file first), ``[models.NAME]``
+(``type`` from ``mtlab.models.MODELS`` plus its settings) and ``[tasks.NAME]`` (nodes, inputs, targets,
+outputs, ``loss = {type = ..., ...}`` from ``mtlab.losses.LOSSES`` and ``[tasks.NAME.linkedsets.SET]``
+with ``weight``, ``data`` and ``valid``). Every mistake is a ``ConfigError`` naming the file and the key.
+
+Feature statistics come from each linked set's training split; they are recorded in the recipe
+(``stats``) so a checkpoint, which carries the recipe, always resumes with the same normalization.
+"""
+
+from __future__ import annotations
+
+import configparser
+import copy
+import difflib
+import hashlib
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ConfigError
+from .graph import Node
+from .task import LinkedSet, Task
+from .trainer import Trainer
+
+DEFAULT_ORIGIN = "<recipe dict>"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting: its kind, default, lower bound and a one-line meaning."""
+
+    kind: str  # int, float, bool, str, names, floats, clip
+    default: Any
+    doc: str
+    minimum: float | None = None
+    strict: bool = False  # minimum excluded
+    choices: tuple[str, ...] | None = None
+
+
+TRAINER_KEYS: dict[str, Key] = {
+    "tasks": Key("names", None, "tasks to train, in order (default: every [tasks.*] in file order)"),
+    "num_epochs": Key("float", 1.0, "passes over the largest linked set's training data", 0, True),
+    "num_steps": Key("int", 0, "mtlab: train exactly this many steps (0: derive from num_epochs)", 0),
+    "initial_learning_rate": Key("float", 1e-3, "Adam learning rate at step 0", 0, True),
+    "learning_rate_decay": Key("float", 1.0, "lr = initial_learning_rate x decay^(step / num_steps)", 0, True),
+    "clip_grad_value": Key("clip", False, "clip gradients element-wise to +-value (false: no clipping)", 0, True),
+    "normalize_gradients": Key("bool", True, "divide accumulated gradients by the accumulated norm"),
+    "batch_size": Key("int", 8, "utterances per minibatch", 1),
+    "numbatches_to_aggregate": Key("int", 1, "minibatch rounds (every linked set once) per step", 1),
+    "numbuckets": Key("int", 1, "length buckets for batching (1: plain shuffled batches)", 1),
+    "valid_frequency": Key("int", 0, "validate every this many steps (0: never)", 0),
+    "valid_batches": Key("int", 0, "mtlab: minibatches per validation and linked set (0: all)", 0),
+    "valid_adapt": Key("bool", False, "halve the learning rate after a worse validation"),
+    "go_back": Key("bool", False, "return to the best validated state after a worse validation"),
+    "num_tries": Key("int", 3, "stop after this many worse validations", 1),
+    "reset_tries": Key("bool", True, "a better validation zeroes the count of worse ones"),
+    "task_weights": Key("floats", None, "weight of each task in the update, in task order"),
+    "acc_steps": Key("bool", False, "one Adam per task (lr x task weight), applied one after another"),
+    "normalize_weights_acc_steps": Key("bool", False, "acc_steps: divide by the summed weights of a parameter's tasks"),
+    "seed": Key("int", 0, "mtlab: seeds model initialization, shuffling and noise", 0),
+    "nonfinite": Key("str", "raise", "mtlab: a NaN/inf step raises, or is skipped", choices=("raise", "skip")),
+    "device": Key("str", "auto", "mtlab: auto, cpu, cuda or cuda:N"),
+}
+TOP_KEYS = ("name", "description", "trainer_cfg", "trainer", "models", "tasks", "stats", "source")
+TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "weight", "batch_size", "numbuckets")
+NODE_KEYS = ("name", "model", "inputs", "outputs")
+LINKEDSET_KEYS = ("weight", "data", "valid")
+DATA_KEYS = ("corpus", "root", "split", "linkedset")
+CORPORA = ("samples",)
+
+
+# ---------------------------------------------------------------------------------- messages
+def _hint(key: str, valid: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown(origin: str, where: str, key: str, valid: list[str] | tuple[str, ...], what: str = "key") -> ConfigError:
+    return ConfigError(f"{origin}: unknown {what} {key!r} in {where}{_hint(key, valid)}; valid: {', '.join(valid)}")
+
+
+def _table(value: Any, origin: str, where: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{origin}: {where} must be a table, got {type(value).__name__} {value!r}")
+    return dict(value)
+
+
+def _names(value: Any, origin: str, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = value.split()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{origin}: {where} must be a list of names, e.g. [\"features\"], got {value!r}")
+    return list(value)
+
+
+def check_value(key: str, spec: Key, value: Any, origin: str, where: str) -> Any:
+    """``value`` checked against ``spec`` (already typed, as TOML gives it); ConfigError otherwise."""
+    name = f"{where} {key}"
+    if spec.kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{origin}: {name} must be true or false ({spec.doc}), got {value!r}")
+        return value
+    if spec.kind == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{origin}: {name} must be a string ({spec.doc}), got {value!r}")
+        if spec.choices and value not in spec.choices:
+            raise ConfigError(f"{origin}: {name} = {value!r}{_hint(value, spec.choices)}; valid: {', '.join(spec.choices)}")
+        return value
+    if spec.kind == "names":
+        return _names(value, origin, name)
+    if spec.kind == "floats":
+        if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{origin}: {name} must be a list of numbers ({spec.doc}), got {value!r}")
+        for v in value:
+            if not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{origin}: {name} = {value!r}: every weight must be a finite number >= 0")
+        return [float(v) for v in value]
+    if spec.kind == "clip" and value is False:
+        return False
+    if spec.kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        kind = "an integer"
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        kind = "a number" if spec.kind == "float" else "a number (or false for no clipping)"
+    bound = "" if spec.minimum is None else f" {'>' if spec.strict else '>='} {spec.minimum:g}"
+    if ok and spec.minimum is not None:
+        ok = value > spec.minimum if spec.strict else value >= spec.minimum
+    if not ok:
+        raise ConfigError(f"{origin}: {name} = {value!r} is not allowed: must be {kind}{bound} ({spec.doc})")
+    return float(value) if spec.kind in ("float", "clip") else value
+
+
+# ---------------------------------------------------------------------------------- INI trainer.cfg
+def _from_string(key: str, spec: Key, text: str, origin: str) -> Any:
+    text = text.strip()
+    where = "[trainer]"
+    try:
+        if spec.kind == "bool":
+            if text.lower() not in ("true", "false"):
+                raise ValueError
+            return check_value(key, spec, text.lower() == "true", origin, where)
+        if spec.kind == "int":
+            return check_value(key, spec, int(text), origin, where)
+        if spec.kind in ("float",):
+            return check_value(key, spec, float(text), origin, where)
+        if spec.kind == "clip":
+            if text.lower() in ("none", "false", ""):
+                return False
+            return check_value(key, spec, float(text), origin, where)
+        if spec.kind == "floats":
+            return check_value(key, spec, [float(v) for v in text.split()], origin, where)
+        if spec.kind == "names":
+            return check_value(key, spec, text.split(), origin, where)
+        return check_value(key, spec, text, origin, where)
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        expect = {"bool": "'True' or 'False'", "int": "an integer", "float": "a number", "clip": "a number or None",
+                  "floats": "space-separated numbers"}.get(spec.kind, "a value")
+        raise ConfigError(f"{origin}: [trainer] {key} = {text!r} must be {expect} ({spec.doc})") from None
+
+
+def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
+    """The ``[trainer]`` section of the original's INI ``trainer.cfg`` as typed recipe settings."""
+    path = Path(path)
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.optionxform = str  # keep key case as written
+    try:
+        read = parser.read(path)
+    except configparser.Error as exc:
+        raise ConfigError(f"{path}: not a valid INI file ({exc.message if hasattr(exc, 'message') else exc})") from None
+    if not read:
+        raise ConfigError(f"{path}: trainer.cfg not found; give a path relative to the recipe file")
+    if not parser.has_section("trainer"):
+        raise ConfigError(f"{path}: no [trainer] section; sections: {parser.sections() or 'none'}")
+    out: dict[str, Any] = {}
+    for key, text in parser.items("trainer"):
+        if key not in TRAINER_KEYS:
+            raise _unknown(str(path), "[trainer]", key, list(TRAINER_KEYS))
+        out[key] = _from_string(key, TRAINER_KEYS[key], text, str(path))
+    return out
+
+
+# ---------------------------------------------------------------------------------- parsing and checking
+def load_recipe(path: str | Path) -> dict[str, Any]:
+    """Parse and check a TOML recipe; returns the self-contained recipe dict (INI merged, paths absolute)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: recipe file not found")
+    if path.suffix in (".cfg", ".ini"):
+        raise ConfigError(f"{path}: a trainer.cfg holds only the [trainer] settings; write a TOML recipe with "
+                          f"[models] and [tasks] and put trainer_cfg = \"{path.name}\" at its top (see recipes/demo.toml)")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file; a recipe is a UTF-8 TOML file") from None
+    return resolve_recipe(raw, origin=str(path), base=path.parent)
+
+
+def resolve_recipe(raw: Mapping[str, Any], origin: str = DEFAULT_ORIGIN, base: Path | None = None) -> dict[str, Any]:
+    """Check a recipe dict and make it self-contained: the INI ``trainer_cfg`` merged into ``trainer``
+    (the TOML table wins) and data ``root`` paths absolute. Raises ConfigError naming the key."""
+    recipe = copy.deepcopy(dict(raw))
+    origin = str(recipe.get("source", origin))
+    base = base if base is not None else Path.cwd()
+    for key in recipe:
+        if key not in TOP_KEYS:
+            raise _unknown(origin, "the recipe's top level", key, TOP_KEYS)
+    trainer = _table(recipe.get("trainer", {}), origin, "[trainer]")
+    if "trainer_cfg" in recipe:
+        cfg_path = base / str(recipe.pop("trainer_cfg"))
+        trainer = {**load_trainer_cfg(cfg_path), **trainer}
+    recipe["trainer"] = trainer
+    recipe["source"] = origin
+    settings = trainer_settings(recipe)
+    models = _table(recipe.get("models"), origin, "[models]") if "models" in recipe else {}
+    if not models:
+        raise ConfigError(f"{origin}: no [models.NAME] table; add at least one model, e.g. [models.enc] type = \"BLSTM\"")
+    for name, spec in models.items():
+        _model_spec(name, spec, origin)
+    tasks = _table(recipe.get("tasks"), origin, "[tasks]") if "tasks" in recipe else {}
+    if not tasks:
+        raise ConfigError(f"{origin}: no [tasks.NAME] table; add at least one task")
+    for name in settings["tasks"] or []:
+        if name not in tasks:
+            raise _unknown(origin, "[trainer] tasks", name, list(tasks), what="task")
+    recipe["tasks"] = tasks = {name: _check_task(name, _table(spec, origin, f"[tasks.{name}]"), models, origin, base)
+                               for name, spec in tasks.items()}
+    if settings["task_weights"] is not None:
+        chosen = settings["tasks"] or list(tasks)
+        if len(settings["task_weights"]) != len(chosen):
+            raise ConfigError(f"{origin}: [trainer] task_weights has {len(settings['task_weights'])} values for "
+                              f"{len(chosen)} tasks {chosen}; give one weight per task")
+        both = [t for t in chosen if "weight" in tasks[t]]
+        if both:
+            raise ConfigError(f"{origin}: task weight given twice, in [trainer] task_weights and [tasks.{both[0]}] "
+                              "weight; keep one of them")
+    if "stats" in recipe:
+        _table(recipe["stats"], origin, "stats")
+    return recipe
+
+
+def trainer_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """Every ``TRAINER_KEYS`` setting of ``recipe``, checked, with defaults filled in."""
+    origin = str(recipe.get("source", DEFAULT_ORIGIN))
+    given = _table(recipe.get("trainer", {}), origin, "[trainer]")
+    out: dict[str, Any] = {}
+    for key, value in given.items():
+        if key not in TRAINER_KEYS:
+            raise _unknown(origin, "[trainer]", key, list(TRAINER_KEYS))
+        out[key] = check_value(key, TRAINER_KEYS[key], value, origin, "[trainer]")
+    for key, spec in TRAINER_KEYS.items():
+        out.setdefault(key, spec.default)
+    if out["normalize_weights_acc_steps"] and not out["acc_steps"]:
+        raise ConfigError(f"{origin}: [trainer] normalize_weights_acc_steps = true needs acc_steps = true")
+    return out
+
+
+def _model_spec(name: str, spec: Any, origin: str) -> tuple[str, dict[str, Any]]:
+    from .models import MODELS
+
+    spec = _table(spec, origin, f"[models.{name}]")
+    if "." in name:
+        raise ConfigError(f"{origin}: model name {name!r} contains '.'; use letters, digits and '_'")
+    kind = spec.pop("type", None)
+    if not isinstance(kind, str):
+        raise ConfigError(f"{origin}: [models.{name}] needs type = \"...\"; valid types: {', '.join(MODELS)}")
+    if kind not in MODELS:
+        raise _unknown(origin, f"[models.{name}] type", kind, list(MODELS), what="model type")
+    return kind, spec
+
+
+def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], origin: str, base: Path) -> dict[str, Any]:
+    from .data import TARGET_KEYS
+    from .losses import LOSSES
+
+    where = f"[tasks.{name}]"
+    for key in spec:
+        if key not in TASK_KEYS:
+            raise _unknown(origin, where, key, TASK_KEYS)
+    for key in ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets"):
+        if key not in spec:
+            raise ConfigError(f"{origin}: {where} needs {key!r}; a task has {', '.join(TASK_KEYS[:6])}")
+    example_keys = ("features", *TARGET_KEYS)
+    for key in ("inputs", "targets"):
+        for item in _names(spec[key], origin, f"{where} {key}"):
+            if item not in example_keys:
+                raise _unknown(origin, f"{where} {key}", item, example_keys, what="data key")
+    _names(spec["outputs"], origin, f"{where} outputs")
+    nodes = spec["nodes"]
+    if not isinstance(nodes, list) or not nodes:
+        raise ConfigError(f"{origin}: {where} nodes must be a list of tables "
+                          "{{ name = ..., model = ..., inputs = [...] }}, got {nodes!r}")
+    for i, node in enumerate(nodes):
+        node = _table(node, origin, f"{where} nodes[{i}]")
+        for key in node:
+            if key not in NODE_KEYS:
+                raise _unknown(origin, f"{where} nodes[{i}]", key, NODE_KEYS)
+        model = node.get("model")
+        if not isinstance(node.get("name"), str) or not isinstance(model, str):
+            raise ConfigError(f"{origin}: {where} nodes[{i}] needs name = \"...\" and model = \"...\"")
+        if model not in models:
+            raise _unknown(origin, f"{where} nodes[{i}] (node {node['name']!r}) model", model, list(models),
+                           what="model")
+    loss = _table(spec["loss"], origin, f"{where} loss")
+    if not isinstance(loss.get("type"), str):
+        raise ConfigError(f"{origin}: {where} loss needs type = \"...\"; valid: {', '.join(LOSSES)}")
+    if loss["type"].lower() not in LOSSES:
+        raise _unknown(origin, f"{where} loss type", loss["type"], list(LOSSES), what="loss type")
+    for key in ("weight",):
+        if key in spec:
+            check_value(key, Key("float", 1.0, "task weight in the update", 0), spec[key], origin, where)
+    for key in ("batch_size", "numbuckets"):
+        if key in spec:
+            check_value(key, TRAINER_KEYS[key], spec[key], origin, where)
+    sets = _table(spec["linkedsets"], origin, f"{where} linkedsets")
+    if not sets:
+        raise ConfigError(f"{origin}: {where} has no linked set; add [tasks.{name}.linkedsets.clean]")
+    for sname, sspec in sets.items():
+        swhere = f"[tasks.{name}.linkedsets.{sname}]"
+        sspec = _table(sspec, origin, swhere)
+        for key in sspec:
+            if key not in LINKEDSET_KEYS:
+                raise _unknown(origin, swhere, key, LINKEDSET_KEYS)
+        if "weight" in sspec:
+            check_value("weight", Key("float", 1.0, "linked-set weight", 0), sspec["weight"], origin, swhere)
+        if "data" not in sspec:
+            raise ConfigError(f"{origin}: {swhere} needs data = {{ corpus = \"samples\", split = \"train\", "
+                              f"linkedset = \"{sname}\" }}")
+        data = _check_data(sspec["data"], origin, f"{swhere} data", base)
+        sspec["data"] = data
+        if sspec.get("valid", False) is not False:
+            sspec["valid"] = _check_data({**data, **_table(sspec["valid"], origin, f"{swhere} valid")}, origin,
+                                         f"{swhere} valid", base)
+        sets[sname] = sspec
+    spec["linkedsets"] = sets
+    return spec
+
+
+def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any]:
+    spec = _table(spec, origin, where)
+    for key in spec:
+        if key not in DATA_KEYS:
+            raise _unknown(origin, where, key, DATA_KEYS)
+    for key, value in spec.items():
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{origin}: {where} {key} must be a non-empty string, got {value!r}")
+    if ("corpus" in spec) == ("root" in spec):
+        raise ConfigError(f"{origin}: {where} needs exactly one of corpus = \"samples\" or root = \"path/to/corpus\"")
+    if "corpus" in spec and spec["corpus"] not in CORPORA:
+        raise _unknown(origin, f"{where} corpus", spec["corpus"], CORPORA, what="corpus")
+    if "root" in spec:
+        spec["root"] = str((base / spec["root"]).resolve())
+    spec.setdefault("split", "train")
+    return spec
+
+
+# ---------------------------------------------------------------------------------- data
+_DATASETS: dict[tuple[Any, ...], Any] = {}
+
+
+def clear_data_cache() -> None:
+    """Forget the datasets ``build_trainer`` loaded (they are kept so rebuilding a trainer is fast)."""
+    _DATASETS.clear()
+
+
+def _root(data: Mapping[str, Any]) -> Path:
+    from .data import data_samples_dir
+
+    return Path(data["root"]) if "root" in data else data_samples_dir()
+
+
+def stats_key(data: Mapping[str, Any], linkedset: str) -> str:
+    """Name of the feature statistics a data spec uses: its corpus (or root) and linked set."""
+    return f"{data.get('corpus', data.get('root'))}:{data.get('linkedset', linkedset)}"
+
+
+def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], stats: Any) -> Any:
+    from .data import load_split
+
+    fingerprint = hashlib.sha1(json.dumps(stats.to_dict()).encode()).hexdigest() if stats is not None else None
+    key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, fingerprint)
+    if key not in _DATASETS:
+        _DATASETS[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
+                                    targets=targets, stats=stats)
+        if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
+            computed = _DATASETS[key].stats
+            _DATASETS[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = _DATASETS[key]
+    return _DATASETS[key]
+
+
+# ---------------------------------------------------------------------------------- building
+def build_trainer(recipe: str | Path | Mapping[str, Any]) -> Trainer:
+    """A Trainer (with ``trainer.recipe`` and ``trainer.schedule``) from a recipe file or dict."""
+    from .data import FeatureStats, TARGET_KEYS
+    from .losses import get_loss
+    from .models import build_model
+    from .schedule import Schedule
+
+    recipe = load_recipe(recipe) if isinstance(recipe, (str, Path)) else resolve_recipe(recipe)
+    origin = recipe["source"]
+    settings = trainer_settings(recipe)
+    torch.manual_seed(settings["seed"])  # the same recipe initializes the same weights
+    models = {}
+    for name, spec in recipe["models"].items():
+        kind, kwargs = _model_spec(name, spec, origin)
+        try:
+            models[name] = build_model(kind, **kwargs)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: [models.{name}]: {exc}") from None
+    chosen = settings["tasks"] or list(recipe["tasks"])
+    weights = dict(zip(chosen, settings["task_weights"])) if settings["task_weights"] is not None else {}
+    targets = tuple(sorted({k for t in chosen for k in (*recipe["tasks"][t]["targets"], *recipe["tasks"][t]["inputs"])}
+                           & set(TARGET_KEYS)))
+    recipe.setdefault("stats", {})
+    tasks = []
+    for tname in chosen:
+        spec = recipe["tasks"][tname]
+        sets = {}
+        for sname, sspec in spec["linkedsets"].items():
+            key = stats_key(sspec["data"], sname)
+            stats = FeatureStats.from_dict(recipe["stats"][key], origin=f"{origin}: stats {key!r}") \
+                if key in recipe["stats"] else None
+            train = _dataset(sspec["data"], sname, targets, stats)
+            if stats is None:
+                recipe["stats"][key] = train.stats.to_dict()
+                stats = train.stats
+            valid = _dataset(sspec["valid"], sname, targets, stats) if sspec.get("valid", False) else None
+            sets[sname] = LinkedSet(train, weight=sspec.get("weight", 1.0), valid=valid)
+        loss = dict(spec["loss"])
+        try:
+            loss_fn = get_loss(loss.pop("type"), **loss)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: [tasks.{tname}] loss: {exc}") from None
+        nodes = [Node(n["name"], model=n["model"], inputs=n["inputs"], outputs=n.get("outputs")) for n in spec["nodes"]]
+        tasks.append(Task(tname, nodes, spec["inputs"], spec["targets"], spec["outputs"], loss_fn, sets,
+                          batch_size=spec.get("batch_size", settings["batch_size"]),
+                          numbuckets=spec.get("numbuckets", settings["numbuckets"]),
+                          weight=spec.get("weight", weights.get(tname, 1.0))))
+    clip = settings["clip_grad_value"] if settings["clip_grad_value"] is not False else None
+    try:
+        trainer = Trainer(models, tasks, lr=settings["initial_learning_rate"], clip_grad_value=clip,
+                          normalize_gradients=settings["normalize_gradients"],
+                          numbatches_to_aggregate=settings["numbatches_to_aggregate"], device=settings["device"],
+                          seed=settings["seed"], nonfinite=settings["nonfinite"], acc_steps=settings["acc_steps"],
+                          normalize_weights_acc_steps=settings["normalize_weights_acc_steps"])
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
+    trainer.recipe = recipe
+    trainer.schedule = Schedule.for_trainer(trainer, settings)  # type: ignore[attr-defined]
+    return trainer
+
+
+def load_trainer(path: str | Path) -> Trainer:
+    """Rebuild the trainer of a checkpoint from the recipe it carries, then load its state (and schedule)."""
+    from .checkpoint import CheckpointError, load_safe
+    from .schedule import Schedule
+
+    state = load_safe(path)
+    if not isinstance(state.get("recipe"), Mapping):
+        raise CheckpointError(f"{path} carries no recipe; build the Trainer yourself and call "
+                              "trainer.load_checkpoint(path)")
+    trainer = build_trainer(state["recipe"])
+    trainer.load_state_dict(state)
+    if isinstance(state.get("schedule"), Mapping):
+        trainer.schedule = Schedule.from_state(state["schedule"], trainer)  # type: ignore[attr-defined]
+    return trainer
+
+
+def load_split_for(trainer: Trainer, task: str, linkedset: str, split: str) -> Any:
+    """Another split of a linked set's corpus, normalized with the stats the trainer was built with."""
+    from .data import FeatureStats, TARGET_KEYS
+
+    recipe = trainer.recipe
+    if recipe is None:
+        raise ConfigError("load_split_for(): the trainer was not built from a recipe; load the split with "
+                          "mtlab.data.load_split(..., stats=...) yourself")
+    spec = recipe["tasks"][task]["linkedsets"][linkedset]
+    key = stats_key(spec["data"], linkedset)
+    stats = FeatureStats.from_dict(recipe["stats"][key], origin=f"{recipe.get('source')}: stats {key!r}")
+    targets = tuple(sorted({k for t in trainer.tasks for k in (*recipe["tasks"][t]["targets"], *recipe["tasks"][t]["inputs"])}
+                           & set(TARGET_KEYS)))
+    return _dataset({**spec["data"], "split": split}, linkedset, targets, stats)

@@ -1,0 +1,63 @@
+"""The command line, end to end in subprocesses: train, resume, evaluate, demo; bad input exits 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_recipe import one_thread, tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
+
+from mtlab.cli import main
+
+
+def mtlab_cmd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "mtlab", *args, "--threads", "1"], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_train_resume_evaluate(tiny_corpus: Path, tmp_path: Path) -> None:
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=6, valid_frequency=2)
+    exp = tmp_path / "exp"
+    done = mtlab_cmd("train", str(recipe), "--expdir", str(exp), "--steps", "3", "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "validation at step 2" in done.stdout and "steps         3 / 6" in done.stdout
+    for name in ("recipe.toml", "recipe.json", "best.pt", "final.pt", "history.csv", "validation.csv",
+                 "losses.png", "grad_norms.png", "summary.json", "summary.txt"):
+        assert (exp / name).is_file(), name
+    assert main(["train", str(recipe), "--expdir", str(exp)]) == 2  # would overwrite: refused, in-process
+    done = mtlab_cmd("resume", str(exp), "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((exp / "summary.json").read_text())
+    assert summary["step"] == 6 and summary["finished"] and summary["stop"] in ("done", "num_tries")
+    assert len((exp / "history.csv").read_text().splitlines()) == 1 + 6
+    done = mtlab_cmd("evaluate", str(exp), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((exp / "evaluation_valid.json").read_text())
+    assert set(result["loss"]) == {"spk/clean", "frames/clean", "frames/noisy"}
+
+
+def test_demo_runs_a_few_steps(tiny_corpus: Path, tmp_path: Path) -> None:
+    done = mtlab_cmd("demo", "--steps", "2", "--expdir", "demo", "--no-progress", cwd=tmp_path,
+                     env={"MTLAB_DATA": str(tiny_corpus)})
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert summary["recipe"] == "demo" and summary["step"] == 2 and summary["stop"] == "steps"
+
+
+@pytest.mark.parametrize("text,expect", [
+    ("[trainer]\nnumbatches_to_aggregate = 0\n", "numbatches_to_aggregate = 0 is not allowed"),
+    ("[trainer\n", "not valid TOML"),
+])
+def test_bad_recipe_exits_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+                                           expect: str) -> None:
+    (tmp_path / "bad.toml").write_text(text)
+    assert main(["train", str(tmp_path / "bad.toml"), "--expdir", str(tmp_path / "exp")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.toml" in err and expect in err and "Traceback" not in err
+    assert main(["resume", str(tmp_path / "nothing")]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err

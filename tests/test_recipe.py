@@ -1,0 +1,313 @@
+"""Recipes: parsing, the original's INI trainer.cfg, errors that name key and file, checkpoints."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import mtlab
+from mtlab.checkpoint import CheckpointError, load_safe, save_atomic
+from mtlab.recipe import build_trainer, load_recipe, load_trainer, load_trainer_cfg, trainer_settings
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "data_samples"
+
+
+def make_tiny_corpus(root: Path, sizes: dict[str, int] | None = None) -> Path:
+    """A few utterances of data_samples/ with absolute-path lists (loads in about a second)."""
+    sizes = sizes or {"train": 8, "dev": 4}
+    for split, n in sizes.items():
+        (root / split).mkdir(parents=True, exist_ok=True)
+        for name in ("mix_clean.scp", "mix_noisy.scp", "s1.scp", "s2.scp", "spk.txt"):
+            lines = (SAMPLES / split / name).read_text().splitlines()[:n]
+            if name.endswith(".scp"):
+                lines = [f"{k} {(SAMPLES / split / v).resolve()}" for k, v in (ln.split() for ln in lines)]
+            (root / split / name).write_text("\n".join(lines) + "\n")
+    (root / "speakers.tsv").write_text((SAMPLES / "speakers.tsv").read_text())
+    return root
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one torch thread is fastest and avoids oversubscribing shared CI cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+TINY_TOML = """\
+name = "tiny"
+
+[trainer]
+num_steps = {num_steps}
+initial_learning_rate = 0.01
+learning_rate_decay = 0.5
+clip_grad_value = 1.0
+batch_size = 3
+numbatches_to_aggregate = 1
+numbuckets = 2
+valid_frequency = {valid_frequency}
+go_back = true
+valid_adapt = true
+num_tries = 3
+nonfinite = "skip"
+device = "cpu"
+
+[models.enc]
+type = "BLSTM"
+input_dim = 129
+hidden = 4
+input_noise = 0.1
+
+[models.pool]
+type = "MeanPool"
+
+[models.spk_head]
+type = "Linear"
+in_features = 8
+out_features = 10
+
+[models.frame_head]
+type = "Linear"
+in_features = 8
+out_features = 3
+
+[tasks.spk]
+inputs = ["features"]
+targets = ["spk"]
+outputs = ["logits"]
+nodes = [
+    {{ name = "h", model = "enc", inputs = ["features"] }},
+    {{ name = "pooled", model = "pool", inputs = ["h"] }},
+    {{ name = "logits", model = "spk_head", inputs = ["pooled"] }},
+]
+loss = {{ type = "crossentropy", output = "logits", target = "spk" }}
+
+[tasks.spk.linkedsets.clean]
+weight = 1.0
+data = {{ root = "{root}", split = "train", linkedset = "clean" }}
+valid = {{ split = "dev" }}
+
+[tasks.frames]
+inputs = ["features"]
+targets = ["frame_target"]
+outputs = ["logits"]
+nodes = [
+    {{ name = "h", model = "enc", inputs = ["features"] }},
+    {{ name = "logits", model = "frame_head", inputs = ["h"] }},
+]
+loss = {{ type = "crossentropy", output = "logits", target = "frame_target" }}
+
+[tasks.frames.linkedsets.clean]
+weight = 1.0
+data = {{ root = "{root}", split = "train", linkedset = "clean" }}
+valid = {{ split = "dev" }}
+
+[tasks.frames.linkedsets.noisy]
+weight = 0.5
+data = {{ root = "{root}", split = "train", linkedset = "noisy" }}
+valid = {{ split = "dev" }}
+"""
+
+
+def write_tiny_recipe(path: Path, root: Path, num_steps: int = 6, valid_frequency: int = 2) -> Path:
+    path.write_text(TINY_TOML.format(root=root, num_steps=num_steps, valid_frequency=valid_frequency))
+    return path
+
+
+def test_demo_recipe_parses_without_loading_data() -> None:
+    recipe = load_recipe(REPO / "recipes" / "demo.toml")
+    settings = trainer_settings(recipe)
+    assert list(recipe["tasks"]) == ["spk", "frames"]
+    assert settings["nonfinite"] == "skip" and settings["numbatches_to_aggregate"] == 1
+    assert recipe["tasks"]["spk"]["linkedsets"]["noisy"]["valid"] == {
+        "corpus": "samples", "split": "dev", "linkedset": "noisy"}
+    assert recipe["models"]["enc"]["type"] == "BLSTM"
+
+
+def test_build_trainer_records_stats_and_derives_steps(tiny_corpus: Path, tmp_path: Path) -> None:
+    path = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=0)
+    trainer = build_trainer(path)
+    assert trainer.nonfinite == "skip" and trainer.clip_grad_value == 1.0 and trainer.device.type == "cpu"
+    assert set(trainer.recipe["stats"]) == {f"{tiny_corpus}:clean", f"{tiny_corpus}:noisy"}
+    stats = mtlab.data.FeatureStats.from_dict(trainer.recipe["stats"][f"{tiny_corpus}:clean"])
+    ls = trainer.tasks["spk"].linkedsets["clean"]
+    assert torch.equal(stats.mean, ls.examples.stats.mean) and ls.valid.stats is ls.examples.stats
+    # num_epochs = 1 (default): ceil(1 x 8 utterances / (3 x 1)) = 3, the max over every linked set
+    assert trainer.schedule.num_steps == 3
+    again = build_trainer(trainer.recipe)  # the recorded stats are used, nothing recomputed
+    assert all(torch.equal(p, again.params[k]) for k, p in trainer.params.items())
+
+
+def test_ini_trainer_cfg_is_read(tmp_path: Path, tiny_corpus: Path) -> None:
+    cfg = load_trainer_cfg(REPO / "recipes" / "trainer.cfg")
+    assert cfg["normalize_gradients"] is True and isinstance(cfg["numbatches_to_aggregate"], int)
+    (tmp_path / "trainer.cfg").write_text(textwrap.dedent("""\
+        [trainer]
+        tasks = frames spk
+        num_epochs = 2
+        initial_learning_rate = 1e-3
+        learning_rate_decay = 0.1
+        clip_grad_value = 5
+        normalize_gradients = False
+        batch_size = 4
+        numbatches_to_aggregate = 2
+        numbuckets = 1
+        valid_frequency = 10
+        valid_adapt = True
+        go_back = False
+        num_tries = 5
+        reset_tries = True
+        task_weights = 0.5 1
+        acc_steps = False
+        normalize_weights_acc_steps = False
+        """))
+    cfg = load_trainer_cfg(tmp_path / "trainer.cfg")
+    assert cfg["tasks"] == ["frames", "spk"] and cfg["task_weights"] == [0.5, 1.0]
+    assert cfg["normalize_gradients"] is False and cfg["valid_adapt"] is True
+    assert cfg["numbatches_to_aggregate"] == 2 and cfg["clip_grad_value"] == 5.0
+    text = write_tiny_recipe(tmp_path / "r.toml", tiny_corpus).read_text()
+    text = 'trainer_cfg = "trainer.cfg"\n' + text
+    for line in ("batch_size = 3\n", "num_tries = 3\n", "numbatches_to_aggregate = 1\n"):
+        text = text.replace(line, "")
+    (tmp_path / "r.toml").write_text(text)
+    recipe = load_recipe(tmp_path / "r.toml")
+    settings = trainer_settings(recipe)
+    assert settings["num_tries"] == 5 and settings["batch_size"] == 4  # from the INI
+    assert settings["valid_frequency"] == 2  # the TOML table wins
+    assert "trainer_cfg" not in recipe  # merged: the stored recipe is self-contained
+    trainer = build_trainer(recipe)
+    assert list(trainer.tasks) == ["frames", "spk"] and trainer.tasks["frames"].weight == 0.5
+    assert trainer.numbatches_to_aggregate == 2 and trainer.normalize_gradients is False
+
+
+BAD = [
+    ("numbatches_to_aggregate = 1", "numbatches_to_aggregate = 0", ["numbatches_to_aggregate", ">= 1"]),
+    ("numbatches_to_aggregate = 1", "numbatches_to_agregate = 2", ["did you mean 'numbatches_to_aggregate'"]),
+    ("batch_size = 3", 'batch_size = "3"', ["batch_size", "integer"]),
+    ('nonfinite = "skip"', 'nonfinite = "ignore"', ["nonfinite", "raise, skip"]),
+    ("weight = 0.5", "weight = -0.5", ["[tasks.frames.linkedsets.noisy]", "weight", ">= 0"]),
+    ('model = "frame_head"', 'model = "frame_haed"', ["model 'frame_haed'", "did you mean 'frame_head'"]),
+    ('type = "crossentropy", output = "logits", target = "spk"',
+     'type = "crossentropi", output = "logits", target = "spk"', ["loss type", "did you mean 'crossentropy'", "mse"]),
+    ('type = "BLSTM"', 'type = "BLTSM"', ["[models.enc]", "did you mean 'BLSTM'", "FeedForward"]),
+    ('targets = ["spk"]', 'targets = ["speaker"]', ["data key 'speaker'", "spk_pair"]),
+    ('name = "tiny"', 'name = "tiny"\nnum_epoch = 3', ["unknown key 'num_epoch'", "top level"]),
+    ('out_features = 3', 'out_feature = 3', ["[models.frame_head]", "out_feature"]),
+]
+
+
+@pytest.mark.parametrize("old,new,expect", BAD, ids=[b[1].split("=")[0].strip()[:24] for b in BAD])
+def test_bad_recipes_name_the_key_and_the_file(tmp_path: Path, tiny_corpus: Path, old: str, new: str,
+                                               expect: list[str]) -> None:
+    path = write_tiny_recipe(tmp_path / "bad_recipe.toml", tiny_corpus)
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(mtlab.ConfigError) as info:
+        build_trainer(path)
+    message = str(info.value)
+    assert "bad_recipe.toml" in message
+    for part in expect:
+        assert part in message, message
+
+
+def test_bad_ini_value_and_bad_toml(tmp_path: Path) -> None:
+    (tmp_path / "trainer.cfg").write_text("[trainer]\nnormalize_gradients = yes\n")
+    with pytest.raises(mtlab.ConfigError, match=r"trainer.cfg: \[trainer\] normalize_gradients = 'yes' must be 'True'"):
+        load_trainer_cfg(tmp_path / "trainer.cfg")
+    (tmp_path / "trainer.cfg").write_text("[trainer]\nnumbatches_to_agregate = 2\n")
+    with pytest.raises(mtlab.ConfigError, match="did you mean 'numbatches_to_aggregate'"):
+        load_trainer_cfg(tmp_path / "trainer.cfg")
+    with pytest.raises(mtlab.ConfigError, match="holds only the \\[trainer\\] settings"):
+        build_trainer(REPO / "recipes" / "trainer.cfg")
+    (tmp_path / "broken.toml").write_text("[trainer\n")
+    with pytest.raises(mtlab.ConfigError, match="broken.toml: not valid TOML"):
+        load_recipe(tmp_path / "broken.toml")
+
+
+def test_load_trainer_rebuilds_from_the_checkpoint(tiny_corpus: Path, tmp_path: Path) -> None:
+    from mtlab.schedule import save_checkpoint
+
+    trainer = build_trainer(write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus))
+    trainer.step()
+    save_checkpoint(trainer, trainer.schedule, tmp_path / "ck.pt")
+    other = load_trainer(tmp_path / "ck.pt")
+    assert other.step_count == 1 and other.recipe == trainer.recipe
+    assert all(torch.equal(p, other.params[k]) for k, p in trainer.params.items())
+    trainer.save(tmp_path / "plain.pt")  # Trainer.save carries the recipe but no schedule
+    assert load_trainer(tmp_path / "plain.pt").step_count == 1
+    save_atomic({"format": "mtlab-trainer"}, tmp_path / "norecipe.pt")
+    with pytest.raises(CheckpointError, match="carries no recipe"):
+        load_trainer(tmp_path / "norecipe.pt")
+
+
+CHILD = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+import mtlab
+from helpers import make_examples, make_models, task_a
+ex = make_examples(12, 1)
+tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], lr=1e-2, device="cpu")
+tr.step()
+tr.save({path!r})
+tr.step()
+def slow_fsync(fd):
+    print("writing", flush=True)
+    time.sleep(60)
+os.fsync = slow_fsync
+tr.save({path!r})
+"""
+
+
+def test_checkpoint_killed_mid_write_leaves_the_old_one(tmp_path: Path) -> None:
+    path = tmp_path / "ck.pt"
+    code = CHILD.format(tests=str(Path(__file__).parent), path=str(path))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "writing"  # the new state is on disk, not yet renamed
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    assert any(p.name.startswith(".ck.pt.") for p in tmp_path.iterdir())  # the abandoned temporary file
+    state = load_safe(path)
+    assert state["step"] == 1
+
+
+class _Touch:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.marker,))
+
+
+def test_crafted_pickle_is_not_executed(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "mtlab-trainer", "payload": _Touch(marker)}, path)
+    probe = tmp_path / "probe"
+    pickle.loads(pickle.dumps(_Touch(probe)))  # the payload works when unpickled unsafely
+    assert probe.exists()
+    with pytest.raises(CheckpointError, match="refuses to unpickle"):
+        load_safe(path)
+    with pytest.raises(CheckpointError):
+        load_trainer(path)
+    assert not marker.exists()
+    assert not os.path.exists(marker)
