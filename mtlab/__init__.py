@@ -1,6 +1,6 @@
 """mtlab: notebook-first multi-task training with explicit, stepwise gradient accumulation."""
 
-from . import data, losses, models
+from . import data, distributed, losses, models
 from .batching import collate
 from .errors import (
     BatchError,

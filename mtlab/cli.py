@@ -71,8 +71,11 @@ def _fresh_expdir(path: Path) -> None:
 def _train(trainer: object, expdir: Path, args: argparse.Namespace) -> int:
     from .schedule import run
 
-    schedule = run(trainer, trainer.schedule, steps=args.steps, progress=not args.no_progress,  # type: ignore[attr-defined]
-                   expdir=expdir)
+    rank = trainer.rank  # type: ignore[attr-defined]
+    schedule = run(trainer, trainer.schedule, steps=args.steps,  # type: ignore[attr-defined]
+                   progress=not args.no_progress and rank == 0, expdir=expdir)
+    if rank != 0:
+        return 0
     print((expdir / "summary.txt").read_text(), end="")
     if schedule.last_stop == "interrupted":
         print(f"interrupted: final.pt saved; continue with `mtlab resume {expdir}`", file=sys.stderr)
@@ -123,6 +126,23 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _init_distributed() -> None:
+    """Under torchrun (WORLD_SIZE > 1) join the process group: NCCL on GPUs, gloo on CPUs."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``mtlab`` and ``python -m mtlab``; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -141,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             import torch
 
             torch.set_num_threads(threads)
+        _init_distributed()
         if args.command == "train":
             from .recipe import build_trainer
 

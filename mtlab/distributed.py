@@ -140,6 +140,7 @@ def launch(recipe: Any, nprocs: int = 2, steps: int = 3, out_dir: str | None = N
     >>> res = mtlab.distributed.launch("recipes/demo.toml", nprocs=2, steps=2)
     >>> res["history"][0]    # pandas DataFrame of rank 0
     """
+    import os
     import socket
     import tempfile
 
@@ -151,6 +152,7 @@ def launch(recipe: Any, nprocs: int = 2, steps: int = 3, out_dir: str | None = N
     if nprocs < 1:
         raise ConfigError(f"nprocs must be >= 1, got {nprocs}")
     out = out_dir or tempfile.mkdtemp(prefix="mtlab-launch-")
+    os.makedirs(out, exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 def prepare(trainer: Trainer, path: Path) -> None:
     """Create ``path`` and write the recipe (copy and resolved JSON) and the feature stats."""
+    if trainer.rank != 0:  # data parallel: rank 0 writes the experiment folder
+        return
     path.mkdir(parents=True, exist_ok=True)
     recipe = trainer.recipe
     if recipe is None:
@@ -127,6 +129,8 @@ def finish(trainer: Trainer, schedule: "Schedule", path: Path, wall_s: float, st
 
     from .schedule import _say, save_checkpoint
 
+    if trainer.rank != 0:  # data parallel: rank 0 writes the experiment folder
+        return summary(trainer, schedule, wall_s, steps_run)
     path.mkdir(parents=True, exist_ok=True)
     save_checkpoint(trainer, schedule, path / "final.pt")
     trainer.history.to_csv(path / "history.csv", index=False)

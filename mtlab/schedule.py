@@ -348,9 +348,12 @@ def run(trainer: Trainer, schedule: Schedule | None = None, steps: int | None = 
 
 
 def save_checkpoint(trainer: Trainer, schedule: Schedule | None, path: str | Path, include_best: bool = True) -> Path:
-    """Atomic checkpoint of the trainer state plus its recipe and schedule (``load_trainer`` reads it)."""
+    """Atomic checkpoint of the trainer state plus its recipe and schedule (``load_trainer`` reads it).
+    Data parallel: rank 0 writes it (every rank holds the same state)."""
     from .checkpoint import save_atomic
 
+    if trainer.rank != 0:
+        return Path(path)
     state = trainer.state_dict()
     if trainer.recipe is not None:
         state["recipe"] = trainer.recipe

@@ -126,3 +126,40 @@ def test_ranks_with_different_trainers_are_told_which(tmp_path):
     for r in (0, 1):
         msg = read(tmp_path / f"mismatch{r}.json")["message"]
         assert msg.startswith("ConfigError") and "[[0], [1]]" in msg
+
+
+def test_torchrun_trains_a_recipe_on_two_ranks_and_resumes_on_one(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from test_recipe import make_tiny_corpus, write_tiny_recipe
+
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not on PATH (it comes with torch)")
+    corpus = make_tiny_corpus(tmp_path / "corpus")
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", corpus, num_steps=4, valid_frequency=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "mtlab",
+                          "train", str(recipe), "--expdir", str(tmp_path / "exp"), "--steps", "2", "--no-progress"],
+                         capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    state = torch.load(tmp_path / "exp" / "final.pt", weights_only=True)
+    assert state["step"] == 2 and state["streams"]["spk/clean"]["world_size"] == 2
+    res = subprocess.run([sys.executable, "-m", "mtlab", "resume", str(tmp_path / "exp"), "--no-progress"],
+                         capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert torch.load(tmp_path / "exp" / "final.pt", weights_only=True)["step"] >= 3
+
+
+def test_launch_from_a_notebook_spawns_cpu_workers(tmp_path):
+    from test_recipe import make_tiny_corpus, write_tiny_recipe
+
+    corpus = make_tiny_corpus(tmp_path / "corpus")
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", corpus, num_steps=4, valid_frequency=0)
+    res = mtlab.distributed.launch(str(recipe), nprocs=2, steps=2, out_dir=str(tmp_path / "out"))
+    h0, h1 = res["history"][0], res["history"][1]
+    assert len(h0) == 2 and h0["frames/loss"].tolist() == pytest.approx(h1["frames/loss"].tolist())
+    assert torch.load(res["checkpoint"], weights_only=True)["step"] == 2
