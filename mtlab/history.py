@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pandas as pd
@@ -22,32 +23,36 @@ class History:
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()  # a UI thread may read while the training thread appends
         self._rows: list[dict[str, Any]] = []
         self._ready = 0
         self._events: list[dict[str, Any]] = []
 
     def append(self, row: dict[str, Any]) -> None:
-        self._rows.append(row)
+        with self._lock:
+            self._rows.append(row)
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def _materialize(self) -> None:
-        pending = self._rows[self._ready:]
-        tensors = [v for row in pending for v in row.values() if isinstance(v, Tensor)]
-        if tensors:
-            # One transfer for every pending value (a single sync point, at read time).
-            flat = torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).cpu().tolist()
-            it = iter(flat)
-            for row in pending:
-                for k, v in row.items():
-                    if isinstance(v, Tensor):
-                        row[k] = bool(next(it)) if k == "skipped" else next(it)
-        self._ready = len(self._rows)
+        with self._lock:
+            pending = self._rows[self._ready:]
+            tensors = [v for row in pending for v in row.values() if isinstance(v, Tensor)]
+            if tensors:
+                # One transfer for every pending value (a single sync point, at read time).
+                flat = torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).cpu().tolist()
+                it = iter(flat)
+                for row in pending:
+                    for k, v in row.items():
+                        if isinstance(v, Tensor):
+                            row[k] = bool(next(it)) if k == "skipped" else next(it)
+            self._ready += len(pending)
 
     def rows(self) -> list[dict[str, Any]]:
         self._materialize()
-        return self._rows
+        with self._lock:
+            return self._rows[: self._ready]
 
     def frame(self) -> pd.DataFrame:
         rows = self.rows()
@@ -57,12 +62,14 @@ class History:
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` rows (used when restoring an earlier state)."""
-        del self._rows[n:]
-        self._ready = min(self._ready, n)
+        with self._lock:
+            del self._rows[n:]
+            self._ready = min(self._ready, n)
 
     def state_dict(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.rows()]
 
     def load_state_dict(self, rows: list[dict[str, Any]]) -> None:
-        self._rows = [dict(r) for r in rows]
-        self._ready = len(self._rows)
+        with self._lock:
+            self._rows = [dict(r) for r in rows]
+            self._ready = len(self._rows)

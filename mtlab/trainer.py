@@ -308,6 +308,11 @@ class Trainer:
         """Call ``fn(event, info)`` after each minibatch, normalize, clip, apply, reset and weight change."""
         self.callbacks.append(fn)
 
+    def remove_callback(self, fn: Callable[[str, dict[str, Any]], None]) -> None:
+        """Stop calling ``fn`` (no error if it was not registered)."""
+        if fn in self.callbacks:
+            self.callbacks.remove(fn)
+
     def _emit(self, event: str, info: dict[str, Any]) -> None:
         for fn in list(self.callbacks):
             fn(event, info)
@@ -719,6 +724,7 @@ class Trainer:
                 raise ConfigError("step(): every task (or every linked set) has weight 0; raise a weight first")
             for name in self.tasks:
                 self._reset(name)
+            self._emit("reset", {"task": None})
             for name in active:
                 sets = [s for s, ls in self.tasks[name].linkedsets.items() if ls.weight > 0]
                 for _ in range(self.numbatches_to_aggregate):

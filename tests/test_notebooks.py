@@ -1,0 +1,40 @@
+"""Every notebook in notebooks/ runs top to bottom (MTLAB_FAST=1, cwd notebooks/), with nbclient."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
+nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
+pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
+pytest.importorskip("ipywidgets", reason="the notebooks need mtlab[notebook]: pip install 'mtlab[notebook]'")
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+def test_notebooks_are_committed_without_outputs():
+    assert PATHS, f"no notebooks in {NOTEBOOKS}"
+    for path in PATHS:
+        nb = nbformat.read(path, as_version=4)
+        dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+        assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
+def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MTLAB_FAST", "1")
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
+    t0 = time.monotonic()
+    client.execute()  # raises CellExecutionError naming the failing cell
+    elapsed = time.monotonic() - t0
+    print(f"{path.name}: {elapsed:.1f}s")
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("output_type") == "error"]
+    assert not errors
+    assert os.environ["MTLAB_FAST"] == "1"
