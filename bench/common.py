@@ -82,8 +82,9 @@ def timed(fn, n: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def interleaved(systems: dict, rounds: int, steps: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per step of each system, measured in interleaved rounds."""
+def interleaved_times(systems: dict, rounds: int, steps: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per step of each system in each round. The systems draw the same batches in
+    lockstep, so round r does the same work in every system: compare round by round."""
     for s in systems.values():
         for _ in range(warmup):
             s()
@@ -92,6 +93,17 @@ def interleaved(systems: dict, rounds: int, steps: int, warmup: int = 1) -> dict
         keys = list(systems) if r % 2 == 0 else list(reversed(systems))
         for k in keys:
             times[k].append(timed(systems[k], steps))
+    return times
+
+
+def paired_ratio(times: dict[str, list[float]], system: str, base: str) -> float:
+    """Median over rounds of time(system) / time(base) in the same round (same batches)."""
+    return statistics.median(a / b for a, b in zip(times[system], times[base]))
+
+
+def interleaved(systems: dict, rounds: int, steps: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per step of each system, measured in interleaved rounds."""
+    times = interleaved_times(systems, rounds, steps, warmup)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -109,4 +121,40 @@ def rss(field: str = "VmHWM") -> int:
 
 
 def set_threads() -> None:
-    torch.set_num_threads(int(os.environ.get("MTLAB_BENCH_THREADS", os.cpu_count() or 1)))
+    # One thread by default: on a small shared machine more threads oversubscribe the cores and
+    # make timings swing; set MTLAB_BENCH_THREADS to measure with more.
+    torch.set_num_threads(int(os.environ.get("MTLAB_BENCH_THREADS", 1)))
+
+
+def tensor_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def live_training_bytes(params, optimizers, extra=()) -> int:
+    """Bytes of parameters, gradients, optimizer state and extra buffers alive right now."""
+    tensors = list(params) + [p.grad for p in params if p.grad is not None] + list(extra)
+    for opt in optimizers:
+        for state in opt.state.values():
+            tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return tensor_bytes(tensors)
+
+
+def peak_step_bytes(step, params, optimizers, extra=lambda: ()) -> int:
+    """Peak tensor memory of one step: what is alive before it (parameters, gradients, optimizer
+    state, extra buffers) plus the highest point of the allocations the profiler records during it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    base = live_training_bytes(params, optimizers, extra())
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    # Every op's own allocations minus frees, in start order: the running total of live bytes.
+    cur = peak = 0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        cur += e.self_cpu_memory_usage
+        peak = max(peak, cur)
+    return base + peak

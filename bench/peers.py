@@ -8,8 +8,11 @@ K = 4 minibatches per optimizer step, clip by value, Adam. Cases:
 - multitask: two tasks sharing a 1-layer BLSTM encoder (hidden 64, batch 8, lengths 20-100),
              mtlab against the hand-written equivalent (per-task buffers, normalize, clip, combine)
 
-Times are medians over interleaved rounds (ms per optimizer step); peak memory is the growth of
-the process's peak RSS during training, each system in its own process.
+Times: every system draws the same batches in the same round, so the ratio is the median over
+interleaved rounds of time(system) / time(hand-written) in that round; ms/step is the median.
+Memory (RSS+): growth of the process's peak RSS during training, each system in its own process
+(Lightning's includes its own setup). bench/overhead.py measures peak tensor memory exactly.
+One torch thread unless MTLAB_BENCH_THREADS is set.
 
     pip install lightning accelerate      # the peers (optional: missing ones are reported)
     python bench/peers.py                 # all cases
@@ -39,7 +42,7 @@ from mtlab.models import BLSTM, MeanPool  # noqa: E402
 K = common.K
 SETTINGS = {
     # case: (layers, hidden, batch, min_len, max_len, steps per round)
-    "compute": (2, 128, 16, 50, 300, 2),
+    "compute": (2, 128, 16, 50, 300, 1),
     "overhead": (1, 16, 4, 5, 20, 40),
     "multitask": (1, 64, 8, 20, 100, 6),
 }
@@ -52,9 +55,9 @@ def frame_loss(logits: torch.Tensor, y: torch.Tensor, lens: torch.Tensor) -> tup
     return torch.where(mask, per, per.new_zeros(())).sum(), mask.sum()
 
 
-def batches_for(examples, batch: int, n: int, seed_name=("tag", "train")) -> list:
+def batches_for(examples, batch: int, n: int, seed_name=("tag", "train"), offset: int = 0) -> list:
     stream = BatchStream(examples, batch, 1, seed=mtlab.trainer.derived_seed(0, *seed_name))
-    return [next(stream) for _ in range(n)]
+    return [next(stream) for _ in range(offset + n)][offset:]
 
 
 # ----------------------------------------------------------------------------- single task systems
@@ -90,8 +93,9 @@ def system_accelerate(models, examples, batch):
     return step
 
 
-def run_lightning(models, examples, batch, steps: int) -> list[float]:
-    """Seconds per optimizer step of a Lightning fit (startup excluded)."""
+def run_lightning(models, examples, batch, steps: int, offset_steps: int = 0) -> list[float]:
+    """Seconds per optimizer step of a Lightning fit (startup and its first step excluded); the
+    measured steps use the batches the other systems use in the same round."""
     import lightning as L
 
     class Tagger(L.LightningModule):
@@ -114,7 +118,8 @@ def run_lightning(models, examples, batch, steps: int) -> list[float]:
             if (idx + 1) % K == 0:
                 stamps.append(time.perf_counter())
 
-    loader = torch.utils.data.DataLoader(_Fixed(batches_for(examples, batch, (steps + 1) * K)), batch_size=None)
+    loader = torch.utils.data.DataLoader(
+        _Fixed(batches_for(examples, batch, (steps + 1) * K, offset=offset_steps * K)), batch_size=None)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps + 1, accumulate_grad_batches=K,
                         gradient_clip_val=1.0, gradient_clip_algorithm="value", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -256,17 +261,19 @@ def run_case(case: str, rounds: int) -> list[dict]:
         for n in order:
             times[n].append(common.timed(fns[n], steps))
         if use_lightning:
-            per = run_lightning(models_l, ex_l, batch, steps)
+            per = run_lightning(models_l, ex_l, batch, steps, offset_steps=r * steps)
             times["lightning"].append(sum(per) / len(per))
     import statistics
 
     med = {n: statistics.median(v) for n, v in times.items()}
+    # Same batches in the same round for every system: compare round by round.
+    paired = {n: common.paired_ratio(times, n, "hand-written") for n in times}
     rows = []
     for n in times:
         out = subprocess.run([sys.executable, __file__, "--memory-child", n, case], capture_output=True, text=True)
         peak = json.loads(out.stdout.strip().splitlines()[-1])["peak_growth"] if out.returncode == 0 else float("nan")
         rows.append({"case": case, "system": n, "ms_per_step": med[n] * 1e3,
-                     "ratio": med[n] / med["hand-written"], "peak_mb": peak / 2**20})
+                     "ratio": paired[n], "peak_mb": peak / 2**20})
     hand_mem = next(r["peak_mb"] for r in rows if r["system"] == "hand-written")
     for r in rows:
         r["mem_ratio"] = r["peak_mb"] / hand_mem if hand_mem else float("nan")
@@ -276,7 +283,7 @@ def run_case(case: str, rounds: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", default="all", choices=["all", *SETTINGS])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--memory-child", nargs=2, metavar=("SYSTEM", "CASE"))
     args = ap.parse_args()
     if args.memory_child:
@@ -288,7 +295,7 @@ def main() -> None:
     if missing:
         print(f"not installed (left out): {missing}; pip install {' '.join(missing)}")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, K={K}, rounds={args.rounds}")
-    print(f"{'case':<10}{'system':<14}{'ms/step':>10}{'ratio':>8}{'peak MB':>10}{'mem ratio':>10}")
+    print(f"{'case':<10}{'system':<14}{'ms/step':>10}{'ratio':>8}{'RSS+ MB':>10}{'mem ratio':>10}")
     for case in cases:
         for r in run_case(case, args.rounds):
             print(f"{r['case']:<10}{r['system']:<14}{r['ms_per_step']:>10.2f}{r['ratio']:>8.3f}"
