@@ -86,3 +86,54 @@ def build_model(type_name: str, **settings: object) -> nn.Module:
         return MODELS[type_name](**settings)
     except TypeError as exc:
         raise ConfigError(f"model type {type_name!r}: {exc}") from None
+
+
+# ------------------------------------------------------------------ source-separation heads
+class DeepClusteringHead(nn.Module):
+    """Per-frame embedding head: Linear to ``F*D``, viewed as ``[B, T, F, D]``, unit-normalized over
+    D (``unit_norm``), returned flat as ``[B, T, F*D]`` (index ``f*D + d``, the original's layout).
+    ``dropout`` on the input in training mode only."""
+
+    def __init__(self, input_dim: int, num_bins: int = 129, emb_dim: int = 20, unit_norm: bool = True,
+                 dropout: float = 0.0, activation: str = "none") -> None:
+        super().__init__()
+        acts = {"none": nn.Identity, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+        if activation not in acts:
+            from .errors import ConfigError
+
+            raise ConfigError(f"DeepClusteringHead activation {activation!r}; valid: {sorted(acts)}")
+        self.linear = nn.Linear(input_dim, num_bins * emb_dim)
+        self.act = acts[activation]()
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.num_bins, self.emb_dim, self.unit_norm = num_bins, emb_dim, unit_norm
+
+    def forward(self, x: Tensor) -> Tensor:
+        v = self.act(self.linear(self.drop(x))).reshape(*x.shape[:-1], self.num_bins, self.emb_dim)
+        if self.unit_norm:
+            v = nn.functional.normalize(v, dim=-1, eps=1e-12)
+        return v.reshape(*x.shape[:-1], self.num_bins * self.emb_dim)
+
+
+class MaskHead(nn.Module):
+    """Per-frame mask head: Linear to ``F*nrS``, then sigmoid per mask or softmax over the speakers;
+    output flat ``[B, T, F*nrS]`` (index ``f*nrS + s``, as ``binary_targets``). ``dropout`` on the
+    input in training mode only."""
+
+    def __init__(self, input_dim: int, num_bins: int = 129, num_sources: int = 2, activation: str = "sigmoid",
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        if activation not in ("sigmoid", "softmax"):
+            from .errors import ConfigError
+
+            raise ConfigError(f"MaskHead activation {activation!r}; valid: ['sigmoid', 'softmax']")
+        self.linear = nn.Linear(input_dim, num_bins * num_sources)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.num_bins, self.num_sources, self.activation = num_bins, num_sources, activation
+
+    def forward(self, x: Tensor) -> Tensor:
+        z = self.linear(self.drop(x)).reshape(*x.shape[:-1], self.num_bins, self.num_sources)
+        m = torch.sigmoid(z) if self.activation == "sigmoid" else torch.softmax(z, dim=-1)
+        return m.reshape(*x.shape[:-1], self.num_bins * self.num_sources)
+
+
+MODELS.update({"DeepClusteringHead": DeepClusteringHead, "MaskHead": MaskHead})
