@@ -192,6 +192,9 @@ def test_remixed_set_is_deterministic_and_shaped_like_the_corpus(tiny_separators
     clean = RemixedSet(train, 2, "clean", seed=3, keys=keys)[len(train)]
     assert not torch.equal(clean["mix_mag"], ds[len(train)]["mix_mag"])  # noise added only in 'noisy'
     torch.testing.assert_close(clean["src_mag"], ds[len(train)]["src_mag"])  # same sources
+    strict = RemixedSet(train, 2, "noisy", seed=3, keys=keys, usedbins_db=20)[len(train)]
+    assert strict["usedbins"].sum() < ds[len(train)]["usedbins"].sum()
+    assert (strict["usedbins"] <= ds[len(train)]["usedbins"]).all()
 
 
 def test_audio_players_and_settings_errors(tiny_separators):

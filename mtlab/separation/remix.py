@@ -55,10 +55,12 @@ class RemixedSet(torch.utils.data.Dataset):
     """
 
     def __init__(self, base: Any, count: int, linkedset: str = "clean", seed: int = 0,
-                 keys: Sequence[str] | None = None, root: str | Path | None = None, max_seconds: float = 3.0) -> None:
+                 keys: Sequence[str] | None = None, root: str | Path | None = None, max_seconds: float = 3.0,
+                 usedbins_db: float = feat.USEDBINS_THRESHOLD_DB) -> None:
         if linkedset not in ("clean", "noisy"):
             raise ConfigError(f"remixing knows the linked sets 'clean' and 'noisy', not {linkedset!r}")
         self.base, self.count, self.linkedset, self.seed = base, int(count), linkedset, int(seed)
+        self.usedbins_db = float(usedbins_db)
         self.stats: feat.FeatureStats = base.stats
         self.keys = tuple(keys) if keys is not None else tuple(base[0])
         self.pool = source_pool(root)
@@ -104,17 +106,17 @@ class RemixedSet(torch.utils.data.Dataset):
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
             noise_std = mix.square().mean().sqrt() / 10 ** (NOISY_SNR_DB / 20)
             mix = mix + torch.randn(n, generator=gen) * noise_std
-        return _example(mix, srcs, spk_a, spk_b, self.stats, self.keys)
+        return _example(mix, srcs, spk_a, spk_b, self.stats, self.keys, self.usedbins_db)
 
 
 def _example(mix: Tensor, srcs: Tensor, spk_a: int, spk_b: int, stats: feat.FeatureStats,
-             keys: Sequence[str]) -> dict[str, Tensor]:
+             keys: Sequence[str], usedbins_db: float = feat.USEDBINS_THRESHOLD_DB) -> dict[str, Tensor]:
     """The example keys ``keys`` of a mixture and its two sources (only what is asked is computed)."""
     mix_mag = feat.magnitude(mix)
     out = {"features": stats.normalize(feat.log_magnitude(mix_mag)), "mix_mag": mix_mag,
            "spk": torch.tensor(spk_a, dtype=torch.long), "spk_pair": torch.tensor([spk_a, spk_b], dtype=torch.long)}
     if "usedbins" in keys:
-        out["usedbins"] = feat.used_bins(mix_mag, feat.USEDBINS_THRESHOLD_DB)
+        out["usedbins"] = feat.used_bins(mix_mag, usedbins_db)
     if {"src_mag", "binary_targets", "frame_target"} & set(keys):
         src_mag = torch.stack([feat.magnitude(s) for s in srcs], dim=-1)
         out["src_mag"] = src_mag

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..batching import collate
 from ..data import SAMPLE_RATE, SeparationDataset, data_samples_dir, load_split, read_list, read_wav
+from ..data.features import USEDBINS_THRESHOLD_DB
 from ..errors import ConfigError
 from ..graph import Node
 from ..losses import DeepAttractorNet, DeepClustering, Direct, PIT
@@ -59,6 +60,7 @@ class SeparatorConfig:
     input_noise: float = 0.0  # std of Gaussian noise on the features, training only
     dropout: float = 0.0  # between BLSTM layers, training only
     remix: int = 5000  # extra training mixtures from pairs of training sources (0: the 120 corpus mixtures only)
+    usedbins_db: float = USEDBINS_THRESHOLD_DB  # used bins: within this many dB of the utterance's loudest bin
     lr: float = 1e-3
     batch_size: int = 8
     numbatches_to_aggregate: int = 1
@@ -97,7 +99,8 @@ def build_task(cfg: SeparatorConfig, train: SeparationDataset) -> Task:
     examples: Any = train
     if cfg.remix > 0:
         keys = ("features", *_TARGETS[cfg.loss])
-        examples = RemixedSet(train, cfg.remix, cfg.linkedset, seed=cfg.seed, keys=keys, root=cfg.root)
+        examples = RemixedSet(train, cfg.remix, cfg.linkedset, seed=cfg.seed, keys=keys, root=cfg.root,
+                              usedbins_db=cfg.usedbins_db)
     return Task(TASK, nodes=[Node("h", "blstm", ["features"]), Node(out, "head", ["h"])], inputs=["features"],
                 targets=list(_TARGETS[cfg.loss]), outputs=[out], loss=loss,
                 linkedsets={cfg.linkedset: LinkedSet(examples)}, batch_size=cfg.batch_size, numbuckets=cfg.numbuckets)
@@ -217,11 +220,13 @@ class Separator:
         return pd.DataFrame(rows)
 
 
-def load_data(linkedset: str = "clean", root: str | None = None) -> tuple[SeparationDataset, SeparationDataset]:
+def load_data(linkedset: str = "clean", root: str | None = None, usedbins_db: float = USEDBINS_THRESHOLD_DB
+              ) -> tuple[SeparationDataset, SeparationDataset]:
     """``(train, dev)`` of a linked set, dev normalized with the train statistics (load once, reuse
-    for several separators with ``build_separator(..., data=...)``)."""
-    train = load_split(root, split="train", linkedset=linkedset)
-    return train, load_split(root, split="dev", linkedset=linkedset, stats=train.stats)
+    for several separators with ``build_separator(..., data=...)`` and the same ``usedbins_db``)."""
+    train = load_split(root, split="train", linkedset=linkedset, usedbins_threshold_db=usedbins_db)
+    dev = load_split(root, split="dev", linkedset=linkedset, stats=train.stats, usedbins_threshold_db=usedbins_db)
+    return train, dev
 
 
 def build_separator(loss: str = "pit", linkedset: str = "clean",
@@ -234,7 +239,7 @@ def build_separator(loss: str = "pit", linkedset: str = "clean",
         raise ConfigError(f"unknown separator settings {unknown}; valid: {sorted(valid - {'loss', 'linkedset'})}")
     cfg = SeparatorConfig(loss=loss, linkedset=linkedset, **settings)
     cfg.check()
-    train, dev = data if data is not None else load_data(linkedset, cfg.root)
+    train, dev = data if data is not None else load_data(linkedset, cfg.root, cfg.usedbins_db)
     if train.linkedset != linkedset or dev.linkedset != linkedset:
         raise ConfigError(f"data holds linked set {train.linkedset!r}/{dev.linkedset!r}, not {linkedset!r}; "
                           f"pass data=load_data({linkedset!r})")
