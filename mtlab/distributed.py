@@ -129,6 +129,7 @@ def _launch_worker(rank: int, world: int, port: int, recipe: Any, steps: int, ou
         trainer.history.to_csv(os.path.join(out_dir, f"history{rank}.csv"), index=False)
         if rank == 0:
             trainer.save(os.path.join(out_dir, "final.pt"))
+        dist.barrier()  # nobody tears the group down while another rank still talks
     finally:
         dist.destroy_process_group()
 

@@ -55,6 +55,7 @@ def train_steps(rank: int, world: int, port: int, out: str) -> None:
     result["after"] = params_of(tr)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -67,6 +68,7 @@ def resume_steps(rank: int, world: int, port: int, out: str) -> None:
         tr.step()
     with open(os.path.join(out, f"resume{world}_rank{rank}.json"), "w") as f:
         json.dump({"loaded": loaded, "after": params_of(tr), "step": tr.step_count}, f)
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -105,6 +107,7 @@ def router_run(rank: int, world: int, port: int, out: str) -> None:
     tr.normalize(); tr.clip(); tr.apply()
     with open(os.path.join(out, f"router{rank}.json"), "w") as f:
         json.dump({"params": params_of(tr)}, f)
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -138,4 +141,5 @@ def mismatched(rank: int, world: int, port: int, out: str) -> None:
         msg = f"{type(exc).__name__}: {exc}"
     with open(os.path.join(out, f"mismatch{rank}.json"), "w") as f:
         json.dump({"message": msg}, f)
+    dist.barrier()  # both ranks are done talking before either tears the group down
     dist.destroy_process_group()
