@@ -115,15 +115,9 @@ LOSSES: dict[str, type] = {"crossentropy": CrossEntropy, "mse": MSE}
 
 def get_loss(name: str, **settings: object) -> object:
     """``get_loss("crossentropy", output="logits", target="y")``; unknown names list the valid ones."""
-    from .errors import ConfigError
+    from .registry import build
 
-    key = name.lower()
-    if key not in LOSSES:
-        raise ConfigError(f"unknown loss type {name!r}; valid: {sorted(LOSSES)}")
-    try:
-        return LOSSES[key](**settings)
-    except TypeError as exc:
-        raise ConfigError(f"loss {name!r}: {exc}") from None
+    return build("loss", LOSSES, name.lower(), settings)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -78,14 +78,9 @@ MODELS: dict[str, type[nn.Module]] = {
 
 def build_model(type_name: str, **settings: object) -> nn.Module:
     """``build_model("BLSTM", input_dim=129, hidden=64)``; unknown types list the valid ones."""
-    from .errors import ConfigError
+    from .registry import build
 
-    if type_name not in MODELS:
-        raise ConfigError(f"unknown model type {type_name!r}; valid: {sorted(MODELS)}")
-    try:
-        return MODELS[type_name](**settings)
-    except TypeError as exc:
-        raise ConfigError(f"model type {type_name!r}: {exc}") from None
+    return build("model", MODELS, type_name, settings)
 
 
 # ------------------------------------------------------------------ source-separation heads

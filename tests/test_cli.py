@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_recipe import one_thread, tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
+from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 from mtlab.cli import main
 

@@ -35,13 +35,7 @@ def make_tiny_corpus(root: Path, sizes: dict[str, int] | None = None) -> Path:
     return root
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one torch thread is fastest and avoids oversubscribing shared CI cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import torch
 from helpers import make_examples, make_models, task_a, task_b
-from test_recipe import one_thread, tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
+from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 import mtlab
 from mtlab.checkpoint import load_safe

@@ -11,13 +11,7 @@ import mtlab
 from mtlab.batching import collate
 from mtlab.losses import PIT, CrossEntropyMulti, DeepAttractorNet, DeepClustering, Direct
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread avoids OpenMP spinning on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 F_, S_, D_ = 3, 2, 2
