@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mtlab
-from mtlab.data.stream import BatchStream
+from mtlab.sampling import BatchStream
 from mtlab.models import BLSTM
 
 CASES = {
@@ -54,7 +54,7 @@ class HandLoop:
         self.enc, self.head = models["enc"], models["head"]
         self.params = list(self.enc.parameters()) + list(self.head.parameters())
         self.opt = torch.optim.Adam(self.params, lr=1e-3)
-        self.stream = BatchStream(examples, batch, 1, seed=mtlab.trainer.derived_seed(0, "tag", "train"))
+        self.stream = BatchStream(examples, batch, 1, seed=mtlab.sampling.derived_seed(0, "tag", "train"))
         self.clip = clip
 
     def step(self) -> None:
@@ -127,11 +127,14 @@ def set_threads() -> None:
 
 
 def tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a view into a buffer counts once, with its buffer)."""
     seen, total = set(), 0
     for t in tensors:
-        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
     return total
 
 

@@ -27,7 +27,8 @@ def build(system: str, case: str, with_state: bool = False):
     models = common.make_models(layers, hidden)
     if system == "mtlab":
         tr = common.make_trainer(models, examples, batch)
-        state = (list(tr.params.values()), [tr.optimizer], lambda: list(tr._combined.values()))
+        state = (list(tr.params.values()), [tr.optimizer],
+                 lambda: [b for t in tr.tasks for b in tr.state(t).buffers] + tr.update.buffers())
         return (tr.step, state) if with_state else tr.step
     hl = common.HandLoop(models, examples, batch)
     return (hl.step, (hl.params, [hl.opt], lambda: ())) if with_state else hl.step

@@ -17,7 +17,7 @@ import torch
 
 from mtlab.batching import collate
 from mtlab.data import load_split
-from mtlab.data.stream import BatchStream
+from mtlab.sampling import BatchStream
 
 
 def padding_fraction(dataset: torch.utils.data.Dataset, batch_size: int, numbuckets: int, epochs: int) -> float:

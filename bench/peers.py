@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
 
 import mtlab  # noqa: E402
-from mtlab.data.stream import BatchStream  # noqa: E402
+from mtlab.sampling import BatchStream  # noqa: E402
 from mtlab.models import BLSTM, MeanPool  # noqa: E402
 
 K = common.K
@@ -56,7 +56,7 @@ def frame_loss(logits: torch.Tensor, y: torch.Tensor, lens: torch.Tensor) -> tup
 
 
 def batches_for(examples, batch: int, n: int, seed_name=("tag", "train"), offset: int = 0) -> list:
-    stream = BatchStream(examples, batch, 1, seed=mtlab.trainer.derived_seed(0, *seed_name))
+    stream = BatchStream(examples, batch, 1, seed=mtlab.sampling.derived_seed(0, *seed_name))
     return [next(stream) for _ in range(offset + n)][offset:]
 
 
@@ -76,7 +76,7 @@ def system_accelerate(models, examples, batch):
     model = nn.ModuleDict(models)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     model, opt = acc.prepare(model, opt)
-    stream = BatchStream(examples, batch, 1, seed=mtlab.trainer.derived_seed(0, "tag", "train"))
+    stream = BatchStream(examples, batch, 1, seed=mtlab.sampling.derived_seed(0, "tag", "train"))
 
     def step() -> None:
         for _ in range(K):
@@ -170,8 +170,8 @@ def mt_hand(models, examples, batch):
     enc, fr, pool, sp = models["enc"], models["frames"], models["pool"], models["spk"]
     params = list(enc.parameters()) + list(fr.parameters()) + list(sp.parameters())
     opt = torch.optim.Adam(params, lr=1e-3)
-    s_fr = BatchStream(examples, batch, 1, seed=mtlab.trainer.derived_seed(0, "frames", "train"))
-    s_sp = BatchStream(examples, batch, 1, seed=mtlab.trainer.derived_seed(0, "spk", "train"))
+    s_fr = BatchStream(examples, batch, 1, seed=mtlab.sampling.derived_seed(0, "frames", "train"))
+    s_sp = BatchStream(examples, batch, 1, seed=mtlab.sampling.derived_seed(0, "spk", "train"))
     enc_params = list(enc.parameters())
 
     def task_grads(stream, forward, own):

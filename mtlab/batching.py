@@ -85,3 +85,15 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
         {k: v.to(device, non_blocking=nb) for k, v in data.items()},
         {k: v.to(device, non_blocking=nb) for k, v in seq_lengths.items()},
     )
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` is CUDA when available, else CPU; asking for CUDA without it is a ConfigError."""
+    from .errors import ConfigError
+
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r} but CUDA is not available here; use device='auto' or 'cpu'")
+    return dev

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pickle
 import tempfile
@@ -12,7 +13,10 @@ from typing import Any
 
 import torch
 
-from .errors import MtlabError
+from .errors import ConfigError, MtlabError
+
+logger = logging.getLogger("mtlab")
+VERSION = 2  # of the trainer state: 2 = accumulators with flat buffers and an update piece
 
 
 class CheckpointError(MtlabError, OSError):
@@ -106,3 +110,61 @@ def load_safe(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"({'missing' if saved is None else 'mismatch'}); use an earlier checkpoint (e.g. best.pt) instead"
         )
     return obj
+
+
+def clone_tree(obj: Any) -> Any:
+    """A deep copy of nested dicts/lists/tuples whose tensors are detached clones."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: clone_tree(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [clone_tree(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(clone_tree(v) for v in obj)
+    return obj
+
+
+def check_state(state: Any, models: list[str], task_params: dict[str, list[str]], acc_steps: bool) -> None:
+    """Refuse a trainer state that does not fit a trainer, naming what differs (nothing is changed)."""
+    if not isinstance(state, dict) or state.get("format") != "mtlab-trainer":
+        raise ConfigError("not an mtlab trainer state (expected the dict Trainer.state_dict() returns)")
+    if state.get("version") != VERSION:
+        raise ConfigError(f"trainer state version {state.get('version')!r} is not supported by this mtlab ({VERSION}); "
+                          "it was written by another mtlab version: continue it with that version")
+    missing_models = sorted(set(models) ^ set(state["models"]))
+    missing_tasks = sorted(set(task_params) ^ set(state["tasks"]))
+    if missing_models or missing_tasks:
+        raise ConfigError(f"the state does not match this trainer: models differ by {missing_models}, tasks by "
+                          f"{missing_tasks}; load it into a trainer built from the same recipe")
+    for name, st in state["tasks"].items():
+        unknown = set(st["grads"]) - set(task_params[name])
+        if unknown:
+            raise ConfigError(f"the state's task {name!r} has gradients for unknown parameters {sorted(unknown)}")
+    if ("task_optimizers" in state["update"]) != acc_steps:
+        raise ConfigError(f"the state was saved with acc_steps={not acc_steps} but this trainer has "
+                          f"acc_steps={acc_steps}; build the trainer with the same setting")
+
+
+def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int = 0,
+                 extra: dict[str, Any] | None = None) -> Path | None:
+    """Write a trainer state (plus ``extra`` entries such as the recipe) atomically. Data parallel: only rank 0
+    writes (every rank holds the same state); other ranks log that they did not and return None."""
+    if rank != 0:
+        logger.info("rank %d does not write %s: rank 0 writes checkpoints for every rank", rank, path)
+        return None
+    return save_atomic({**state, **(extra or {})}, path)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """The RNG states a trainer on ``device`` saves (CPU, and CUDA when it trains there)."""
+    rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], device)

@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 from typing import Sequence
 
 EXIT_USAGE = 2
@@ -68,12 +69,11 @@ def _fresh_expdir(path: Path) -> None:
                           "or choose another --expdir")
 
 
-def _train(trainer: object, expdir: Path, args: argparse.Namespace) -> int:
-    from .schedule import run
+def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
+    from .loop import run
 
-    rank = trainer.rank  # type: ignore[attr-defined]
-    schedule = run(trainer, trainer.schedule, steps=args.steps,  # type: ignore[attr-defined]
-                   progress=not args.no_progress and rank == 0, expdir=expdir)
+    rank = exp.trainer.rank
+    schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
     if rank != 0:
         return 0
     print((expdir / "summary.txt").read_text(), end="")
@@ -85,33 +85,34 @@ def _train(trainer: object, expdir: Path, args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from .recipe import load_trainer
+    from .recipe import load
 
     path = args.expdir / "final.pt"
     if not path.exists() and (args.expdir / "best.pt").exists():
         print(f"{path} is missing (killed run?); resuming from best.pt", file=sys.stderr)
         path = args.expdir / "best.pt"
-    trainer = load_trainer(path)
-    schedule = getattr(trainer, "schedule")
+    exp = load(path)
+    trainer, schedule = exp.trainer, exp.schedule
     if schedule.finished or trainer.step_count >= schedule.num_steps:
         why = "validation stopped it (num_tries)" if schedule.finished else f"all {schedule.num_steps} steps are done"
         print(f"{args.expdir}: nothing to resume, {why}")
         return 0
-    return _train(trainer, args.expdir, args)
+    return _train(exp, args.expdir, args)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from .errors import ConfigError
-    from .recipe import load_split_for, load_trainer
+    from .recipe import load, load_split_for
 
     choice = {"best": args.expdir / "best.pt", "final": args.expdir / "final.pt"}.get(args.checkpoint, Path(args.checkpoint))
     if args.checkpoint == "best" and not choice.exists():
         choice = args.expdir / "final.pt"
-    trainer = load_trainer(choice)
+    exp = load(choice)
+    trainer = exp.trainer
     results: dict[str, float] = {}
     for tname, task in trainer.tasks.items():
         for sname, ls in task.linkedsets.items():
-            examples = load_split_for(trainer, tname, sname, args.split) if args.split else ls.valid
+            examples = load_split_for(exp, tname, sname, args.split) if args.split else ls.valid
             if examples is None:
                 continue
             results[f"{tname}/{sname}"] = trainer.evaluate(tname, sname, examples=examples)
@@ -163,12 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(threads)
         _init_distributed()
         if args.command == "train":
-            from .recipe import build_trainer
+            from .recipe import from_recipe
 
             _fresh_expdir(args.expdir)
-            return _train(build_trainer(args.recipe), args.expdir, args)
+            return _train(from_recipe(args.recipe), args.expdir, args)
         if args.command == "demo":
-            from .recipe import build_trainer
+            from .recipe import from_recipe
 
             expdir = args.expdir
             if expdir is None:
@@ -177,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     n += 1
                     expdir = Path(f"exp/demo-{n}")
             _fresh_expdir(expdir)
-            return _train(build_trainer(_demo_recipe()), expdir, args)
+            return _train(from_recipe(_demo_recipe()), expdir, args)
         if args.command == "resume":
             return _resume(args)
         return _evaluate(args)

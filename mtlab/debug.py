@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .batching import Batch, to_device
+from .batching import Batch
 from .errors import ConfigError
-from .graph import ModelGraph
+from .forward import TaskPlan
+from .trainer import Trainer
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from .trainer import Trainer
 
 __all__ = ["MinibatchTrace", "check_equivalence", "explain", "find_nonfinite", "gradient_conflict", "next_call"]
 
@@ -39,30 +38,27 @@ def _active_sets(trainer: Trainer, task: str) -> list[str]:
 
 
 def next_call(trainer: Trainer) -> str:
-    """The call the cycle expects next, with the reason, e.g. ``"normalize(): task 'a' is accumulating"``."""
-    phases = trainer.phase()
-    acc = [n for n, p in phases.items() if p == "accumulating"]
-    normalized = [n for n, p in phases.items() if p == "normalized"]
-    clipped = [n for n, p in phases.items() if p == "clipped"]
-    clip_on = trainer.clip_grad_value is not None
-    if acc:
-        k = trainer.numbatches_to_aggregate
-        for name in acc:
+    """The call the cycle expects next, with the reason, e.g. ``"normalize(): ..."`` (follows the chain)."""
+    calls = trainer.next_calls()
+    k = trainer.numbatches_to_aggregate
+    for name, call in calls.items():
+        if call == "normalize" or (call != "process_minibatch" and trainer.state(name).position == 0):
             sets = _active_sets(trainer, name)
             done = trainer.state(name).minibatches
             if sets and done < k * len(sets):
                 nxt = sets[done % len(sets)]
                 return (f"process_minibatch({name!r}, {nxt!r}): task {name!r} has {done} of the {k * len(sets)} "
-                        f"minibatches step() would process (then normalize())")
-        if trainer.normalize_gradients:
-            return f"normalize(): divides the gradients of {acc} by their accumulated norm (Σ w·norm)"
-        return "clip()" if clip_on else "apply()"
-    if normalized:
-        if clip_on:
-            return f"clip(): clamps every gradient element of {normalized} to ±{trainer.clip_grad_value:g}"
-        return "apply(): one optimizer step on Σ_t task_weight_t × grad_t"
-    if clipped:
-        return f"apply(): one optimizer step on Σ_t task_weight_t × grad_t for {clipped}"
+                        f"minibatches step() would process (then {call}())")
+    pending = {c: [n for n, x in calls.items() if x == c] for c in (*trainer.chain.calls(), "apply")}
+    for call, names in pending.items():
+        if not names:
+            continue
+        if call == "normalize":
+            return f"normalize(): divides the gradients of {names} by their accumulated normalizer (Σ w·normalizer)"
+        if call == "clip":
+            clips = ", ".join(repr(t) for t in trainer.chain if t.call == "clip")
+            return f"clip(): {clips} on the gradients of {names}"
+        return f"apply(): one optimizer step on Σ_t task_weight_t × grad_t for {names}"
     return "step() runs a whole cycle; or process_minibatch(task, linkedset) starts one by hand"
 
 
@@ -81,10 +77,11 @@ def explain(trainer: Trainer) -> str:
         lines.append("  3. normalize()          grads /= Σ w·norm, once: the exact gradient of the mean over everything")
     else:
         lines.append("  3. normalize()          off (normalize_gradients=False): gradients stay summed")
-    if trainer.clip_grad_value is not None:
-        lines.append(f"  4. clip()               clamp every gradient element to ±{trainer.clip_grad_value:g}")
+    clips = [repr(t) for t in trainer.chain if t.call == "clip"]
+    if clips:
+        lines.append(f"  4. clip()               {', '.join(clips)} (ClipByValue: clamp every element)")
     else:
-        lines.append("  4. clip()               off (clip_grad_value=None)")
+        lines.append("  4. clip()               off (clip_grad_value=None, clip_grad_norm=None)")
     lines.append(f"  5. apply()              one Adam step (lr={trainer.lr:g}) on Σ_t task_weight_t × grad_t")
     lines.append(f"now: {trainer.step_count} step(s) applied")
     for name in trainer.tasks:
@@ -120,9 +117,7 @@ def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, 
     largest absolute difference), both losses, ``ok`` and, with ``compare_mean_of_means``, how far
     the "mean of per-minibatch means" gradient is from the exact one (``mean_of_means_max_abs_diff``).
     """
-    from .trainer import Trainer  # local: trainer imports nothing from here
-
-    t = trainer._task(task)
+    t = trainer.task(task)
     if not batches:
         raise ConfigError("check_equivalence(): give at least one (linkedset, batch) pair")
     plan: list[tuple[str, float, Batch]] = []
@@ -131,7 +126,7 @@ def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, 
             raise ConfigError("check_equivalence(): batches must be [(linkedset, batch), ...]; "
                               f"got an item of type {type(item).__name__}")
         name, batch = item
-        ls = trainer._linkedset(task, name)
+        ls = trainer.linkedset(task, name)
         plan.append((name, ls.weight, batch if batch is not None else _draw(trainer, task, name)))
 
     models = copy.deepcopy(dict(trainer.models))  # one deepcopy keeps tied weights tied
@@ -183,20 +178,17 @@ def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, 
 def _one_pass(models: dict[str, torch.nn.Module], t: Any, plan: list[tuple[str, float, Batch]], trainer: Trainer,
               mean_of_means: bool) -> tuple[dict[str, Tensor], float]:
     """Gradient of Σ w·loss / Σ w·norm (or of the weighted mean of per-minibatch means) in one pass."""
-    graph = ModelGraph(t.nodes, t.inputs, t.outputs, models=models)
+    plan_ = TaskPlan(t, models, trainer.device)
     for m in models.values():
         m.train(True)
         m.zero_grad(set_to_none=True)
-    used = [p for n in graph.model_names for p in models[n].parameters() if p.requires_grad]
+    used = [p for n in plan_.model_names for p in models[n].parameters() if p.requires_grad]
     total: Tensor | float = 0.0
     norm: Tensor | float = 0.0
     with torch.enable_grad():
         for _, w, batch in plan:
-            data, lengths = to_device((dict(batch[0]), dict(batch[1])), trainer.device)
-            result = graph.run(models, {k: data[k] for k in t.inputs}, lengths)
-            loss_sum, n = t.loss({k: data[k] for k in t.targets}, {k: result.outputs[k] for k in t.outputs},
-                                 {**lengths, **result.seq_lengths})
-            n = torch.as_tensor(n, device=loss_sum.device).to(loss_sum.dtype)
+            r = plan_.loss(batch)
+            loss_sum, n = r.loss_sum, r.normalizer.to(r.loss_sum.dtype)
             if mean_of_means:
                 total = total + w * (loss_sum / n)
                 norm = norm + w
@@ -269,8 +261,8 @@ class MinibatchTrace:
 
     def detach(self) -> None:
         """Stop tracing and drop the gradient copies."""
-        if self.trainer is not None and self in self.trainer.callbacks:
-            self.trainer.callbacks.remove(self)
+        if self.trainer is not None:
+            self.trainer.remove_callback(self)
         self._prev = {}
 
     def clear(self) -> None:
@@ -388,9 +380,6 @@ def find_nonfinite(trainer: Trainer, task: str | None = None) -> dict[str, Any] 
 def _model_norms(trainer: Trainer, task: str) -> dict[str, Tensor]:
     """Per-model gradient norms before clipping (clip() clamps inf to ±clip, so read the record)."""
     st = trainer.state(task)
-    if st.phase in ("clipped", "applied") and st.param_norms:
+    if st.grad_norm is not None and st.model_norms:
         return st.model_grad_norms()
-    per_model: dict[str, list[Tensor]] = {}
-    for name, g in st.grads.items():
-        per_model.setdefault(_model_of(name), []).append(torch.linalg.vector_norm(g.detach().double()))
-    return {m: torch.linalg.vector_norm(torch.stack(v)) for m, v in per_model.items()}
+    return st.norms()[0] if st.minibatches else {}

@@ -18,21 +18,22 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .report import say
 from .trainer import Trainer
 
-if TYPE_CHECKING:
-    from .schedule import Schedule
+# ``schedule`` below is a mtlab.loop.Schedule (duck-typed here: the loop imports this module, not the reverse).
+Schedule = Any
 
 
-def prepare(trainer: Trainer, path: Path) -> None:
+def prepare(trainer: Trainer, path: Path, recipe: Mapping[str, Any] | None = None) -> None:
     """Create ``path`` and write the recipe (copy and resolved JSON) and the feature stats."""
     if trainer.rank != 0:  # data parallel: rank 0 writes the experiment folder
         return
     path.mkdir(parents=True, exist_ok=True)
-    recipe = trainer.recipe
     if recipe is None:
         return
     source = Path(str(recipe.get("source", "")))
@@ -41,12 +42,10 @@ def prepare(trainer: Trainer, path: Path) -> None:
     (path / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
     stats = recipe.get("stats") or {}
     if stats:
-        from .data import FeatureStats
-
         (path / "stats").mkdir(exist_ok=True)
         for key, value in stats.items():
             name = re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("_")
-            FeatureStats.from_dict(value, origin=f"recipe stats {key!r}").save(path / "stats" / f"{name}.json")
+            (path / "stats" / f"{name}.json").write_text(json.dumps(value, indent=1) + "\n")
 
 
 def _mean(values: list[float]) -> float | None:
@@ -54,13 +53,14 @@ def _mean(values: list[float]) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
-def summary(trainer: Trainer, schedule: "Schedule", wall_s: float, steps_run: int) -> dict[str, Any]:
+def summary(trainer: Trainer, schedule: Schedule, wall_s: float, steps_run: int,
+            recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Host-side facts about the run: steps, stop reason, speed, first/last losses, best validation."""
     rows = trainer.log.rows()
     tasks = list(trainer.tasks)
     first = {t: _mean([r.get(f"{t}/loss", math.nan) for r in rows[:5]]) for t in tasks}
     last = {t: _mean([r.get(f"{t}/loss", math.nan) for r in rows[-5:]]) for t in tasks}
-    recipe = trainer.recipe or {}
+    recipe = recipe or {}
     return {
         "recipe": recipe.get("name", recipe.get("source")), "step": trainer.step_count,
         "num_steps": schedule.num_steps, "steps_run": steps_run, "stop": schedule.last_stop,
@@ -87,7 +87,7 @@ def _text(s: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(trainer: Trainer, schedule: "Schedule", path: Path) -> list[str]:
+def _plot(trainer: Trainer, schedule: Schedule, path: Path) -> list[str]:
     """``losses.png`` and ``grad_norms.png`` with matplotlib's object API (no pyplot, no display)."""
     try:
         from matplotlib.figure import Figure
@@ -123,21 +123,21 @@ def _plot(trainer: Trainer, schedule: "Schedule", path: Path) -> list[str]:
     return []
 
 
-def finish(trainer: Trainer, schedule: "Schedule", path: Path, wall_s: float, steps_run: int) -> dict[str, Any]:
-    """Write ``final.pt`` first (so it exists whatever fails later), then the tables, plots and summary."""
+def finish(trainer: Trainer, schedule: Schedule, path: Path, wall_s: float, steps_run: int,
+           save: Callable[[Path], Any], recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``final.pt`` first with ``save`` (so it exists whatever fails later), then the tables, plots
+    and summary."""
     import pandas as pd
 
-    from .schedule import _say, save_checkpoint
-
     if trainer.rank != 0:  # data parallel: rank 0 writes the experiment folder
-        return summary(trainer, schedule, wall_s, steps_run)
+        return summary(trainer, schedule, wall_s, steps_run, recipe)
     path.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(trainer, schedule, path / "final.pt")
+    save(path / "final.pt")
     trainer.history.to_csv(path / "history.csv", index=False)
     pd.DataFrame(schedule.validation).to_csv(path / "validation.csv", index=False)
     for note in _plot(trainer, schedule, path):
-        _say(note)
-    s = summary(trainer, schedule, wall_s, steps_run)
+        say(note)
+    s = summary(trainer, schedule, wall_s, steps_run, recipe)
     (path / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     (path / "summary.txt").write_text(_text(s))
     return s

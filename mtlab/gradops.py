@@ -1,7 +1,8 @@
-"""Gradient processing as small pieces over lists of tensors.
+"""Gradient processing over lists of tensors: a fast path and a readable reference path.
 
-Each op has the fast ``torch._foreach_*`` path grouped by (device, dtype). Nothing here reads a
-value back to the host: results are 0-d tensors on the gradients' device.
+Each op has the grouped ``torch._foreach_*`` fast path (by device and dtype, as torch's optimizers) and a
+per-tensor reference path (``foreach=False``); tests check that both agree. Nothing here reads a value
+back to the host: results are 0-d tensors on the tensors' device.
 """
 
 from __future__ import annotations
@@ -21,26 +22,43 @@ def group(tensors: Sequence[Tensor]) -> list[list[Tensor]]:
     return list(groups.values())
 
 
-def div_(tensors: Sequence[Tensor], denom: Tensor) -> None:
+def div_(tensors: Sequence[Tensor], denom: Tensor, foreach: bool = True) -> None:
     """In place: every tensor /= denom (a 0-d tensor; no host read)."""
     for g in group(tensors):
-        torch._foreach_div_(g, denom.to(device=g[0].device, dtype=g[0].dtype))
+        d = denom.to(device=g[0].device, dtype=g[0].dtype)
+        if foreach:
+            torch._foreach_div_(g, d)
+        else:
+            for t in g:
+                t.div_(d)
 
 
-def mul_(tensors: Sequence[Tensor], factor: float) -> None:
+def mul_(tensors: Sequence[Tensor], factor: float | Tensor, foreach: bool = True) -> None:
+    """In place: every tensor *= factor (a number or a 0-d tensor)."""
     for g in group(tensors):
-        torch._foreach_mul_(g, factor)
+        f = factor.to(device=g[0].device, dtype=g[0].dtype) if isinstance(factor, Tensor) else factor
+        if foreach:
+            torch._foreach_mul_(g, f)
+        else:
+            for t in g:
+                t.mul_(f)
 
 
-def clamp_(tensors: Sequence[Tensor], value: float) -> None:
+def clamp_(tensors: Sequence[Tensor], value: float, foreach: bool = True) -> None:
     """In place: clip element-wise to ``[-value, value]`` (as ``torch.nn.utils.clip_grad_value_``)."""
     for g in group(tensors):
-        torch._foreach_clamp_min_(g, -value)
-        torch._foreach_clamp_max_(g, value)
+        if foreach:
+            torch._foreach_clamp_min_(g, -value)
+            torch._foreach_clamp_max_(g, value)
+        else:
+            for t in g:
+                t.clamp_(-value, value)
 
 
-def norms(tensors: Sequence[Tensor]) -> list[Tensor]:
+def norms(tensors: Sequence[Tensor], foreach: bool = True) -> list[Tensor]:
     """Per-tensor L2 norms (0-d tensors), in the input order."""
+    if not foreach:
+        return [torch.linalg.vector_norm(t) for t in tensors]
     out: dict[int, Tensor] = {}
     for g in group(tensors):
         for t, n in zip(g, torch._foreach_norm(g)):
@@ -48,21 +66,25 @@ def norms(tensors: Sequence[Tensor]) -> list[Tensor]:
     return [out[id(t)] for t in tensors]
 
 
-def total_norm(tensors: Sequence[Tensor], per_tensor: Sequence[Tensor] | None = None) -> Tensor:
+def total_norm(tensors: Sequence[Tensor], foreach: bool = True) -> Tensor:
     """Global L2 norm of all tensors, as a float32/float64 0-d tensor on their device."""
     if not tensors:
         return torch.zeros(())
-    per = list(per_tensor) if per_tensor is not None else norms(tensors)
+    per = norms(tensors, foreach)
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in per) else torch.float32
     return torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in per]))
 
 
-def count_above(tensors: Sequence[Tensor], value: float) -> Tensor:
-    """Number of elements with ``|x| > value`` (0-d int64 tensor)."""
+def count_above(tensors: Sequence[Tensor], value: float, foreach: bool = True) -> Tensor:
+    """Number of elements with ``|x| > value`` (0-d int64 tensor).
+
+    The fast path compares each tensor against both bounds (one-byte temporaries, no ``abs`` copy)."""
     if not tensors:
         return torch.zeros((), dtype=torch.long)
-    counts = [(t.abs() > value).sum() for t in tensors]
-    return torch.stack(counts).sum()
+    if not foreach:
+        return torch.stack([(t.abs() > value).sum() for t in tensors]).sum()
+    counts = [torch.count_nonzero(t > value) + torch.count_nonzero(t < -value) for t in tensors]
+    return counts[0] if len(counts) == 1 else torch.stack(counts).sum()
 
 
 def add_scaled_(dst: Tensor, srcs: Sequence[tuple[float, Tensor]]) -> Tensor:

@@ -93,11 +93,6 @@ class ModelGraph:
             if node.name in seen_nodes:
                 raise GraphError(f"{where}: duplicate node name {node.name!r}; node names must be unique")
             seen_nodes.add(node.name)
-            if models is not None and node.model not in models:
-                raise GraphError(
-                    f"{where}: node {node.name!r} uses unknown model {node.model!r}; "
-                    f"known models: {sorted(models)}"
-                )
             for name in node.inputs:
                 if name not in available:
                     raise GraphError(
@@ -118,6 +113,17 @@ class ModelGraph:
                     f"{where}: output {name!r} is produced by no node; node outputs: {produced}"
                 )
         self._takes_lengths: dict[int, bool] = {}
+        if models is not None:
+            self.check_models(models)
+
+    def check_models(self, models: Mapping[str, nn.Module]) -> None:
+        """Raise a GraphError naming the node whose model is not in ``models``."""
+        for node in self.nodes:
+            if node.model not in models:
+                raise GraphError(
+                    f"{self.where}: node {node.name!r} uses unknown model {node.model!r}; "
+                    f"known models: {sorted(models)}"
+                )
 
     @property
     def model_names(self) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -32,6 +33,11 @@ class History:
         with self._lock:
             self._rows.append(row)
 
+    def last(self) -> dict[str, Any] | None:
+        """The newest row as appended (its values may still be tensors on the device)."""
+        with self._lock:
+            return self._rows[-1] if self._rows else None
+
     def __len__(self) -> int:
         return len(self._rows)
 
@@ -58,7 +64,7 @@ class History:
         rows = self.rows()
         if not rows:
             return pd.DataFrame(columns=["step", "lr", "skipped"])
-        return pd.DataFrame(rows).set_index("step", drop=False)
+        return pd.DataFrame(rows)  # "step" is a column (not also the index)
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` rows (used when restoring an earlier state)."""
@@ -73,3 +79,19 @@ class History:
         with self._lock:
             self._rows = [dict(r) for r in rows]
             self._ready = len(self._rows)
+
+
+def step_row(step: int, lr: float, skipped: Any, tasks: Mapping[str, Any], accs: Mapping[str, Any]) -> dict[str, Any]:
+    """The history row of one applied step: lr, weights, and for each task in ``accs`` (an
+    ``Accumulator`` each) its loss, per-linked-set losses, gradient norms, clip fraction and minibatches."""
+    row: dict[str, Any] = {"step": step, "lr": lr, "skipped": skipped}
+    for name, task in tasks.items():
+        row[f"{name}/weight"] = task.weight
+        row.update({f"{name}/{s}/weight": ls.weight for s, ls in task.linkedsets.items()})
+        acc = accs.get(name)
+        if acc is not None:
+            row[f"{name}/loss"] = acc.normalized_loss
+            row.update({f"{name}/{s}/loss": acc.linkedset_loss(s) for s in acc.set_totals})
+            row.update({f"{name}/grad_norm": acc.grad_norm, f"{name}/grad_norm_clipped": acc.grad_norm_clipped,
+                        f"{name}/clip_fraction": acc.clip_fraction, f"{name}/minibatches": acc.minibatches})
+    return row

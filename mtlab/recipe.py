@@ -1,7 +1,7 @@
 """Recipes: one TOML file that describes models, tasks and trainer settings.
 
->>> trainer = build_trainer("recipes/demo.toml")   # models, tasks, data, Trainer, Schedule
->>> trainer = load_trainer("exp/demo/final.pt")     # rebuilt from the recipe stored in the checkpoint
+>>> exp = from_recipe("recipes/demo.toml")   # models, tasks, data -> Experiment(trainer, schedule, recipe)
+>>> exp = load("exp/demo/final.pt")          # rebuilt from the recipe stored in the checkpoint
 
 A recipe has ``[trainer]`` (the original's ``trainer.cfg`` key names, see ``TRAINER_KEYS``; a
 ``trainer_cfg = "trainer.cfg"`` top-level key reads the original INI file first), ``[models.NAME]``
@@ -23,7 +23,7 @@ import json
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ import torch
 from .errors import ConfigError
 from .graph import Node
 from .task import LinkedSet, Task
+from .distributed import attach_if_distributed
+from .loop import Schedule, run, save_checkpoint
 from .trainer import Trainer
 
 DEFAULT_ORIGIN = "<recipe dict>"
@@ -371,12 +373,7 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
 
 
 # ---------------------------------------------------------------------------------- data
-_DATASETS: dict[tuple[Any, ...], Any] = {}
-
-
-def clear_data_cache() -> None:
-    """Forget the datasets ``build_trainer`` loaded (they are kept so rebuilding a trainer is fast)."""
-    _DATASETS.clear()
+Datasets = dict  # (root, split, linked set, targets, stats fingerprint) -> dataset; one per experiment
 
 
 def _root(data: Mapping[str, Any]) -> Path:
@@ -390,27 +387,51 @@ def stats_key(data: Mapping[str, Any], linkedset: str) -> str:
     return f"{data.get('corpus', data.get('root'))}:{data.get('linkedset', linkedset)}"
 
 
-def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], stats: Any) -> Any:
+def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], stats: Any, cache: Datasets) -> Any:
     from .data import load_split
 
     fingerprint = hashlib.sha1(json.dumps(stats.to_dict()).encode()).hexdigest() if stats is not None else None
     key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, fingerprint)
-    if key not in _DATASETS:
-        _DATASETS[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
+    if key not in cache:
+        cache[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
                                     targets=targets, stats=stats)
         if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
-            computed = _DATASETS[key].stats
-            _DATASETS[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = _DATASETS[key]
-    return _DATASETS[key]
+            computed = cache[key].stats
+            cache[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = cache[key]
+    return cache[key]
 
 
 # ---------------------------------------------------------------------------------- building
-def build_trainer(recipe: str | Path | Mapping[str, Any]) -> Trainer:
-    """A Trainer (with ``trainer.recipe`` and ``trainer.schedule``) from a recipe file or dict."""
+@dataclass
+class Experiment:
+    """What a recipe builds: the trainer, its schedule and the resolved recipe (with feature stats).
+
+    >>> exp = mtlab.from_recipe("recipes/demo.toml")
+    >>> exp.trainer.step(); mtlab.run(exp, steps=10)
+    """
+
+    trainer: Trainer
+    schedule: Schedule
+    recipe: dict[str, Any]
+    datasets: Datasets = field(default_factory=dict, repr=False)
+
+    def run(self, **kwargs: Any) -> Schedule:
+        """``mtlab.run(self, **kwargs)``: train with the schedule (see ``mtlab.loop.run``)."""
+        return run(self, **kwargs)
+
+    def save(self, path: str | Path) -> Path | None:
+        """Checkpoint with the recipe and schedule inside (``mtlab.recipe.load`` rebuilds from it)."""
+        return save_checkpoint(self.trainer, self.schedule, path, recipe=self.recipe)
+
+
+def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | None = None) -> Experiment:
+    """An :class:`Experiment` from a TOML recipe, an original ``trainer.cfg`` or a dict. ``datasets`` may be
+    shared between experiments built from the same corpora (loaded once)."""
     from .data import FeatureStats, TARGET_KEYS
     from .losses import get_loss
     from .models import build_model
-    from .schedule import Schedule
+
+    cache: Datasets = datasets if datasets is not None else {}
 
     recipe = load_recipe(recipe) if isinstance(recipe, (str, Path)) else resolve_recipe(recipe)
     origin = recipe["source"]
@@ -436,11 +457,11 @@ def build_trainer(recipe: str | Path | Mapping[str, Any]) -> Trainer:
             key = stats_key(sspec["data"], sname)
             stats = FeatureStats.from_dict(recipe["stats"][key], origin=f"{origin}: stats {key!r}") \
                 if key in recipe["stats"] else None
-            train = _dataset(sspec["data"], sname, targets, stats)
+            train = _dataset(sspec["data"], sname, targets, stats, cache)
             if stats is None:
                 recipe["stats"][key] = train.stats.to_dict()
                 stats = train.stats
-            valid = _dataset(sspec["valid"], sname, targets, stats) if sspec.get("valid", False) else None
+            valid = _dataset(sspec["valid"], sname, targets, stats, cache) if sspec.get("valid", False) else None
             sets[sname] = LinkedSet(train, weight=sspec.get("weight", 1.0), valid=valid)
         loss = dict(spec["loss"])
         try:
@@ -461,38 +482,33 @@ def build_trainer(recipe: str | Path | Mapping[str, Any]) -> Trainer:
                           normalize_weights_acc_steps=settings["normalize_weights_acc_steps"])
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
-    trainer.recipe = recipe
-    trainer.schedule = Schedule.for_trainer(trainer, settings)  # type: ignore[attr-defined]
-    return trainer
+    attach_if_distributed(trainer)
+    return Experiment(trainer, Schedule.for_trainer(trainer, settings), recipe, cache)
 
 
-def load_trainer(path: str | Path) -> Trainer:
-    """Rebuild the trainer of a checkpoint from the recipe it carries, then load its state (and schedule)."""
+def load(path: str | Path, datasets: Datasets | None = None) -> Experiment:
+    """Rebuild the experiment of a checkpoint from the recipe it carries, then load its state and schedule."""
     from .checkpoint import CheckpointError, load_safe
-    from .schedule import Schedule
 
     state = load_safe(path)
     if not isinstance(state.get("recipe"), Mapping):
         raise CheckpointError(f"{path} carries no recipe; build the Trainer yourself and call "
                               "trainer.load_checkpoint(path)")
-    trainer = build_trainer(state["recipe"])
-    trainer.load_state_dict(state)
+    exp = from_recipe(state["recipe"], datasets)
+    exp.trainer.load_state_dict(state)
     if isinstance(state.get("schedule"), Mapping):
-        trainer.schedule = Schedule.from_state(state["schedule"], trainer)  # type: ignore[attr-defined]
-    return trainer
+        exp.schedule = Schedule.from_state(state["schedule"], exp.trainer)
+    return exp
 
 
-def load_split_for(trainer: Trainer, task: str, linkedset: str, split: str) -> Any:
-    """Another split of a linked set's corpus, normalized with the stats the trainer was built with."""
+def load_split_for(exp: Experiment, task: str, linkedset: str, split: str) -> Any:
+    """Another split of a linked set's corpus, normalized with the stats the experiment was built with."""
     from .data import FeatureStats, TARGET_KEYS
 
-    recipe = trainer.recipe
-    if recipe is None:
-        raise ConfigError("load_split_for(): the trainer was not built from a recipe; load the split with "
-                          "mtlab.data.load_split(..., stats=...) yourself")
+    recipe, trainer = exp.recipe, exp.trainer
     spec = recipe["tasks"][task]["linkedsets"][linkedset]
     key = stats_key(spec["data"], linkedset)
     stats = FeatureStats.from_dict(recipe["stats"][key], origin=f"{recipe.get('source')}: stats {key!r}")
     targets = tuple(sorted({k for t in trainer.tasks for k in (*recipe["tasks"][t]["targets"], *recipe["tasks"][t]["inputs"])}
                            & set(TARGET_KEYS)))
-    return _dataset({**spec["data"], "split": split}, linkedset, targets, stats)
+    return _dataset({**spec["data"], "split": split}, linkedset, targets, stats, exp.datasets)

@@ -1,10 +1,9 @@
-"""Tasks, their linked sets (weighted alternative data sources) and their accumulation state."""
+"""Tasks and their linked sets (weighted alternative data sources): configuration only."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -13,9 +12,47 @@ from torch import Tensor
 from .errors import ConfigError
 from .graph import ModelGraph, Node
 
+
 LossComputer = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], Mapping[str, Tensor]], tuple[Tensor, Tensor]]
 
-PHASES = ("empty", "accumulating", "normalized", "clipped", "applied")
+def check_models(models: Any) -> None:
+    """A non-empty dict name -> nn.Module whose names contain no '.', or a ConfigError saying what is wrong."""
+    if not isinstance(models, Mapping) or not models:
+        raise ConfigError("models must be a non-empty dict name -> torch.nn.Module")
+    for name, model in models.items():
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"model {name!r} is a {type(model).__name__}, expected a torch.nn.Module")
+        if "." in name:
+            raise ConfigError(f"model name {name!r} contains '.', which separates model and parameter names")
+
+
+def check_tasks(tasks: Any) -> list["Task"]:
+    """One Task or a sequence of Tasks with unique names, as a list."""
+    tasks = [tasks] if isinstance(tasks, Task) else list(tasks)
+    if not tasks:
+        raise ConfigError("give at least one mtlab.Task")
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"task names must be unique, got {names}")
+    return tasks
+
+
+def check_count(value: Any, what: str, meaning: str) -> int:
+    """An integer >= 1 (not a bool), or a ConfigError naming ``what``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{what} must be an integer >= 1 ({meaning}), got {value!r}")
+    return value
+
+
+def check_positive(value: Any, what: str) -> float:
+    """A positive finite float, or a ConfigError naming ``what``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a positive number, got {value!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise ConfigError(f"{what} must be a positive finite number, got {value!r}")
+    return v
 
 
 def check_weight(value: Any, what: str) -> float:
@@ -105,127 +142,3 @@ class Task:
     def __repr__(self) -> str:
         return (f"Task({self.name!r}, models={self.graph.model_names}, "
                 f"linkedsets={ {k: v.weight for k, v in self.linkedsets.items()} }, weight={self.weight:g})")
-
-
-@dataclass
-class MinibatchRecord:
-    """One processed minibatch: which linked set, how many examples, its weighted loss and norm."""
-
-    linkedset: str
-    num_examples: int
-    weight: float
-    loss: Tensor
-    norm: Tensor
-    trace: dict[str, Tensor] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        out = {"linkedset": self.linkedset, "examples": self.num_examples, "weight": self.weight,
-               "loss": float(self.loss), "norm": float(self.norm)}
-        if self.trace:
-            out.update({f"grad_norm/{k}": float(v) for k, v in self.trace.items()})
-        return out
-
-
-@dataclass
-class TaskState:
-    """Everything a task has accumulated since its last reset; readable between any two calls.
-
-    ``grads`` maps ``"<model>.<param>"`` to this task's accumulated (then normalized, then clipped)
-    gradient. ``batch_loss`` and ``batch_loss_norm`` are the weighted sums over ``records`` (one per
-    minibatch), kept as tensors until read (no device sync while training).
-    """
-
-    task: str
-    phase: str = "empty"
-    minibatches: int = 0
-    records: list[MinibatchRecord] = field(default_factory=list)
-    grad_norm: Tensor | None = None
-    grad_norm_clipped: Tensor | None = None
-    clip_fraction: Tensor | None = None
-    param_norms: dict[str, Tensor] = field(default_factory=dict)
-    param_norms_clipped: dict[str, Tensor] = field(default_factory=dict)
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    _grad_view: Callable[[], dict[str, Tensor]] | None = field(default=None, repr=False)
-    _sums: tuple[int, Tensor, Tensor] | None = field(default=None, repr=False)
-
-    def _totals(self) -> tuple[Tensor, Tensor]:
-        n = len(self.records)
-        if self._sums is None or self._sums[0] != n:
-            if n == 0:
-                zero = torch.zeros((), device=self.device)
-                self._sums = (0, zero, zero)
-            elif n == 1:
-                self._sums = (1, self.records[0].loss, self.records[0].norm)
-            else:
-                loss = torch.stack([r.loss for r in self.records]).sum()
-                norm = torch.stack([r.norm for r in self.records]).sum()
-                self._sums = (n, loss, norm)
-        return self._sums[1], self._sums[2]
-
-    @property
-    def batch_loss(self) -> Tensor:
-        """Σ weight × summed loss over the accumulated minibatches."""
-        return self._totals()[0]
-
-    @property
-    def batch_loss_norm(self) -> Tensor:
-        """Σ weight × norm over the accumulated minibatches."""
-        return self._totals()[1]
-
-    @property
-    def set_loss(self) -> dict[str, Tensor]:
-        return self._by_set("loss")
-
-    @property
-    def set_norm(self) -> dict[str, Tensor]:
-        return self._by_set("norm")
-
-    def _by_set(self, what: str) -> dict[str, Tensor]:
-        groups: dict[str, list[Tensor]] = {}
-        for r in self.records:
-            groups.setdefault(r.linkedset, []).append(getattr(r, what))
-        if len(groups) == 1:
-            name = next(iter(groups))
-            return {name: self.batch_loss if what == "loss" else self.batch_loss_norm}
-        return {k: v[0] if len(v) == 1 else torch.stack(v).sum() for k, v in groups.items()}
-
-    @property
-    def grads(self) -> dict[str, Tensor]:
-        return self._grad_view() if self._grad_view is not None else {}
-
-    @property
-    def normalized_loss(self) -> Tensor:
-        """``batch_loss / batch_loss_norm`` (the mean over everything accumulated)."""
-        return self.batch_loss / self.batch_loss_norm
-
-    def linkedset_loss(self, name: str) -> Tensor:
-        """Σloss/Σnorm of one linked set's minibatches in this accumulation."""
-        return self.set_loss[name] / self.set_norm[name]
-
-    def model_grad_norms(self, clipped: bool = False) -> dict[str, Tensor]:
-        """Gradient norm per model (before clipping, or after with ``clipped=True``)."""
-        source = self.param_norms_clipped if clipped else self.param_norms
-        per_model: dict[str, list[Tensor]] = {}
-        for name, n in source.items():
-            per_model.setdefault(name.split(".", 1)[0], []).append(n)
-        return {m: torch.linalg.vector_norm(torch.stack(v)) for m, v in per_model.items()}
-
-    def summary(self) -> dict[str, Any]:
-        """Host-side values (reads the device): phase, counts, loss, norm, gradient norms."""
-        out: dict[str, Any] = {"task": self.task, "phase": self.phase, "minibatches": self.minibatches,
-                               "batch_loss": float(self.batch_loss), "batch_loss_norm": float(self.batch_loss_norm)}
-        out["normalized_loss"] = out["batch_loss"] / out["batch_loss_norm"] if out["batch_loss_norm"] else float("nan")
-        for key in ("grad_norm", "grad_norm_clipped", "clip_fraction"):
-            value = getattr(self, key)
-            out[key] = None if value is None else float(value)
-        return out
-
-    def __repr__(self) -> str:
-        return (f"TaskState({self.task!r}, phase={self.phase!r}, minibatches={self.minibatches}, "
-                f"grads={len(self.grads)} tensors)")
-
-    def _repr_html_(self) -> str:
-        s = self.summary()
-        rows = "".join(f"<tr><td>{k}</td><td>{'' if v is None else (f'{v:.6g}' if isinstance(v, float) else v)}</td></tr>"
-                       for k, v in s.items())
-        return f"<table><caption>mtlab task state</caption>{rows}</table>"

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 import mtlab
+import mtlab.distributed
 from helpers import make_examples, make_models, task_a, task_b
 
 STEPS = 3
@@ -31,8 +32,10 @@ def build(distributed: bool | None = None, numbatches_to_aggregate: int = 2) -> 
     clean, noisy = data()
     a = task_a((clean, noisy), weights=(1.0, 0.4), batch_size=3)
     b = task_b(clean, batch_size=4, weight=0.7)
-    return mtlab.Trainer(make_models(), [a, b], lr=1e-2, clip_grad_value=0.5,
-                         numbatches_to_aggregate=numbatches_to_aggregate, device="cpu", seed=3, distributed=distributed)
+    tr = mtlab.Trainer(make_models(), [a, b], lr=1e-2, clip_grad_value=0.5,
+                       numbatches_to_aggregate=numbatches_to_aggregate, device="cpu", seed=3,
+                       distributed=False if distributed is False else None)
+    return tr if distributed is False else mtlab.distributed.attach_if_distributed(tr)
 
 
 def params_of(tr: mtlab.Trainer) -> dict[str, list]:
@@ -96,7 +99,8 @@ def build_router() -> mtlab.Trainer:
     models = make_models()
     torch.manual_seed(1)
     models["enc"] = Router().double()
-    return mtlab.Trainer(models, [task_a()], lr=1e-2, clip_grad_value=0.5, device="cpu", seed=3)
+    return mtlab.distributed.attach_if_distributed(
+        mtlab.Trainer(models, [task_a()], lr=1e-2, clip_grad_value=0.5, device="cpu", seed=3))
 
 
 def router_run(rank: int, world: int, port: int, out: str) -> None:
@@ -134,8 +138,8 @@ def dying_rank(rank: int, world: int, port: int, out: str) -> None:
 def mismatched(rank: int, world: int, port: int, out: str) -> None:
     init(rank, world, port)
     try:
-        build(numbatches_to_aggregate=2) if rank == 0 else mtlab.Trainer(
-            make_models(), [task_a(data(), batch_size=3)], device="cpu", distributed=True)
+        build(numbatches_to_aggregate=2) if rank == 0 else mtlab.distributed.attach(mtlab.Trainer(
+            make_models(), [task_a(data(), batch_size=3)], device="cpu"))
         msg = "no error"
     except mtlab.MtlabError as exc:
         msg = f"{type(exc).__name__}: {exc}"

@@ -13,8 +13,8 @@ import torch.multiprocessing as mp
 
 import dist_worker as w
 import mtlab
-from mtlab.data.stream import BatchStream
-from mtlab.trainer import derived_seed
+from mtlab.sampling import BatchStream
+from mtlab.sampling import derived_seed
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")
 
@@ -156,7 +156,7 @@ def test_launch_from_a_notebook_spawns_cpu_workers(tmp_path):
 
     corpus = make_tiny_corpus(tmp_path / "corpus")
     recipe = write_tiny_recipe(tmp_path / "tiny.toml", corpus, num_steps=4, valid_frequency=0)
-    res = mtlab.distributed.launch(str(recipe), nprocs=2, steps=2, out_dir=str(tmp_path / "out"))
+    res = mtlab.launch.launch(str(recipe), nprocs=2, steps=2, out_dir=str(tmp_path / "out"))
     h0, h1 = res["history"][0], res["history"][1]
     assert len(h0) == 2 and h0["frames/loss"].tolist() == pytest.approx(h1["frames/loss"].tolist())
     assert torch.load(res["checkpoint"], weights_only=True)["step"] == 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -37,4 +36,5 @@ def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     print(f"{path.name}: {elapsed:.1f}s")
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("output_type") == "error"]
     assert not errors
-    assert os.environ["MTLAB_FAST"] == "1"
+    ran = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    assert ran and all(c.execution_count for c in ran), "some code cells did not run"

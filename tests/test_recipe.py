@@ -15,7 +15,7 @@ import torch
 
 import mtlab
 from mtlab.checkpoint import CheckpointError, load_safe, save_atomic
-from mtlab.recipe import build_trainer, load_recipe, load_trainer, load_trainer_cfg, trainer_settings
+from mtlab.recipe import from_recipe, load, load_recipe, load_trainer_cfg, trainer_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data_samples"
@@ -135,15 +135,16 @@ def test_demo_recipe_parses_without_loading_data() -> None:
 
 def test_build_trainer_records_stats_and_derives_steps(tiny_corpus: Path, tmp_path: Path) -> None:
     path = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=0)
-    trainer = build_trainer(path)
+    exp = from_recipe(path)
+    trainer = exp.trainer
     assert trainer.nonfinite == "skip" and trainer.clip_grad_value == 1.0 and trainer.device.type == "cpu"
-    assert set(trainer.recipe["stats"]) == {f"{tiny_corpus}:clean", f"{tiny_corpus}:noisy"}
-    stats = mtlab.data.FeatureStats.from_dict(trainer.recipe["stats"][f"{tiny_corpus}:clean"])
+    assert set(exp.recipe["stats"]) == {f"{tiny_corpus}:clean", f"{tiny_corpus}:noisy"}
+    stats = mtlab.data.FeatureStats.from_dict(exp.recipe["stats"][f"{tiny_corpus}:clean"])
     ls = trainer.tasks["spk"].linkedsets["clean"]
     assert torch.equal(stats.mean, ls.examples.stats.mean) and ls.valid.stats is ls.examples.stats
     # num_epochs = 1 (default): ceil(1 x 8 utterances / (3 x 1)) = 3, the max over every linked set
-    assert trainer.schedule.num_steps == 3
-    again = build_trainer(trainer.recipe)  # the recorded stats are used, nothing recomputed
+    assert exp.schedule.num_steps == 3
+    again = from_recipe(exp.recipe).trainer  # the recorded stats are used, nothing recomputed
     assert all(torch.equal(p, again.params[k]) for k, p in trainer.params.items())
 
 
@@ -184,7 +185,7 @@ def test_ini_trainer_cfg_is_read(tmp_path: Path, tiny_corpus: Path) -> None:
     assert settings["num_tries"] == 5 and settings["batch_size"] == 4  # from the INI
     assert settings["valid_frequency"] == 2  # the TOML table wins
     assert "trainer_cfg" not in recipe  # merged: the stored recipe is self-contained
-    trainer = build_trainer(recipe)
+    trainer = from_recipe(recipe).trainer
     assert list(trainer.tasks) == ["frames", "spk"] and trainer.tasks["frames"].weight == 0.5
     assert trainer.numbatches_to_aggregate == 2 and trainer.normalize_gradients is False
 
@@ -213,7 +214,7 @@ def test_bad_recipes_name_the_key_and_the_file(tmp_path: Path, tiny_corpus: Path
     assert old in text
     path.write_text(text.replace(old, new, 1))
     with pytest.raises(mtlab.ConfigError) as info:
-        build_trainer(path)
+        from_recipe(path)
     message = str(info.value)
     assert "bad_recipe.toml" in message
     for part in expect:
@@ -228,26 +229,26 @@ def test_bad_ini_value_and_bad_toml(tmp_path: Path) -> None:
     with pytest.raises(mtlab.ConfigError, match="did you mean 'numbatches_to_aggregate'"):
         load_trainer_cfg(tmp_path / "trainer.cfg")
     with pytest.raises(mtlab.ConfigError, match="holds only the \\[trainer\\] settings"):
-        build_trainer(REPO / "recipes" / "trainer.cfg")
+        from_recipe(REPO / "recipes" / "trainer.cfg")
     (tmp_path / "broken.toml").write_text("[trainer\n")
     with pytest.raises(mtlab.ConfigError, match="broken.toml: not valid TOML"):
         load_recipe(tmp_path / "broken.toml")
 
 
-def test_load_trainer_rebuilds_from_the_checkpoint(tiny_corpus: Path, tmp_path: Path) -> None:
-    from mtlab.schedule import save_checkpoint
-
-    trainer = build_trainer(write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus))
-    trainer.step()
-    save_checkpoint(trainer, trainer.schedule, tmp_path / "ck.pt")
-    other = load_trainer(tmp_path / "ck.pt")
-    assert other.step_count == 1 and other.recipe == trainer.recipe
-    assert all(torch.equal(p, other.params[k]) for k, p in trainer.params.items())
-    trainer.save(tmp_path / "plain.pt")  # Trainer.save carries the recipe but no schedule
-    assert load_trainer(tmp_path / "plain.pt").step_count == 1
+def test_load_rebuilds_the_experiment_from_the_checkpoint(tiny_corpus: Path, tmp_path: Path) -> None:
+    exp = from_recipe(write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus))
+    exp.trainer.step()
+    exp.save(tmp_path / "ck.pt")
+    other = load(tmp_path / "ck.pt")
+    assert other.trainer.step_count == 1 and other.recipe == exp.recipe
+    assert other.schedule.num_steps == exp.schedule.num_steps
+    assert all(torch.equal(p, other.trainer.params[k]) for k, p in exp.trainer.params.items())
+    exp.trainer.save(tmp_path / "plain.pt")  # Trainer.save writes the trainer state only: no recipe inside
+    with pytest.raises(CheckpointError, match="carries no recipe"):
+        load(tmp_path / "plain.pt")
     save_atomic({"format": "mtlab-trainer"}, tmp_path / "norecipe.pt")
     with pytest.raises(CheckpointError, match="carries no recipe"):
-        load_trainer(tmp_path / "norecipe.pt")
+        load(tmp_path / "norecipe.pt")
 
 
 CHILD = """
@@ -302,6 +303,6 @@ def test_crafted_pickle_is_not_executed(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="refuses to unpickle"):
         load_safe(path)
     with pytest.raises(CheckpointError):
-        load_trainer(path)
+        load(path)
     assert not marker.exists()
     assert not os.path.exists(marker)

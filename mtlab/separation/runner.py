@@ -27,6 +27,7 @@ from ..data import SAMPLE_RATE, SeparationDataset, data_samples_dir, load_split,
 from ..data.features import USEDBINS_THRESHOLD_DB
 from ..errors import ConfigError
 from ..graph import Node
+from ..loop import run
 from ..losses import DeepAttractorNet, DeepClustering, Direct, PIT
 from ..models import BLSTM, DeepClusteringHead, MaskHead
 from ..task import LinkedSet, Task
@@ -124,16 +125,23 @@ class Separator:
 
     def step(self, steps: int = 1, max_seconds: float | None = None,
              on_step: Callable[[Separator], None] | None = None) -> int:
-        """Train ``steps`` steps (stopping early after ``max_seconds``); returns the steps done."""
+        """Train ``steps`` steps through the training loop (stopping early after ``max_seconds``); returns the
+        steps done. ``on_step(self)`` is called after each step."""
         start = time.perf_counter()
-        done = 0
-        while done < steps and (max_seconds is None or time.perf_counter() - start < max_seconds):
-            self.trainer.step()
-            done += 1
-            if on_step is not None:
+        before = self.trainer.step_count
+
+        def after_step(event: str, info: dict[str, Any]) -> None:
+            if event == "step" and on_step is not None:
                 on_step(self)
-        self.seconds += time.perf_counter() - start
-        return done
+
+        self.trainer.add_callback(after_step)
+        try:
+            run(self.trainer, steps=steps, progress=False,
+                between_steps=lambda: max_seconds is not None and time.perf_counter() - start >= max_seconds)
+        finally:
+            self.trainer.remove_callback(after_step)
+            self.seconds += time.perf_counter() - start
+        return self.trainer.step_count - before
 
     def dataset(self, split: str) -> SeparationDataset:
         """The examples of ``split`` (other splits than train/dev loaded on first use, with the train stats)."""
@@ -150,8 +158,8 @@ class Separator:
     def masks(self, examples: Sequence[dict[str, Tensor]], batch_size: int = 8) -> list[Tensor]:
         """Masks ``[T, F, S]`` (CPU, unpadded) for each example, in eval mode."""
         tr = self.trainer
-        graph = tr.graphs[TASK]
-        out_name = graph.outputs[0]
+        plan = tr.plans[TASK]
+        out_name = plan.task.outputs[0]
         s = examples[0]["src_mag"].shape[-1] if "src_mag" in examples[0] else 2
         previous = {k: m.training for k, m in tr.models.items()}
         for m in tr.models.values():
@@ -163,8 +171,7 @@ class Separator:
                 data, lens = collate([{"features": e["features"], "usedbins": e["usedbins"]} for e in chunk])
                 data = {k: v.to(tr.device) for k, v in data.items()}
                 lengths = lens["features"].to(tr.device)
-                res = graph.run(tr.models, {"features": data["features"]}, {"features": lengths})
-                out = res.outputs[out_name]
+                out = plan.forward((data, lens)).outputs[out_name]
                 f = data["features"].shape[-1]
                 if self.cfg.loss in ("pit", "direct"):
                     m = head_masks(out, f, lengths)

@@ -379,7 +379,7 @@ class Dashboard(widgets.VBox):
     def refresh(self, plot: bool = True) -> None:
         """Read new history rows and the tasks' state; update the counter, the table and (``plot``) the plot."""
         t0 = time.monotonic()
-        with self.trainer._lock:  # a consistent view: no step is half-way through
+        with self.trainer.lock:  # a consistent view: no step is half-way through
             rows = self.trainer.log.rows()
             if self._reload or len(rows) < self._seen:
                 self._series = {}
@@ -458,8 +458,7 @@ class Dashboard(widgets.VBox):
     def close(self) -> None:
         """Stop any run, detach from the trainer and close the widgets."""
         self.stop(wait=True)
-        if self._callback in self.trainer.callbacks:
-            self.trainer.callbacks.remove(self._callback)
+        self.trainer.remove_callback(self._callback)
         for child in (*self.sliders.values(), self.lr_slider, self.clip_slider, self.clip_toggle,
                       *self.buttons.values(), self.task_dropdown, self.set_dropdown, self.steps_box,
                       self.counter, self.status, self.table, self.image, self.log_output):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mtlab.batching import collate
-from mtlab.data.stream import BatchStream, bucket_batches
+from mtlab.sampling import BatchStream, bucket_batches
 
 
 def examples(n=53, seed=0):

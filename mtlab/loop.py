@@ -1,7 +1,10 @@
-"""The schedule around the step: number of steps, learning-rate decay, validation with rollback.
+"""The one training loop: schedule, learning-rate decay, validation with rollback, progress, Ctrl-C.
 
->>> trainer = mtlab.recipe.build_trainer("recipes/demo.toml")
->>> schedule = run(trainer, trainer.schedule, steps=50, expdir="exp/demo")   # resumable at any point
+The CLI, the dashboard's background run, the separation runner and the data-parallel worker all train
+through :func:`run`; it is the only place that handles Ctrl-C.
+
+>>> exp = mtlab.from_recipe("recipes/demo.toml")
+>>> mtlab.run(exp, steps=50, expdir="exp/demo")   # resumable at any point
 
 As the original multi-task trainer, but correct:
 
@@ -18,28 +21,34 @@ As the original multi-task trainer, but correct:
   otherwise ``go_back`` restores the best snapshot (weights, optimizer, step, data positions, RNG, history)
   and ``valid_adapt`` halves the learning rate. Because data positions go back too, ``go_back`` without
   ``valid_adapt`` repeats the same steps exactly.
-- Ctrl-C finishes the step in flight, then stops; a second Ctrl-C abandons the step, whose partial
-  accumulation and data draws are discarded. Either way the trainer is consistent and, with ``expdir``,
-  ``final.pt`` is written (it always is, also when training ends normally or on an error).
+- Ctrl-C (during any call of the step: minibatch, normalize, clip or apply) finishes the step in flight,
+  then stops; a second Ctrl-C abandons the step at once, discarding its partial accumulation and data draws
+  (never in the middle of ``apply``: a hard stop waits until the parameters are consistent). Either way
+  the trainer is consistent and, with ``expdir``, ``final.pt`` is written (it always is, also when
+  training ends normally or on an error).
+- Listeners (``trainer.add_callback``) hear ``run_start``, ``step`` (with the history row),
+  ``validation`` (with the record) and ``run_end`` (with the reason).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import signal
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
+from . import expdir as expdir_
 from .errors import ConfigError
+from .report import say
 from .trainer import Trainer
 
-logger = logging.getLogger("mtlab")
 STATE_FIELDS = ("lr_scale", "tries", "best", "best_step", "validation", "skipped", "stopped", "last_stop")
 
 
@@ -156,7 +165,7 @@ def validate(trainer: Trainer, schedule: Schedule) -> dict[str, Any] | None:
 
 
 def _decide(trainer: Trainer, schedule: Schedule, record: dict[str, Any], expdir: Path | None,
-            act: bool = True, progress: bool = False) -> None:
+            act: bool = True, progress: bool = False, recipe: Mapping[str, Any] | None = None) -> None:
     loss = record["loss"]
     better = math.isfinite(loss) and (schedule.best is None or loss < schedule.best)
     actions: list[str] = []
@@ -183,54 +192,58 @@ def _decide(trainer: Trainer, schedule: Schedule, record: dict[str, Any], expdir
     record.update(tries=schedule.tries, best=schedule.best, action="+".join(actions))
     schedule.validation.append(record)
     if better and expdir is not None:
-        save_checkpoint(trainer, schedule, expdir / "best.pt", include_best=False)
+        save_checkpoint(trainer, schedule, expdir / "best.pt", include_best=False, recipe=recipe)
     parts = " ".join(f"{k}={v:.4g}" for k, v in record.items() if "/" not in k and isinstance(v, float)
                      and k not in ("lr", "lr_scale", "best"))
-    _say(f"validation at step {record['step']}: {parts} -> {record['action']} (tries {schedule.tries}/{schedule.num_tries})",
+    trainer.events.emit("validation", {"step": record["step"], "record": dict(record)})
+    say(f"validation at step {record['step']}: {parts} -> {record['action']} (tries {schedule.tries}/{schedule.num_tries})",
          progress)
 
 
 # ---------------------------------------------------------------------------------- the loop
-def _say(message: str, progress: bool = False) -> None:
-    """Log ``message`` (logger ``mtlab``); with a progress bar also print it above the bar."""
-    logger.info(message)
-    if progress:
-        from tqdm.auto import tqdm
-
-        tqdm.write(message)
-
-
 class _Sigint:
-    """First Ctrl-C: stop after the step in flight. Second: abandon that step (raise KeyboardInterrupt)."""
+    """First Ctrl-C: stop after the step in flight. Second: abandon that step at once (KeyboardInterrupt),
+    except inside ``apply``'s parameter update, where it waits until the update is complete."""
 
-    def __init__(self, progress: bool) -> None:
+    def __init__(self, trainer: Trainer, progress: bool) -> None:
+        self.trainer = trainer
         self.progress = progress
         self.requested = False
         self.abortable = False
+        self.pending = False
         self._previous: Any = None
 
     def __enter__(self) -> "_Sigint":
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
+            self.trainer.add_callback(self._after_call)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested and self.abortable:
-            raise KeyboardInterrupt
+            if self.trainer.atomic:
+                self.pending = True  # raised by _after_call once apply() has finished
+                return
+            raise KeyboardInterrupt("mtlab: second Ctrl-C, the step in flight was abandoned")
         self.requested = True
-        _say("Ctrl-C: stopping after this step (press again to abandon the step)", self.progress)
+        say("Ctrl-C: stopping after this step (press again to abandon the step)", self.progress)
+
+    def _after_call(self, event: str, info: dict[str, Any]) -> None:
+        if self.pending and not self.trainer.atomic:
+            self.pending = False
+            raise KeyboardInterrupt("mtlab: second Ctrl-C, stopped after the step's update")
 
     def __exit__(self, *exc: Any) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+            self.trainer.remove_callback(self._after_call)
 
 
 def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
     """``trainer.step()``, or, if it raises before applying, nothing at all (accumulation, data
     positions and RNG state as before the call)."""
     before = trainer.step_count
-    streams = {(t, s): trainer.stream(t, s).state_dict() for t, task in trainer.tasks.items()
-               for s, ls in task.linkedsets.items() if ls.examples is not None}
+    streams = {key: stream.state_dict() for key, stream in trainer.streams.items()}
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None
     guard.abortable = True
@@ -240,8 +253,11 @@ def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
         guard.abortable = False
         if trainer.step_count == before:
             trainer.reset()
-            for (t, s), st in streams.items():
-                trainer.stream(t, s).load_state_dict(st)
+            for key in list(trainer.streams):
+                if key in streams:
+                    trainer.streams[key].load_state_dict(streams[key])
+                else:
+                    del trainer.streams[key]  # first used in this step: it starts afresh next time
             torch.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state(cuda_rng, trainer.device)
@@ -257,7 +273,7 @@ def _note_skipped(trainer: Trainer, schedule: Schedule, progress: bool = False) 
         if row.get("skipped") and step not in seen:
             seen.add(step)
             schedule.skipped.append(step)
-            _say(f"step {step} skipped: non-finite loss or gradient (nonfinite='skip'); parameters untouched", progress)
+            say(f"step {step} skipped: non-finite loss or gradient (nonfinite='skip'); parameters untouched", progress)
 
 
 def _postfix(trainer: Trainer) -> dict[str, str]:
@@ -268,33 +284,54 @@ def _postfix(trainer: Trainer) -> dict[str, str]:
             if k.endswith("/loss") and k.count("/") == 1 and isinstance(v, float)}
 
 
-def run(trainer: Trainer, schedule: Schedule | None = None, steps: int | None = None, progress: bool = True,
-        expdir: str | Path | None = None) -> Schedule:
-    """Train until ``schedule.num_steps`` (or ``steps`` more steps, or validation stops it, or Ctrl-C).
+def _target(target: Any) -> tuple[Trainer, Any, Mapping[str, Any] | None]:
+    """(trainer, schedule, recipe) of a Trainer or of an experiment (anything with .trainer and .schedule)."""
+    if isinstance(target, Trainer):
+        return target, None, None
+    trainer = getattr(target, "trainer", None)
+    if not isinstance(trainer, Trainer):
+        raise ConfigError(f"run(): expected a mtlab.Trainer or an experiment from mtlab.from_recipe(), "
+                          f"got {type(target).__name__}")
+    return trainer, getattr(target, "schedule", None), getattr(target, "recipe", None)
 
-    Returns the schedule; ``schedule.last_stop`` says why it returned. With ``expdir`` the experiment
-    folder gets the recipe, feature stats, ``best.pt``, ``final.pt``, ``history.csv``, ``validation.csv``,
-    plots and a summary (see ``mtlab.cli``).
+
+def run(target: Any, schedule: Schedule | None = None, steps: int | None = None, progress: bool = True,
+        expdir: str | Path | None = None, between_steps: Callable[[], bool] | None = None,
+        recipe: Mapping[str, Any] | None = None) -> Schedule:
+    """Train until ``schedule.num_steps`` (or ``steps`` more steps, validation stops it, Ctrl-C, or
+    ``between_steps()`` returns True).
+
+    ``target`` is a Trainer or an experiment (``mtlab.from_recipe``). Without a schedule, ``steps`` more
+    steps run at the trainer's current learning rate. ``between_steps`` is called in the loop's thread
+    before each step; it may block (pause), run queued commands, and returns True to stop. Returns the
+    schedule; ``schedule.last_stop`` says why it returned. With ``expdir`` the experiment folder gets the
+    recipe, feature stats, ``best.pt``, ``final.pt``, ``history.csv``, ``validation.csv``, plots and a summary.
     """
     from tqdm.auto import tqdm
 
-    schedule = schedule if schedule is not None else getattr(trainer, "schedule", None)
-    if schedule is None:
-        raise ConfigError("run(): no schedule; pass Schedule(num_steps=...) or build the trainer from a recipe "
-                          "(mtlab.recipe.build_trainer)")
-    if steps is not None and (not isinstance(steps, int) or steps < 0):
+    trainer, own_schedule, own_recipe = _target(target)
+    schedule = schedule if schedule is not None else own_schedule
+    recipe = recipe if recipe is not None else own_recipe
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
         raise ConfigError(f"run(): steps must be a non-negative integer (steps to run now), got {steps!r}")
+    if schedule is None:
+        if steps is None:
+            raise ConfigError("run(): no schedule; pass steps=N, schedule=Schedule(num_steps=...), or an experiment "
+                              "from mtlab.from_recipe()")
+        schedule = Schedule(num_steps=max(1, trainer.step_count + steps), initial_learning_rate=trainer.lr)
+        if target is not trainer:
+            target.schedule = schedule
     path = Path(expdir) if expdir is not None else None
     if path is not None:
-        from .expdir import prepare
-
-        prepare(trainer, path)
+        expdir_.prepare(trainer, path, recipe)
     done, reason, error = 0, "done", None
     start = time.monotonic()
+    tty = sys.stderr.isatty()
     bar = tqdm(total=schedule.num_steps, initial=min(trainer.step_count, schedule.num_steps), disable=not progress,
-               desc="train", unit="step", dynamic_ncols=True)
+               desc="train", unit="step", dynamic_ncols=True, mininterval=0.1 if tty else 30.0)
     shown = 0.0
-    with _Sigint(progress) as guard:
+    trainer.events.emit("run_start", {"step": trainer.step_count, "num_steps": schedule.num_steps})
+    with _Sigint(trainer, progress) as guard:
         try:
             while True:
                 if schedule.stopped:
@@ -306,28 +343,29 @@ def run(trainer: Trainer, schedule: Schedule | None = None, steps: int | None = 
                 if steps is not None and done >= steps:
                     reason = "steps"
                     break
-                if guard.requested:
-                    reason = "interrupted"
+                if guard.requested or (between_steps is not None and between_steps()):
+                    reason = "interrupted" if guard.requested else "stopped"
                     break
                 trainer.lr = schedule.lr_at(trainer.step_count)
                 _guarded_step(trainer, guard)
                 done += 1
+                trainer.events.emit("step", {"step": trainer.step_count, "row": trainer.log.last()})
                 if schedule.valid_frequency and trainer.step_count % schedule.valid_frequency == 0:
                     record = validate(trainer, schedule)
                     if record is not None:
-                        _decide(trainer, schedule, record, path, progress=progress)
+                        _decide(trainer, schedule, record, path, progress=progress, recipe=recipe)
                     _note_skipped(trainer, schedule, progress)
-                if progress and time.monotonic() - shown > 1.0:
+                if progress and time.monotonic() - shown > (1.0 if tty else 30.0):
                     shown = time.monotonic()  # reading the history is a device sync: at most once a second
                     bar.set_postfix(_postfix(trainer), refresh=False)
                     _note_skipped(trainer, schedule, progress)
                 bar.n = min(trainer.step_count, schedule.num_steps)
-                bar.refresh()
+                bar.refresh() if tty else bar.update(0)
             if (reason == "done" and schedule.valid_frequency and not schedule.stopped
                     and (not schedule.validation or schedule.validation[-1]["step"] != trainer.step_count)):
                 record = validate(trainer, schedule)  # a last look at the end, no rollback
                 if record is not None:
-                    _decide(trainer, schedule, record, path, act=False, progress=progress)
+                    _decide(trainer, schedule, record, path, act=False, progress=progress, recipe=recipe)
         except KeyboardInterrupt:
             reason = "interrupted"
         except BaseException as exc:  # noqa: BLE001 (saved below, then re-raised)
@@ -337,26 +375,23 @@ def run(trainer: Trainer, schedule: Schedule | None = None, steps: int | None = 
     schedule.last_stop = reason
     _note_skipped(trainer, schedule, progress)
     if reason == "interrupted":
-        _say(f"interrupted at step {trainer.step_count}; the trainer is consistent and can continue", progress)
+        say(f"interrupted at step {trainer.step_count}; the trainer is consistent and can continue", progress)
     if path is not None:
-        from .expdir import finish
-
-        finish(trainer, schedule, path, wall_s=time.monotonic() - start, steps_run=done)
+        expdir_.finish(trainer, schedule, path, wall_s=time.monotonic() - start, steps_run=done, recipe=recipe,
+                       save=lambda p: save_checkpoint(trainer, schedule, p, recipe=recipe))
+    trainer.events.emit("run_end", {"reason": reason, "step": trainer.step_count, "steps_run": done})
     if error is not None:
         raise error
     return schedule
 
 
-def save_checkpoint(trainer: Trainer, schedule: Schedule | None, path: str | Path, include_best: bool = True) -> Path:
-    """Atomic checkpoint of the trainer state plus its recipe and schedule (``load_trainer`` reads it).
-    Data parallel: rank 0 writes it (every rank holds the same state)."""
-    from .checkpoint import save_atomic
-
-    if trainer.rank != 0:
-        return Path(path)
-    state = trainer.state_dict()
-    if trainer.recipe is not None:
-        state["recipe"] = trainer.recipe
+def save_checkpoint(trainer: Trainer, schedule: Schedule | None, path: str | Path, include_best: bool = True,
+                    recipe: Mapping[str, Any] | None = None) -> Path | None:
+    """Atomic checkpoint of the trainer state plus its recipe and schedule (``mtlab.recipe.load`` reads it).
+    Data parallel: rank 0 writes it (every rank holds the same state); other ranks return None."""
+    extra: dict[str, Any] = {}
+    if recipe is not None:
+        extra["recipe"] = dict(recipe)
     if schedule is not None:
-        state["schedule"] = schedule.state_dict(include_best=include_best and schedule.go_back)
-    return save_atomic(state, path)
+        extra["schedule"] = schedule.state_dict(include_best=include_best and schedule.go_back)
+    return trainer.save(path, extra=extra)

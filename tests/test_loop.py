@@ -16,8 +16,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 import mtlab
 from mtlab.checkpoint import load_safe
-from mtlab.recipe import build_trainer, load_trainer
-from mtlab.schedule import Schedule, run
+from mtlab.loop import Schedule, run
+from mtlab.recipe import from_recipe, load
 
 
 def plain(nonfinite: str = "raise", clean: list | None = None) -> mtlab.Trainer:
@@ -84,7 +84,7 @@ def test_go_back_restores_exactly_the_best_state() -> None:
     assert seen == [2, 4] and sch.validation[-1]["action"] == "worse+go_back_to_2"
     assert tr.step_count == 2 and sch.best_step == 2 and sch.tries == 1
     mine, theirs = tr.state_dict(), ref.state_dict()
-    for key in ("models", "optimizer", "tasks", "streams", "rng", "step", "history"):
+    for key in ("models", "update", "tasks", "streams", "rng", "step", "history"):
         assert_same(mine[key], theirs[key], key)
     a, b = next(tr.stream("a", "clean")), next(ref.stream("a", "clean"))
     assert torch.equal(a[0]["x"], b[0]["x"])
@@ -115,7 +115,7 @@ def test_nan_minibatch_is_skipped_under_nonfinite_skip(tmp_path: Path) -> None:
     tr = plain("skip", clean=ex)
     sch = run(tr, Schedule(num_steps=10), progress=False, expdir=tmp_path)  # one epoch: the NaN batch once
     skipped = tr.history["skipped"]
-    assert skipped.sum() == 1 and sch.skipped == [int(skipped[skipped].index[0])]
+    assert skipped.sum() == 1 and sch.skipped == [int(tr.history["step"][skipped].iloc[0])]
     assert all(torch.isfinite(p).all() for p in tr.params.values())
     assert "skipped       1 non-finite steps" in (tmp_path / "summary.txt").read_text()
 
@@ -157,7 +157,7 @@ def test_interrupt_inside_a_step_discards_it() -> None:
     sch = run(tr, Schedule(num_steps=6), progress=False)
     assert sch.last_stop == "interrupted" and tr.step_count == 3
     assert set(tr.phase().values()) == {"empty"}
-    tr.callbacks.clear()
+    tr.events.listeners.clear()
     run(tr, sch, progress=False)
     assert all(torch.equal(p, ref.params[k]) for k, p in tr.params.items())
     assert tr.history.equals(ref.history)
@@ -177,24 +177,26 @@ def test_n_steps_save_load_n_steps_equals_2n_steps(tiny_corpus: Path, tmp_path: 
 
     monkeypatch.setattr(mtlab.Trainer, "evaluate", scripted)
     recipe = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=6, valid_frequency=2)
-    full = build_trainer(recipe)
-    run(full, progress=False)
-    assert calls == [2, 4, 4, 6, 6, 6] and full.schedule.last_stop == "num_tries"
+    full_exp = from_recipe(recipe)
+    full = full_exp.trainer
+    run(full_exp, progress=False)
+    assert calls == [2, 4, 4, 6, 6, 6] and full_exp.schedule.last_stop == "num_tries"
     calls.clear()
-    half = build_trainer(recipe)
+    half = from_recipe(recipe)
     run(half, steps=3, progress=False, expdir=tmp_path / "exp")
-    resumed = load_trainer(tmp_path / "exp" / "final.pt")
-    assert resumed.step_count == 3 and resumed.schedule.best_step == 2
-    sch = run(resumed, progress=False, expdir=tmp_path / "exp")  # goes back to step 2 from final.pt's best state
+    resumed_exp = load(tmp_path / "exp" / "final.pt")
+    resumed = resumed_exp.trainer
+    assert resumed.step_count == 3 and resumed_exp.schedule.best_step == 2
+    sch = run(resumed_exp, progress=False, expdir=tmp_path / "exp")  # goes back to step 2 from final.pt's best state
     assert calls == [2, 4, 4, 6, 6, 6] and sch.last_stop == "num_tries" and resumed.step_count == 4
     assert [r["action"] for r in sch.validation] == [
         "better", "worse+go_back_to_2+halve_lr", "better", "worse+go_back_to_4+halve_lr",
         "worse+go_back_to_4+halve_lr", "worse+stop+go_back_to_4"]
     a, b = full.state_dict(), resumed.state_dict()
-    for key in ("models", "optimizer", "tasks", "streams", "rng", "step", "lr", "history"):
+    for key in ("models", "update", "tasks", "streams", "rng", "step", "lr", "history"):
         assert_same(a[key], b[key], key)
     assert full.history.equals(resumed.history)
-    assert_same(full.schedule.state_dict(include_best=False), sch.state_dict(include_best=False), "schedule")
+    assert_same(full_exp.schedule.state_dict(include_best=False), sch.state_dict(include_best=False), "schedule")
     for t, task in full.tasks.items():
         for s in task.linkedsets:
             x, y = next(full.stream(t, s)), next(resumed.stream(t, s))

@@ -1,0 +1,234 @@
+"""Endless, reproducible, length-bucketed minibatch streams (one per linked set).
+
+Utterances are sorted by length and cut into ``numbuckets`` groups of (nearly) equal size.
+Each epoch, every bucket is shuffled and cut into batches, and the order of all batches is
+shuffled, from a generator seeded by ``(seed, epoch)``: the same seed gives the same batches,
+every utterance appears exactly once per epoch, and no batch mixes buckets. ``numbuckets=1``
+is plain shuffled batching. The position (epoch, batch index) can be saved and restored exactly.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from .batching import Batch, collate, example_length
+from .errors import ConfigError
+
+
+class ExampleSource(Protocol):
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int) -> Mapping[str, Tensor]: ...
+
+
+def lengths_of(source: ExampleSource) -> list[int]:
+    """Per-example lengths: ``source.lengths`` when present, else the first tensor's time axis."""
+    lengths = getattr(source, "lengths", None)
+    if lengths is not None:
+        out = [int(x) for x in lengths]
+        if len(out) != len(source):
+            raise ConfigError(f"source.lengths has {len(out)} entries for {len(source)} examples")
+        return out
+    return [example_length(source[i]) for i in range(len(source))]
+
+
+def bucket_batches(
+    lengths: Sequence[int], batch_size: int, numbuckets: int, seed: int, epoch: int, shuffle: bool = True
+) -> list[list[int]]:
+    """The batches (lists of example indices) of one epoch."""
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: (lengths[i], i))
+    nb = max(1, min(numbuckets, n))
+    bounds = [round(k * n / nb) for k in range(nb + 1)]
+    gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(epoch)) % (2**63))
+    batches: list[list[int]] = []
+    for k in range(nb):
+        bucket = order[bounds[k] : bounds[k + 1]]
+        if shuffle:
+            perm = torch.randperm(len(bucket), generator=gen).tolist()
+            bucket = [bucket[j] for j in perm]
+        batches.extend(bucket[s : s + batch_size] for s in range(0, len(bucket), batch_size))
+    if shuffle:
+        perm = torch.randperm(len(batches), generator=gen).tolist()
+        batches = [batches[j] for j in perm]
+    return batches
+
+
+class BatchStream:
+    """An endless stream of collated minibatches drawn from ``source``.
+
+    >>> stream = BatchStream(examples, batch_size=8, numbuckets=4, seed=0)
+    >>> data, seq_lengths = next(stream)
+    >>> state = stream.state_dict(); a = next(stream); stream.load_state_dict(state); b = next(stream)
+    """
+
+    def __init__(
+        self,
+        source: ExampleSource,
+        batch_size: int,
+        numbuckets: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        shard: tuple[int, int] = (0, 1),
+    ) -> None:
+        if len(source) == 0:
+            raise ConfigError("a linked set needs at least one example; this one is empty")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if not isinstance(numbuckets, int) or numbuckets < 1:
+            raise ConfigError(f"numbuckets must be a positive integer, got {numbuckets!r}")
+        self.source = source
+        self.batch_size = batch_size
+        self.numbuckets = numbuckets
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.lengths = lengths_of(source)
+        rank, world = shard
+        if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+            raise ConfigError(f"shard must be (rank, world_size) with 0 <= rank < world_size, got {shard!r}")
+        self.rank, self.world_size = rank, world
+        self.epoch = 0
+        self.position = 0
+        self._batches: list[list[int]] | None = None
+        self._loader_iter: Iterator[Batch] | None = None
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self.epoch_batches())
+
+    def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """This shard's batches of an epoch. Every rank computes the same global order; with
+        several ranks it is padded (cycling from its start) to a multiple of the world size, so
+        every rank has the same number of batches and stays in step with the others."""
+        if epoch is None or epoch == self.epoch:
+            if self._batches is None:
+                self._batches = self._shard(bucket_batches(
+                    self.lengths, self.batch_size, self.numbuckets, self.seed, self.epoch, self.shuffle))
+            return self._batches
+        return self._shard(bucket_batches(self.lengths, self.batch_size, self.numbuckets, self.seed, epoch, self.shuffle))
+
+    def _shard(self, batches: list[list[int]]) -> list[list[int]]:
+        if self.world_size == 1:
+            return batches
+        n = -(-len(batches) // self.world_size) * self.world_size
+        padded = [batches[i % len(batches)] for i in range(n)]
+        return padded[self.rank :: self.world_size]
+
+    def next_indices(self) -> list[int]:
+        """Indices of the next batch; advances the position."""
+        batches = self.epoch_batches()
+        if self.position >= len(batches):
+            self._advance_epoch()
+            batches = self.epoch_batches()
+        idx = batches[self.position]
+        self.position += 1
+        return idx
+
+    def _advance_epoch(self) -> None:
+        self.epoch += 1
+        self.position = 0
+        self._batches = None
+        self._loader_iter = None
+
+    def __iter__(self) -> "BatchStream":
+        return self
+
+    def __next__(self) -> Batch:
+        if self.num_workers > 0:
+            return self._next_from_loader()
+        return collate([self.source[i] for i in self.next_indices()], pin_memory=self.pin_memory)
+
+    def _next_from_loader(self) -> Batch:
+        batches = self.epoch_batches()
+        if self.position >= len(batches):
+            self._advance_epoch()
+            batches = self.epoch_batches()
+        if self._loader_iter is None:
+            loader = torch.utils.data.DataLoader(
+                self.source,  # type: ignore[arg-type]
+                batch_sampler=batches[self.position :],
+                collate_fn=collate,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+            )
+            self._loader_iter = iter(loader)
+        self.position += 1
+        return next(self._loader_iter)
+
+    def seek(self, epoch: int, position: int) -> None:
+        """Go to batch ``position`` of ``epoch`` (what ``state_dict`` saves)."""
+        if epoch != self.epoch:
+            self._batches = None
+        if (epoch, position) != (self.epoch, self.position):
+            self._loader_iter = None
+        self.epoch, self.position = int(epoch), int(position)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-int position: restoring it reproduces the same next batches."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "numbuckets": self.numbuckets, "batch_size": self.batch_size, "size": len(self.lengths),
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for key in ("batch_size", "numbuckets", "size"):
+            if key in state and state[key] != self.state_dict()[key]:
+                raise ConfigError(
+                    f"stream state has {key}={state[key]} but this stream has {self.state_dict()[key]}; "
+                    "restore it into a stream built with the same data and settings"
+                )
+        self.seed = int(state.get("seed", self.seed))
+        self.epoch = int(state["epoch"])
+        position = int(state["position"])
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != self.world_size:
+            # Same place in the global batch order, counted in this stream's shard.
+            position = position * saved_world // self.world_size
+        self.position = position
+        self._batches = None
+        self._loader_iter = None
+
+
+class Streams(dict):
+    """The endless stream of every (task, linked set), created on first use; a dict ``(task, set) -> BatchStream``
+    that also saves and restores every position. ``shard=(rank, world_size)`` splits each linked set for
+    data parallelism."""
+
+    def __init__(self, seed: int, pin_memory: bool = False) -> None:
+        super().__init__()
+        self.seed, self.pin_memory, self.shard = seed, pin_memory, (0, 1)
+
+    def get_stream(self, task: Any, linkedset: str) -> "BatchStream":
+        """The stream of ``task.linkedsets[linkedset]`` (``task`` is a ``mtlab.Task``)."""
+        key = (task.name, linkedset)
+        if key not in self:
+            ls = task.linkedsets[linkedset]
+            if ls.examples is None:
+                raise ConfigError(f"linked set {linkedset!r} of task {task.name!r} has no examples; pass "
+                                  "batch=(data, seq_lengths) to process_minibatch or give LinkedSet(examples)")
+            self[key] = BatchStream(ls.examples, task.batch_size, task.numbuckets,
+                                    seed=derived_seed(self.seed, task.name, linkedset), num_workers=ls.num_workers,
+                                    pin_memory=self.pin_memory, shard=self.shard)
+        return self[key]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
+        """Restore positions of the streams whose task and linked set ``tasks`` still has."""
+        for key, sst in state.items():
+            tname, sname = key.split("/", 1)
+            if tname in tasks and sname in tasks[tname].linkedsets:
+                self.get_stream(tasks[tname], sname).load_state_dict(sst)
+
+
+def derived_seed(seed: int, *names: str) -> int:
+    """A stable per-stream seed from the trainer seed and names (independent of PYTHONHASHSEED)."""
+    return (int(seed) * 7919 + zlib.crc32("/".join(names).encode())) % (2**31)

@@ -1,0 +1,168 @@
+"""Gradient transforms: small pieces that change a task's accumulated gradient, composed as a chain.
+
+As optax's ``chain``, each transform is one step of processing (normalize, clip by value, clip by global
+norm). A task's phase is its position in the chain: after ``Normalize`` it is ``normalized``, after a clip
+``clipped``. Each transform names the trainer call that runs it (``normalize()`` or ``clip()``), so the
+order of calls, the phase errors, ``step()``, ``explain()`` and the dashboard's buttons follow from the chain.
+
+>>> chain = Chain([Normalize(), ClipByValue(1.0)])
+>>> chain.calls()
+['normalize', 'clip']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from . import gradops
+from .accumulator import Accumulator, Phase
+from .errors import ConfigError, PhaseError
+
+
+class Transform:
+    """One piece of gradient processing; ``call`` is the trainer method that runs it."""
+
+    call: str = ""
+    phase: Phase = Phase.ACCUMULATING
+
+    def __call__(self, acc: Accumulator) -> None:
+        raise NotImplementedError
+
+
+class Normalize(Transform):
+    """Divide the accumulated gradient by the accumulated normalizer (Σ weight × normalizer), once."""
+
+    call = "normalize"
+    phase = Phase.NORMALIZED
+
+    def __call__(self, acc: Accumulator) -> None:
+        gradops.div_(acc.buffers, acc.normalizer)
+
+    def __repr__(self) -> str:
+        return "Normalize()"
+
+
+def _positive(value: float, what: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a positive number or None, got {value!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise ConfigError(f"{what} must be > 0 and finite (or None to turn it off), got {value!r}")
+    return v
+
+
+class ClipByValue(Transform):
+    """Clip element-wise to ``[-value, value]``, as ``torch.nn.utils.clip_grad_value_``; records the norms
+    before and after and the fraction of elements clipped."""
+
+    call = "clip"
+    phase = Phase.CLIPPED
+
+    def __init__(self, value: float) -> None:
+        self.value = _positive(value, "clip_grad_value")
+
+    def __call__(self, acc: Accumulator) -> None:
+        if acc.grad_norm is None:
+            acc.record_norms(clipped=False)
+        numel = sum(b.numel() for b in acc.buffers)
+        acc.clip_fraction = gradops.count_above(acc.buffers, self.value).to(torch.float64) / max(numel, 1)
+        gradops.clamp_(acc.buffers, self.value)
+        acc.record_norms(clipped=True)
+
+    def __repr__(self) -> str:
+        return f"ClipByValue({self.value:g})"
+
+
+class ClipByGlobalNorm(Transform):
+    """Scale the task's whole gradient so its L2 norm is at most ``max_norm``, as
+    ``torch.nn.utils.clip_grad_norm_`` (same ``1e-6`` guard, no host sync)."""
+
+    call = "clip"
+    phase = Phase.CLIPPED
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm = _positive(max_norm, "clip_grad_norm")
+
+    def __call__(self, acc: Accumulator) -> None:
+        if acc.grad_norm is None:
+            acc.record_norms(clipped=False)
+            total = acc.grad_norm
+        else:
+            total = acc.norms()[1]
+        coef = torch.clamp(self.max_norm / (total + 1e-6), max=1.0)
+        gradops.mul_(acc.buffers, coef)
+        if acc.clip_fraction is None:
+            acc.clip_fraction = (coef < 1.0).to(torch.float64)
+        acc.record_norms(clipped=True)
+
+    def __repr__(self) -> str:
+        return f"ClipByGlobalNorm({self.max_norm:g})"
+
+
+class Chain:
+    """Transforms applied in order; a task's ``position`` counts those already applied."""
+
+    def __init__(self, transforms: Iterable[Transform] = ()) -> None:
+        self.transforms: list[Transform] = list(transforms)
+
+    @classmethod
+    def from_settings(cls, normalize: bool, clip_value: float | None, clip_norm: float | None) -> "Chain":
+        parts: list[Transform] = [Normalize()] if normalize else []
+        if clip_value is not None:
+            parts.append(ClipByValue(clip_value))
+        if clip_norm is not None:
+            parts.append(ClipByGlobalNorm(clip_norm))
+        return cls(parts)
+
+    def __len__(self) -> int:
+        return len(self.transforms)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.transforms)
+
+    def __repr__(self) -> str:
+        return f"Chain({self.transforms})"
+
+    def calls(self) -> list[str]:
+        """The trainer calls of one step after the minibatches, in order (``apply`` not included)."""
+        return list(dict.fromkeys(t.call for t in self.transforms))
+
+    def next_call(self, acc: Accumulator) -> str:
+        """The call ``acc`` needs next: ``process_minibatch``, a transform's call, or ``apply``."""
+        if acc.phase in (Phase.EMPTY, Phase.APPLIED):
+            return "process_minibatch"
+        pos = min(acc.position, len(self.transforms))
+        return self.transforms[pos].call if pos < len(self.transforms) else "apply"
+
+    def pending(self, acc: Accumulator, call: str) -> Sequence[Transform]:
+        """The transforms ``call`` would apply to ``acc`` now (a run of transforms with that call)."""
+        pos = acc.position
+        out = []
+        while pos < len(self.transforms) and self.transforms[pos].call == call:
+            out.append(self.transforms[pos])
+            pos += 1
+        return out
+
+    def run(self, call: str, acc: Accumulator) -> None:
+        """Apply the transforms of ``call`` at ``acc``'s position and move it on."""
+        for t in self.pending(acc, call):
+            t(acc)
+            acc.position += 1
+            acc.phase = t.phase
+
+    def phase_error(self, task: str, acc: Accumulator, call: str) -> PhaseError:
+        """The error for ``call`` made on ``acc`` out of order, naming the call that should come instead."""
+        nxt = self.next_call(acc)
+        if nxt == "process_minibatch":
+            return PhaseError(f"{call}(): task {task!r} has nothing accumulated; call process_minibatch({task!r}, ...) first")
+        calls = [*self.calls(), "apply"]
+        if call not in calls:
+            return PhaseError(f"{call}(): this trainer's chain {self} has no {call} step (e.g. clip_grad_value is "
+                              f"None); task {task!r} is {acc.phase}; next call: {nxt}()")
+        if calls.index(call) < calls.index(nxt):
+            return PhaseError(f"{call}(): task {task!r} is already {acc.phase}; next call: {nxt}()")
+        needed = next(t.phase for t in self.transforms if t.call == nxt)
+        return PhaseError(f"{call}(): task {task!r} has not been {needed}; call {nxt}() first (next call: {nxt}())")
