@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 import wave
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .audio import SAMPLE_RATE
-from .errors import DataError
+from .errors import DataError, DataWarning
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,15 @@ def read_corpus(layout: str | Layout, root: str | Path, modes: Sequence[str] | N
     """``{mtlab split: mixtures}`` of every split folder of ``layout`` found under ``root``."""
     lay = layout if isinstance(layout, Layout) else get_layout(layout, train)
     split_root = find_split_root(lay, root)
+    missing = [split for split in lay.splits if not (split_root / split).is_dir()]
+    if train is not None and train in missing:
+        raise DataError(f"{split_root}: no {train}/ folder for train={train!r}; found "
+                        f"{', '.join(s for s in lay.splits if s not in missing)}")
+    if missing:
+        warnings.warn(f"{split_root}: no {', '.join(missing)} folder; listing the other splits only", DataWarning,
+                      stacklevel=2)
     corpus = {mt: read_split(lay, split_root, split, modes) for split, mt in lay.splits.items()
-              if (split_root / split).is_dir()}
+              if split not in missing}
     first = next(iter(corpus.values()))[0]
     _check_rate(next(iter(first.mixtures.values())))
     return corpus
@@ -285,3 +293,27 @@ def prepare(layout: str, root: str | Path, out: str | Path, modes: Sequence[str]
 
 def _write(path: Path, lines: list[str]) -> None:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mtlab.data.layouts LAYOUT ROOT OUT [--linkedsets ...] [--train train-360]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mtlab.data.layouts",
+                                     description="write the list files of a corpus for mtlab recipes")
+    parser.add_argument("layout", help=f"one of {', '.join(LAYOUTS)}")
+    parser.add_argument("root", type=Path, help="the corpus folder (e.g. .../Libri2Mix or .../wav8k/min)")
+    parser.add_argument("out", type=Path, help="where the lists go (a recipe's data root)")
+    parser.add_argument("--linkedsets", nargs="+", default=None, help="mixture modes to list (default: all found)")
+    parser.add_argument("--train", default=None, help="librimix: train-100 (default) or train-360")
+    args = parser.parse_args(argv)
+    try:
+        print(prepare(args.layout, args.root, args.out, args.linkedsets, args.train))
+    except DataError as exc:
+        print(f"error: {exc}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mtlab
-from mtlab.data import DataError, data_samples_dir, load_split, read_list, read_wav
+from mtlab.data import DataError, DataWarning, data_samples_dir, load_split, read_list, read_wav
 from mtlab.data.layouts import LAYOUTS, get_layout, prepare, read_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,3 +194,23 @@ def test_bad_corpora_are_named(tmp_path: Path) -> None:
             w.writeframes(frames)
     with pytest.raises(DataError, match="use the corpus's wav8k version"):
         prepare("wsj0-2mix", wsj, tmp_path / "lists16")
+
+
+def test_command_line_prepares_and_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mtlab.data.layouts import main
+
+    make_layouts.make_tree("librimix", tmp_path / "corpus", 2)
+    assert main(["librimix", str(tmp_path / "corpus"), str(tmp_path / "lists"), "--linkedsets", "clean"]) == 0
+    assert "librimix -> " in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "lists" / "dev").iterdir()) == [
+        "mix_clean.scp", "noise.scp", "s1.scp", "s2.scp", "spk.txt"]
+    assert main(["librimix", str(tmp_path / "corpus"), str(tmp_path / "x"), "--train", "train-360"]) == 2
+    assert "no train-360/ folder for train='train-360'; found dev, test" in capsys.readouterr().out
+
+
+def test_a_missing_split_is_said(tmp_path: Path) -> None:
+    top = make_layouts.make_tree("wsj0-2mix", tmp_path / "corpus", 2)
+    shutil.rmtree(top / "tt")
+    with pytest.warns(DataWarning, match="no tt folder; listing the other splits only"):
+        prepared = prepare("wsj0-2mix", tmp_path / "corpus", tmp_path / "lists")
+    assert prepared.counts == {"train": 2, "dev": 2}
