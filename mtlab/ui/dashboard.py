@@ -391,6 +391,11 @@ class Dashboard(widgets.VBox):
             if threading.current_thread() is threading.main_thread():
                 self._sync_sliders()
 
+    @property
+    def live(self) -> LivePlot | None:
+        """The live figure (None with ``plots=False``)."""
+        return self._live
+
     # ------------------------------------------------------------------ buttons
     @property
     def running(self) -> bool:
@@ -869,6 +874,9 @@ class Dashboard(widgets.VBox):
             self.stop(wait=True)
         self._closed = True
         self._dirty.set()
+        painter = self._painter
+        if painter is not None and painter is not threading.current_thread():
+            painter.join(10.0)  # a draw in flight at interpreter exit would abort the process
         if self.run is not None:
             self.run.unlisten(self._run_listener)
         self.trainer.remove_callback(self._callback)

@@ -215,7 +215,7 @@ def _legend(ax: Axes) -> None:
 def _decorate(ax: Axes, panel: str, scale: str = "linear") -> None:
     ax.set_title(TITLES[panel], fontsize=9)
     ax.set_xlabel("step", fontsize=8)
-    ax.tick_params(labelsize=7)
+    ax.tick_params(which="both", labelsize=7)
     ax.grid(alpha=0.3)
     if panel == "grad_norm" or (panel == "loss" and scale == "log"):
         ax.set_yscale("log")
@@ -341,19 +341,34 @@ def save_plots(history: Any, directory: str | Path, validation: Any = None, dpi:
     return paths
 
 
+def _padded(lo: float, hi: float, log: bool) -> tuple[float, float]:
+    """Limits around [lo, hi] with headroom, so that most redraws keep them (and blit)."""
+    if log:
+        llo, lhi = math.log10(lo), math.log10(hi)
+        span = max(lhi - llo, 0.2)
+        return 10 ** (llo - 0.25 * span), 10 ** (lhi + 0.25 * span)
+    span = hi - lo if hi > lo else max(abs(hi), 1e-3)
+    return lo - 0.25 * span, hi + 0.25 * span
+
+
 class LivePlot:
     """Three panels whose lines are updated in place (``set_data``), rendered to PNG bytes.
 
     ``update(series, validation, ...)`` takes ``column -> (steps, values)`` (history column names)
     and validation points ``name -> (steps, losses)``; each line keeps at most ``max_points``
     points. Colours come from ``task_colors(tasks)``, as in the saved figures.
+
+    Cheap redraws: axis limits keep headroom and change only when the data leave them (or fill
+    less than a third of them); while they hold, only the data lines and the "as of step" label
+    are drawn over a cached background (blitting), and the PNG is encoded at low compression.
+    ``full_draws`` and ``fast_draws`` count both kinds.
     """
 
     def __init__(self, tasks: Sequence[str], figsize: tuple[float, float] = (10.5, 2.7), dpi: int = DPI,
                  max_points: int = LIVE_POINTS) -> None:
         self.figure = Figure(figsize=figsize, dpi=dpi)
         self.canvas = FigureCanvasAgg(self.figure)
-        self.figure.subplots_adjust(left=0.045, right=0.9, bottom=0.17, top=0.84, wspace=0.55)
+        self.figure.subplots_adjust(left=0.045, right=0.9, bottom=0.17, top=0.84, wspace=0.62)
         axes = self.figure.subplots(1, 3)
         self.axes: dict[str, Axes] = dict(zip(PANELS, axes))
         self.lines: dict[str, Line2D] = {}
@@ -361,18 +376,25 @@ class LivePlot:
         self.colors = task_colors(tasks)
         self.scale = "linear"
         self.smoothing = 0.0
+        self.full_draws = 0
+        self.fast_draws = 0
         self._set_index: dict[str, int] = {}
         self._event_artists: list[Any] = []
-        self._legend_keys: dict[str, int] = {}
+        self._events_key: Any = None
+        self._legend_keys: dict[str, Any] = {}
+        self._background: Any = None
+        self._stale = True  # the background must be drawn again
         for panel, ax in self.axes.items():
             _decorate(ax, panel)
-        self.as_of = self.figure.text(0.995, 0.97, "", ha="right", va="top", fontsize=8, color="#333333")
+        self.as_of = self.figure.text(0.995, 0.97, "", ha="right", va="top", fontsize=8, color="#333333",
+                                      animated=True)
 
     def _line(self, key: str, panel: str, label: str, style: dict[str, Any]) -> Line2D:
         line = self.lines.get(key)
         if line is None:
-            line, = self.axes[panel].plot([], [], label=label, **style)
+            line, = self.axes[panel].plot([], [], label=label, animated=True, **style)
             self.lines[key] = line
+            self._stale = True
         return line
 
     def set_scale(self, scale: str) -> None:
@@ -381,6 +403,7 @@ class LivePlot:
             raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
         self.scale = scale
         self.axes["loss"].set_yscale(scale)
+        self._stale = True
 
     def update(self, series: Mapping[str, Series], validation: Mapping[str, Series] | None = None,
                step: int | None = None, events: Sequence[tuple[float, str]] = (),
@@ -405,7 +428,7 @@ class LivePlot:
                 ys = smooth(ys, self.smoothing)
             line = self._line(col, panel, label, _style(label, base, self.colors, self._set_index))
             line.set_data(*thin(xs, ys, self.max_points))
-            line.set_marker("o" if len(xs) == 1 else "")
+            line.set_marker("o" if len(xs) == 1 else "")  # a single row draws a point
             line.set_markersize(4)
             wanted.add(col)
         for key, (xs, ys) in (validation or {}).items():
@@ -426,34 +449,92 @@ class LivePlot:
         for key, line in self.lines.items():
             if key not in wanted:
                 line.set_data([], [])
-        for artist in self._event_artists:
-            artist.remove()
-        self._event_artists = []
-        for ax in self.axes.values():
-            self._event_artists += _mark_events(ax, events)
+        events_key = tuple(events[-MAX_EVENT_MARKS:])
+        if events_key != self._events_key:
+            self._events_key = events_key
+            for artist in self._event_artists:
+                artist.remove()
+            self._event_artists = []
+            for ax in self.axes.values():
+                self._event_artists += _mark_events(ax, events)
+            self._stale = True
         for panel, ax in self.axes.items():
-            keys = tuple(sorted(k for k in wanted if not k.startswith(("raw:", "ghost:")) and
-                                self.lines[k].axes is ax))
-            if self._legend_keys.get(panel) != hash(keys):  # rebuilding legends is slow: only on change
-                self._legend_keys[panel] = hash(keys)
+            keys = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:"))
+                         and self.lines[k].axes is ax)
+            if self._legend_keys.get(panel) != keys:  # rebuilding legends is slow: only on change
+                self._legend_keys[panel] = keys
                 handles = [self.lines[k] for k in keys]
                 if handles:
                     ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left",
                               bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
-            if any(len(line.get_xdata()) for line in ax.lines):
-                ax.relim(visible_only=True)
-                ax.autoscale_view()
-            if panel == "clip_fraction":
-                ax.set_ylim(bottom=0.0)
+                self._stale = True
+            self._fit(panel, ax)
         self.as_of.set_text("" if step is None else f"as of step {step}")
+
+    def _fit(self, panel: str, ax: Axes) -> None:
+        """Move the limits only when the data leave them or use less than a third of them."""
+        xs_all: list[float] = []
+        ys_all: list[float] = []
+        for line in ax.lines:
+            if line.get_label() == "_events":
+                continue
+            xs_all += list(line.get_xdata())
+            ys_all += list(line.get_ydata())
+        if not xs_all:
+            return
+        log = ax.get_yscale() == "log"
+        pairs = [(x, y) for x, y in zip(xs_all, ys_all) if math.isfinite(y) and (y > 0 or not log)]
+        if not pairs:
+            return
+        x0, x1 = min(p[0] for p in pairs), max(p[0] for p in pairs)
+        y0, y1 = min(p[1] for p in pairs), max(p[1] for p in pairs)
+        cx0, cx1 = ax.get_xlim()
+        if self._stale or x0 < cx0 or x1 > cx1 or 0 < (x1 - x0) < (cx1 - cx0) / 3:
+            span = max(x1 - x0, 1.0)
+            ax.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.5 * span, 20.0))
+            self._stale = True
+        if panel == "clip_fraction":
+            y0 = 0.0
+        cy0, cy1 = ax.get_ylim()
+        if log:
+            used = (math.log10(y1) - math.log10(y0)) / max(math.log10(cy1) - math.log10(max(cy0, 1e-300)), 1e-12)
+        else:
+            used = (y1 - y0) / max(cy1 - cy0, 1e-300)
+        if self._stale or y0 < cy0 or y1 > cy1 or 0 < used < 1 / 3:
+            lo, hi = _padded(y0, y1, log)
+            if panel == "clip_fraction":
+                lo, hi = 0.0, max(hi, 1e-4)
+            ax.set_ylim(lo, hi)
+            self._stale = True
 
     def clear(self) -> None:
         for line in self.lines.values():
             line.set_data([], [])
 
+    def _render(self) -> None:
+        """Draw into the canvas: everything when stale (and cache the background), else blit."""
+        if self._stale or self._background is None:
+            self.canvas.draw()  # animated artists (data lines, the label) are left out
+            self._background = self.canvas.copy_from_bbox(self.figure.bbox)
+            self._stale = False
+            self.full_draws += 1
+        else:
+            self.canvas.restore_region(self._background)
+            self.fast_draws += 1
+        for ax in self.axes.values():
+            for line in ax.lines:
+                if line.get_animated():
+                    ax.draw_artist(line)
+        self.figure.draw_artist(self.as_of)
+
     def png(self) -> bytes:
+        """The figure as PNG bytes (low compression: encoding time matters more than size here)."""
+        from PIL import Image
+
+        self._render()
         buf = io.BytesIO()
-        self.canvas.print_png(buf)
+        Image.frombuffer("RGBA", self.canvas.get_width_height(), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1) \
+            .save(buf, format="png", compress_level=1)
         return buf.getvalue()
 
     def svg(self) -> bytes:

@@ -182,7 +182,7 @@ def test_validation_points_from_evaluate_events(dash):
     loss = tr.evaluate("a", "clean", num_batches=2)
     assert dash.validation == [{"step": 1, "task": "a", "linkedset": "clean", "loss": loss}]
     dash.refresh()
-    assert "valid:a/clean" in dash._live.lines
+    assert "valid:a/clean" in dash.live.lines
 
 
 def test_plot_helpers_return_figures_and_write_pngs(tmp_path):

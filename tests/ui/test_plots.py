@@ -104,9 +104,9 @@ def test_log_linear_toggle_and_smoothing(trained, one_thread):
     assert list(smoothed.get_ydata()) == pytest.approx(plots.smooth(ys, 0.6))
     d = mtlab.ui.dashboard(trained)
     d.scale_toggle.value = "log"
-    assert d._live.axes["loss"].get_yscale() == "log"
+    assert d.live.axes["loss"].get_yscale() == "log"
     d.smoothing_slider.value = 0.5
-    assert "raw:a/loss" in d._live.lines
+    assert "raw:a/loss" in d.live.lines
     d.close()
 
 
@@ -118,7 +118,7 @@ def test_one_colour_per_task_everywhere(trained):
             task = label.split(" ")[0].split("/")[0]
             assert color == colors[task], (ax.get_title(), label)
     d = mtlab.ui.dashboard(trained)
-    for key, line in d._live.lines.items():
+    for key, line in d.live.lines.items():
         if not key.startswith(("ghost:", "valid:", "raw:")):
             assert to_hex(line.get_color()) == colors[key.split("/")[0]], key
     # Task b trains alone first (a skipped): b still gets b's colour, not the first one.
@@ -138,9 +138,9 @@ def test_validation_points_from_the_loop_and_from_evaluate(trained):
         cb("validation", {"step": 4, "record": {"step": 4, "a/clean": 1.5, "a": 1.4, "b": 0.9, "loss": 2.3}})
     trained.evaluate("b", "clean", num_batches=1)
     d.refresh()
-    assert {"valid:a", "valid:a/clean", "valid:b", "valid:b/clean"} <= set(d._live.lines)
-    assert list(d._live.lines["valid:a"].get_ydata()) == [1.4]
-    assert to_hex(d._live.lines["valid:a"].get_markeredgecolor()) == plots.task_colors(["a", "b"])["a"]
+    assert {"valid:a", "valid:a/clean", "valid:b", "valid:b/clean"} <= set(d.live.lines)
+    assert list(d.live.lines["valid:a"].get_ydata()) == [1.4]
+    assert to_hex(d.live.lines["valid:a"].get_markeredgecolor()) == plots.task_colors(["a", "b"])["a"]
     d.close()
 
 
@@ -156,7 +156,7 @@ def test_changes_are_marked_and_logged(one_thread):
     assert texts == ["a/noisy weight -> 0.25", "lr -> 0.001", "clip off"]
     assert "step 1: a/noisy weight -&gt; 0.25" in d.event_log.value or "step 1: a/noisy weight -> 0.25" in \
         d.event_log.value
-    marks = [ln for ln in d._live.axes["loss"].lines if ln.get_label() == "_events"]
+    marks = [ln for ln in d.live.axes["loss"].lines if ln.get_label() == "_events"]
     assert len(marks) == 1 and list(marks[0].get_xdata()) == [1, 1, 1]
     # The saved figure finds weight and lr changes in the history itself.
     events = plots.events_from_frame(tr.history)
@@ -166,7 +166,7 @@ def test_changes_are_marked_and_logged(one_thread):
 
 def test_as_of_step_label(trained):
     d = mtlab.ui.dashboard(trained)
-    assert d._live.as_of.get_text() == "as of step 4" and "plot as of step 4" in d.plot_label.value
+    assert d.live.as_of.get_text() == "as of step 4" and "plot as of step 4" in d.plot_label.value
     assert d.drawn_step == 4
     d.close()
 

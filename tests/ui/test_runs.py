@@ -210,9 +210,9 @@ def test_choose_the_snapshot_and_keep_the_abandoned_branch_grey():
     d.snapshot_dropdown.value = 0
     d.buttons["restore"].click()
     assert tr.step_count == 1 and "restored snapshot #1 (step 1)" in d.status_text
-    ghost = d._live.lines["ghost:a/loss"]
+    ghost = d.live.lines["ghost:a/loss"]
     assert list(ghost.get_xdata()) == [2, 3, 4, 5] and ghost.get_color() == "#b0b0b0"
-    assert list(d._live.lines["a/loss"].get_xdata()) == [1]
+    assert list(d.live.lines["a/loss"].get_xdata()) == [1]
     assert any("restored step 1" in t for _, t in d.events)
     d.close()
 
