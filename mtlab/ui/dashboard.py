@@ -37,6 +37,9 @@ from .runs import Run, current_run
 STEPWISE = ("minibatch", "normalize", "clip", "apply", "step", "reset")
 BUSY = ("accumulating", "normalized", "clipped")
 
+REASONS = {"steps": "the steps asked for are done", "stopped": "stopped", "interrupted": "interrupted (Kernel -> Interrupt)",
+           "done": "the schedule is finished", "num_tries": "validation stopped it (num_tries)", "error": "error"}
+
 TOOLTIPS = {
     "minibatch": "process_minibatch(task, set): forward, weighted loss, backward, add into the task's accumulators. "
                  "Needs: the task not normalized/clipped yet (apply or reset first); no run going (pause it).",
@@ -603,7 +606,8 @@ class Dashboard(widgets.VBox):
             self._say(what[len("command-error:"):], error=True)
         elif what == "end":
             self.buttons["pause"].description = "pause"
-            message = f"run ended after {run.steps_done} step(s) (step {self.trainer.step_count}; {run.reason})"
+            why = REASONS.get(str(run.reason), str(run.reason))
+            message = f"run ended after {run.steps_done} step(s) (now at step {self.trainer.step_count}): {why}"
             if run.error is not None:
                 self.error = run.error
                 message = (f"error in the training thread at step {self.trainer.step_count}, run stopped: "
