@@ -110,11 +110,15 @@ class DeepClusteringHead(nn.Module):
 
 
 class MaskHead(nn.Module):
-    """Per-frame mask head: Linear to ``F*nrS``, then sigmoid per mask or softmax over the speakers;
-    output flat ``[B, T, F*nrS]`` (index ``f*nrS + s``, as ``binary_targets``). ``dropout`` on the
-    input in training mode only."""
+    """Per-frame mask head: Linear to ``F*nrS``, then softmax over the speakers (default, the
+    original's mask function) or a sigmoid per mask; output flat ``[B, T, F*nrS]`` (index
+    ``f*nrS + s``, as ``binary_targets``). ``dropout`` on the input in training mode only.
 
-    def __init__(self, input_dim: int, num_bins: int = 129, num_sources: int = 2, activation: str = "sigmoid",
+    The head gives masks, so pair it with ``pit``/``direct`` losses set to ``activation = "none"``;
+    the original instead feeds a linear layer's logits to the loss, which applies the softmax
+    (``Linear`` + the loss's default ``activation = "softmax"`` does that)."""
+
+    def __init__(self, input_dim: int, num_bins: int = 129, num_sources: int = 2, activation: str = "softmax",
                  dropout: float = 0.0) -> None:
         super().__init__()
         if activation not in ("sigmoid", "softmax"):

@@ -51,3 +51,14 @@ def test_loss_shape_errors_are_clear():
                                                           {"o": torch.zeros(2, 4)}, {})
     with pytest.raises(mtlab.BatchError, match="no output named 'o'"):
         mtlab.losses.MSE(output="o", target="t")({"t": torch.zeros(1)}, {"z": torch.zeros(1)}, {})
+
+
+def test_core_registry_holds_generic_losses_and_does_not_import_domains():
+    from pathlib import Path
+
+    assert {"crossentropy", "mse"} <= set(dict.keys(mtlab.losses.LOSSES))
+    assert "mse" not in mtlab.losses.ORIGINAL_LOSS_TYPES and "crossentropy" in mtlab.losses.ORIGINAL_LOSS_TYPES
+    core = Path(mtlab.__file__).parent
+    for name in ("losses.py", "registry.py"):
+        text = (core / name).read_text()
+        assert "from .separation" not in text and "import mtlab.separation" not in text

@@ -47,7 +47,9 @@ NUM_SOURCES = 2
 def data_samples_dir() -> Path:
     """The sample-data root: ``$MTLAB_DATA`` if set, else ``data_samples/`` of the repository checkout."""
     override = os.environ.get(ENV_VAR)
-    root = Path(override) if override else Path(__file__).resolve().parents[2] / "data_samples"
+    here = Path(__file__).resolve().parents[1]  # mtlab/: a checkout has data_samples/ beside it, a wheel inside it
+    root = Path(override) if override else next(
+        (p for p in (here.parent / "data_samples", here / "data_samples") if p.is_dir()), here.parent / "data_samples")
     if not root.is_dir():
         hint = f"${ENV_VAR}={override}" if override else "the repository checkout"
         raise DataError(f"{root}: data directory not found (from {hint}); set {ENV_VAR} to the data_samples folder")

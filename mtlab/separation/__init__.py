@@ -7,7 +7,20 @@ and a one-task separation recipe on the shipped samples.
 """
 
 from .masks import attractor_masks, head_masks, kmeans, kmeans_masks
-from .metrics import SeparationScores, best_permutation, score, sdr, si_sdr
+from .metrics import (
+    DEFAULT_METRICS,
+    Evaluation,
+    SeparationScores,
+    best_permutation,
+    evaluate_lists,
+    evaluate_table,
+    pesq,
+    score,
+    sdr,
+    si_sdr,
+    snr,
+    stoi,
+)
 from .remix import RemixedSet
 from .runner import (
     METHODS,
@@ -21,7 +34,8 @@ from .runner import (
 from .spectral import apply_masks, covered_length, istft, stft
 
 __all__ = [
-    "METHODS", "RemixedSet", "SeparationScores", "Separator", "SeparatorConfig", "apply_masks", "attractor_masks",
-    "audio_players", "best_permutation", "build_separator", "covered_length", "head_masks", "istft",
-    "kmeans", "kmeans_masks", "load_data", "score", "sdr", "si_sdr", "stft", "train_separator",
+    "DEFAULT_METRICS", "Evaluation", "METHODS", "RemixedSet", "SeparationScores", "Separator", "SeparatorConfig",
+    "apply_masks", "attractor_masks", "audio_players", "best_permutation", "build_separator", "covered_length",
+    "evaluate_lists", "evaluate_table", "head_masks", "istft", "kmeans", "kmeans_masks", "load_data", "pesq",
+    "score", "sdr", "si_sdr", "snr", "stft", "stoi", "train_separator",
 ]

@@ -7,7 +7,8 @@ import torch
 from torch import Tensor
 
 from ..errors import BatchError
-from ..losses import per_bin, time_mask
+from ..losses import time_mask
+from .losses import per_bin
 
 
 def _frames(x: Tensor, seq_lengths: Tensor | None) -> Tensor:

@@ -1,22 +1,50 @@
-"""SDR and SI-SDR with the best speaker permutation, and their improvement over the mixture.
+"""Separation metrics the field reports, with the best speaker permutation and the mixture baseline.
 
-``sdr`` is the plain signal-to-distortion ratio ``10 log10(‖s‖² / ‖s − ŝ‖²)`` (no BSS-eval
-projection filter); ``si_sdr`` is scale-invariant SDR (Le Roux et al. 2019), zero-mean by default.
+=========  ==========================================================  =====================================
+name       what                                                        computed by
+=========  ==========================================================  =====================================
+``si_sdr`` scale-invariant SDR (Le Roux et al. 2019), zero-mean, dB    here (a closed form, 4 lines)
+``sdr``    BSS-eval SDR (Vincent et al. 2006): 512-tap distortion      ``fast_bss_eval`` (checked against
+           filter allowed, dB; what mir_eval/museval/torchmetrics give  ``mir_eval.separation.bss_eval_sources``)
+``snr``    plain ``10 log10(‖s‖² / ‖s − ŝ‖²)``, dB (no filter, no scale) here
+``stoi``   short-time objective intelligibility (Taal et al. 2011)    ``pystoi``
+``pesq``   ITU-T P.862 PESQ (MOS-LQO): narrow band at 8 kHz, wide at   ``pesq``
+           16 kHz
+=========  ==========================================================  =====================================
+
+``fast_bss_eval``, ``pystoi`` and ``pesq`` come with ``pip install "mtlab[metrics]"``.
+:func:`score` scores one utterance, :func:`evaluate_table` many (a per-utterance table and a summary
+with the mixture baseline and the improvements), :func:`evaluate_lists` reads them from list files.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..errors import BatchError
+from ..errors import BatchError, ConfigError
 
 EPS = 1e-8
+BSS_FILTER_LENGTH = 512  # BSS-eval's distortion filter (taps), as in mir_eval and the papers that cite it
+DEFAULT_METRICS = ("si_sdr", "sdr", "snr")
 Metric = Callable[[Tensor, Tensor], Tensor]
+EXTRA_HINT = 'pip install "mtlab[metrics]"'
+
+
+def _need(module: str, metric: str) -> Any:
+    """Import an optional metric package, or raise ImportError naming the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(f"metric {metric!r} needs the package {module!r}: {EXTRA_HINT}") from err
 
 
 def si_sdr(estimate: Tensor, reference: Tensor, zero_mean: bool = True, eps: float = EPS) -> Tensor:
@@ -30,9 +58,76 @@ def si_sdr(estimate: Tensor, reference: Tensor, zero_mean: bool = True, eps: flo
     return 10 * torch.log10((target.square().sum(-1) + eps) / (noise.square().sum(-1) + eps))
 
 
-def sdr(estimate: Tensor, reference: Tensor, eps: float = EPS) -> Tensor:
-    """Plain SDR in dB over the last axis: ``10 log10(‖ref‖² / ‖ref − est‖²)``."""
+def snr(estimate: Tensor, reference: Tensor, eps: float = EPS) -> Tensor:
+    """Plain signal-to-error ratio in dB over the last axis: ``10 log10(‖ref‖² / ‖ref − est‖²)``."""
     return 10 * torch.log10((reference.square().sum(-1) + eps) / ((reference - estimate).square().sum(-1) + eps))
+
+
+def sdr(estimate: Tensor, reference: Tensor, filter_length: int = BSS_FILTER_LENGTH) -> Tensor:
+    """BSS-eval SDR in dB over the last axis, pairwise, batched over (broadcast) leading axes.
+
+    The SDR of an estimate against a reference depends on that pair only (the target is the estimate
+    projected on ``filter_length`` delayed copies of the reference), so it is computed pair by pair;
+    this equals ``mir_eval.separation.bss_eval_sources(...)[0]`` for the same pairing.
+    """
+    fbe = _need("fast_bss_eval", "sdr")
+    est, ref = torch.broadcast_tensors(estimate, reference)
+    if est.shape[-1] < filter_length:
+        raise BatchError(f"sdr: {est.shape[-1]} samples is shorter than the {filter_length}-tap BSS-eval filter; "
+                         "score longer signals or pass a smaller filter_length")
+    lead = est.shape[:-1]
+    flat_est = est.reshape(-1, 1, est.shape[-1]).double()
+    flat_ref = ref.reshape(-1, 1, ref.shape[-1]).double()
+    value = fbe.bss_eval_sources(flat_ref, flat_est, filter_length=filter_length, compute_permutation=False)[0]
+    return torch.as_tensor(value).reshape(lead)
+
+
+def stoi(estimate: Tensor, reference: Tensor, sample_rate: int, extended: bool = False) -> Tensor:
+    """STOI (or extended STOI) over the last axis, batched over (broadcast) leading axes; ``pystoi``."""
+    pystoi = _need("pystoi", "stoi")
+    est, ref = torch.broadcast_tensors(estimate, reference)
+    flat_est = est.reshape(-1, est.shape[-1]).double().cpu().numpy()
+    flat_ref = ref.reshape(-1, ref.shape[-1]).double().cpu().numpy()
+    values = [pystoi.stoi(r, e, sample_rate, extended=extended) for r, e in zip(flat_ref, flat_est)]
+    return torch.tensor(values, dtype=torch.float64).reshape(est.shape[:-1])
+
+
+def pesq(estimate: Tensor, reference: Tensor, sample_rate: int, mode: str | None = None) -> Tensor:
+    """PESQ (MOS-LQO) over the last axis, batched over (broadcast) leading axes; the ``pesq`` package.
+
+    ``mode`` is ``"nb"`` (narrow band, the default at 8 kHz) or ``"wb"`` (wide band, the default at 16 kHz).
+    """
+    if sample_rate not in (8000, 16000):
+        raise ConfigError(f"pesq: sample rate {sample_rate} Hz is not supported; PESQ needs 8000 or 16000 Hz")
+    mode = mode or ("nb" if sample_rate == 8000 else "wb")
+    if mode == "wb" and sample_rate != 16000:
+        raise ConfigError("pesq: wide-band mode needs 16000 Hz audio; use mode='nb' at 8000 Hz")
+    lib = _need("pesq", "pesq")
+    est, ref = torch.broadcast_tensors(estimate, reference)
+    flat_est = est.reshape(-1, est.shape[-1]).double().cpu().numpy()
+    flat_ref = ref.reshape(-1, ref.shape[-1]).double().cpu().numpy()
+    values = []
+    for r, e in zip(flat_ref, flat_est):
+        try:
+            values.append(lib.pesq(sample_rate, r, e, mode))
+        except Exception as err:  # the C code reports e.g. "no utterances detected" as its own exception types
+            raise BatchError(f"pesq: {err}; PESQ needs speech in the reference (a few hundred ms at least)") from err
+    return torch.tensor(values, dtype=torch.float64).reshape(est.shape[:-1])
+
+
+def metric_function(name: str, sample_rate: int) -> Metric:
+    """The pairwise metric called ``name`` (see the module table) as ``fn(estimate, reference)``."""
+    if name == "si_sdr":
+        return si_sdr
+    if name == "sdr":
+        return sdr
+    if name == "snr":
+        return snr
+    if name in ("stoi", "estoi"):
+        return lambda e, r: stoi(e, r, sample_rate, extended=name == "estoi")
+    if name == "pesq":
+        return lambda e, r: pesq(e, r, sample_rate)
+    raise ConfigError(f"unknown metric {name!r}; choose from si_sdr, sdr, snr, stoi, estoi, pesq")
 
 
 def best_permutation(estimates: Tensor, references: Tensor, metric: Metric = si_sdr) -> tuple[Tensor, tuple[int, ...]]:
@@ -52,35 +147,144 @@ def best_permutation(estimates: Tensor, references: Tensor, metric: Metric = si_
 
 @dataclass(frozen=True)
 class SeparationScores:
-    """Per-source scores (dB) of one utterance; ``*_mix`` use the mixture as the estimate."""
+    """Per-source scores of one utterance: ``scores[m]`` of the estimates, ``baseline[m]`` of the mixture.
 
-    si_sdr: Tensor
-    si_sdr_mix: Tensor
-    sdr: Tensor
-    sdr_mix: Tensor
+    Attribute access follows the table columns: ``sc.sdr``, ``sc.sdr_mix`` and ``sc.sdri`` (improvement)
+    for every metric that was computed.
+    """
+
+    scores: dict[str, Tensor]
+    baseline: dict[str, Tensor]
     perm: tuple[int, ...]
+    metrics: tuple[str, ...] = field(default=DEFAULT_METRICS)
 
-    @property
-    def si_sdri(self) -> Tensor:
-        return self.si_sdr - self.si_sdr_mix
-
-    @property
-    def sdri(self) -> Tensor:
-        return self.sdr - self.sdr_mix
+    def __getattr__(self, key: str) -> Tensor:
+        scores, baseline = self.__dict__.get("scores", {}), self.__dict__.get("baseline", {})
+        if key in scores:
+            return scores[key]
+        if key.endswith("_mix") and key[:-4] in baseline:
+            return baseline[key[:-4]]
+        if key.endswith("i") and key[:-1] in scores:
+            return scores[key[:-1]] - baseline[key[:-1]]
+        raise AttributeError(f"SeparationScores has no {key!r}; computed metrics: {', '.join(scores)}")
 
     def row(self) -> dict[str, float]:
-        """Means over the sources as plain floats (for a table)."""
-        return {"si_sdr": float(self.si_sdr.mean()), "si_sdr_mix": float(self.si_sdr_mix.mean()),
-                "si_sdri": float(self.si_sdri.mean()), "sdr": float(self.sdr.mean()),
-                "sdr_mix": float(self.sdr_mix.mean()), "sdri": float(self.sdri.mean())}
+        """Means over the sources as plain floats: ``m``, ``m_mix`` and ``mi`` for every metric ``m``."""
+        out: dict[str, float] = {}
+        for m in self.scores:
+            out[m] = float(self.scores[m].mean())
+            out[f"{m}_mix"] = float(self.baseline[m].mean())
+            out[f"{m}i"] = out[m] - out[f"{m}_mix"]
+        return out
 
 
-def score(estimates: Tensor, references: Tensor, mixture: Tensor) -> SeparationScores:
-    """SI-SDR and SDR of the estimates (best permutation by SI-SDR) and of the mixture as baseline."""
+def score(estimates: Tensor, references: Tensor, mixture: Tensor, metrics: Sequence[str] = DEFAULT_METRICS,
+          sample_rate: int = 8000) -> SeparationScores:
+    """``metrics`` of the estimates (best permutation by SI-SDR) and of the mixture as the baseline.
+
+    Signals are cut to the shortest of the three (an iSTFT can be a few samples short).
+    """
     n = min(estimates.shape[-1], references.shape[-1], mixture.shape[-1])
     est, ref, mix = estimates[..., :n].double(), references[..., :n].double(), mixture[..., :n].double()
     si, perm = best_permutation(est, ref, si_sdr)
     matched = est[list(perm)]
     mix_rep = mix.expand_as(ref)
-    return SeparationScores(si_sdr=si, si_sdr_mix=si_sdr(mix_rep, ref), sdr=sdr(matched, ref),
-                            sdr_mix=sdr(mix_rep, ref), perm=perm)
+    scores: dict[str, Tensor] = {}
+    baseline: dict[str, Tensor] = {}
+    for name in metrics:
+        fn = metric_function(name, sample_rate)
+        scores[name] = si if name == "si_sdr" else fn(matched, ref)
+        baseline[name] = fn(mix_rep, ref)
+    return SeparationScores(scores, baseline, perm, tuple(metrics))
+
+
+# ---------------------------------------------------------------------------------- tables
+@dataclass
+class Evaluation:
+    """``utterances``: one row per utterance; ``summary``: per metric, the means of the separated
+    signals, of the mixture, of the improvement, its standard deviation and the count."""
+
+    utterances: "Any"  # pandas.DataFrame
+    summary: "Any"  # pandas.DataFrame
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Evaluation({len(self.utterances)} utterances)\n{self.summary.to_string(float_format='%.3f')}"
+
+
+Utterance = tuple[str, Tensor, Tensor, Tensor]  # name, estimates [S, N], references [S, N], mixture [N]
+
+
+def evaluate_table(utterances: Iterable[Utterance], metrics: Sequence[str] = DEFAULT_METRICS, sample_rate: int = 8000,
+                   out_dir: str | Path | None = None, prefix: str = "evaluation") -> Evaluation:
+    """Score every ``(name, estimates, references, mixture)``; with ``out_dir`` write
+    ``<prefix>_utterances.csv`` and ``<prefix>_summary.csv`` there.
+
+    >>> ev = evaluate_table([("utt1", est, refs, mix)], metrics=("si_sdr", "sdr", "stoi"))
+    >>> ev.summary.loc["sdr", "improvement"]
+    """
+    import pandas as pd
+
+    for name in metrics:
+        metric_function(name, sample_rate)  # unknown names fail before any work
+    rows = []
+    for name, est, ref, mix in utterances:
+        sc = score(est, ref, mix, metrics, sample_rate)
+        rows.append({"name": name, "perm": " ".join(map(str, sc.perm)), **sc.row()})
+    if not rows:
+        raise ConfigError("evaluate_table: no utterances to score")
+    table = pd.DataFrame(rows)
+    summary = pd.DataFrame(
+        {"separated": [table[m].mean() for m in metrics], "mixture": [table[f"{m}_mix"].mean() for m in metrics],
+         "improvement": [table[f"{m}i"].mean() for m in metrics],
+         "improvement_std": [table[f"{m}i"].std(ddof=0) for m in metrics], "count": [len(table)] * len(metrics)},
+        index=pd.Index(list(metrics), name="metric"))
+    paths: dict[str, Path] = {}
+    if out_dir is not None:
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {"utterances": folder / f"{prefix}_utterances.csv", "summary": folder / f"{prefix}_summary.csv"}
+        table.to_csv(paths["utterances"], index=False, float_format="%.4f")
+        summary.to_csv(paths["summary"], float_format="%.4f")
+    return Evaluation(table, summary, paths)
+
+
+def evaluate_lists(mixture: str | Path, references: Sequence[str | Path], estimates: Sequence[str | Path],
+                   metrics: Sequence[str] = DEFAULT_METRICS, sample_rate: int = 8000,
+                   out_dir: str | Path | None = None, prefix: str = "evaluation") -> Evaluation:
+    """:func:`evaluate_table` on WAV files named by list files (``name path`` lines, as ``mtlab prepare``
+    writes): one list for the mixtures, one per reference source, one per estimated source.
+
+    Utterances are those of the estimate lists; each must be in the mixture and reference lists.
+    """
+    from ..data import DataError, read_list, read_wav
+
+    if len(references) != len(estimates):
+        raise ConfigError(f"evaluate_lists: {len(references)} reference lists but {len(estimates)} estimate lists; "
+                          "give one estimate list per source")
+    mix_list = read_list(mixture)
+    ref_lists = [read_list(p) for p in references]
+    est_lists = [read_list(p) for p in estimates]
+    names = list(est_lists[0])
+    for label, lst in [(str(mixture), mix_list), *zip(map(str, references), ref_lists),
+                       *zip(map(str, estimates), est_lists)]:
+        missing = [n for n in names if n not in lst]
+        if missing:
+            raise DataError(f"{label}: no entry for {len(missing)} estimated utterance(s), e.g. {missing[0]!r}; "
+                            "the lists must name the same utterances")
+
+    def load(entry: Any) -> Tensor:
+        return read_wav(entry.resolve(), sample_rate, origin=entry.where)
+
+    def utterances() -> Iterable[Utterance]:
+        for n in names:
+            yield (n, torch.stack(_same_length([load(lst[n]) for lst in est_lists])),
+                   torch.stack(_same_length([load(lst[n]) for lst in ref_lists])), load(mix_list[n]))
+
+    return evaluate_table(utterances(), metrics, sample_rate, out_dir, prefix)
+
+
+def _same_length(waves: list[Tensor]) -> list[Tensor]:
+    n = min(int(w.shape[-1]) for w in waves)
+    return [w[..., :n] for w in waves]
+

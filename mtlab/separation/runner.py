@@ -28,10 +28,10 @@ from ..data.features import USEDBINS_THRESHOLD_DB
 from ..errors import ConfigError
 from ..graph import Node
 from ..loop import run
-from ..losses import DeepAttractorNet, DeepClustering, Direct, PIT
 from ..models import BLSTM, DeepClusteringHead, MaskHead
 from ..task import LinkedSet, Task
 from ..trainer import Trainer
+from .losses import PIT, DeepAttractorNet, DeepClustering, Direct
 from .masks import attractor_masks, head_masks, kmeans_masks
 from .metrics import SeparationScores, score
 from .remix import RemixedSet
@@ -57,7 +57,7 @@ class SeparatorConfig:
     hidden: int = 128  # BLSTM units per direction
     layers: int = 2
     emb_dim: int = 20  # deep clustering / DANet embedding size D
-    mask_activation: str = "sigmoid"  # "sigmoid" (the original) or "softmax" over speakers
+    mask_activation: str = "sigmoid"  # the head's "sigmoid", or "softmax" over speakers (the original's)
     input_noise: float = 0.0  # std of Gaussian noise on the features, training only
     dropout: float = 0.0  # between BLSTM layers, training only
     remix: int = 5000  # extra training mixtures from pairs of training sources (0: the 120 corpus mixtures only)
@@ -92,8 +92,8 @@ def build_task(cfg: SeparatorConfig, train: SeparationDataset) -> Task:
     ``cfg.remix`` remixed training mixtures)."""
     out = "masks" if cfg.loss in ("pit", "direct") else "emb"
     loss = {
-        "pit": lambda: PIT(output=out),
-        "direct": lambda: Direct(output=out),
+        "pit": lambda: PIT(output=out, activation="none"),  # the head already applies its activation
+        "direct": lambda: Direct(output=out, activation="none"),
         "deepclustering": lambda: DeepClustering(output=out),
         "deepattractornet": lambda: DeepAttractorNet(output=out),
     }[cfg.loss]()

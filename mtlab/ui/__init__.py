@@ -2,6 +2,7 @@
 
 >>> import mtlab.ui
 >>> mtlab.ui.dashboard(trainer)          # sliders, stepwise buttons, background run, live plots
+>>> mtlab.ui.stop_all()                 # stop every background run (also: Kernel -> Interrupt)
 >>> mtlab.ui.plots.plot_losses(trainer.history).savefig("losses.png")
 """
 
@@ -16,7 +17,8 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         'install them with: pip install "mtlab[notebook]"'
     ) from exc
 
-from . import plots
+from . import plots, runs
 from .dashboard import Dashboard, dashboard
+from .runs import Run, current_run, stop_all
 
-__all__ = ["Dashboard", "dashboard", "plots"]
+__all__ = ["Dashboard", "Run", "current_run", "dashboard", "plots", "runs", "stop_all"]

@@ -91,3 +91,80 @@ def test_stats_load_errors_name_the_file(tmp_path: Path) -> None:
     (tmp_path / "partial.json").write_text('{"mean": [1, 2]}')
     with pytest.raises(DataError, match=r"partial\.json.*std"):
         FeatureStats.load(tmp_path / "partial.json")
+
+
+# ---------------------------------------------------------------- the original's framing, window and scale
+def original_framesig(sig, frame_len: int, frame_step: int, win):
+    """sigproc.framesig as the original writes it: 1 + ceil frames, the last one zero-padded."""
+    import math
+
+    import numpy as np
+
+    slen = len(sig)
+    numframes = 1 if slen <= frame_len else 1 + int(math.ceil((1.0 * slen - frame_len) / frame_step))
+    padsignal = np.concatenate((sig, np.zeros((numframes - 1) * frame_step + frame_len - slen)))
+    indices = np.tile(np.arange(frame_len), (numframes, 1)) + np.tile(
+        np.arange(0, numframes * frame_step, frame_step), (frame_len, 1)).T
+    return padsignal[indices] * np.tile(win, (numframes, 1))
+
+
+def original_snip(sig, rate: int, winlen: float, winstep: float):
+    """sigproc.snip: cut the signal to whole frames before framing."""
+    num = int((len(sig) - winlen * rate) / (winstep * rate))
+    return sig[: int(round(num * winstep * rate + winlen * rate))]
+
+
+def test_sine_window_is_scipys_cosine_and_others_match_numpy() -> None:
+    import numpy as np
+    import scipy.signal
+
+    from mtlab.data.features import window
+
+    torch.testing.assert_close(window("sine", 256, torch.float64), torch.from_numpy(scipy.signal.windows.cosine(256)))
+    torch.testing.assert_close(window("hanning", 256, torch.float64), torch.from_numpy(np.hanning(256)))
+    torch.testing.assert_close(window("hamming", 256, torch.float64), torch.from_numpy(np.hamming(256)))
+    torch.testing.assert_close(window("hann", 256), torch.hann_window(256))
+
+
+@pytest.mark.parametrize("n", [200, 256, 300, 320, 321, 1000, 1234])
+def test_pad_framing_matches_framesig_and_snip_matches_the_feature_computers(n: int) -> None:
+    import numpy as np
+    import scipy.signal
+
+    from mtlab.data.features import INT16_SCALE, ORIGINAL, Spectral
+
+    g = torch.Generator().manual_seed(n)
+    wav = (torch.randint(-2000, 2000, (n,), generator=g).double() / INT16_SCALE)  # int16 values read as floats
+    ints = (wav * INT16_SCALE).numpy()  # what scipy's wav.read gives the original
+    win = scipy.signal.windows.cosine(256)
+    pad = Spectral(window="sine", framing="pad", sample_scale=INT16_SCALE)
+    expected_pad = np.abs(np.fft.rfft(original_framesig(ints, 256, 64, win), 256))
+    assert pad.num_frames(n) == expected_pad.shape[0]
+    torch.testing.assert_close(pad.magnitude(wav), torch.from_numpy(expected_pad))
+    expected = np.abs(np.fft.rfft(original_framesig(original_snip(ints, 8000, 0.032, 0.008), 256, 64, win), 256))
+    assert ORIGINAL.num_frames(n) == expected.shape[0]
+    torch.testing.assert_close(ORIGINAL.magnitude(wav), torch.from_numpy(expected))
+    if n >= 256:  # mtlab's default frames whole windows only, and its magnitude is 1/32768 of the original's
+        assert num_frames(n) == 1 + (n - 256) // 64
+        assert (n - 256) % 64 == 0 or pad.num_frames(n) == num_frames(n) + 1
+
+
+def test_processor_config_selects_the_original_settings() -> None:
+    import mtlab
+    from mtlab.data.features import INT16_SCALE, Spectral
+
+    conf = {"processor": "audio_feat_processor", "feature": "logspec", "winlen": "0.032", "winstep": "0.016",
+            "winfunc": "cosine", "nfft": "256", "preemph": "0.0", "include_energy": "False"}
+    s = Spectral.from_processor_config(conf)
+    assert (s.win_length, s.hop_length, s.n_fft, s.window, s.framing, s.sample_scale) == \
+        (256, 128, 256, "sine", "snip", INT16_SCALE)
+    with pytest.raises(mtlab.ConfigError, match="include_energy = True"):
+        Spectral.from_processor_config({**conf, "include_energy": "True"}, origin="x.cfg")
+    with pytest.raises(mtlab.ConfigError, match="x.cfg: \\[processor\\] winfunc = 'kaiser'"):
+        Spectral.from_processor_config({**conf, "winfunc": "kaiser"}, origin="x.cfg")
+    with pytest.raises(mtlab.ConfigError, match="needs 'nfft'"):
+        Spectral.from_processor_config({k: v for k, v in conf.items() if k != "nfft"})
+    pre = Spectral(window="none", preemph=0.97)
+    wav = torch.randn(512, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    emph = torch.cat([wav[:1], wav[1:] - 0.97 * wav[:-1]])
+    torch.testing.assert_close(pre.magnitude(wav), Spectral(window="none").magnitude(emph))

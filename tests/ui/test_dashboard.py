@@ -123,9 +123,10 @@ def test_background_run_pause_stop_and_a_second_run_refused(dash):
     assert dash.start(0)
     until(lambda: tr.step_count >= 2)
     assert not dash.start(0) and "already in progress" in dash.status.value
-    other = mtlab.ui.dashboard(tr, plots=False)
-    assert not other.start(0) and "another dashboard" in other.status.value
-    other.close()
+    other = mtlab.ui.dashboard(tr, plots=False)  # adopts the run: a second one is refused there too
+    assert other.running and not other.start(0) and "already in progress" in other.status.value
+    other.close(stop=False)
+    assert dash.running
     dash.buttons["step"].click()
     assert "refused while a run is going" in dash.status.value
     # A weight moved mid-run is used from the next minibatch on.
@@ -147,7 +148,7 @@ def test_background_run_pause_stop_and_a_second_run_refused(dash):
     assert not dash.running and "run ended" in dash.status.value
     assert dash.start(3)  # a new run is allowed once the first one ended
     dash.wait(20)
-    assert "run ended after 3 step(s)" in dash.status.value
+    assert "run ended after 3 step(s)" in dash.status.value and dash.run.steps_done == 3
 
 
 def test_clip_toggle_during_a_run_waits_for_the_step_end(dash):
@@ -181,7 +182,7 @@ def test_validation_points_from_evaluate_events(dash):
     loss = tr.evaluate("a", "clean", num_batches=2)
     assert dash.validation == [{"step": 1, "task": "a", "linkedset": "clean", "loss": loss}]
     dash.refresh()
-    assert "valid:a/clean" in dash._live.lines
+    assert "valid:a/clean" in dash.live.lines
 
 
 def test_plot_helpers_return_figures_and_write_pngs(tmp_path):

@@ -76,3 +76,56 @@ def test_slider_comm_message_changes_the_weight_mid_run():
     assert all(w == 0.125 for _, w in noisy[first:])  # every following minibatch used the new weight
     assert noisy[-1][0] > noisy[first][0]  # and the run went on for more steps
     assert all(w == 1.0 for _, s, w in result["seen"] if s == "clean")
+
+
+INTERRUPT_SETUP = f"""
+import sys
+sys.path.insert(0, {str(TESTS)!r})
+import mtlab, mtlab.ui
+from helpers import make_examples, make_models, task_a
+ex = make_examples(24, 5)
+tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], lr=1e-2, device="cpu")
+d = mtlab.ui.dashboard(tr, plots=False)
+d.start(0)
+"""
+
+
+def wait_steps(kc, n: int, timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while int(run(kc, "print(tr.step_count)")) < n:
+        assert time.monotonic() < end, "the background run did not progress"
+        time.sleep(0.1)
+
+
+def test_kernel_interrupt_stops_the_background_run():
+    """Kernel -> Interrupt sends SIGINT: idle (the run started by a cell that has ended), and
+    while a cell waits on the run; both stop it between steps and leave the kernel usable."""
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", startup_timeout=120)
+    try:
+        run(kc, INTERRUPT_SETUP, timeout=120)
+        wait_steps(kc, 2)
+        time.sleep(0.5)  # the kernel is idle: ipykernel ignores SIGINT unless mtlab's handler is in place
+        km.interrupt_kernel()
+        end = time.monotonic() + 30
+        while run(kc, "print(d.running)").strip() != "False":
+            assert time.monotonic() < end, "Kernel -> Interrupt did not stop the idle-time run"
+            time.sleep(0.1)
+        first = run(kc, "print(d.run.reason, mtlab.ui.current_run(tr))").strip()
+        # Now a cell that blocks on the run, interrupted while it executes.
+        msg_id = kc.execute("d.start(0); d.wait()")
+        time.sleep(2.0)  # the cell is executing d.wait()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        end = time.monotonic() + 30
+        while run(kc, "print(d.running)").strip() != "False":
+            assert time.monotonic() < end, "interrupting a cell that waits on the run did not stop it"
+            time.sleep(0.1)
+        second = run(kc, "print(d.run.reason)").strip()
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert first == "interrupted None"
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert second == "interrupted"

@@ -1,0 +1,359 @@
+"""Background training runs for notebooks: at most one per trainer, stoppable from anywhere.
+
+A ``Run`` trains one trainer in one background thread through the training loop; between steps
+(in that thread) it runs queued commands (snapshot, restore, a clip change), waits while paused,
+tells its viewers (dashboards) and stops when asked. Every run is registered by trainer, so any
+dashboard of that trainer (including one built later, which adopts the run) and plain code can
+reach it::
+
+    mtlab.ui.current_run(trainer)   # the run training ``trainer`` now, or None
+    mtlab.ui.stop_all()             # stop every run after its current step
+
+Kernel -> Interrupt (SIGINT in the kernel's main thread) stops every run between steps: while no
+cell executes a handler installed here stops the runs; while a cell executes, IPython's own
+KeyboardInterrupt is seen after the cell and stops them too.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+_LOCK = threading.Lock()
+_RUNS: dict[int, "Run"] = {}  # id(trainer) -> its run; the run holds the trainer, so the id stays unique
+
+Listener = Callable[["Run", str], None]
+
+
+def _loop_run() -> Callable[..., Any] | None:
+    """``mtlab.loop.run`` where the training loop module exists, else None."""
+    try:
+        from ..loop import run  # type: ignore[import-not-found, attr-defined]
+    except ImportError:
+        return None
+    return run
+
+
+class Run:
+    """One background run of ``trainer`` (``steps=0``: until stopped or the schedule ends).
+
+    States: ``running``, ``pausing`` (asked, the step in flight finishes), ``paused``, ``stopping``,
+    ``ended``. ``reason`` says why it ended (``steps``, ``stopped``, ``interrupted``, ``error``,
+    or what the loop reports); ``error`` holds the exception of a failed run.
+    """
+
+    def __init__(self, trainer: Any, steps: int = 0, schedule: Any = None) -> None:
+        self.trainer = trainer
+        self.steps = int(steps)
+        self.schedule = schedule
+        self.state = "new"
+        self.reason: str | None = None
+        self.error: BaseException | None = None
+        self.steps_done = 0
+        self.started = 0.0
+        self.ended = 0.0
+        self.paused_seconds = 0.0
+        self._pause_t0: float | None = None
+        self._stop = threading.Event()
+        self._pause = threading.Event()
+        self._wake = threading.Event()
+        self._commands: list[tuple[str, Callable[[], Any]]] = []
+        self._commands_lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        self._thread: threading.Thread | None = None
+        self.stop_source: str | None = None
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def alive(self) -> bool:
+        """Started and not ended (running, pausing, paused or stopping)."""
+        return self.state not in ("new", "ended")
+
+    @property
+    def in_thread(self) -> bool:
+        """True when called from this run's own thread."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def active_seconds(self) -> float:
+        """Seconds spent running, paused time excluded."""
+        end = self.ended if self.state == "ended" else time.monotonic()
+        paused = self.paused_seconds + (end - self._pause_t0 if self._pause_t0 is not None else 0.0)
+        return max(end - self.started - paused, 0.0)
+
+    def rate(self) -> float:
+        """Steps per second while running (paused time excluded)."""
+        return self.steps_done / max(self.active_seconds(), 1e-9)
+
+    # ------------------------------------------------------------------ listeners (dashboards)
+    def listen(self, fn: Listener) -> None:
+        """Call ``fn(run, what)`` with what in ``between`` (after a step, in the run's thread),
+        ``state`` (paused, resumed, stopping) and ``end``."""
+        if fn not in self._listeners:
+            self._listeners.append(fn)
+
+    def unlisten(self, fn: Listener) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def _tell(self, what: str) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn(self, what)
+            except Exception:  # a broken viewer must not stop training
+                self.unlisten(fn)
+
+    # ------------------------------------------------------------------ control (any thread)
+    def start(self) -> None:
+        """Register and start the thread; raises RuntimeError when the trainer already has a run."""
+        with _LOCK:
+            other = _RUNS.get(id(self.trainer))
+            if other is not None and other.alive:
+                raise RuntimeError(f"a run of this trainer is already in progress (step {self.trainer.step_count})")
+            _RUNS[id(self.trainer)] = self
+            self.state = "running"
+            self.started = time.monotonic()
+            self._thread = threading.Thread(target=self._main, name="mtlab-run", daemon=True)
+            self.trainer.add_callback(self._count)
+            self._thread.start()
+        _watch_sigint()
+
+    def stop(self, source: str = "stop", wait: bool = False, timeout: float | None = 30.0) -> bool:
+        """Stop after the step in flight; with ``wait``, block until the thread ended. False if not alive."""
+        if not self.alive:
+            return False
+        if not self._stop.is_set():
+            self.stop_source = source
+            self._stop.set()
+            self._wake.set()
+            if self.state != "ended":
+                self.state = "stopping"
+                self._tell("state")
+        if wait:
+            self.wait(timeout)
+        return True
+
+    def pause(self) -> None:
+        """Pause after the step in flight (state ``pausing`` until then, ``paused`` after)."""
+        if self.alive and not self._stop.is_set() and not self._pause.is_set():
+            self._pause.set()
+            self.state = "pausing"
+            self._tell("state")
+
+    def resume(self) -> None:
+        if self._pause.is_set():
+            self._pause.clear()
+            self._wake.set()
+            if self.state in ("pausing", "paused"):
+                self.state = "running"
+                self._tell("state")
+
+    def submit(self, what: str, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` in the run's thread between two steps (``what`` names it in messages)."""
+        with self._commands_lock:
+            self._commands.append((what, fn))
+        self._wake.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the run ends; True if it has. A KeyboardInterrupt here stops the run."""
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return not self.alive
+        try:
+            thread.join(timeout)
+        except KeyboardInterrupt:
+            self.stop("interrupt")
+            raise
+        return not thread.is_alive()
+
+    # ------------------------------------------------------------------ the thread
+    def _count(self, event: str, info: dict[str, Any]) -> None:
+        if event == "apply" and self.in_thread:
+            self.steps_done += 1
+
+    def _run_commands(self) -> None:
+        with self._commands_lock:
+            commands, self._commands = self._commands, []
+        for what, fn in commands:
+            try:
+                fn()
+            except Exception as exc:
+                self._tell(f"command-error:{what}: {type(exc).__name__}: {exc}")
+
+    def _between(self) -> bool:
+        """Between two steps, in the run's thread: commands, pause, viewers; True stops the run."""
+        self._run_commands()
+        if self._pause.is_set() and not self._stop.is_set():
+            self.state = "paused"
+            self._pause_t0 = time.monotonic()
+            self._tell("state")
+            while self._pause.is_set() and not self._stop.is_set():
+                self._wake.wait(0.1)
+                self._wake.clear()
+                self._run_commands()
+                self._tell("paused")
+            self.paused_seconds += time.monotonic() - self._pause_t0
+            self._pause_t0 = None
+            if not self._stop.is_set():
+                self.state = "running"
+                self._tell("state")
+        if self._stop.is_set():
+            return True
+        if self.steps and self.steps_done >= self.steps:
+            self.reason = "steps"
+            return True
+        self._tell("between")
+        return False
+
+    def _main(self) -> None:
+        try:
+            loop = _loop_run()
+            if loop is not None:
+                out = loop(self.trainer, schedule=self.schedule, steps=self.steps or None, progress=False,
+                           between_steps=self._between)
+                last = getattr(out, "last_stop", None) or getattr(out, "reason", None)
+                self.reason = self.reason or (str(last) if last else None)
+            else:
+                while not self._between():
+                    self.trainer.step()
+            self._run_commands()
+        except BaseException as exc:  # noqa: BLE001 (shown by the viewers; the thread must not die silently)
+            self.error = exc
+            self.reason = "error"
+        finally:
+            if self._stop.is_set() and self.reason in (None, "interrupted", "stopped"):
+                self.reason = "interrupted" if self.stop_source == "interrupt" else "stopped"
+            self.reason = self.reason or "done"
+            self.trainer.remove_callback(self._count)
+            with _LOCK:
+                if _RUNS.get(id(self.trainer)) is self:
+                    del _RUNS[id(self.trainer)]
+                self.ended = time.monotonic()
+                if self._pause_t0 is not None:
+                    self.paused_seconds += self.ended - self._pause_t0
+                    self._pause_t0 = None
+                self.state = "ended"
+            self._tell("end")
+
+
+def current_run(trainer: Any) -> Run | None:
+    """The run training ``trainer`` now (running, paused or stopping), or None."""
+    with _LOCK:
+        run = _RUNS.get(id(trainer))
+    return run if run is not None and run.alive else None
+
+
+def runs() -> list[Run]:
+    """Every run in progress."""
+    with _LOCK:
+        return [r for r in _RUNS.values() if r.alive]
+
+
+def stop_all(wait: bool = True, timeout: float | None = 30.0, source: str = "stop_all") -> int:
+    """Stop every background run after its current step (``wait``: until they ended); how many."""
+    found = runs()
+    for r in found:
+        r.stop(source)
+    if wait:
+        for r in found:
+            r.wait(timeout)
+    return len(found)
+
+
+# ---------------------------------------------------------------------------------- Kernel -> Interrupt
+_previous_handler: Any = None
+_installed = False
+_hooked = False
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Stop every run, then do what SIGINT did before (nothing in an idle kernel; KeyboardInterrupt
+    in a script)."""
+    n = stop_all(wait=False, source="interrupt")
+    if n:
+        print(f"Interrupt: stopping {n} background run(s) after the current step", flush=True)
+    prev = _previous_handler
+    if callable(prev) and prev is not _on_sigint:
+        prev(signum, frame)
+
+
+def _install() -> None:
+    """Put ``_on_sigint`` in place (main thread only). In a kernel only when idle: while a handler
+    runs ipykernel sets its own and restores the one it saved afterwards."""
+    global _previous_handler, _installed
+    current = signal.getsignal(signal.SIGINT)
+    if current is _on_sigint:
+        return
+    _previous_handler = current
+    signal.signal(signal.SIGINT, _on_sigint)
+    _installed = True
+
+
+def _uninstall() -> None:
+    global _installed
+    if signal.getsignal(signal.SIGINT) is _on_sigint:
+        signal.signal(signal.SIGINT, _previous_handler if _previous_handler is not None else signal.default_int_handler)
+    _installed = False
+
+
+def _after_cell(result: Any) -> None:
+    """IPython post_run_cell hook: a cell ended by KeyboardInterrupt (Kernel -> Interrupt) stops the runs."""
+    if isinstance(getattr(result, "error_in_exec", None), KeyboardInterrupt):
+        n = stop_all(wait=False, source="interrupt")
+        if n:
+            print(f"Interrupt: stopping {n} background run(s) after the current step", flush=True)
+
+
+def _kernel_loop() -> Any:
+    """The running asyncio loop of an IPython kernel (main thread), or None."""
+    try:
+        import asyncio
+
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    ip = get_ipython()
+    if ip is None or not hasattr(ip, "kernel"):
+        return None
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _watch_sigint() -> None:
+    """Make Kernel -> Interrupt (or Ctrl-C in a script) stop the runs; called in the thread that started one."""
+    global _hooked
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+    except ImportError:
+        ip = None
+    if ip is not None and not _hooked:
+        ip.events.register("post_run_cell", _after_cell)
+        _hooked = True
+    loop = _kernel_loop()
+    if loop is None:
+        try:
+            _install()
+        except ValueError:  # not the main thread of the interpreter
+            pass
+        return
+
+    def check() -> None:
+        # Idle kernel: SIGINT is SIG_IGN (ipykernel) and nothing would stop the runs; put ours there.
+        # While a handler runs, SIGINT is default_int_handler: leave it (post_run_cell covers cells).
+        current = signal.getsignal(signal.SIGINT)
+        if runs():
+            if current is signal.SIG_IGN:
+                _install()
+            loop.call_later(0.2, check)
+        elif current is _on_sigint:
+            _uninstall()
+
+    loop.call_later(0.0, check)

@@ -1,0 +1,166 @@
+"""Separation metrics against their reference libraries (mir_eval, pystoi, pesq) on fixtures from data_samples/."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from mtlab.data import data_samples_dir, read_list, read_wav
+from mtlab.errors import BatchError, ConfigError
+from mtlab.separation import metrics as M
+
+mir_eval_separation = pytest.importorskip("mir_eval.separation", reason="mir_eval is a dev dependency")
+
+
+def dev_utterance(index: int) -> tuple[str, torch.Tensor, torch.Tensor]:
+    folder = data_samples_dir() / "dev"
+    name = sorted(read_list(folder / "mix_clean.scp"))[index]
+    mix = read_wav(read_list(folder / "mix_clean.scp")[name].resolve()).double()
+    refs = torch.stack([read_wav(read_list(folder / f"s{k}.scp")[name].resolve()) for k in (1, 2)]).double()
+    return name, mix, refs
+
+
+def degraded(refs: torch.Tensor, seed: int) -> torch.Tensor:
+    """Estimates as a separator leaves them: leakage of the other source, noise and a short filter."""
+    g = torch.Generator().manual_seed(seed)
+    est = refs + 0.25 * refs.flip(0) + 0.1 * refs.std() * torch.randn(refs.shape, generator=g, dtype=torch.float64)
+    taps = torch.tensor([[[0.3, 1.0, -0.2]]], dtype=torch.float64)
+    est[0] = torch.nn.functional.conv1d(est[0][None, None], taps, padding=1)[0, 0]
+    return est
+
+
+def mir_eval_sdr(refs: torch.Tensor, est: torch.Tensor) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # bss_eval_sources is deprecated in mir_eval 0.8, still the reference
+        return mir_eval_separation.bss_eval_sources(refs.numpy(), est.numpy(), compute_permutation=False)[0]
+
+
+@pytest.mark.parametrize("index,seed", [(0, 1), (5, 2), (11, 3)])
+def test_bss_sdr_matches_mir_eval(index: int, seed: int) -> None:
+    _, mix, refs = dev_utterance(index)
+    est = degraded(refs, seed)
+    ours = M.sdr(est, refs)
+    np.testing.assert_allclose(ours.numpy(), mir_eval_sdr(refs, est), atol=0.01)
+    # The mixture as the estimate of every source (the baseline of SDRi).
+    mix_rep = mix.expand_as(refs).clone()
+    np.testing.assert_allclose(M.sdr(mix_rep, refs).numpy(), mir_eval_sdr(refs, mix_rep), atol=0.01)
+
+
+def test_bss_sdr_differs_from_snr_where_a_filter_helps() -> None:
+    _, _, refs = dev_utterance(2)
+    ref = refs[0]
+    est = ref + 0.6 * torch.nn.functional.pad(ref[:-3], (3, 0))  # an echo 3 samples later (a causal filter)
+    # A short filter is allowed distortion for BSS-eval (near perfect), but an error for the plain SNR.
+    assert float(M.sdr(est, ref)) > 40 and float(M.snr(est, ref)) < 10
+
+
+def test_score_uses_the_permutation_for_every_metric_and_the_mixture_baseline() -> None:
+    _, mix, refs = dev_utterance(3)
+    est = degraded(refs, 4).flip(0)  # estimates in the other order
+    sc = M.score(est, refs, mix, metrics=("si_sdr", "sdr", "snr"))
+    assert sc.perm == (1, 0)
+    np.testing.assert_allclose(sc.sdr.numpy(), mir_eval_sdr(refs, est.flip(0)), atol=0.01)
+    np.testing.assert_allclose(sc.sdr_mix.numpy(), mir_eval_sdr(refs, mix.expand_as(refs).clone()), atol=0.01)
+    torch.testing.assert_close(sc.sdri, sc.sdr - sc.sdr_mix)
+    torch.testing.assert_close(sc.snr, M.snr(est.flip(0), refs))
+    row = sc.row()
+    assert set(row) == {f"{m}{s}" for m in ("si_sdr", "sdr", "snr") for s in ("", "_mix", "i")}
+    assert row["sdri"] == pytest.approx(float(sc.sdr.mean() - sc.sdr_mix.mean()))
+    with pytest.raises(AttributeError, match="stoi"):
+        sc.stoi  # noqa: B018 (not computed)
+
+
+def test_stoi_matches_pystoi() -> None:
+    pystoi = pytest.importorskip("pystoi", reason="pystoi comes with the metrics extra")
+    _, _, refs = dev_utterance(1)
+    est = degraded(refs, 5)
+    ours = M.stoi(est, refs, 8000)
+    expected = [pystoi.stoi(r, e, 8000) for r, e in zip(refs.numpy(), est.numpy())]
+    np.testing.assert_allclose(ours.numpy(), expected, rtol=0, atol=1e-12)
+    assert (ours > 0.5).all() and (ours < 1).all()
+
+
+def test_pesq_matches_the_pesq_package_and_checks_rates() -> None:
+    lib = pytest.importorskip("pesq", reason="pesq needs a C compiler to install")
+    _, _, refs = dev_utterance(1)
+    est = degraded(refs, 6)
+    ours = M.pesq(est, refs, 8000)
+    expected = [lib.pesq(8000, r, e, "nb") for r, e in zip(refs.numpy(), est.numpy())]
+    np.testing.assert_allclose(ours.numpy(), expected, atol=1e-9)
+    assert float(M.pesq(refs[0], refs[0], 8000)) > float(ours[0])
+    with pytest.raises(ConfigError, match="8000 or 16000"):
+        M.pesq(est, refs, 22050)
+    with pytest.raises(ConfigError, match="wide-band"):
+        M.pesq(est, refs, 8000, mode="wb")
+
+
+def test_missing_optional_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("fast_bss_eval", "pystoi"):
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name` raise ImportError
+    x = torch.randn(2, 1000, dtype=torch.float64)
+    with pytest.raises(ImportError, match=r'mtlab\[metrics\]'):
+        M.sdr(x, x)
+    with pytest.raises(ImportError, match=r'mtlab\[metrics\]'):
+        M.stoi(x, x, 8000)
+
+
+def test_bad_input_is_named() -> None:
+    x = torch.randn(2, 100, dtype=torch.float64)
+    with pytest.raises(BatchError, match="filter"):
+        M.sdr(x, x)
+    with pytest.raises(ConfigError, match="unknown metric 'sisnr'"):
+        M.evaluate_table([], metrics=("sisnr",))
+    with pytest.raises(ConfigError, match="no utterances"):
+        M.evaluate_table([])
+
+
+def test_evaluate_table_rows_summary_and_files(tmp_path) -> None:
+    utts = []
+    for i in range(3):
+        name, mix, refs = dev_utterance(i)
+        utts.append((name, degraded(refs, 10 + i), refs, mix))
+    ev = M.evaluate_table(utts, metrics=("si_sdr", "sdr", "stoi"), out_dir=tmp_path, prefix="dev")
+    assert list(ev.utterances["name"]) == [u[0] for u in utts]
+    for m in ("si_sdr", "sdr", "stoi"):
+        assert ev.summary.loc[m, "separated"] == pytest.approx(ev.utterances[m].mean())
+        assert ev.summary.loc[m, "mixture"] == pytest.approx(ev.utterances[f"{m}_mix"].mean())
+        assert ev.summary.loc[m, "improvement"] == pytest.approx(
+            ev.summary.loc[m, "separated"] - ev.summary.loc[m, "mixture"])
+    # Each row's SDR is mir_eval's mean over the sources.
+    for (name, est, refs, _), sdr_value in zip(utts, ev.utterances["sdr"]):
+        assert sdr_value == pytest.approx(float(mir_eval_sdr(refs, est).mean()), abs=0.01)
+    back = pd.read_csv(ev.paths["utterances"])
+    assert list(back["name"]) == list(ev.utterances["name"])
+    np.testing.assert_allclose(back["sdri"], ev.utterances["sdri"], atol=1e-4)
+    summary = pd.read_csv(ev.paths["summary"], index_col="metric")
+    assert summary.loc["stoi", "count"] == 3
+
+
+def test_evaluate_lists_reads_kaldi_lists(tmp_path) -> None:
+    import wave
+
+    folder = data_samples_dir() / "dev"
+    names = sorted(read_list(folder / "mix_clean.scp"))[:2]
+    lines = {k: [] for k in ("e1", "e2")}
+    for name in names:
+        refs = torch.stack([read_wav(read_list(folder / f"s{k}.scp")[name].resolve()) for k in (1, 2)]).double()
+        est = degraded(refs, 7).flip(0)  # a separator's arbitrary output order
+        for k, key in enumerate(("e1", "e2")):
+            path = tmp_path / f"{key}_{name}.wav"
+            with wave.open(str(path), "wb") as w:
+                w.setnchannels(1), w.setsampwidth(2), w.setframerate(8000)
+                w.writeframes((est[k].clamp(-1, 0.99997) * 32768).round().short().numpy().tobytes())
+            lines[key].append(f"{name} {path.name}\n")
+    for key, text in lines.items():
+        (tmp_path / f"{key}.scp").write_text("".join(text))
+    ev = M.evaluate_lists(folder / "mix_clean.scp", [folder / "s1.scp", folder / "s2.scp"],
+                          [tmp_path / "e1.scp", tmp_path / "e2.scp"], metrics=("si_sdr", "sdr"))
+    assert list(ev.utterances["name"]) == names and set(ev.utterances["perm"]) == {"1 0"}
+    assert (ev.utterances["sdri"] > 3).all()
+    with pytest.raises(ConfigError, match="one estimate list per source"):
+        M.evaluate_lists(folder / "mix_clean.scp", [folder / "s1.scp", folder / "s2.scp"], [tmp_path / "e1.scp"])

@@ -1,0 +1,188 @@
+"""Plots: legends outside, sharp PNGs, single rows drawn, percent clip axis, log/linear, smoothing,
+one colour per task everywhere, validation points, event markers, "as of step N", and a live plot
+that keeps up during a run."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest.importorskip("ipywidgets", reason="the dashboard needs ipywidgets: pip install 'mtlab[notebook]'")
+pytest.importorskip("matplotlib", reason="the dashboard needs matplotlib: pip install 'mtlab[notebook]'")
+
+import io  # noqa: E402
+
+import mtlab  # noqa: E402
+import mtlab.ui  # noqa: E402
+from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.ticker import PercentFormatter  # noqa: E402
+from mtlab.ui import plots  # noqa: E402
+
+
+def make_trainer(**kw) -> mtlab.Trainer:
+    ex = make_examples(24, 5)
+    kw.setdefault("clip_grad_value", 0.5)
+    return mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex)], lr=1e-2, device="cpu", **kw)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).size
+
+
+@pytest.fixture
+def trained(one_thread):
+    tr = make_trainer()
+    for _ in range(4):
+        tr.step()
+    return tr
+
+
+def colors_by_label(ax) -> dict[str, str]:
+    return {line.get_label(): to_hex(line.get_color()) for line in ax.lines if not line.get_label().startswith("_")}
+
+
+def test_legend_sits_outside_the_axes(trained):
+    fig = plots.plot_losses(trained.history)
+    fig.canvas.draw() if fig.canvas is not None else None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    renderer = canvas.get_renderer()
+    box, axes_box = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert box.x0 >= axes_box.x1  # entirely to the right: it cannot cover a curve
+    assert box.x1 <= fig.bbox.x1 + 1  # and still inside the figure
+
+
+def test_pngs_are_high_dpi(trained, tmp_path):
+    assert plots.DPI >= 144
+    fig = plots.plot_losses(trained.history)
+    w, h = png_size(plots.figure_png(fig))
+    assert w >= fig.get_figwidth() * 144 - 1
+    (path,) = [p for p in plots.save_plots(trained.history, tmp_path) if p.name == "losses.png"]
+    assert png_size(path.read_bytes())[0] >= fig.get_figwidth() * 144 - 1
+    live = plots.LivePlot(["a", "b"])
+    assert png_size(live.png())[0] >= live.figure.get_figwidth() * 144 - 1
+
+
+def test_a_single_history_row_draws_points(one_thread):
+    tr = make_trainer()
+    tr.step()
+    ax = plots.plot_losses(tr.history).axes[0]
+    line = next(ln for ln in ax.lines if ln.get_label() == "a")
+    assert len(line.get_xdata()) == 1 and line.get_marker() == "o"
+    live = plots.LivePlot(["a", "b"])
+    live.update({"a/loss": ([1], [0.5])})
+    assert live.lines["a/loss"].get_marker() == "o"
+
+
+def test_clip_fraction_axis_is_percent_without_offset(trained):
+    ax = plots.plot_clip_fraction(trained.history).axes[0]
+    assert isinstance(ax.yaxis.get_major_formatter(), PercentFormatter)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(ax.figure).draw()
+    assert ax.yaxis.get_offset_text().get_text() == "" and ax.get_ylim()[0] == 0.0
+
+
+def test_log_linear_toggle_and_smoothing(trained, one_thread):
+    assert plots.plot_losses(trained.history, scale="log").axes[0].get_yscale() == "log"
+    assert plots.plot_losses(trained.history).axes[0].get_yscale() == "linear"
+    with pytest.raises(ValueError, match="linear"):
+        plots.plot_losses(trained.history, scale="semilog")
+    assert plots.smooth([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])  # debiased EMA
+    assert plots.smooth([0.0, 10.0], 0.5) == pytest.approx([0.0, 10.0 * 0.5 / 0.75])
+    ax = plots.plot_losses(trained.history, smoothing=0.6).axes[0]
+    smoothed = next(ln for ln in ax.lines if ln.get_label() == "a")
+    ys = trained.history["a/loss"].tolist()
+    assert list(smoothed.get_ydata()) == pytest.approx(plots.smooth(ys, 0.6))
+    d = mtlab.ui.dashboard(trained)
+    d.scale_toggle.value = "log"
+    assert d.live.axes["loss"].get_yscale() == "log"
+    d.smoothing_slider.value = 0.5
+    assert "raw:a/loss" in d.live.lines
+    d.close()
+
+
+def test_one_colour_per_task_everywhere(trained):
+    colors = plots.task_colors(["a", "b"])
+    fig = plots.plot_history(trained.history)
+    for ax in fig.axes:
+        for label, color in colors_by_label(ax).items():
+            task = label.split(" ")[0].split("/")[0]
+            assert color == colors[task], (ax.get_title(), label)
+    d = mtlab.ui.dashboard(trained)
+    for key, line in d.live.lines.items():
+        if not key.startswith(("ghost:", "valid:", "raw:")):
+            assert to_hex(line.get_color()) == colors[key.split("/")[0]], key
+    # Task b trains alone first (a skipped): b still gets b's colour, not the first one.
+    tr = make_trainer()
+    tr.set_task_weight("a", 0.0)
+    tr.step()
+    tr.set_task_weight("a", 1.0)
+    tr.step()
+    got = colors_by_label(plots.plot_losses(tr.history).axes[0])
+    assert got["a"] == colors["a"] and got["b"] == colors["b"]
+    d.close()
+
+
+def test_validation_points_from_the_loop_and_from_evaluate(trained):
+    d = mtlab.ui.dashboard(trained)
+    for cb in list(trained.callbacks):
+        cb("validation", {"step": 4, "record": {"step": 4, "a/clean": 1.5, "a": 1.4, "b": 0.9, "loss": 2.3}})
+    trained.evaluate("b", "clean", num_batches=1)
+    d.refresh()
+    assert {"valid:a", "valid:a/clean", "valid:b", "valid:b/clean"} <= set(d.live.lines)
+    assert list(d.live.lines["valid:a"].get_ydata()) == [1.4]
+    assert to_hex(d.live.lines["valid:a"].get_markeredgecolor()) == plots.task_colors(["a", "b"])["a"]
+    d.close()
+
+
+def test_changes_are_marked_and_logged(one_thread):
+    tr = make_trainer()
+    d = mtlab.ui.dashboard(tr)
+    d.buttons["step"].click()
+    d.sliders["a/noisy"].value = 0.25
+    d.lr_slider.value = 1e-3
+    d.clip_toggle.value = False
+    d.buttons["step"].click()
+    texts = [t for _, t in d.events]
+    assert texts == ["a/noisy weight -> 0.25", "lr -> 0.001", "clip off"]
+    assert "step 1: a/noisy weight -&gt; 0.25" in d.event_log.value or "step 1: a/noisy weight -> 0.25" in \
+        d.event_log.value
+    marks = [ln for ln in d.live.axes["loss"].lines if ln.get_label() == "_events"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [1, 1, 1]
+    # The saved figure finds weight and lr changes in the history itself.
+    events = plots.events_from_frame(tr.history)
+    assert [s for s, _ in events] == [2] and "a/noisy/weight 0.5 -> 0.25" in events[0][1] and "lr" in events[0][1]
+    d.close()
+
+
+def test_as_of_step_label(trained):
+    d = mtlab.ui.dashboard(trained)
+    assert d.live.as_of.get_text() == "as of step 4" and "plot as of step 4" in d.plot_label.value
+    assert d.drawn_step == 4
+    d.close()
+
+
+def test_the_live_plot_follows_a_run(one_thread):
+    tr = make_trainer()
+    d = mtlab.ui.dashboard(tr, refresh_s=0.05, draw_interval=0.2)
+    d.start(0)
+    seen = set()
+    end = time.monotonic() + 20
+    while len(seen) < 3 and time.monotonic() < end:  # the painter redraws while training goes on
+        if d.drawn_step:
+            seen.add(d.drawn_step)
+        time.sleep(0.02)
+    d.stop()
+    d.wait(20)
+    assert len(seen) >= 3, seen
+    assert d.drawn_step == tr.step_count and f"as of step {tr.step_count}" in d.plot_label.value
+    d.close()
