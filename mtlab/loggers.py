@@ -100,10 +100,17 @@ class Logger:
             self._pending.append(row)
             if len(self._pending) >= self.flush_every:
                 self.flush()
-        elif event == "restore" and self.trainer is not None:
-            # go_back cut the history: rows known only by their index are gone with it.
-            size = len(self.trainer.log)
-            self._pending = [r for r in self._pending if not isinstance(r, int) or r < size]
+        elif event == "restore":
+            # go_back cut the history: buffered rows of the undone steps are gone with it.
+            step = int(info.get("step", 0))
+            size = len(self.trainer.log) if self.trainer is not None else None
+
+            def kept(r: Any) -> bool:
+                if isinstance(r, int):
+                    return size is None or r < size
+                return int(_scalar(r["step"]) or 0) <= step
+
+            self._pending = [r for r in self._pending if kept(r)]
         elif event == "validation":
             self.flush()
             record = info.get("record") or {}

@@ -314,11 +314,14 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
     recipe = recipe if recipe is not None else own_recipe
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
         raise ConfigError(f"run(): steps must be a non-negative integer (steps to run now), got {steps!r}")
+    follow_lr = schedule is None  # no schedule: the trainer's own lr, which a slider may move during the run
     if schedule is None:
-        if steps is None:
+        if steps is None and between_steps is None:
             raise ConfigError("run(): no schedule; pass steps=N, schedule=Schedule(num_steps=...), or an experiment "
                               "from mtlab.from_recipe()")
-        schedule = Schedule(num_steps=max(1, trainer.step_count + steps), initial_learning_rate=trainer.lr)
+        # No schedule: the trainer's lr, until ``steps`` more steps or until between_steps() says stop.
+        total = trainer.step_count + steps if steps is not None else 2**62
+        schedule = Schedule(num_steps=max(1, total), initial_learning_rate=trainer.lr)
         if target is not trainer:
             target.schedule = schedule
     path = Path(expdir) if expdir is not None else None
@@ -346,7 +349,8 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
                 if guard.requested or (between_steps is not None and between_steps()):
                     reason = "interrupted" if guard.requested else "stopped"
                     break
-                trainer.lr = schedule.lr_at(trainer.step_count)
+                if not follow_lr:
+                    trainer.lr = schedule.lr_at(trainer.step_count)
                 _guarded_step(trainer, guard)
                 done += 1
                 trainer.events.emit("step", {"step": trainer.step_count, "row": trainer.log.last()})

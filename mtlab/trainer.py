@@ -183,6 +183,11 @@ class Trainer:
     def remove_callback(self, fn: Listener) -> None:
         self.events.unsubscribe(fn)
 
+    @property
+    def callbacks(self) -> list[Listener]:
+        """The listeners, in call order (``events.listeners``)."""
+        return self.events.listeners
+
     # ------------------------------------------------------------------ the stepwise API
     def reset(self, task: str | None = None) -> None:
         """Discard what ``task`` (default: every task) accumulated; its phase becomes ``empty``."""

@@ -825,7 +825,7 @@ class Dashboard(widgets.VBox):
                 phase = f"{phase}; skipped ({skipped[name]})"
             clip_frac = s["clip_fraction"]
             body.append("<tr>" + "".join(f"<td>{_fmt(v)}</td>" for v in (
-                name, phase, s["minibatches"], s["batch_loss"], s["batch_loss_norm"],
+                name, phase, s["minibatches"], s["loss"], s["normalizer"],
                 s["normalized_loss"] if s["minibatches"] else None, self._model_norms(st),
                 s["grad_norm_clipped"], None if clip_frac is None else f"{100 * float(clip_frac):.2g}%")) + "</tr>")
         style = ("<style>.mtlab-state td,.mtlab-state th{padding:1px 8px;text-align:right;font-size:12px;"
@@ -856,13 +856,7 @@ class Dashboard(widgets.VBox):
 
     @staticmethod
     def _model_norms(st: Any) -> str:
-        if st.param_norms:
-            norms = st.model_grad_norms()
-        else:
-            per: dict[str, list[torch.Tensor]] = {}
-            for name, g in st.grads.items():
-                per.setdefault(name.split(".", 1)[0], []).append(torch.linalg.vector_norm(g.detach().float()))
-            norms = {m: torch.linalg.vector_norm(torch.stack(v)) for m, v in per.items()}
+        norms = st.model_grad_norms() if st.model_norms else (st.norms()[0] if st.minibatches else {})
         return ", ".join(f"{m} {float(v):.3g}" for m, v in norms.items())
 
     def _say(self, message: str, error: bool = False) -> None:
