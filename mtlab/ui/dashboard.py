@@ -278,14 +278,14 @@ class Dashboard(widgets.VBox):
         self.image = widgets.Image(format="png", layout=widgets.Layout(width="100%", max_width="1100px"))
         self.plot_label = widgets.HTML()
         self.scale_toggle = widgets.ToggleButtons(options=["linear", "log"], value="linear", description="loss axis",
-                                                  style={"button_width": "60px", "description_width": "60px"},
+                                                  style={"button_width": "60px", "description_width": "70px"},
                                                   tooltips=["linear loss axis", "logarithmic loss axis"],
                                                   tooltip="scale of the loss panel")
         self.scale_toggle.observe(self._on_plot_option, "value")
         self.smoothing_slider = widgets.FloatSlider(value=0.0, min=0.0, max=0.98, step=0.02, description="smoothing",
                                                     continuous_update=False, readout_format=".2f",
-                                                    style={"description_width": "60px"},
-                                                    layout=widgets.Layout(width="280px"),
+                                                    style={"description_width": "75px"},
+                                                    layout=widgets.Layout(width="300px", flex="0 0 auto"),
                                                     tooltip="exponential moving average of the loss curves "
                                                             "(0: raw); the raw curve stays faint behind")
         self.smoothing_slider.observe(self._on_plot_option, "value")

@@ -491,7 +491,7 @@ class LivePlot:
         cx0, cx1 = ax.get_xlim()
         if self._stale or x0 < cx0 or x1 > cx1 or 0 < (x1 - x0) < (cx1 - cx0) / 3:
             span = max(x1 - x0, 1.0)
-            ax.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.5 * span, 20.0))
+            ax.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.3 * span, 20.0))
             self._stale = True
         if panel == "clip_fraction":
             y0 = 0.0
