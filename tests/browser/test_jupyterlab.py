@@ -1,6 +1,7 @@
 """The dashboard in a real browser: headless Chromium drives JupyterLab. The quickstart runs every
 cell and the Step button moves the counter and the plot; the layout holds at 1280x800; a dashboard
-cell re-run during a run adopts the run and stops it; the plot's lag behind the counter is measured.
+cell re-run during a run adopts the run and stops it; the plot's lag behind the counter is measured;
+Voila shows the same dashboard following a run and stops it.
 
 Needs ``pip install playwright jupyterlab`` and ``apt-get install -y chromium`` (never
 ``playwright install``: the system Chromium is used through ``executable_path``). Skipped, with
@@ -212,3 +213,54 @@ def test_rerun_dashboard_cell_during_a_run_adopts_and_stops_it(lab: str, tmp_pat
         page.screenshot(path=str(tmp_path / "stopped.png"), full_page=False)
         assert page.evaluate(COUNTER_JS) == stopped_at
         browser.close()
+
+
+def test_dashboard_in_voila(tmp_path: Path) -> None:
+    """Voila renders the run notebook: the counter and the plot follow the run started in the last
+    cell (the plot reaches the browser from the painter thread), and stop ends it."""
+    pytest.importorskip("voila", reason="needs Voila: pip install voila")
+    root = tmp_path / "voila"
+    root.mkdir()
+    write_run_notebook(root / RUN_NOTEBOOK)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "voila", RUN_NOTEBOOK, "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1"],
+        cwd=root, env={**os.environ, "MTLAB_FAST": "1"}, stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "voila.log").open("w"))
+    try:
+        end = time.monotonic() + 60
+        while True:  # the TCP port, not GET / (each GET starts a kernel)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > end:
+                    pytest.fail(f"Voila did not start; see {tmp_path / 'voila.log'}")
+                time.sleep(0.3)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
+            counter = ("() => { const e = [...document.querySelectorAll('.widget-html-content')]"
+                       ".find(e => /^step \\d+ /.test(e.textContent)); return e ? parseInt(e.textContent.slice(5)) : -1; }")
+            as_of = ("() => { const e = document.querySelector('.mtlab-asof');"
+                     " return e ? parseInt(e.textContent.replace('plot as of step ', '')) : -1; }")
+            page.wait_for_function(f"({counter})() >= 5", timeout=120_000)
+            first = page.evaluate(as_of)
+            page.wait_for_function(f"({as_of})() > {first}", timeout=30_000)  # redrawn from the thread
+            image = page.locator("img.widget-image").first
+            assert image.get_attribute("src").startswith(("blob:", "data:image/png"))
+            page.screenshot(path=str(tmp_path / "voila.png"), full_page=True)
+            page.get_by_role("button", name="stop", exact=True).click()
+            page.wait_for_function("() => [...document.querySelectorAll('.widget-html-content')]"
+                                   ".some(e => e.textContent.includes('run ended'))", timeout=60_000)
+            stopped_at = page.evaluate(counter)
+            time.sleep(1.0)
+            assert page.evaluate(counter) == stopped_at
+            browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
