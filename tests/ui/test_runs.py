@@ -272,3 +272,12 @@ def test_a_run_goes_through_the_training_loop(monkeypatch):
     d.stop()
     assert not d.running and d.run.reason == "stopped" and tr.step_count == n
     d.close()
+
+
+def test_the_interrupt_handler_is_put_back_after_the_runs():
+    before = signal.getsignal(signal.SIGINT)
+    d = mtlab.ui.dashboard(make_trainer(), plots=False)
+    d.start(2)
+    d.wait(20)
+    assert signal.getsignal(signal.SIGINT) is before
+    d.close()
