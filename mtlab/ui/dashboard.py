@@ -118,6 +118,7 @@ class Dashboard(widgets.VBox):
         self.lr_slider = widgets.FloatLogSlider(value=lr, base=10, min=math.log10(lr) - 3, max=math.log10(lr) + 2,
                                                 step=0.05, description="lr", readout_format=".2e",
                                                 continuous_update=False, style=style,
+                                                layout=widgets.Layout(width="340px"),
                                                 tooltip="trainer.lr: learning rate of the next apply(); a run's "
                                                         "schedule sets it again at each step (lr decay)")
         self.lr_slider.observe(lambda ch: self._set_lr(ch["new"]), "value")
@@ -131,6 +132,7 @@ class Dashboard(widgets.VBox):
                                                   step=0.05, description="clip value", readout_format=".3g",
                                                   continuous_update=False, disabled=clip is None,
                                                   style={"description_width": "70px"},
+                                                  layout=widgets.Layout(width="280px"),
                                                   tooltip="trainer.clip_grad_value: clip() clamps every gradient "
                                                           "element to ± this value. Needs: clip ticked")
         self.clip_toggle.observe(lambda ch: self._set_clip(), "value")
@@ -139,12 +141,12 @@ class Dashboard(widgets.VBox):
 
         tasks = list(trainer.tasks)
         self.task_dropdown = widgets.Dropdown(options=tasks, value=tasks[0], description="task",
-                                              layout=widgets.Layout(width="190px", flex="0 0 auto"),
-                                              style={"description_width": "40px"},
+                                              layout=widgets.Layout(width="160px", flex="0 0 auto"),
+                                              style={"description_width": "35px"},
                                               tooltip="the task 'process minibatch' works on")
         self.set_dropdown = widgets.Dropdown(options=list(trainer.tasks[tasks[0]].linkedsets), description="set",
-                                             layout=widgets.Layout(width="190px", flex="0 0 auto"),
-                                             style={"description_width": "40px"},
+                                             layout=widgets.Layout(width="160px", flex="0 0 auto"),
+                                             style={"description_width": "35px"},
                                              tooltip="the linked set 'process minibatch' draws from")
         self.task_dropdown.observe(self._on_task_choice, "value")
         self.steps_box = widgets.BoundedIntText(value=0, min=0, max=10**9, description="steps",
@@ -186,7 +188,7 @@ class Dashboard(widgets.VBox):
             widgets.HBox([B["normalize"], B["clip"], B["apply"], B["step"], B["reset"]], layout=wrap),
             widgets.HBox([self.steps_box, B["run"], B["pause"], B["stop"]], layout=wrap),
             widgets.HBox([B["snapshot"], self.snapshot_dropdown, B["restore"]], layout=wrap),
-        ], layout=widgets.Layout(flex="1 1 auto"))
+        ], layout=widgets.Layout(flex="1 1 420px"))
         self.counter = widgets.HTML()
         self.status = widgets.HTML()
         self.progress = widgets.IntProgress(value=0, min=0, max=1, layout=widgets.Layout(width="300px"),
@@ -213,8 +215,8 @@ class Dashboard(widgets.VBox):
         self.event_log = widgets.HTML()
         self.export_links = widgets.HTML()
         self.error_box = widgets.HTML()
-        controls = widgets.HBox([widgets.VBox(rows, layout=widgets.Layout(flex="0 1 auto", min_width="360px")),
-                                 buttons], layout=widgets.Layout(flex_flow="row wrap"))
+        controls = widgets.HBox([widgets.VBox(rows, layout=widgets.Layout(flex="0 0 auto")), buttons],
+                                layout=widgets.Layout(flex_flow="row wrap"))
         plot_options = widgets.HBox([self.plot_label, self.scale_toggle, self.smoothing_slider, B["export_png"],
                                      B["export_svg"], B["export_csv"], self.export_links], layout=wrap)
         parts: list[widgets.Widget] = [self.counter, self.progress_box, self.status,
@@ -231,7 +233,7 @@ class Dashboard(widgets.VBox):
     def _weight_slider(label: str, value: float, width: str, tip: str) -> widgets.FloatSlider:
         return widgets.FloatSlider(value=value, min=0.0, max=max(2.0, 2 * value), step=0.01, description=label,
                                    readout_format=".2f", continuous_update=False, tooltip=tip,
-                                   style={"description_width": width})
+                                   style={"description_width": width}, layout=widgets.Layout(width="340px"))
 
     # ------------------------------------------------------------------ sliders
     def _guard(self, fn: Callable[[], Any]) -> None:
@@ -701,15 +703,14 @@ class Dashboard(widgets.VBox):
             total = max(int(schedule.num_steps) - (self.trainer.step_count - run.steps_done), 0)
         done = run.steps_done
         rate = run.rate()
+        self.progress.layout.visibility = "visible" if total else "hidden"
         if total:
             self.progress.max = max(total, 1)
             self.progress.value = min(done, total)
             eta = (total - done) / rate if rate > 0 and done else float("nan")
             text = f"{done}/{total} steps"
             text += f" &middot; ETA {clock(eta)}" if math.isfinite(eta) and run.alive else ""
-        else:
-            self.progress.max = max(done, 1)
-            self.progress.value = done
+        else:  # no end known: no bar (a full bar would claim the run is done)
             text = f"{done} steps (until stopped)"
         text += f" &middot; {rate:.2f} steps/s &middot; elapsed {clock(run.active_seconds())}"
         if run.state == "paused":
