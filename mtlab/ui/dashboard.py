@@ -29,7 +29,7 @@ import ipywidgets as widgets
 
 from ..debug import next_call
 from ..trainer import Trainer
-from .plots import LivePlot, figure_png, figure_svg, panel_of, plot_history, validation_series
+from .plots import LIVE_POINTS, LivePlot, figure_png, figure_svg, panel_of, plot_history, validation_series
 from .runs import Run, current_run
 from .texts import (BUSY, REASONS, STEPWISE, TOOLTIPS, clock, counter_html, events_html, run_refusal, skipped_tasks,
                     state_table_html, validation_html)
@@ -47,7 +47,7 @@ class Dashboard(widgets.VBox):
     """
 
     def __init__(self, trainer: Trainer, refresh_s: float = 0.25, draw_interval: float = 0.5,
-                 max_points: int = 600, plots: bool = True, keep_snapshots: int = 5,
+                 max_points: int = LIVE_POINTS, plots: bool = True, keep_snapshots: int = 5,
                  export_dir: str | Path = "mtlab_export") -> None:
         self.trainer = trainer
         self.refresh_s = float(refresh_s)  # counter/table/progress at most this often during a run
