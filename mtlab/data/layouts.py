@@ -1,13 +1,12 @@
 """Readers for the field's two-speaker corpora, and ``prepare()`` writing the list files a recipe reads.
 
-=============  ===========================================================  ====================  ==============
-layout         folders under ROOT (8 kHz)                                   mixture modes         splits
-=============  ===========================================================  ====================  ==============
-``wsj0-2mix``  ``{tr,cv,tt}/{mix,s1,s2}/*.wav``  (``wav8k/min`` or ``max``)  ``mix`` -> clean       tr, cv, tt
-``wham``       ``{tr,cv,tt}/{mix_clean,mix_both,mix_single,s1,s2,noise}``    clean, both, single   tr, cv, tt
-``librimix``   ``{train-100,train-360,dev,test}/{mix_clean,mix_both,           clean, both, single   train-100 or
-               mix_single,s1,s2,noise}``, ``metadata/mixture_*_mix_*.csv``                           -360, dev, test
-=============  ===========================================================  ====================  ==============
+- ``wsj0-2mix``: ``{tr,cv,tt}/{mix,s1,s2}/*.wav``; ``mix`` is the linked set ``clean``.
+- ``wham``: ``{tr,cv,tt}/{mix_clean,mix_both,mix_single,s1,s2,noise}``; linked sets ``clean``, ``both``, ``single``.
+- ``librimix``: ``{train-100,train-360,dev,test}/{mix_clean,mix_both,mix_single,s1,s2,noise}`` and
+  ``metadata/mixture_<split>_<mode>.csv`` (followed when present); the same linked sets; ``train-100``
+  (or ``train="train-360"``) is the training split.
+
+Corpus splits become mtlab's ``train``, ``dev`` and ``test`` (tr, cv, tt for wsj0-2mix and WHAM!).
 
 ROOT may be the folder holding the splits or one above it (``Libri2Mix``, ``2speakers``, ``wham_mix``);
 the ``wav8k/min`` (else ``wav8k/max``) folder below it is found.

@@ -1,16 +1,12 @@
 """Separation metrics the field reports, with the best speaker permutation and the mixture baseline.
 
-=========  ==========================================================  =====================================
-name       what                                                        computed by
-=========  ==========================================================  =====================================
-``si_sdr`` scale-invariant SDR (Le Roux et al. 2019), zero-mean, dB    here (a closed form, 4 lines)
-``sdr``    BSS-eval SDR (Vincent et al. 2006): 512-tap distortion      ``fast_bss_eval`` (checked against
-           filter allowed, dB; what mir_eval/museval/torchmetrics give  ``mir_eval.separation.bss_eval_sources``)
-``snr``    plain ``10 log10(‖s‖² / ‖s − ŝ‖²)``, dB (no filter, no scale) here
-``stoi``   short-time objective intelligibility (Taal et al. 2011)    ``pystoi``
-``pesq``   ITU-T P.862 PESQ (MOS-LQO): narrow band at 8 kHz, wide at   ``pesq``
-           16 kHz
-=========  ==========================================================  =====================================
+- ``si_sdr``: scale-invariant SDR (Le Roux et al. 2019), zero-mean, dB; computed here (closed form).
+- ``sdr``: BSS-eval SDR (Vincent et al. 2006), a 512-tap distortion filter allowed, dB, as mir_eval,
+  museval and torchmetrics give it; computed by ``fast_bss_eval`` (tests check it against
+  ``mir_eval.separation.bss_eval_sources``).
+- ``snr``: the plain ``10 log10(‖s‖² / ‖s − ŝ‖²)``, dB, no filter and no scaling; computed here.
+- ``stoi`` / ``estoi``: (extended) short-time objective intelligibility (Taal et al. 2011); ``pystoi``.
+- ``pesq``: ITU-T P.862 PESQ (MOS-LQO), narrow band at 8 kHz, wide band at 16 kHz; the ``pesq`` package.
 
 ``fast_bss_eval``, ``pystoi`` and ``pesq`` come with ``pip install "mtlab[metrics]"``.
 :func:`score` scores one utterance, :func:`evaluate_table` many (a per-utterance table and a summary

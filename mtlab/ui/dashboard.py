@@ -26,92 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
-import pandas as pd
-import torch
 
 from ..debug import next_call
 from ..trainer import Trainer
-from .plots import LivePlot, figure_png, figure_svg, panel_of, plot_history, validation_series
+from .plots import LIVE_POINTS, LivePlot, figure_png, figure_svg, panel_of, plot_history, validation_series
 from .runs import Run, current_run
-
-STEPWISE = ("minibatch", "normalize", "clip", "apply", "step", "reset")
-BUSY = ("accumulating", "normalized", "clipped")
-
-REASONS = {"steps": "the steps asked for are done", "stopped": "stopped", "interrupted": "interrupted (Kernel -> Interrupt)",
-           "done": "the schedule is finished", "num_tries": "validation stopped it (num_tries)", "error": "error"}
-
-TOOLTIPS = {
-    "minibatch": "process_minibatch(task, set): forward, weighted loss, backward, add into the task's accumulators. "
-                 "Needs: the task not normalized/clipped yet (apply or reset first); no run going (pause it).",
-    "normalize": "normalize(): divide each accumulating task's gradients by its accumulated norm Σ w·norm. "
-                 "Needs: minibatches processed first.",
-    "clip": "clip(): clamp every gradient element to ±clip value; records norms and the share clipped. "
-            "Needs: normalize() first.",
-    "apply": "apply(): one optimizer step on Σ task weight × gradient; counts a step and writes a history row. "
-             "Needs: normalize() and clip() (when clipping is on) first.",
-    "step": "step(): a whole cycle (every active linked set × K, normalize, clip, apply). If you processed "
-            "minibatches by hand, it finishes that accumulation instead (normalize, clip, apply). Needs: no run going.",
-    "reset": "reset(): discard what every task accumulated (phase back to empty). Needs: nothing.",
-    "run": "Train in the background through the training loop (lr decay, validation) for 'steps' steps "
-           "(0: until stopped or the schedule ends). Needs: no run of this trainer going, nothing accumulated by hand.",
-    "pause": "Pause the run after the current step (stepwise buttons work while paused); click again to resume. "
-             "Needs: a run going.",
-    "stop": "Stop the run of this trainer after the current step (whichever dashboard started it). Needs: a run going.",
-    "snapshot": "snapshot(): keep an in-memory copy of the whole state (weights, optimizer, step, history). "
-                "During a run it is taken at the end of the current step.",
-    "restore": "restore(): go back to the snapshot chosen at the left; the abandoned branch stays on the plot, grey. "
-               "Needs: a snapshot taken first.",
-    "export_png": "Write the current figure as PNG into the export folder and offer a download link.",
-    "export_svg": "Write the current figure as SVG into the export folder and offer a download link.",
-    "export_csv": "Write trainer.history as CSV into the export folder and offer a download link.",
-    "clear_error": "Clear the error details below.",
-}
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return html.escape(str(v))
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def skipped_tasks(trainer: Trainer) -> dict[str, str]:
-    """Tasks ``step()`` leaves out, with the reason (task weight 0, or every linked set weight 0)."""
-    out = {}
-    for name, t in trainer.tasks.items():
-        if t.weight == 0:
-            out[name] = "task weight 0"
-        elif all(ls.weight == 0 for ls in t.linkedsets.values()):
-            out[name] = "all its linked sets have weight 0"
-    return out
-
-
-def run_refusal(trainer: Trainer) -> str | None:
-    """Why a background run would fail at once (checked before starting a thread), or None."""
-    skipped = skipped_tasks(trainer)
-    if len(skipped) == len(trainer.tasks):
-        return "every task is skipped (" + "; ".join(f"{n}: {r}" for n, r in skipped.items()) + "); raise a weight first"
-    busy = {n: trainer.state(n).minibatches for n, p in trainer.phase().items() if p in BUSY}
-    if busy:
-        parts = ", ".join(f"{n}: {k} minibatch(es), {trainer.phase()[n]}" for n, k in busy.items())
-        return (f"minibatches were accumulated by hand ({parts}); a run would discard them. "
-                "Click step to finish that accumulation, or reset to discard it, first")
-    for name, t in trainer.tasks.items():
-        if name in skipped:
-            continue
-        for sname, ls in t.linkedsets.items():
-            if ls.weight > 0 and ls.examples is None:
-                return (f"linked set {sname!r} of task {name!r} has no examples (explicit batches only); "
-                        "a run draws minibatches from examples: set its weight to 0 or give it examples")
-    return None
+from .texts import (BUSY, REASONS, STEPWISE, TOOLTIPS, clock, counter_html, events_html, run_refusal, skipped_tasks,
+                    state_table_html, validation_html)
 
 
 class Dashboard(widgets.VBox):
@@ -126,7 +47,7 @@ class Dashboard(widgets.VBox):
     """
 
     def __init__(self, trainer: Trainer, refresh_s: float = 0.25, draw_interval: float = 0.5,
-                 max_points: int = 600, plots: bool = True, keep_snapshots: int = 5,
+                 max_points: int = LIVE_POINTS, plots: bool = True, keep_snapshots: int = 5,
                  export_dir: str | Path = "mtlab_export") -> None:
         self.trainer = trainer
         self.refresh_s = float(refresh_s)  # counter/table/progress at most this often during a run
@@ -197,6 +118,7 @@ class Dashboard(widgets.VBox):
         self.lr_slider = widgets.FloatLogSlider(value=lr, base=10, min=math.log10(lr) - 3, max=math.log10(lr) + 2,
                                                 step=0.05, description="lr", readout_format=".2e",
                                                 continuous_update=False, style=style,
+                                                layout=widgets.Layout(width="340px"),
                                                 tooltip="trainer.lr: learning rate of the next apply(); a run's "
                                                         "schedule sets it again at each step (lr decay)")
         self.lr_slider.observe(lambda ch: self._set_lr(ch["new"]), "value")
@@ -210,6 +132,7 @@ class Dashboard(widgets.VBox):
                                                   step=0.05, description="clip value", readout_format=".3g",
                                                   continuous_update=False, disabled=clip is None,
                                                   style={"description_width": "70px"},
+                                                  layout=widgets.Layout(width="280px"),
                                                   tooltip="trainer.clip_grad_value: clip() clamps every gradient "
                                                           "element to ± this value. Needs: clip ticked")
         self.clip_toggle.observe(lambda ch: self._set_clip(), "value")
@@ -218,12 +141,12 @@ class Dashboard(widgets.VBox):
 
         tasks = list(trainer.tasks)
         self.task_dropdown = widgets.Dropdown(options=tasks, value=tasks[0], description="task",
-                                              layout=widgets.Layout(width="190px", flex="0 0 auto"),
-                                              style={"description_width": "40px"},
+                                              layout=widgets.Layout(width="160px", flex="0 0 auto"),
+                                              style={"description_width": "35px"},
                                               tooltip="the task 'process minibatch' works on")
         self.set_dropdown = widgets.Dropdown(options=list(trainer.tasks[tasks[0]].linkedsets), description="set",
-                                             layout=widgets.Layout(width="190px", flex="0 0 auto"),
-                                             style={"description_width": "40px"},
+                                             layout=widgets.Layout(width="160px", flex="0 0 auto"),
+                                             style={"description_width": "35px"},
                                              tooltip="the linked set 'process minibatch' draws from")
         self.task_dropdown.observe(self._on_task_choice, "value")
         self.steps_box = widgets.BoundedIntText(value=0, min=0, max=10**9, description="steps",
@@ -265,7 +188,7 @@ class Dashboard(widgets.VBox):
             widgets.HBox([B["normalize"], B["clip"], B["apply"], B["step"], B["reset"]], layout=wrap),
             widgets.HBox([self.steps_box, B["run"], B["pause"], B["stop"]], layout=wrap),
             widgets.HBox([B["snapshot"], self.snapshot_dropdown, B["restore"]], layout=wrap),
-        ], layout=widgets.Layout(flex="1 1 auto"))
+        ], layout=widgets.Layout(flex="1 1 420px"))
         self.counter = widgets.HTML()
         self.status = widgets.HTML()
         self.progress = widgets.IntProgress(value=0, min=0, max=1, layout=widgets.Layout(width="300px"),
@@ -278,22 +201,22 @@ class Dashboard(widgets.VBox):
         self.image = widgets.Image(format="png", layout=widgets.Layout(width="100%", max_width="1100px"))
         self.plot_label = widgets.HTML()
         self.scale_toggle = widgets.ToggleButtons(options=["linear", "log"], value="linear", description="loss axis",
-                                                  style={"button_width": "60px", "description_width": "60px"},
+                                                  style={"button_width": "60px", "description_width": "70px"},
                                                   tooltips=["linear loss axis", "logarithmic loss axis"],
                                                   tooltip="scale of the loss panel")
         self.scale_toggle.observe(self._on_plot_option, "value")
         self.smoothing_slider = widgets.FloatSlider(value=0.0, min=0.0, max=0.98, step=0.02, description="smoothing",
                                                     continuous_update=False, readout_format=".2f",
-                                                    style={"description_width": "60px"},
-                                                    layout=widgets.Layout(width="280px"),
+                                                    style={"description_width": "75px"},
+                                                    layout=widgets.Layout(width="300px", flex="0 0 auto"),
                                                     tooltip="exponential moving average of the loss curves "
                                                             "(0: raw); the raw curve stays faint behind")
         self.smoothing_slider.observe(self._on_plot_option, "value")
         self.event_log = widgets.HTML()
         self.export_links = widgets.HTML()
         self.error_box = widgets.HTML()
-        controls = widgets.HBox([widgets.VBox(rows, layout=widgets.Layout(flex="0 1 auto", min_width="360px")),
-                                 buttons], layout=widgets.Layout(flex_flow="row wrap"))
+        controls = widgets.HBox([widgets.VBox(rows, layout=widgets.Layout(flex="0 0 auto")), buttons],
+                                layout=widgets.Layout(flex_flow="row wrap"))
         plot_options = widgets.HBox([self.plot_label, self.scale_toggle, self.smoothing_slider, B["export_png"],
                                      B["export_svg"], B["export_csv"], self.export_links], layout=wrap)
         parts: list[widgets.Widget] = [self.counter, self.progress_box, self.status,
@@ -310,7 +233,7 @@ class Dashboard(widgets.VBox):
     def _weight_slider(label: str, value: float, width: str, tip: str) -> widgets.FloatSlider:
         return widgets.FloatSlider(value=value, min=0.0, max=max(2.0, 2 * value), step=0.01, description=label,
                                    readout_format=".2f", continuous_update=False, tooltip=tip,
-                                   style={"description_width": width})
+                                   style={"description_width": width}, layout=widgets.Layout(width="340px"))
 
     # ------------------------------------------------------------------ sliders
     def _guard(self, fn: Callable[[], Any]) -> None:
@@ -705,10 +628,10 @@ class Dashboard(widgets.VBox):
                         xs.append(step)
                         ys.append(value)
             self._data_step = tr.step_count
-        self.table.value = self._table_html()
-        self.counter.value = self._counter_html()
-        self.validation_table.value = self._validation_html()
-        self.event_log.value = self._events_html()
+        self.table.value = state_table_html(tr)
+        self.counter.value = counter_html(tr, self.run)
+        self.validation_table.value = validation_html(self.records)
+        self.event_log.value = events_html(self.events)
         self._update_progress()
         self._last_collect = time.monotonic()
 
@@ -766,20 +689,6 @@ class Dashboard(widgets.VBox):
         with self._draw_lock:
             pass
 
-    def _counter_html(self) -> str:
-        tr = self.trainer
-        phases = ", ".join(f"{n}: <i>{p}</i>" for n, p in tr.phase().items())
-        run = ""
-        r = self.run
-        if r is not None and r.alive:
-            run = f" &middot; {r.state} ({r.rate():.2f} steps/s)"
-        skipped = skipped_tasks(tr)
-        skip = ""
-        if skipped:
-            skip = (" &middot; <span style='color:#b35900'>skipped by step(): " +
-                    "; ".join(f"{html.escape(n)} ({html.escape(w)})" for n, w in skipped.items()) + "</span>")
-        return f"<b>step {tr.step_count}</b> &middot; {phases}{run}{skip}"
-
     def _show_progress(self, run: Run) -> None:
         self.progress_box.layout.display = ""
         self._update_progress()
@@ -794,70 +703,22 @@ class Dashboard(widgets.VBox):
             total = max(int(schedule.num_steps) - (self.trainer.step_count - run.steps_done), 0)
         done = run.steps_done
         rate = run.rate()
+        self.progress.layout.visibility = "visible" if total else "hidden"
         if total:
             self.progress.max = max(total, 1)
             self.progress.value = min(done, total)
             eta = (total - done) / rate if rate > 0 and done else float("nan")
             text = f"{done}/{total} steps"
-            text += f" &middot; ETA {_clock(eta)}" if math.isfinite(eta) and run.alive else ""
-        else:
-            self.progress.max = max(done, 1)
-            self.progress.value = done
+            text += f" &middot; ETA {clock(eta)}" if math.isfinite(eta) and run.alive else ""
+        else:  # no end known: no bar (a full bar would claim the run is done)
             text = f"{done} steps (until stopped)"
-        text += f" &middot; {rate:.2f} steps/s &middot; elapsed {_clock(run.active_seconds())}"
+        text += f" &middot; {rate:.2f} steps/s &middot; elapsed {clock(run.active_seconds())}"
         if run.state == "paused":
             text += " &middot; paused"
         elif run.state == "ended":
             text += f" &middot; ended ({html.escape(str(run.reason))})"
             self.progress.bar_style = "danger" if run.error is not None else "success"
         self.progress_label.value = text
-
-    def _table_html(self) -> str:
-        head = ("<tr><th>task</th><th>phase</th><th>minibatches</th><th>Σ w·loss</th><th>Σ w·norm</th>"
-                "<th>loss/norm</th><th>grad norm per model</th><th>clipped norm</th><th>clipped</th></tr>")
-        body = []
-        skipped = skipped_tasks(self.trainer)
-        for name in self.trainer.tasks:
-            st = self.trainer.state(name)
-            s = st.summary()
-            phase = str(getattr(s["phase"], "value", s["phase"]))
-            if name in skipped:
-                phase = f"{phase}; skipped ({skipped[name]})"
-            clip_frac = s["clip_fraction"]
-            body.append("<tr>" + "".join(f"<td>{_fmt(v)}</td>" for v in (
-                name, phase, s["minibatches"], s["loss"], s["normalizer"],
-                s["normalized_loss"] if s["minibatches"] else None, self._model_norms(st),
-                s["grad_norm_clipped"], None if clip_frac is None else f"{100 * float(clip_frac):.2g}%")) + "</tr>")
-        style = ("<style>.mtlab-state td,.mtlab-state th{padding:1px 8px;text-align:right;font-size:12px;"
-                 "white-space:nowrap}</style>")
-        return f"{style}<table class='mtlab-state'>{head}{''.join(body)}</table>"
-
-    def _validation_html(self) -> str:
-        """One row per validation of the loop (fastai-like): step, per task, total, action."""
-        if not self.records:
-            return ""
-        keys = [k for k in self.records[-1] if k not in ("step", "loss", "lr", "lr_scale", "tries", "best", "action")
-                and "/" not in k]
-        head = "<tr><th>step</th>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + \
-               "<th>valid loss</th><th>lr</th><th>action</th></tr>"
-        body = "".join("<tr>" + "".join(f"<td>{_fmt(r.get(k))}</td>" for k in ("step", *keys, "loss", "lr", "action"))
-                       + "</tr>" for r in self.records[-12:])
-        style = ("<style>.mtlab-valid td,.mtlab-valid th{padding:1px 8px;text-align:right;font-size:12px;"
-                 "white-space:nowrap}</style>")
-        return f"{style}<b>validation</b><table class='mtlab-valid'>{head}{body}</table>"
-
-    def _events_html(self) -> str:
-        if not self.events:
-            return ""
-        items = "".join(f"<li value='{i}'>step {s}: {html.escape(t)}</li>"
-                        for i, (s, t) in list(enumerate(self.events, start=1))[-12:])
-        return (f"<div style='font-size:12px'><b>events</b> (numbered triangles on the plot)"
-                f"<ol style='margin:0'>{items}</ol></div>")
-
-    @staticmethod
-    def _model_norms(st: Any) -> str:
-        norms = st.model_grad_norms() if st.model_norms else (st.norms()[0] if st.minibatches else {})
-        return ", ".join(f"{m} {float(v):.3g}" for m, v in norms.items())
 
     def _say(self, message: str, error: bool = False) -> None:
         color = "#b00020" if error else "#555"

@@ -166,6 +166,8 @@ class Run:
         except KeyboardInterrupt:
             self.stop("interrupt")
             raise
+        if not thread.is_alive():
+            release_sigint()
         return not thread.is_alive()
 
     # ------------------------------------------------------------------ the thread
@@ -259,7 +261,14 @@ def stop_all(wait: bool = True, timeout: float | None = 30.0, source: str = "sto
     if wait:
         for r in found:
             r.wait(timeout)
+        release_sigint()
     return len(found)
+
+
+def release_sigint() -> None:
+    """Put the previous SIGINT handler back once no run is left (main thread only; a no-op otherwise)."""
+    if threading.current_thread() is threading.main_thread() and not runs() and _kernel_loop() is None:
+        _uninstall()
 
 
 # ---------------------------------------------------------------------------------- Kernel -> Interrupt

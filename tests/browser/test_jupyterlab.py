@@ -1,5 +1,7 @@
-"""The quickstart in a real browser: headless Chromium drives JupyterLab, runs every cell, clicks
-the dashboard's Step button and sees the step counter and the plot change.
+"""The dashboard in a real browser: headless Chromium drives JupyterLab. The quickstart runs every
+cell and the Step button moves the counter and the plot; the layout holds at 1280x800; a dashboard
+cell re-run during a run adopts the run and stops it; the plot's lag behind the counter is measured;
+Voila shows the same dashboard following a run and stops it.
 
 Needs ``pip install playwright jupyterlab`` and ``apt-get install -y chromium`` (never
 ``playwright install``: the system Chromium is used through ``executable_path``). Skipped, with
@@ -38,12 +40,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+RUN_NOTEBOOK = "run_cells.ipynb"
+RUN_CELLS = [
+    f"""import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+import torch
+torch.set_num_threads(1)
+import mtlab, mtlab.ui
+from helpers import make_examples, make_models, task_a, task_b
+ex = make_examples(48, 5)
+trainer = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex)], lr=1e-2, clip_grad_value=0.5, device="cpu")""",
+    "dash = mtlab.ui.dashboard(trainer)\ndash",
+    "dash.start(0)",
+]
+
+
+def write_run_notebook(path: Path) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in RUN_CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
 @pytest.fixture
 def lab(tmp_path: Path):
-    """JupyterLab serving a copy of the quickstart (the server may autosave outputs into it)."""
+    """JupyterLab serving a copy of the quickstart and a small run notebook (the server may
+    autosave outputs into them)."""
     root = tmp_path / "lab"
     root.mkdir()
     shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    write_run_notebook(root / RUN_NOTEBOOK)
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
@@ -74,24 +102,36 @@ def lab(tmp_path: Path):
             proc.kill()
 
 
+def open_and_run_all(page, lab: str, name: str) -> None:
+    page.goto(f"{lab}/lab/tree/{name}?reset")
+    page.wait_for_selector(".jp-Notebook", timeout=60_000)
+    page.wait_for_function("window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
+                           timeout=60_000)
+    # Run all only once the kernel is connected and idle (earlier, the command does nothing).
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp.shell.currentWidget;"
+        " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
+        " return k && k.status === 'idle' && w.sessionContext.isReady; }", timeout=60_000)
+    no_news = page.get_by_role("button", name="No", exact=True)
+    if no_news.count():
+        no_news.first.click()
+    # Not awaited: the command's promise resolves only when every cell has run.
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
+COUNTER_JS = ("() => { const e = [...document.querySelectorAll('.jp-OutputArea .widget-html-content')]"
+              ".find(e => /^step \\d+ /.test(e.textContent)); return e ? parseInt(e.textContent.slice(5)) : -1; }")
+AS_OF_JS = ("() => { const e = document.querySelector('.jp-OutputArea .mtlab-asof');"
+            " return e ? parseInt(e.textContent.replace('plot as of step ', '')) : -1; }")
+STATUS_JS = ("() => [...document.querySelectorAll('.jp-OutputArea .widget-html-content')]"
+             ".map(e => e.textContent).join(' | ')")
+
+
 def test_quickstart_dashboard_step_in_jupyterlab(lab: str, tmp_path: Path) -> None:
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{lab}/lab/tree/{NOTEBOOK.name}?reset")
-        page.wait_for_selector(".jp-Notebook", timeout=60_000)
-        page.wait_for_function("window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
-                               timeout=60_000)
-        # Run all only once the kernel is connected and idle (earlier, the command does nothing).
-        page.wait_for_function(
-            "() => { const w = window.jupyterapp.shell.currentWidget;"
-            " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
-            " return k && k.status === 'idle' && w.sessionContext.isReady; }", timeout=60_000)
-        no_news = page.get_by_role("button", name="No", exact=True)
-        if no_news.count():
-            no_news.first.click()
-        # Not awaited: the command's promise resolves only when every cell has run.
-        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        open_and_run_all(page, lab, NOTEBOOK.name)
 
         output = page.locator(".jp-OutputArea")
         step = output.get_by_role("button", name="step", exact=True)
@@ -114,3 +154,113 @@ def test_quickstart_dashboard_step_in_jupyterlab(lab: str, tmp_path: Path) -> No
         page.screenshot(path=str(shot), full_page=False)
         browser.close()
     assert before_text.startswith("step 6 ") and shot.stat().st_size > 10_000
+
+
+def test_rerun_dashboard_cell_during_a_run_adopts_and_stops_it(lab: str, tmp_path: Path) -> None:
+    """At 1280x800: nothing cut, headers on one line; the plot follows the counter (lag measured,
+    screenshot kept); re-running the dashboard cell mid-run gives a dashboard whose stop works."""
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        open_and_run_all(page, lab, RUN_NOTEBOOK)
+        page.wait_for_function(f"({COUNTER_JS})() >= 5", timeout=90_000)
+        page.wait_for_function(f"({AS_OF_JS})() >= 1", timeout=30_000)
+
+        page.screenshot(path=str(tmp_path / "layout_1280x800.png"), full_page=True)
+        # Layout at 1280x800: no truncated button or label, table headers on one line.
+        cut = page.evaluate(
+            "() => [...document.querySelectorAll('.jp-OutputArea button, .jp-OutputArea .widget-label')]"
+            ".filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)")
+        assert cut == [], f"cut at 1280x800: {cut}"
+        wrapped = page.evaluate(
+            "() => [...document.querySelectorAll('.jp-OutputArea th')].filter(e => {"
+            " const r = document.createRange(); r.selectNodeContents(e);"
+            " return e.offsetParent !== null && new Set([...r.getClientRects()].map(c => Math.round(c.top))).size > 1; })"
+            ".map(e => e.textContent)")
+        assert wrapped == [], f"table headers wrap: {wrapped}"
+
+        # The plot's lag behind the counter, sampled every 100 ms for 4 s.
+        first_seen: dict[int, float] = {}
+        lags: list[float] = []
+        drawn: set[int] = set()
+        end = time.monotonic() + 4.0
+        while time.monotonic() < end:
+            now = time.monotonic()
+            step, as_of = page.evaluate(f"[({COUNTER_JS})(), ({AS_OF_JS})()]")
+            first_seen.setdefault(step, now)
+            drawn.add(as_of)
+            newer = [t for s, t in first_seen.items() if s > as_of]
+            lags.append(now - min(newer) if newer else 0.0)
+            time.sleep(0.1)
+        shot = tmp_path / "run_1280x800.png"
+        page.locator(".jp-OutputArea img.widget-image").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(shot), full_page=False)
+        print(f"plot lag behind the counter in the browser: max {max(lags):.2f}s, "
+              f"mean {sum(lags) / len(lags):.2f}s over {len(lags)} samples; screenshot {shot}")
+        assert len(drawn) >= 3, f"the plot did not follow the run: as-of steps {sorted(drawn)}"
+
+        # Re-run the dashboard cell while the run goes on: the new dashboard adopts the run.
+        page.evaluate("() => { const nb = window.jupyterapp.shell.currentWidget.content;"
+                      " nb.activeCellIndex = 1; window.jupyterapp.commands.execute('notebook:run-cell'); }")
+        page.wait_for_function(f"() => ({STATUS_JS})().includes('shows the run already in progress')",
+                               timeout=60_000)
+        stop = page.locator(".jp-OutputArea").get_by_role("button", name="stop", exact=True)
+        assert stop.count() == 1  # the old dashboard's output was replaced
+        stop.click()
+        page.wait_for_function(f"() => ({STATUS_JS})().includes('run ended')", timeout=60_000)
+        stopped_at = page.evaluate(COUNTER_JS)
+        time.sleep(1.5)
+        page.screenshot(path=str(tmp_path / "stopped.png"), full_page=False)
+        assert page.evaluate(COUNTER_JS) == stopped_at
+        browser.close()
+
+
+def test_dashboard_in_voila(tmp_path: Path) -> None:
+    """Voila renders the run notebook: the counter and the plot follow the run started in the last
+    cell (the plot reaches the browser from the painter thread), and stop ends it."""
+    pytest.importorskip("voila", reason="needs Voila: pip install voila")
+    root = tmp_path / "voila"
+    root.mkdir()
+    write_run_notebook(root / RUN_NOTEBOOK)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "voila", RUN_NOTEBOOK, "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1"],
+        cwd=root, env={**os.environ, "MTLAB_FAST": "1"}, stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "voila.log").open("w"))
+    try:
+        end = time.monotonic() + 60
+        while True:  # the TCP port, not GET / (each GET starts a kernel)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > end:
+                    pytest.fail(f"Voila did not start; see {tmp_path / 'voila.log'}")
+                time.sleep(0.3)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+            page = browser.new_page(viewport={"width": 1280, "height": 800})
+            page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
+            counter = ("() => { const e = [...document.querySelectorAll('.widget-html-content')]"
+                       ".find(e => /^step \\d+ /.test(e.textContent)); return e ? parseInt(e.textContent.slice(5)) : -1; }")
+            as_of = ("() => { const e = document.querySelector('.mtlab-asof');"
+                     " return e ? parseInt(e.textContent.replace('plot as of step ', '')) : -1; }")
+            page.wait_for_function(f"({counter})() >= 5", timeout=120_000)
+            first = page.evaluate(as_of)
+            page.wait_for_function(f"({as_of})() > {first}", timeout=30_000)  # redrawn from the thread
+            image = page.locator("img.widget-image").first
+            assert image.get_attribute("src").startswith(("blob:", "data:image/png"))
+            page.screenshot(path=str(tmp_path / "voila.png"), full_page=True)
+            page.get_by_role("button", name="stop", exact=True).click()
+            page.wait_for_function("() => [...document.querySelectorAll('.widget-html-content')]"
+                                   ".some(e => e.textContent.includes('run ended'))", timeout=60_000)
+            stopped_at = page.evaluate(counter)
+            time.sleep(1.0)
+            assert page.evaluate(counter) == stopped_at
+            browser.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()

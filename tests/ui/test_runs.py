@@ -232,3 +232,52 @@ def test_progress_bar_and_validation_table():
     assert "<th>valid loss</th>" in d.validation_table.value and "better" in d.validation_table.value
     assert "2.3" in d.validation_table.value
     d.close()
+
+
+def fake_loop(validate_every: int = 2):
+    """The training loop's contract (``mtlab.loop.run``): between_steps before each step (True
+    stops), "validation" events to the trainer's callbacks."""
+    def run(trainer, schedule=None, steps=None, progress=True, expdir=None, between_steps=None):
+        done = 0
+        while not (between_steps is not None and between_steps()) and (steps is None or done < steps):
+            trainer.step()
+            done += 1
+            if trainer.step_count % validate_every == 0:
+                record = {"step": trainer.step_count, "a": 1.0 / trainer.step_count, "b": 0.5, "loss": 1.5,
+                          "lr": trainer.lr, "action": "better"}
+                for cb in list(trainer.callbacks):
+                    cb("validation", {"step": trainer.step_count, "record": record})
+        return None
+    return run
+
+
+def test_a_run_goes_through_the_training_loop(monkeypatch):
+    monkeypatch.setattr(mtlab.ui.runs, "_loop_run", lambda: fake_loop())
+    tr = make_trainer()
+    d = mtlab.ui.dashboard(tr, refresh_s=0.0)
+    assert d.start(6)
+    d.wait(20)
+    assert tr.step_count == 6 and d.run.steps_done == 6 and d.run.reason == "steps"
+    assert [r["step"] for r in d.records] == [2, 4, 6]
+    assert "valid loss" in d.validation_table.value
+    assert list(d.live.lines["valid:a"].get_xdata()) == [2, 4, 6]
+    # Pause blocks inside between_steps; stop returns True from it.
+    assert d.start(0)
+    until(lambda: tr.step_count >= 8)
+    d.pause()
+    until(lambda: d.run.state == "paused")
+    n = tr.step_count
+    time.sleep(0.3)
+    assert tr.step_count == n
+    d.stop()
+    assert not d.running and d.run.reason == "stopped" and tr.step_count == n
+    d.close()
+
+
+def test_the_interrupt_handler_is_put_back_after_the_runs():
+    before = signal.getsignal(signal.SIGINT)
+    d = mtlab.ui.dashboard(make_trainer(), plots=False)
+    d.start(2)
+    d.wait(20)
+    assert signal.getsignal(signal.SIGINT) is before
+    d.close()
