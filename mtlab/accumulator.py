@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import torch
@@ -46,6 +47,7 @@ class MinibatchRecord:
 
 
 GRAD_STATS = ("grad_norm", "grad_norm_clipped", "clip_fraction")
+_EMPTY: Mapping[str, Tensor] = MappingProxyType({})
 
 
 class Accumulator:
@@ -68,6 +70,7 @@ class Accumulator:
         self.device = torch.device(device)
         self.buffers: list[Tensor] = []
         self._views: dict[str, Tensor] = {}
+        self._readonly = MappingProxyType(self._views)
         self.segments: dict[str, list[tuple[int, int, int]]] = {}  # model -> [(buffer index, start, end)]
         self._clear()
 
@@ -105,9 +108,10 @@ class Accumulator:
                 start += p.numel()
 
     @property
-    def grads(self) -> dict[str, Tensor]:
-        """Parameter name -> this task's gradient (views into ``buffers``); empty when nothing is accumulated."""
-        return dict(self._views) if self.minibatches else {}
+    def grads(self) -> Mapping[str, Tensor]:
+        """Parameter name -> this task's gradient (views into ``buffers``; a read-only mapping, no copy);
+        empty when nothing is accumulated."""
+        return self._readonly if self.minibatches else _EMPTY
 
     def begin(self) -> None:
         """Before a backward: start afresh after ``apply``/reset, and point every ``.grad`` at this task's views
