@@ -1,0 +1,58 @@
+"""History: rows stay tensors until read, then one transfer; step is a column; truncate and state round-trip."""
+
+from __future__ import annotations
+
+import torch
+
+from mtlab.history import History, step_row
+
+
+def test_rows_are_read_lazily_in_one_transfer(monkeypatch) -> None:
+    h = History()
+    h.append({"step": 1, "loss": torch.tensor(0.5), "skipped": torch.tensor(False)})
+    h.append({"step": 2, "loss": torch.tensor(0.25), "skipped": torch.tensor(True)})
+    assert isinstance(h.last()["loss"], torch.Tensor)  # nothing read yet
+    stacks = []
+    real = torch.stack
+    monkeypatch.setattr(torch, "stack", lambda ts, *a, **k: stacks.append(len(ts)) or real(ts, *a, **k))
+    rows = h.rows()
+    assert stacks == [4]  # every pending value in one stack -> one device-to-host copy
+    assert rows == [{"step": 1, "loss": 0.5, "skipped": False}, {"step": 2, "loss": 0.25, "skipped": True}]
+    frame = h.frame()
+    assert list(frame["step"]) == [1, 2] and frame.index.name is None and list(frame.index) == [0, 1]
+
+
+def test_truncate_and_state_dict_round_trip() -> None:
+    h = History()
+    for i in range(1, 5):
+        h.append({"step": i, "loss": torch.tensor(float(i))})
+    h.truncate(2)
+    assert [r["step"] for r in h.rows()] == [1, 2]
+    other = History()
+    other.load_state_dict(h.state_dict())
+    assert other.rows() == h.rows() and len(other) == 2
+    assert list(History().frame().columns) == ["step", "lr", "skipped"]
+
+
+def test_step_row_names_every_weight_and_only_the_tasks_that_took_part() -> None:
+    class LS:
+        weight = 0.5
+
+    class T:
+        weight = 1.0
+        linkedsets = {"clean": LS()}
+
+    class Acc:
+        normalized_loss = torch.tensor(2.0)
+        set_totals = {"clean": torch.tensor([4.0, 2.0])}
+        grad_norm = grad_norm_clipped = torch.tensor(1.0)
+        clip_fraction = torch.tensor(0.0)
+        minibatches = 3
+
+        def linkedset_loss(self, name: str) -> torch.Tensor:
+            return self.set_totals[name][0] / self.set_totals[name][1]
+
+    row = step_row(7, 1e-3, False, {"a": T(), "b": T()}, {"a": Acc()})
+    assert row["step"] == 7 and row["a/weight"] == 1.0 and row["b/clean/weight"] == 0.5
+    assert float(row["a/clean/loss"]) == 2.0 and row["a/minibatches"] == 3
+    assert "b/loss" not in row
