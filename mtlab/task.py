@@ -44,26 +44,24 @@ def check_count(value: Any, what: str, meaning: str) -> int:
     return value
 
 
-def check_positive(value: Any, what: str) -> float:
-    """A positive finite float, or a ConfigError naming ``what``."""
+def _number(value: Any, what: str, ok: Callable[[float], bool], rule: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{what} must be a positive number, got {value!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise ConfigError(f"{what} must be a positive finite number, got {value!r}")
+        raise ConfigError(f"{what} must be a number {rule}, got {value!r}") from None
+    if not ok(v):
+        raise ConfigError(f"{what} must be {rule}, got {value!r}")
     return v
+
+
+def check_positive(value: Any, what: str, hint: str = "") -> float:
+    """A positive finite float, or a ConfigError naming ``what`` (and ``hint``, e.g. how to turn it off)."""
+    return _number(value, what, lambda v: v > 0 and math.isfinite(v), "> 0 and finite" + hint)
 
 
 def check_weight(value: Any, what: str) -> float:
     """A finite, non-negative float, or a ConfigError naming ``what``."""
-    try:
-        w = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} must be a number >= 0, got {value!r}") from None
-    if not math.isfinite(w) or w < 0:
-        raise ConfigError(f"{what} must be a finite number >= 0, got {value!r}")
-    return w
+    return _number(value, what, lambda v: v >= 0 and math.isfinite(v), ">= 0 and finite")
 
 
 class LinkedSet:

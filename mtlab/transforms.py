@@ -18,7 +18,8 @@ import torch
 
 from . import gradops
 from .accumulator import Accumulator, Phase
-from .errors import ConfigError, PhaseError
+from .errors import PhaseError
+from .task import check_positive
 
 
 class Transform:
@@ -44,16 +45,6 @@ class Normalize(Transform):
         return "Normalize()"
 
 
-def _positive(value: float, what: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} must be a positive number or None, got {value!r}") from None
-    if not v > 0 or v == float("inf"):
-        raise ConfigError(f"{what} must be > 0 and finite (or None to turn it off), got {value!r}")
-    return v
-
-
 class ClipByValue(Transform):
     """Clip element-wise to ``[-value, value]``, as ``torch.nn.utils.clip_grad_value_``; records the norms
     before and after and the fraction of elements clipped."""
@@ -62,7 +53,7 @@ class ClipByValue(Transform):
     phase = Phase.CLIPPED
 
     def __init__(self, value: float) -> None:
-        self.value = _positive(value, "clip_grad_value")
+        self.value = check_positive(value, "clip_grad_value", " (or None to turn clipping off)")
 
     def __call__(self, acc: Accumulator) -> None:
         if acc.grad_norm is None:
@@ -84,7 +75,7 @@ class ClipByGlobalNorm(Transform):
     phase = Phase.CLIPPED
 
     def __init__(self, max_norm: float) -> None:
-        self.max_norm = _positive(max_norm, "clip_grad_norm")
+        self.max_norm = check_positive(max_norm, "clip_grad_norm", " (or None to turn it off)")
 
     def __call__(self, acc: Accumulator) -> None:
         if acc.grad_norm is None:
