@@ -12,7 +12,8 @@ long the dashboard redrew, and the plot's lag behind the counter (aim: <= ~1 s),
     python bench/ui_overhead.py --case overhead # tiny model: per-step costs dominate
 
 The dashboard collects new history rows and the state table in the training thread every
-``refresh_s`` (0.25 s); a painter thread draws the plot at most every ``draw_interval`` (0.5 s).
+``refresh_s`` (0.25 s); a painter thread draws the plot at most every ``draw_interval`` (0.7 s),
+moving the axis limits (a full redraw) at most every 2 s and otherwise redrawing only the data lines.
 On a shared machine windows vary by +-25%: rerun, or raise --rounds, before reading a ratio a
 few percent off 1.
 """

@@ -46,7 +46,7 @@ class Dashboard(widgets.VBox):
     ``export_links``. ``run`` is the trainer's run shown here (None when none).
     """
 
-    def __init__(self, trainer: Trainer, refresh_s: float = 0.25, draw_interval: float = 0.5,
+    def __init__(self, trainer: Trainer, refresh_s: float = 0.25, draw_interval: float = 0.7,
                  max_points: int = LIVE_POINTS, plots: bool = True, keep_snapshots: int = 5,
                  export_dir: str | Path = "mtlab_export") -> None:
         self.trainer = trainer

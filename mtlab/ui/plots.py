@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,8 +126,11 @@ def as_frame(history: Any) -> pd.DataFrame:
 
 
 def _steps(df: pd.DataFrame) -> pd.Series:
+    """The step of each row: the ``step`` column, else an index named ``step``, else 1, 2, ..."""
     if "step" in df.columns:
         return pd.to_numeric(df["step"], errors="coerce")
+    if df.index.name == "step":
+        return pd.Series(pd.to_numeric(df.index, errors="coerce"), index=df.index)
     return pd.Series(range(1, len(df) + 1), index=df.index)
 
 
@@ -384,6 +388,8 @@ class LivePlot:
         self._legend_keys: dict[str, Any] = {}
         self._background: Any = None
         self._stale = True  # the background must be drawn again
+        self._last_full = -1e9  # when it was drawn last (monotonic seconds)
+        self.min_full_interval = 2.0  # limits move at most this often; in between, lines may leave the view
         for panel, ax in self.axes.items():
             _decorate(ax, panel)
         self.as_of = self.figure.text(0.995, 0.97, "", ha="right", va="top", fontsize=8, color="#333333",
@@ -458,6 +464,7 @@ class LivePlot:
             for ax in self.axes.values():
                 self._event_artists += _mark_events(ax, events)
             self._stale = True
+        refit = self._stale or time.monotonic() - self._last_full >= self.min_full_interval
         for panel, ax in self.axes.items():
             keys = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:"))
                          and self.lines[k].axes is ax)
@@ -468,7 +475,9 @@ class LivePlot:
                     ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left",
                               bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
                 self._stale = True
-            self._fit(panel, ax)
+                refit = True
+            if refit or self._stale:
+                self._fit(panel, ax)
         self.as_of.set_text("" if step is None else f"as of step {step}")
 
     def _fit(self, panel: str, ax: Axes) -> None:
@@ -491,7 +500,7 @@ class LivePlot:
         cx0, cx1 = ax.get_xlim()
         if self._stale or x0 < cx0 or x1 > cx1 or 0 < (x1 - x0) < (cx1 - cx0) / 3:
             span = max(x1 - x0, 1.0)
-            ax.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.4 * span, 30.0))
+            ax.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.5 * span, 50.0))
             self._stale = True
         if panel == "clip_fraction":
             y0 = 0.0
@@ -517,6 +526,7 @@ class LivePlot:
             self.canvas.draw()  # animated artists (data lines, the label) are left out
             self._background = self.canvas.copy_from_bbox(self.figure.bbox)
             self._stale = False
+            self._last_full = time.monotonic()
             self.full_draws += 1
         else:
             self.canvas.restore_region(self._background)

@@ -65,6 +65,7 @@ class Run:
         self._listeners: list[Listener] = []
         self._thread: threading.Thread | None = None
         self.stop_source: str | None = None
+        self.loop_reason: str | None = None  # what the training loop said when it returned
 
     # ------------------------------------------------------------------ queries
     @property
@@ -174,6 +175,8 @@ class Run:
     def _count(self, event: str, info: dict[str, Any]) -> None:
         if event == "apply" and self.in_thread:
             self.steps_done += 1
+        elif event == "run_end" and self.in_thread:
+            self.loop_reason = str(info.get("reason"))
 
     def _run_commands(self) -> None:
         with self._commands_lock:
@@ -215,7 +218,7 @@ class Run:
             if loop is not None:
                 out = loop(self.trainer, schedule=self.schedule, steps=self.steps or None, progress=False,
                            between_steps=self._between)
-                last = getattr(out, "last_stop", None) or getattr(out, "reason", None)
+                last = self.loop_reason or getattr(out, "last_stop", None) or getattr(out, "reason", None)
                 self.reason = self.reason or (str(last) if last else None)
             else:
                 while not self._between():
@@ -225,7 +228,7 @@ class Run:
             self.error = exc
             self.reason = "error"
         finally:
-            if self._stop.is_set() and self.reason in (None, "interrupted", "stopped"):
+            if self._stop.is_set() and self.reason != "error":  # asked to stop: say who asked
                 self.reason = "interrupted" if self.stop_source == "interrupt" else "stopped"
             self.reason = self.reason or "done"
             self.trainer.remove_callback(self._count)

@@ -95,7 +95,7 @@ def run_refusal(trainer: Trainer) -> str | None:
 
 def counter_html(trainer: Trainer, run: Any = None) -> str:
     """``step N · phases · run state (steps/s) · skipped tasks``."""
-    phases = ", ".join(f"{n}: <i>{p}</i>" for n, p in trainer.phase().items())
+    phases = ", ".join(f"{n}: <i>{getattr(p, 'value', p)}</i>" for n, p in trainer.phase().items())
     state = ""
     if run is not None and run.alive:
         state = f" &middot; {run.state} ({run.rate():.2f} steps/s)"
