@@ -362,12 +362,10 @@ class Dashboard(widgets.VBox):
             extra = "; skipped " + ", ".join(f"{n} ({r})" for n, r in skipped.items()) if skipped else ""
             return f"step: done (a whole cycle, step {tr.step_count}){extra}"
         calls = []
-        if any(p == "accumulating" for p, _ in busy.values()) and tr.normalize_gradients:
-            tr.normalize()
-            calls.append("normalize")
-        if tr.clip_grad_value is not None and any(p != "clipped" for p in tr.phase().values() if p in BUSY):
-            tr.clip()
-            calls.append("clip")
+        for call in tr.chain.calls():  # the trainer's own chain (normalize, clip by value / norm), in order
+            if any(nxt == call for name, nxt in tr.next_calls().items() if name in busy):
+                getattr(tr, call)()
+                calls.append(call)
         tr.apply()
         calls.append("apply")
         parts = ", ".join(f"{n}: {k} minibatch(es)" for n, (_, k) in busy.items())
@@ -628,6 +626,12 @@ class Dashboard(widgets.VBox):
                         xs.append(step)
                         ys.append(value)
             self._data_step = tr.step_count
+        if self.lr_slider.value != tr.lr and not self._syncing:  # a schedule moves the lr during a run
+            self._syncing = True
+            try:
+                self.lr_slider.value = tr.lr
+            finally:
+                self._syncing = False
         self.table.value = state_table_html(tr)
         self.counter.value = counter_html(tr, self.run)
         self.validation_table.value = validation_html(self.records)
@@ -748,17 +752,18 @@ class Dashboard(widgets.VBox):
         super().close()
 
 
-def dashboard(trainer: Any, **kwargs: Any) -> Dashboard:
-    """A live dashboard widget for a trainer (or an experiment with ``.trainer``); display it as a
-    cell's last expression. A dashboard built while the trainer's run goes shows (adopts) that run.
+def dashboard(trainer: Any, schedule: Any = None, **kwargs: Any) -> Dashboard:
+    """A live dashboard widget for a trainer (or an experiment from ``mtlab.from_recipe``); display it
+    as a cell's last expression. A dashboard built while the trainer's run goes shows (adopts) that run.
+    Its runs go through ``mtlab.loop.run`` with ``schedule`` (default: the experiment's; none: the
+    trainer's lr until stopped), so lr decay, validation and go_back happen as in a script.
 
     >>> d = mtlab.ui.dashboard(trainer)
     >>> d            # sliders, stepwise buttons, run/pause/stop, state table, live plots
     >>> d.start(100); d.wait()
     """
-    schedule = None
     if not isinstance(trainer, Trainer) and isinstance(getattr(trainer, "trainer", None), Trainer):
-        schedule = getattr(trainer, "schedule", None)
+        schedule = schedule if schedule is not None else getattr(trainer, "schedule", None)
         trainer = trainer.trainer
     if not isinstance(trainer, Trainer):
         raise TypeError(f"dashboard() takes an mtlab.Trainer (or an experiment with .trainer), got {type(trainer).__name__}")

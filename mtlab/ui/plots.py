@@ -159,7 +159,8 @@ def validation_series(validation: Any) -> dict[str, Series]:
         return {}
     records: Iterable[Mapping[str, Any]]
     records = validation.to_dict("records") if isinstance(validation, pd.DataFrame) else validation
-    out: dict[str, tuple[list[float], list[float]]] = {}
+    points: dict[str, dict[float, float]] = {}  # name -> step -> value: the loop's record and the evaluate
+    # events it made for the same step give one point, not two
     for r in records:
         if "task" in r and "linkedset" in r:
             items = [(f"{r['task']}/{r['linkedset']}", r["loss"])]
@@ -168,10 +169,8 @@ def validation_series(validation: Any) -> dict[str, Series]:
             items = [(k, v) for k, v in r.items() if k not in skip and isinstance(v, (int, float))]
         for key, value in items:
             if isinstance(value, (int, float)) and math.isfinite(value):
-                xs, ys = out.setdefault(str(key), ([], []))
-                xs.append(r["step"])
-                ys.append(float(value))
-    return dict(out)
+                points.setdefault(str(key), {})[r["step"]] = float(value)
+    return {k: (list(v), list(v.values())) for k, v in points.items()}
 
 
 def events_from_frame(df: pd.DataFrame) -> list[tuple[float, str]]:

@@ -281,3 +281,37 @@ def test_the_interrupt_handler_is_put_back_after_the_runs():
     d.wait(20)
     assert signal.getsignal(signal.SIGINT) is before
     d.close()
+
+
+def test_a_dashboard_run_uses_the_loop_with_lr_decay_and_validation():
+    ex = make_examples(24, 5)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], lr=1e-2, clip_grad_value=0.5, device="cpu")
+    for ls in tr.tasks["a"].linkedsets.values():
+        ls.valid = ex[:6]
+    schedule = mtlab.Schedule(num_steps=6, initial_learning_rate=1e-2, learning_rate_decay=0.1, valid_frequency=2)
+    d = mtlab.ui.dashboard(tr, schedule=schedule, refresh_s=0.0)
+    assert d.start(0)
+    d.wait(30)
+    assert d.run.reason == "done" and tr.step_count == 6
+    lrs = tr.history["lr"].tolist()
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] < lrs[0] * 0.5  # decayed by the schedule
+    assert [r["step"] for r in d.records] == [2, 4, 6] and "valid loss" in d.validation_table.value
+    xs, _ = d.live.lines["valid:a"].get_data()
+    assert list(xs) == [2, 4, 6]
+    xs, _ = d.live.lines["valid:a/clean"].get_data()
+    assert list(xs) == [2, 4, 6]  # one point per step, though evaluate events came too
+    assert d.lr_slider.value == pytest.approx(tr.lr)
+    assert "6/6 steps" in d.progress_label.value
+    d.close()
+
+
+def test_step_finishes_a_hand_accumulation_already_normalized():
+    tr = make_trainer(numbatches_to_aggregate=1)
+    d = mtlab.ui.dashboard(tr, plots=False)
+    d.buttons["minibatch"].click()
+    d.buttons["minibatch"].click()
+    d.buttons["normalize"].click()
+    d.buttons["step"].click()
+    assert tr.step_count == 1 and tr.history.iloc[-1]["a/minibatches"] == 2
+    assert "with clip, apply instead of a fresh step()" in d.status_text
+    d.close()
