@@ -9,24 +9,37 @@ from torch import Tensor, nn
 class BLSTM(nn.Module):
     """Stacked bidirectional LSTM over padded ``[B, T, D]`` input, honouring ``seq_lengths``
     (packed sequences, so padding never leaks into valid frames). Output ``[B, T, 2*hidden]``,
-    zero on padded frames. ``input_noise`` adds Gaussian noise to the input and ``dropout``
-    drops between layers, in training mode only (as the original's model settings)."""
+    zero on padded frames. In training mode only: ``input_noise`` adds Gaussian noise to the input,
+    ``dropout`` drops between layers (mtlab's), ``layer_dropout`` drops after every layer, the last
+    one included (the original's ``dropout``, which is a keep probability: ``1 - keep``)."""
 
     def __init__(self, input_dim: int, hidden: int, num_layers: int = 1, dropout: float = 0.0,
-                 input_noise: float = 0.0) -> None:
+                 input_noise: float = 0.0, layer_dropout: float = 0.0) -> None:
         super().__init__()
-        self.lstm = nn.LSTM(input_dim, hidden, num_layers=num_layers, batch_first=True, bidirectional=True,
-                            dropout=dropout if num_layers > 1 else 0.0)
+        if layer_dropout > 0:
+            # one LSTM per layer, so the dropout can sit after each of them
+            self.layers = nn.ModuleList(
+                nn.LSTM(input_dim if i == 0 else 2 * hidden, hidden, batch_first=True, bidirectional=True)
+                for i in range(num_layers))
+        else:
+            self.lstm = nn.LSTM(input_dim, hidden, num_layers=num_layers, batch_first=True, bidirectional=True,
+                                dropout=dropout if num_layers > 1 else 0.0)
         self.input_noise = input_noise
+        self.layer_dropout = layer_dropout
         self.output_dim = 2 * hidden
 
     def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
-        # pack_padded_sequence needs lengths on the CPU: a small host copy of B ints.
-        packed = nn.utils.rnn.pack_padded_sequence(x, seq_lengths.cpu(), batch_first=True, enforce_sorted=False)
-        out, _ = self.lstm(packed)
-        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        lstms = list(self.layers) if self.layer_dropout > 0 else [self.lstm]
+        lengths = seq_lengths.cpu()  # pack_padded_sequence needs lengths on the CPU: a small host copy of B ints
+        out = x
+        for lstm in lstms:
+            packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
+            out, _ = lstm(packed)
+            out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+            if self.layer_dropout > 0:
+                out = nn.functional.dropout(out, self.layer_dropout, self.training)
         return out
 
 
@@ -55,6 +68,41 @@ class Linear(nn.Linear):
     """``nn.Linear`` applied on the last axis (per frame for sequences)."""
 
 
+class Dense(nn.Module):
+    """The original's ``linear`` and ``feedforward`` models: Gaussian ``input_noise`` (training only),
+    then one linear layer per entry of ``units``, each followed by ``activation``, the output viewed
+    as ``output_shape`` on the last axis (e.g. ``[129, 20]`` for ``[B, T, 129, 20]``), then
+    ``dropout`` (a drop probability; the original's keep probability is ``1 - dropout``)."""
+
+    ACTIVATIONS = ("none", "tanh", "sigmoid", "relu", "softmax")
+
+    def __init__(self, input_dim: int, units: list[int], activation: str = "none", input_noise: float = 0.0,
+                 dropout: float = 0.0, bias: bool = True, output_shape: list[int] | None = None) -> None:
+        super().__init__()
+        if activation not in self.ACTIVATIONS:
+            from .errors import ConfigError
+
+            raise ConfigError(f"Dense activation {activation!r}; valid: {list(self.ACTIVATIONS)}")
+        dims = [input_dim, *units]
+        self.layers = nn.ModuleList(nn.Linear(a, b, bias=bias) for a, b in zip(dims, dims[1:]))
+        self.activation, self.input_noise, self.dropout = activation, input_noise, dropout
+        self.output_shape = list(output_shape) if output_shape else None
+        self.output_dim = units[-1] if not output_shape else output_shape[-1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and self.input_noise > 0:
+            x = x + self.input_noise * torch.randn_like(x)
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if self.output_shape and i == len(self.layers) - 1:  # reshaped before the activation, as the original
+                x = x.reshape(*x.shape[:-1], *self.output_shape)
+            if self.activation == "softmax":
+                x = torch.softmax(x, dim=-1)
+            elif self.activation != "none":
+                x = getattr(torch, self.activation)(x)
+        return nn.functional.dropout(x, self.dropout, self.training) if self.dropout > 0 else x
+
+
 class MeanPool(nn.Module):
     """Mean over valid frames: ``[B, T, D] -> [B, D]`` (for utterance-level targets)."""
 
@@ -72,7 +120,8 @@ class Concat(nn.Module):
 
 # Model types by name, for recipes: ``type = "BLSTM"`` plus its settings.
 MODELS: dict[str, type[nn.Module]] = {
-    "BLSTM": BLSTM, "FeedForward": FeedForward, "Linear": Linear, "MeanPool": MeanPool, "Concat": Concat,
+    "BLSTM": BLSTM, "FeedForward": FeedForward, "Linear": Linear, "Dense": Dense, "MeanPool": MeanPool,
+    "Concat": Concat,
 }
 
 

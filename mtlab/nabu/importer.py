@@ -1,0 +1,691 @@
+"""Import an original Nabu-MSSS recipe folder as an mtlab recipe dict.
+
+>>> recipe = import_nabu("config/recipes/papers/ICASSP2018/MERL_DC_2spk", data_root="/data/wsjMix")
+>>> write_toml(recipe, "merl_dc_2spk.toml")
+
+The folder's ``trainer.cfg`` (``[trainer]`` and the ``[task_*]`` sections), ``model.cfg``,
+``loss.cfg``, ``database.conf``, the processor configs it names and ``validation_evaluator.cfg`` are
+read. The result is a plain mtlab recipe (``trainer``, ``models``, ``tasks``: what
+``mtlab.recipe`` reads) plus ``recipe["nabu"]``, the original's settings that the plain schema has no
+place for: the ``segment_lengths`` curriculum (``stages``), ``init_file``, ``num_tries = None``,
+``trainset_frac``, the validation evaluator's settings, the original's stopping rules, and each
+database section with its path re-rooted under ``data_root`` and the STFT settings of its processor.
+
+A setting mtlab cannot honour is a ConfigError naming the file, the key and why (``strict=True``,
+the default); with ``strict=False`` each one is listed in ``recipe["nabu"]["unsupported"]`` instead and
+the import goes on. A key the original does not define is an "unknown key" error.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..errors import ConfigError
+from .ini import read_ini, section, words
+
+SAMPLE_RATE = 8000  # the original recipes' corpora (wav8k)
+
+# The original's [trainer] keys: how each value is read. "stage" kinds may give one value per segment length.
+TRAINER_KEYS: dict[str, str] = {
+    "trainer": "str", "tasks": "names", "segment_lengths": "names", "init_file": "str",
+    "num_epochs": "stage_float", "initial_learning_rate": "stage_float", "learning_rate_decay": "stage_float",
+    "clip_grad_value": "stage_float", "normalize_gradients": "stage_bool", "batch_size": "stage_int",
+    "numbatches_to_aggregate": "stage_int", "numbuckets": "stage_int", "valid_frequency": "stage_int",
+    "valid_adapt": "stage_bool", "go_back": "stage_bool", "num_tries": "stage_tries", "reset_tries": "stage_bool",
+    "task_weights": "floats", "acc_steps": "bool", "normalize_weights_acc_steps": "bool",
+    "print_grads_stats": "bool", "print_var_updates": "bool",
+}
+# Keys of the plain mtlab [trainer] table that come from the stage settings.
+STAGE_KEYS = tuple(k for k, kind in TRAINER_KEYS.items() if kind.startswith("stage_"))
+TASK_KEYS = ("loss_type", "inputs", "outputs", "targets", "nodes", "linkedsets", "linkedset_weighting",
+             "trainset_frac")
+NODE_SUFFIXES = ("_model", "_inputs", "_output_names")
+EVALUATOR_TASK_KEYS = (*TASK_KEYS, "requested_utts", "batch_size", "evaluator")
+
+# What each original processor computes, as mtlab's data key (mtlab.data.TARGET_KEYS and "features").
+PROCESSOR_KEYS: dict[tuple[str, str], str] = {
+    ("audio_feat_processor", "logspec"): "features",
+    ("onehotperfeature_target_processor", "magspec"): "binary_targets",
+    ("scorelabelperfeature_processor", "magspec"): "usedbins",
+    ("multi_target_processor", "magspec"): "src_mag",
+    ("audio_signal_processor", "magspec"): "mix_mag",
+    ("strlabel2index_processor", ""): "spk_pair",
+}
+NUM_SOURCES = 2  # mtlab's corpus loader reads two sources (s1, s2)
+
+# The original's loss types mtlab has (same math, mtlab.separation.losses / mtlab.losses), with the
+# fixed output and target names the original's loss computers read, mapped to mtlab's settings.
+LOSS_NAMES: dict[str, dict[str, str]] = {
+    "deepclustering": {"output": "bin_emb", "target": "binary_targets", "usedbins": "usedbins"},
+    "deepclustering_flat": {"output": "bin_emb", "target": "binary_targets", "usedbins": "usedbins"},
+    "pit": {"output": "bin_est", "target": "multi_targets", "mixture": "mix_to_mask"},
+    "direct": {"output": "bin_est", "target": "multi_targets", "mixture": "mix_to_mask"},
+    "deepattractornet": {"output": "bin_emb", "target": "multi_targets", "partition": "binary_targets",
+                         "mixture": "mix_to_mask", "usedbins": "usedbins"},
+    "crossentropy_multi": {"output": "spkest", "target": "spkids"},
+    "crossentropy": {"output": "spkest", "target": "spkids"},
+    "deepclusteringnoise": {"output": "bin_emb", "noise_filter": "noise_filter", "target": "binary_targets",
+                            "usedbins": "usedbins", "noisybins": "noisybins", "ratio": "rel_speech_targets"},
+}
+# loss.cfg options per loss type: option -> how it maps (None: only its default value can be honoured).
+LOSS_OPTIONS: dict[str, dict[str, tuple[str, ...] | None]] = {
+    "pit": {"activation": ("softmax", "sigmoid", "none", "None"), "no_perm": ("True", "False"),
+            "logits_name": (), "rescale_recs": ("False",), "overspeakerized": ("False",), "transpose_order": None},
+    "deepattractornet": {"activation": ("softmax", "sigmoid", "none", "None"), "frame_based": ("False", "false")},
+    "crossentropy_multi": {"allow_permutation": ("True", "False"), "resh_logits": ("True", "true", "False", "false"),
+                           "av_anchors_time_flag": ("False", "false")},
+}
+# Every loss_type the original's loss_computer_factory knows (a name outside it failed there too).
+ORIGINAL_LOSS_TYPES = frozenset("""deepclustering deepclustering_flat deepclustering_2and3spk pit deepattractornet
+anchor_deepattractornet anchor_deepattractornet_softmax anchor_normdeepattractornet_softmax
+weighted_anchor_normdeepattractornet_softmax time_anchor_deepattractornet_softmax
+time_anchor_normdeepattractornet_softmax time_anchor_read_heads_normdeepattractornet_softmax
+time_anchor_read_heads_normdeepattractornet_softmax_framebased l41 pit_l41 deepclustering_l1
+intravar2centervar_rat dist2mean_rat dist2mean_rat_squared dist2mean_rat_fracbins dist2mean_closest_rat
+dist2mean_epsilon_closest_rat direct crossentropy crossentropy_multi dc_pit
+deepclustering_full_crossentropy_multi_reshapelogits_avtime deepclusteringnoise deepattractornetnoisehard
+deepattractornetnoisesoft noisefilter deepattractornet_noisefilter pit_noise deepclusteringnoise_rat_as_weight
+deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusteringnoise_dconly
+deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
+ARCHITECTURES = ("dblstm", "linear", "feedforward", "concat")
+# The original's stopping rules, as its multi_task_trainer applies them.
+STOPPING = {"best_model_final": True, "validate_at_step_0": True,
+            "relative_improvement": {"after_step": 1000, "threshold": 0.004}}
+
+
+class Importer:
+    """One import: collects what mtlab cannot honour (raising at once when ``strict``)."""
+
+    def __init__(self, folder: Path, data_root: str, strict: bool) -> None:
+        self.folder = folder
+        self.data_root = data_root
+        self.strict = strict
+        self.unsupported: list[dict[str, str]] = []
+
+    # ------------------------------------------------------------------ messages
+    def refuse(self, file: str, key: str, why: str) -> None:
+        """A setting mtlab cannot honour: ConfigError (strict) or a recorded entry."""
+        if self.strict:
+            raise ConfigError(f"{self.folder / file}: {key}: {why}")
+        self.unsupported.append({"file": file, "key": key, "why": why})
+
+    def unknown(self, file: str, where: str, key: str, valid: tuple[str, ...] | list[str]) -> ConfigError:
+        return ConfigError(f"{self.folder / file}: unknown key {key!r} in {where}; the original defines "
+                           f"{', '.join(valid)}")
+
+    # ------------------------------------------------------------------ [trainer]
+    def trainer(self, conf: Mapping[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+        """(plain mtlab [trainer] from the last stage, the stages, other [trainer] extras)."""
+        file = "trainer.cfg"
+        for key in conf:
+            if key not in TRAINER_KEYS:
+                raise self.unknown(file, "[trainer]", key, tuple(TRAINER_KEYS))
+        for key in ("trainer", "tasks", "segment_lengths"):
+            if key not in conf:
+                raise ConfigError(f"{self.folder / file}: [trainer] needs {key!r} (the original reads it)")
+        if conf["trainer"] != "multi_task":
+            self.refuse(file, "[trainer] trainer", f"{conf['trainer']!r}: mtlab runs the original's multi_task "
+                                                   "trainer only")
+        lengths = words(conf["segment_lengths"])
+        stages_n = len(lengths)
+        for i, seg in enumerate(lengths):
+            if seg != "full" and not (seg.isdigit() and int(seg) > 0):
+                raise ConfigError(f"{self.folder / file}: [trainer] segment_lengths = {conf['segment_lengths']!r}: "
+                                  "each must be a positive number of frames or 'full'")
+            if seg == "full" and i != stages_n - 1:
+                raise ConfigError(f"{self.folder / file}: [trainer] segment_lengths: 'full' must be the last stage "
+                                  "(the original expects it last)")
+        stages: list[dict[str, Any]] = [{"segment_length": int(s) if s.isdigit() else s} for s in lengths]
+        extras: dict[str, Any] = {"trainer": conf["trainer"]}
+        plain: dict[str, Any] = {"tasks": words(conf["tasks"])}
+        for key, text in conf.items():
+            kind = TRAINER_KEYS[key]
+            if not kind.startswith("stage_"):
+                continue
+            values = words(text)
+            if len(values) not in (1, stages_n):
+                raise ConfigError(f"{self.folder / file}: [trainer] {key} = {text!r}: give one value, or one per "
+                                  f"segment length ({stages_n}: {' '.join(lengths)})")
+            values = values * stages_n if len(values) == 1 else values
+            for stage, value in zip(stages, values):
+                stage[key] = self.value(file, f"[trainer] {key}", kind[6:], value)
+        for key in ("task_weights",):
+            if key in conf:
+                plain[key] = [self.value(file, f"[trainer] {key}", "float", v) for v in words(conf[key])]
+        for key in ("acc_steps", "normalize_weights_acc_steps"):
+            if key in conf:
+                plain[key] = self.value(file, f"[trainer] {key}", "bool", conf[key])
+        plain["normalize_weights_acc_steps"] = plain.get("acc_steps", False) and \
+            plain.get("normalize_weights_acc_steps", False)  # the original ignores it without acc_steps
+        for key in ("print_grads_stats", "print_var_updates"):
+            if key in conf and self.value(file, f"[trainer] {key}", "bool", conf[key]):
+                self.refuse(file, f"[trainer] {key}", "mtlab records gradient norms per step in history.csv and "
+                                                      "the dashboard; it does not print them; set it to False")
+        if "init_file" in conf:
+            extras["init_file"] = conf["init_file"]
+        for stage in stages:
+            if stage.get("numbatches_to_aggregate") == 0:
+                self.refuse(file, "[trainer] numbatches_to_aggregate", "0 asks for asynchronous training, which the "
+                                                                       "original left broken; use 1 or more")
+        tries = [s.get("num_tries", 3) for s in stages]
+        extras["num_tries"] = "none" if tries[-1] is None else tries[-1]
+        for stage in stages:  # TOML has no null: no tries limit is written as "none"
+            if stage.get("num_tries", 0) is None:
+                stage["num_tries"] = "none"
+        last = stages[-1]
+        for key in STAGE_KEYS:
+            if key in last:
+                plain[key] = last[key]
+        if plain.get("num_tries") == "none":
+            plain["num_tries"] = 2**31 - 1  # never reached: the plain schema's way of saying no limit
+        return plain, stages, extras
+
+    def value(self, file: str, key: str, kind: str, text: str) -> Any:
+        try:
+            if kind == "int":
+                return int(text)
+            if kind == "float":
+                return float(text)
+            if kind == "tries":
+                return None if text == "None" else int(text)
+        except ValueError:
+            raise ConfigError(f"{self.folder / file}: {key} = {text!r} must be "
+                              f"{'an integer' if kind != 'float' else 'a number'}"
+                              f"{' or None' if kind == 'tries' else ''}") from None
+        if kind == "bool":
+            if text not in ("True", "False"):
+                raise ConfigError(f"{self.folder / file}: {key} = {text!r} must be 'True' or 'False' (the original "
+                                  "treats anything but 'True' as False)")
+            return text == "True"
+        return text
+
+    # ------------------------------------------------------------------ model.cfg
+    def models(self, parser: Any) -> dict[str, dict[str, str]]:
+        """Original model sections as raw dicts (built into mtlab specs once input sizes are known)."""
+        file = "model.cfg"
+        path = self.folder / file
+        names = words(section(parser, "hyper", path).get("model_names", ""))
+        if not names:
+            raise ConfigError(f"{path}: [hyper] needs model_names")
+        return {name: section(parser, name, path) for name in names}
+
+    def model_spec(self, name: str, conf: Mapping[str, str], input_dims: list[int | None],
+                   stages: int) -> tuple[dict[str, Any], int | None]:
+        """(mtlab model spec, output size per frame) for one original model section."""
+        file = "model.cfg"
+        arch = conf.get("architecture", "")
+        where = f"[{name}]"
+
+        def num(key: str, default: str | None = None, kind: str = "float") -> Any:
+            text = conf.get(key, default)
+            if text is None:
+                raise ConfigError(f"{self.folder / file}: {where} needs {key!r} for architecture {arch!r}")
+            values = words(text)
+            if len(values) > 1:  # per-stage values: one model across the stages needs them equal
+                if len(values) != stages or len(set(values)) != 1:
+                    self.refuse(file, f"{where} {key}", f"{text!r}: mtlab keeps one model across the stages, so "
+                                                        "a model setting must be the same in every stage")
+                text = values[-1]
+            return self.value(file, f"{where} {key}", kind, text)
+
+        def keep_to_drop(key: str) -> float:
+            keep = num(key, "1.0")
+            if not 0 < keep <= 1:
+                raise ConfigError(f"{self.folder / file}: {where} {key} = {keep}: a keep probability in (0, 1]")
+            return 1.0 - keep
+
+        def flag(key: str, default: str) -> str:
+            return conf.get(key, default)
+
+        if arch not in ARCHITECTURES:
+            self.refuse(file, f"{where} architecture", f"{arch!r} has no mtlab implementation (mtlab has "
+                                                       f"{', '.join(ARCHITECTURES)})")
+            return {"type": f"nabu:{arch}"}, None
+        known = {"architecture", "input_noise", "dropout", "trainable"}
+        if flag("trainable", "True") != "True":
+            self.refuse(file, f"{where} trainable", "frozen models: mtlab trains every model a task uses")
+        dim = input_dims[0] if input_dims else None
+        if arch == "dblstm":
+            known |= {"num_units", "num_layers", "recurrent_dropout", "layer_norm", "fac_per_layer",
+                      "activation_fn", "separate_directions"}
+            if num("fac_per_layer", "1.0") != 1.0:
+                self.refuse(file, f"{where} fac_per_layer", "mtlab's BLSTM has the same size in every layer")
+            if num("recurrent_dropout", "1.0") != 1.0:
+                self.refuse(file, f"{where} recurrent_dropout", "mtlab's BLSTM has no recurrent dropout")
+            for key, default, why in (("layer_norm", "False", "mtlab's BLSTM has no layer normalization"),
+                                      ("separate_directions", "False", "mtlab's BLSTM feeds both directions on")):
+                if flag(key, default) != default:
+                    self.refuse(file, f"{where} {key}", why)
+            if flag("activation_fn", "tanh") != "tanh":
+                self.refuse(file, f"{where} activation_fn", "mtlab's BLSTM cells use tanh")
+            units = num("num_units", kind="int")
+            spec = {"type": "BLSTM", "input_dim": dim, "hidden": units, "num_layers": num("num_layers", kind="int"),
+                    "input_noise": num("input_noise", "0"), "layer_dropout": keep_to_drop("dropout")}
+            out: int | None = 2 * units
+        elif arch == "linear":
+            known |= {"output_dims", "no_bias", "activation_func", "last_only"}
+            shape = [self.value(file, f"{where} output_dims", "int", v) for v in words(conf.get("output_dims", ""))]
+            if not shape:
+                raise ConfigError(f"{self.folder / file}: {where} needs output_dims")
+            if flag("last_only", "False") == "True":
+                self.refuse(file, f"{where} last_only", "mtlab's Dense keeps every frame")
+            act = flag("activation_func", "None")
+            spec = {"type": "Dense", "input_dim": dim, "units": [math.prod(shape)],
+                    "activation": "none" if act == "None" else act, "input_noise": num("input_noise", "0"),
+                    "dropout": keep_to_drop("dropout"), "bias": flag("no_bias", "False") != "True"}
+            if len(shape) > 1:
+                spec["output_shape"] = shape
+            out = shape[-1]
+        elif arch == "feedforward":
+            known |= {"num_units", "num_layers", "fac_per_layer", "activation_func", "recurrent_dropout", "layer_norm"}
+            first, layers, fac = num("num_units", kind="int"), num("num_layers", kind="int"), num("fac_per_layer", "1.0")
+            units = [int(math.ceil(first * fac**i)) for i in range(layers)]
+            if flag("layer_norm", "False") != "False":
+                self.refuse(file, f"{where} layer_norm", "the original's feedforward ignores it; mtlab has none")
+            spec = {"type": "Dense", "input_dim": dim, "units": units, "activation": flag("activation_func", "tanh"),
+                    "input_noise": num("input_noise", "0"), "dropout": keep_to_drop("dropout")}
+            out = units[-1] if units else dim
+        else:  # concat
+            known |= {"expand_dim_to_first_input", "select_inputs", "flatten_last_2_dims", "expand_dimension"}
+            for key, plain_value in (("expand_dim_to_first_input", "False"), ("flatten_last_2_dims", "False"),
+                                     ("select_inputs", "True")):
+                if key in conf and set(words(conf[key])) != {plain_value}:
+                    self.refuse(file, f"{where} {key}", f"{conf[key]!r}: mtlab's Concat joins its inputs as they are "
+                                                        "(no selecting, tiling or flattening)")
+            noise = [float(v) for v in words(conf.get("input_noise", "0"))]
+            if any(noise):
+                self.refuse(file, f"{where} input_noise", "mtlab's Concat adds no noise; put it on the model before")
+            spec = {"type": "Concat"}
+            out = None if any(d is None for d in input_dims) else sum(d for d in input_dims if d is not None)
+        for key in conf:
+            if key not in known:
+                raise self.unknown(file, where, key, sorted(known))
+        if spec.get("input_dim", 0) is None:
+            self.refuse(file, f"{where}", "the size of its input is unknown (it comes from data or a model mtlab "
+                                          "cannot build)")
+        return spec, out
+
+    # ------------------------------------------------------------------ database.conf and processors
+    def database(self) -> tuple[Any, str, dict[str, str]]:
+        for name in ("database.conf", "database.cfg"):
+            parser = read_ini(self.folder / name, required=False)
+            if parser is not None:
+                globalvars = section(parser, "globalvars", self.folder / name) if parser.has_section("globalvars") \
+                    else {}
+                return parser, name, globalvars
+        raise ConfigError(f"{self.folder}: no database.conf (or database.cfg); the original reads its data "
+                          "sections from it")
+
+    def rerooter(self, parser: Any) -> Callable[[str], str]:
+        """Map an original absolute data path to the same path below ``data_root``: the common folder of
+        every ``datafiles`` in database.conf is replaced by the data root."""
+        paths = [PurePosixPath(v.strip()) for s in parser.sections() for k, v in parser.items(s)
+                 if k == "datafiles" and v.strip().startswith("/") and " " not in v.strip()]
+        common = PurePosixPath(os.path.commonpath([str(p.parent) for p in paths])) if paths else PurePosixPath("/")
+
+        def reroot(path: str) -> str:
+            p = PurePosixPath(path)
+            if not p.is_absolute():
+                return str(Path(self.data_root) / p)
+            return str(Path(self.data_root) / p.relative_to(common)) if p.is_relative_to(common) else \
+                str(Path(self.data_root) / p.relative_to("/"))
+        return reroot
+
+    def processor_path(self, given: str) -> Path:
+        """A processor config the original names from its own root (``config/recipes/...``): the file of
+        that name in the recipe folder, else the same path below the folder holding ``config/``."""
+        local = self.folder / PurePosixPath(given).name
+        if local.is_file():
+            return local
+        parts = self.folder.resolve().parts
+        for i in range(len(parts) - 1, 0, -1):
+            if parts[i] == "config":
+                candidate = Path(*parts[:i]) / given
+                if candidate.is_file():
+                    return candidate
+        return local
+
+    def data_section(self, parser: Any, file: str, globalvars: Mapping[str, str], name: str,
+                     reroot: Callable[[str], str]) -> dict[str, Any] | None:
+        """One database section: re-rooted list, processor settings, mtlab data key and STFT settings."""
+        from ..data.features import Spectral
+
+        if not parser.has_section(name):
+            raise ConfigError(f"{self.folder / file}: no [{name}] section, named by a task; sections: "
+                              f"{', '.join(parser.sections())}")
+        conf = {k: (globalvars.get(k, v) if v.strip() == "globalvars" else v).strip() for k, v in parser.items(name)}
+        for need in ("datafiles", "processor_config"):
+            if need not in conf:
+                continued = [k for k, v in conf.items() if f"\n{need}" in v]
+                hint = (f"; an indented '{need} = ...' line continues the value of {continued[0]!r} "
+                        "(in the original's ConfigParser too)") if continued else ""
+                self.refuse(file, f"[{name}] {need}", f"missing, so the original could not load this section "
+                                                      f"either{hint}")
+                return None
+        proc_path = self.processor_path(conf["processor_config"])
+        proc_file = proc_path.name if proc_path.parent == self.folder else str(proc_path)
+        if not proc_path.is_file():
+            self.refuse(file, f"[{name}] processor_config", f"{conf['processor_config']!r} is neither in the recipe "
+                                                            "folder nor below the recipes' root")
+            return None
+        proc = section(read_ini(proc_path), "processor", proc_path)  # type: ignore[arg-type]
+        kind, feature = proc.get("processor", ""), proc.get("feature", "")
+        key = PROCESSOR_KEYS.get((kind, feature), PROCESSOR_KEYS.get((kind, "")))
+        out: dict[str, Any] = {"datafiles": reroot(conf["datafiles"]), "processor_config": proc_file,
+                               "processor": proc}
+        if key is not None:
+            out["key"] = key
+        if "segment_lengths" in conf:
+            out["segment_lengths"] = words(conf["segment_lengths"])
+        if key is None:
+            self.refuse(proc_file, "[processor] processor", f"{kind!r} (feature {feature!r}) computes data mtlab's "
+                        f"corpus loader does not produce (it gives {', '.join(sorted(set(PROCESSOR_KEYS.values())))})")
+            return out
+        if "nrs" in proc and int(proc["nrs"]) != NUM_SOURCES:
+            self.refuse(proc_file, "[processor] nrs", f"{proc['nrs']} speakers: mtlab's corpus loader reads "
+                                                      f"{NUM_SOURCES} sources (s1, s2)")
+        if key == "features" and proc.get("mvn_type", "global") != "global":
+            self.refuse(proc_file, "[processor] mvn_type", f"{proc['mvn_type']!r}: mtlab normalizes features with "
+                                                           "the training set's global mean and variance")
+        if key == "usedbins" and float(proc.get("mag_thres", "100")) != 100.0:
+            self.refuse(proc_file, "[processor] mag_thres", "mtlab's recipes use bins within 40 dB of the loudest "
+                                                            "(mag_thres = 100)")
+        if "winlen" in proc:
+            try:
+                spectral = Spectral.from_processor_config(proc, SAMPLE_RATE, origin=str(proc_path))
+            except ConfigError as exc:
+                self.refuse(proc_file, "[processor]", str(exc).split(": ", 1)[-1])
+                return out
+            out["spectral"] = {"win_length": spectral.win_length, "hop_length": spectral.hop_length,
+                               "n_fft": spectral.n_fft, "window": spectral.window, "framing": spectral.framing,
+                               "sample_scale": spectral.sample_scale, "preemph": spectral.preemph}
+            if spectral.n_fft // 2 + 1 != 129 or spectral.win_length != 256 or spectral.hop_length != 64:
+                self.refuse(proc_file, "[processor] winlen/winstep/nfft",
+                            f"{spectral.win_length}/{spectral.hop_length}/{spectral.n_fft} samples: mtlab's corpus "
+                            "loader frames 256-sample windows every 64 samples into 129 bins")
+        return out
+
+    # ------------------------------------------------------------------ tasks
+    def task(self, file: str, name: str, conf: Mapping[str, str], data: Callable[[str], dict[str, Any] | None],
+             evaluator: bool = False) -> dict[str, Any]:
+        """An original task section: its graph, loss type and per-linked-set data sections."""
+        valid_keys = EVALUATOR_TASK_KEYS if evaluator else TASK_KEYS
+        nodes = words(conf.get("nodes", ""))
+        inputs, outputs = words(conf.get("inputs", "")), words(conf.get("outputs", ""))
+        targets = words(conf.get("targets", ""))
+        sets = words(conf.get("linkedsets", "")) or ["set0"]
+        data_names = set(inputs) | set(targets)
+        for key in conf:
+            if key in valid_keys or any(key == f"{n}{s}" for n in nodes for s in NODE_SUFFIXES):
+                continue
+            if key in data_names or any(key == f"{s}_{d}" for s in sets for d in data_names):
+                continue
+            raise self.unknown(file, f"[{name}]", key, (*valid_keys, "<node>_model", "<node>_inputs",
+                                                        "<node>_output_names", "<input or target> = <database section>",
+                                                        "<linkedset>_<input or target> = <database section>"))
+        for key in ("loss_type", "inputs", "outputs", "nodes"):
+            if key not in conf:
+                raise ConfigError(f"{self.folder / file}: [{name}] needs {key!r} (the original reads it)")
+        graph = []
+        for node in nodes:
+            if f"{node}_model" not in conf or f"{node}_inputs" not in conf:
+                raise ConfigError(f"{self.folder / file}: [{name}] node {node!r} needs {node}_model and {node}_inputs")
+            graph.append({"name": node, "model": conf[f"{node}_model"], "inputs": words(conf[f"{node}_inputs"]),
+                          **({"outputs": words(conf[f"{node}_output_names"])} if f"{node}_output_names" in conf
+                             else {})})
+        linked: dict[str, dict[str, Any]] = {}
+        weights = [1.0] * len(sets)
+        if "linkedset_weighting" in conf:
+            weights = [float(w) for w in words(conf["linkedset_weighting"])]
+            if len(weights) != len(sets) or weights[0] == 0:
+                raise ConfigError(f"{self.folder / file}: [{name}] linkedset_weighting needs one weight per linked "
+                                  f"set ({len(sets)}), the first not 0")
+            weights = [w / weights[0] for w in weights]  # the original: relative to the first set
+        for set_name, weight in zip(sets, weights):
+            sections: dict[str, dict[str, Any] | None] = {}
+            for item in (*inputs, *targets):
+                key = item if set_name == "set0" else f"{set_name}_{item}"
+                if key not in conf:
+                    raise ConfigError(f"{self.folder / file}: [{name}] needs {key} = <database section> "
+                                      f"(data for {item!r} of linked set {set_name!r})")
+                names = words(conf[key])
+                if len(names) != 1:
+                    self.refuse(file, f"[{name}] {key}", f"{conf[key]!r}: mtlab reads one database section per input "
+                                                         "or target")
+                found = data(names[0]) if names else None
+                sections[item] = {**(found or {}), "section": names[0] if names else ""}
+            linked[set_name] = {"weight": weight, "sections": sections}
+        out: dict[str, Any] = {"loss_type": conf["loss_type"], "inputs": inputs, "targets": targets,
+                               "outputs": outputs, "nodes": graph, "linkedsets": linked}
+        if "trainset_frac" in conf:
+            frac = self.value(file, f"[{name}] trainset_frac", "float", conf["trainset_frac"])
+            if not 0 < frac <= 1:
+                raise ConfigError(f"{self.folder / file}: [{name}] trainset_frac = {frac}: a fraction in (0, 1]")
+            out["trainset_frac"] = frac
+        for key in ("requested_utts", "batch_size"):
+            if key in conf:
+                out[key] = self.value(file, f"[{name}] {key}", "int", conf[key])
+        return out
+
+    def loss(self, task: str, loss_type: str, losses: Any) -> tuple[str, dict[str, str]]:
+        """(the loss type, its loss.cfg options): loss.cfg's section named by the task's loss_type."""
+        if losses is None:
+            return loss_type, {}
+        path = self.folder / "loss.cfg"
+        if not losses.has_section(loss_type):
+            raise ConfigError(f"{path}: no [{loss_type}] section for task {task!r} (the original looks up the "
+                              "task's loss_type there when loss.cfg exists)")
+        options = section(losses, loss_type, path)
+        if "loss_type" not in options:
+            raise ConfigError(f"{path}: [{loss_type}] needs loss_type")
+        return options.pop("loss_type"), options
+
+    def loss_spec(self, task: str, kind: str, options: Mapping[str, str],
+                  keys: Mapping[str, str]) -> dict[str, Any] | None:
+        """The mtlab loss table: the original's fixed names mapped through the task's data keys."""
+        file = "loss.cfg" if options else "trainer.cfg"
+        if kind not in LOSS_NAMES:
+            why = "has no mtlab implementation" if kind in ORIGINAL_LOSS_TYPES else \
+                "is not a loss type of the original either (its factory rejects it; without loss.cfg the task's " \
+                "loss_type is the type itself)"
+            self.refuse(file, f"[{task}] loss_type", f"{kind!r} {why} (mtlab has {', '.join(LOSS_NAMES)})")
+            return None
+        allowed = LOSS_OPTIONS.get(kind, {})
+        for key, value in options.items():
+            if key not in allowed:
+                self.refuse(file, f"[{kind}] {key}", f"not an option of the original's {kind!r} loss that mtlab "
+                                                     f"honours (it honours {', '.join(allowed) or 'none'})")
+            elif allowed[key] is not None and allowed[key] and value not in allowed[key]:  # type: ignore[operator]
+                self.refuse(file, f"[{kind}] {key}", f"{value!r}: mtlab honours {', '.join(allowed[key] or ())}")
+            elif allowed[key] is None:
+                self.refuse(file, f"[{kind}] {key}", "mtlab's loss has no such option")
+        names = dict(LOSS_NAMES[kind])
+        if "logits_name" in options:
+            names["output"] = options["logits_name"]
+        spec: dict[str, Any] = {"type": kind}
+        for setting, original in names.items():
+            if setting in ("output", "noise_filter"):
+                spec[setting] = original
+            elif original in keys:
+                spec[setting] = keys[original]
+            else:
+                self.refuse("trainer.cfg", f"[{task}] targets", f"the original's {kind!r} loss reads target "
+                                                                f"{original!r}, which the task does not give")
+        if kind in ("pit", "direct"):
+            spec["layout"] = "speaker_major"  # the original reads flat logits speaker-major
+        if kind == "deepattractornet" and "activation" not in options:
+            self.refuse(file, f"[{kind}] activation", "the original's deepattractornet loss requires it")
+        if "activation" in options:
+            spec["activation"] = options["activation"].lower()
+        if options.get("no_perm") == "True":
+            spec["no_perm"] = True
+        if "allow_permutation" in options:
+            spec["allow_permutation"] = options["allow_permutation"] == "True"
+        return spec
+
+
+def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: bool = True) -> dict[str, Any]:
+    """The mtlab recipe dict (with ``recipe["nabu"]``) of an original recipe folder; see the module doc."""
+    folder = Path(recipe_dir)
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: not a folder; give an original recipe folder (with trainer.cfg)")
+    imp = Importer(folder, str(data_root), strict)
+    trainer_path = folder / "trainer.cfg"
+    tparser = read_ini(trainer_path)
+    assert tparser is not None
+    plain, stages, extras = imp.trainer(section(tparser, "trainer", trainer_path))
+    db, db_file, globalvars = imp.database()
+    reroot = imp.rerooter(db)
+    data_cache: dict[str, dict[str, Any] | None] = {}
+
+    def data(name: str) -> dict[str, Any] | None:
+        if name not in data_cache:
+            data_cache[name] = imp.data_section(db, db_file, globalvars, name, reroot)
+        return data_cache[name]
+
+    losses = read_ini(folder / "loss.cfg", required=False)
+    vparser = read_ini(folder / "validation_evaluator.cfg", required=False)
+    veval = section(vparser, "evaluator", folder / "validation_evaluator.cfg") if vparser is not None and \
+        vparser.has_section("evaluator") else {"evaluator": "None"}
+    validating = veval.get("evaluator", "None") != "None"
+    if validating and veval["evaluator"] != "task_loss_evaluator":
+        imp.refuse("validation_evaluator.cfg", "[evaluator] evaluator", f"{veval['evaluator']!r}: mtlab validates "
+                   "with each task's loss (the original's task_loss_evaluator)")
+    tasks: dict[str, Any] = {}
+    nabu_tasks: dict[str, Any] = {}
+    for tname in plain["tasks"]:
+        orig = imp.task("trainer.cfg", tname, section(tparser, tname, trainer_path), data)
+        valid = None
+        if validating:
+            if not vparser.has_section(tname):  # type: ignore[union-attr]
+                raise ConfigError(f"{folder / 'validation_evaluator.cfg'}: no [{tname}] section; the original "
+                                  "validates every training task")
+            valid = imp.task("validation_evaluator.cfg", tname,
+                             section(vparser, tname, folder / "validation_evaluator.cfg"), data, evaluator=True)
+            if valid["loss_type"] != orig["loss_type"]:
+                imp.refuse("validation_evaluator.cfg", f"[{tname}] loss_type", f"{valid['loss_type']!r} differs from "
+                           f"training's {orig['loss_type']!r}: mtlab validates with the task's own loss")
+        tasks[tname], nabu_tasks[tname] = build_task(imp, tname, orig, valid, losses, veval)
+    # models, sized by propagating per-frame sizes through every task's graph
+    mparser = read_ini(folder / "model.cfg")
+    models = size_models(imp, imp.models(mparser), tasks, len(stages))
+    recipe: dict[str, Any] = {
+        "name": folder.name,
+        "description": f"imported from the Nabu-MSSS recipe {folder}",
+        "trainer": plain,
+        "models": models,
+        "tasks": tasks,
+        "nabu": {
+            "recipe_dir": str(folder),
+            "data_root": str(data_root),
+            **extras,
+            "stages": stages,
+            "stopping": {**STOPPING, "num_tries": extras["num_tries"], "per_task": bool(plain.get("acc_steps"))},
+            "tasks": nabu_tasks,
+            "data": {k: v for k, v in data_cache.items() if v is not None},
+            "evaluation": {f: str(folder / f) for f in ("test_evaluator.cfg", "reconstructor.cfg", "scorer.cfg",
+                                                         "postprocessor.cfg") if (folder / f).is_file()},
+        },
+    }
+    if imp.unsupported:
+        recipe["nabu"]["unsupported"] = imp.unsupported
+    return recipe
+
+
+def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str, Any] | None, losses: Any,
+               veval: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(mtlab task table, the task's extras) from an original task section and its validation section."""
+    keys: dict[str, str] = {}  # the original's data names -> mtlab data keys
+    for lset in orig["linkedsets"].values():
+        for item, sec in lset["sections"].items():
+            key = sec.get("key")
+            if key is None:
+                continue
+            if keys.get(item, key) != key:
+                imp.refuse("trainer.cfg", f"[{tname}] {item}", "its linked sets give it different kinds of data")
+            keys[item] = key
+    if len(set(keys.values())) != len(keys):
+        imp.refuse("trainer.cfg", f"[{tname}] inputs/targets", "two of them are the same kind of data for mtlab "
+                                                              f"({keys})")
+    kind, options = imp.loss(tname, orig["loss_type"], losses)
+    loss = imp.loss_spec(tname, kind, options, keys) or {"type": f"nabu:{kind}"}
+    rename = {name: keys.get(name, name) for name in orig["inputs"]}
+    nodes = [{**n, "inputs": [rename.get(i, i) for i in n["inputs"]]} for n in orig["nodes"]]
+    linkedsets: dict[str, Any] = {}
+    for set_name, lset in orig["linkedsets"].items():
+        spec: dict[str, Any] = {"weight": lset["weight"]}
+        first = orig["inputs"][0] if orig["inputs"] else None
+        sec = lset["sections"].get(first, {}) if first else {}
+        if "datafiles" in sec:
+            spec["data"] = data_spec(sec["datafiles"])
+            folders = {str(Path(s["datafiles"]).parent) for s in lset["sections"].values() if "datafiles" in s}
+            if len(folders) > 1:
+                imp.refuse("trainer.cfg", f"[{tname}] linked set {set_name!r}", "its inputs and targets come from "
+                           f"different folders ({sorted(folders)}); mtlab reads a linked set from one folder")
+        linkedsets[set_name] = spec
+    extras: dict[str, Any] = {"loss_type": orig["loss_type"],
+                              "sections": {s: {k: v["section"] for k, v in ls["sections"].items()}
+                                           for s, ls in orig["linkedsets"].items()}}
+    if "trainset_frac" in orig:
+        extras["trainset_frac"] = orig["trainset_frac"]
+    if valid is not None:
+        extras["validation"] = {"evaluator": veval.get("evaluator"),
+                                "requested_utts": valid.get("requested_utts", int(veval.get("requested_utts", "0"))),
+                                "batch_size": valid.get("batch_size", int(veval.get("batch_size", "0")))}
+        vsets = valid["linkedsets"]
+        for set_name, spec in linkedsets.items():
+            vset = vsets.get(set_name) or (vsets.get("set0") if set_name == next(iter(linkedsets)) else None)
+            first = orig["inputs"][0] if orig["inputs"] else None
+            sec = vset["sections"].get(first, {}) if vset and first else {}
+            if "datafiles" in sec and "data" in spec:
+                vdata = data_spec(sec["datafiles"])
+                spec["valid"] = {k: v for k, v in vdata.items() if spec["data"].get(k) != v} or \
+                    {"split": vdata["split"]}
+    task = {"inputs": [keys.get(i, i) for i in orig["inputs"]], "targets": [keys.get(t, t) for t in orig["targets"]],
+            "outputs": orig["outputs"], "nodes": nodes, "loss": loss, "linkedsets": linkedsets}
+    return task, extras
+
+
+def data_spec(datafiles: str) -> dict[str, str]:
+    """mtlab's data spec for a re-rooted mixture list ``<root>/<split>/mix_<linkedset>.scp``."""
+    path = Path(datafiles)
+    stem = path.stem
+    return {"root": str(path.parent.parent), "split": path.parent.name,
+            "linkedset": stem[4:] if stem.startswith("mix_") else stem}
+
+
+def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapping[str, Any], stages: int) -> dict[str, dict[str, Any]]:
+    """mtlab model specs with their input sizes, found by running each task's graph on per-frame sizes."""
+    feature_dim = 129
+    sizes_in: dict[str, list[int | None]] = {}
+    for tname, task in tasks.items():
+        sizes: dict[str, int | None] = {k: (feature_dim if k == "features" else None) for k in task["inputs"]}
+        for node in task["nodes"]:
+            model = node["model"]
+            if model not in raw:
+                raise ConfigError(f"{imp.folder / 'trainer.cfg'}: [{tname}] node {node['name']!r} uses model "
+                                  f"{model!r}, not in model.cfg's model_names ({', '.join(raw)})")
+            dims = [sizes.get(i) for i in node["inputs"]]
+            previous = sizes_in.setdefault(model, dims)
+            if previous != dims:
+                imp.refuse("model.cfg", f"[{model}]", f"used with input sizes {previous} and {dims}")
+            quiet = Importer(imp.folder, imp.data_root, strict=False)
+            _, out = quiet.model_spec(model, raw[model], dims, stages)
+            for name in node.get("outputs", [node["name"]]):
+                sizes[name] = out
+    models: dict[str, dict[str, Any]] = {}
+    for name, conf in raw.items():
+        if name not in sizes_in:
+            continue  # declared but used by no training task (e.g. only by an evaluator)
+        spec, _ = imp.model_spec(name, conf, sizes_in[name], stages)
+        models[name] = {k: v for k, v in spec.items() if v is not None}  # unknown sizes (refused) left out
+    return models
+
+
+def plain_recipe(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe without its ``nabu`` extras: what ``mtlab.recipe`` reads today."""
+    return {k: v for k, v in recipe.items() if k != "nabu"}

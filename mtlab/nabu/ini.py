@@ -1,0 +1,36 @@
+"""Reading the original's INI files as it did: Python 2 ``ConfigParser`` semantics (option names
+lower-cased, ``#``/``;`` comment lines, a repeated option keeps its last value), every value a string."""
+
+from __future__ import annotations
+
+import configparser
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def read_ini(path: Path, required: bool = True) -> configparser.ConfigParser | None:
+    """The parsed file, or None when it is missing and not ``required``."""
+    parser = configparser.ConfigParser(interpolation=None, strict=False, inline_comment_prefixes=None)
+    if not path.is_file():
+        if required:
+            raise ConfigError(f"{path}: not found; an original recipe folder has trainer.cfg, model.cfg, "
+                              "database.conf (or database.cfg) and validation_evaluator.cfg")
+        return None
+    try:
+        parser.read(path)
+    except configparser.Error as exc:
+        raise ConfigError(f"{path}: not a valid INI file: {exc}") from None
+    return parser
+
+
+def section(parser: configparser.ConfigParser, name: str, path: Path) -> dict[str, str]:
+    """One section as a dict of stripped strings; a missing section is a ConfigError naming the file."""
+    if not parser.has_section(name):
+        raise ConfigError(f"{path}: no [{name}] section; sections: {parser.sections() or 'none'}")
+    return {k: v.strip() for k, v in parser.items(name)}
+
+
+def words(text: str) -> list[str]:
+    """Space-separated values (the original splits on ' '; empty parts dropped)."""
+    return [w for w in text.split() if w]
