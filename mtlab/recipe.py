@@ -31,9 +31,10 @@ import torch
 
 from .errors import ConfigError
 from .graph import Node
+from .report import say
 from .task import LinkedSet, Task
 from .distributed import attach_if_distributed
-from .loop import Schedule, run, save_checkpoint
+from .loop import Schedule, check_stage, run, save_checkpoint
 from .trainer import Trainer
 
 DEFAULT_ORIGIN = "<recipe dict>"
@@ -43,7 +44,7 @@ DEFAULT_ORIGIN = "<recipe dict>"
 class Key:
     """One setting: its kind, default, lower bound and a one-line meaning."""
 
-    kind: str  # int, float, bool, str, names, floats, clip
+    kind: str  # int, float, bool, str, names, floats, clip, tries (int or "none"), stages (list of tables)
     default: Any
     doc: str
     minimum: float | None = None
@@ -66,8 +67,22 @@ TRAINER_KEYS: dict[str, Key] = {
     "valid_batches": Key("int", 0, "mtlab: minibatches per validation and linked set (0: all)", 0),
     "valid_adapt": Key("bool", False, "halve the learning rate after a worse validation"),
     "go_back": Key("bool", False, "return to the best validated state after a worse validation"),
-    "num_tries": Key("int", 3, "stop after this many worse validations", 1),
+    "num_tries": Key("tries", 3, "stop after this many worse validations (\"none\": never)", 1),
     "reset_tries": Key("bool", True, "a better validation zeroes the count of worse ones"),
+    "best_model_final": Key("bool", False, "a validation stop restores the best validated model (the original: true)"),
+    "validate_at_step_0": Key("bool", False, "validate the untrained model too (the original: true)"),
+    "relative_improvement_threshold": Key("float", 0.0, "stop on a worse validation when the summed |relative "
+                                          "improvement| of the last validations is under this (0: off; the original: "
+                                          "0.004)", 0),
+    "relative_improvement_after_step": Key("int", 1000, "the relative-improvement stop applies after this step", 0),
+    "relative_improvement_window": Key("int", 0, "validations the relative-improvement stop sums (0: num_tries)", 0),
+    "per_task_validation": Key("bool", False, "a best value and tries count per task; any task running out stops "
+                                              "(the original's under acc_steps)"),
+    "go_back_data": Key("str", "continue", "after go_back the data streams continue (or rewind with the state)",
+                        choices=("continue", "rewind")),
+    "stages": Key("stages", None, "the segment_lengths curriculum: one table per stage, segment_length "
+                                  "(frames or \"full\") plus the stage's settings"),
+    "init_file": Key("str", None, "initial model weights: an mtlab checkpoint or a {model: state_dict} file"),
     "task_weights": Key("floats", None, "weight of each task in the update, in task order"),
     "acc_steps": Key("bool", False, "one Adam per task (lr x task weight), applied one after another"),
     "normalize_weights_acc_steps": Key("bool", False, "acc_steps: divide by the summed weights of a parameter's tasks"),
@@ -76,7 +91,8 @@ TRAINER_KEYS: dict[str, Key] = {
     "device": Key("str", "auto", "mtlab: auto, cpu, cuda or cuda:N"),
 }
 TOP_KEYS = ("name", "description", "trainer_cfg", "trainer", "models", "tasks", "stats", "source")
-TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "weight", "batch_size", "numbuckets")
+TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "weight", "batch_size", "numbuckets",
+             "trainset_frac")
 NODE_KEYS = ("name", "model", "inputs", "outputs")
 LINKEDSET_KEYS = ("weight", "data", "valid")
 DATA_KEYS = ("corpus", "root", "split", "linkedset")
@@ -122,6 +138,10 @@ def check_value(key: str, spec: Key, value: Any, origin: str, where: str) -> Any
         return value
     if spec.kind == "names":
         return _names(value, origin, name)
+    if spec.kind == "tries" and value == "none":
+        return None
+    if spec.kind == "stages":
+        return _stages(value, origin, name)
     if spec.kind == "floats":
         if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{origin}: {name} must be a list of numbers ({spec.doc}), got {value!r}")
@@ -131,9 +151,9 @@ def check_value(key: str, spec: Key, value: Any, origin: str, where: str) -> Any
         return [float(v) for v in value]
     if spec.kind == "clip" and value is False:
         return False
-    if spec.kind == "int":
+    if spec.kind in ("int", "tries"):
         ok = isinstance(value, int) and not isinstance(value, bool)
-        kind = "an integer"
+        kind = "an integer" if spec.kind == "int" else "an integer (or \"none\")"
     else:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         kind = "a number" if spec.kind == "float" else "a number (or false for no clipping)"
@@ -145,6 +165,25 @@ def check_value(key: str, spec: Key, value: Any, origin: str, where: str) -> Any
     return float(value) if spec.kind in ("float", "clip") else value
 
 
+def _stages(value: Any, origin: str, name: str) -> list[dict[str, Any]]:
+    """The curriculum: a list of stage tables, each setting checked as the [trainer] key of that name."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{origin}: {name} must be a list of stage tables, e.g. [{{segment_length = 100, "
+                          f"batch_size = 40}}, {{segment_length = \"full\", batch_size = 8}}], got {value!r}")
+    out = []
+    for i, stage in enumerate(value):
+        where = f"{name}[{i}]"
+        check_stage(stage, f"{origin}: {where}")
+        checked = {"segment_length": stage["segment_length"]}
+        for key, v in stage.items():
+            if key != "segment_length":
+                checked[key] = check_value(key, TRAINER_KEYS[key], v, origin, where)
+                if key == "num_tries" and checked[key] is None:
+                    checked[key] = "none"  # plain TOML/JSON value; the schedule reads it as None
+        out.append(checked)
+    return out
+
+
 # ---------------------------------------------------------------------------------- INI trainer.cfg
 def _from_string(key: str, spec: Key, text: str, origin: str) -> Any:
     text = text.strip()
@@ -154,7 +193,12 @@ def _from_string(key: str, spec: Key, text: str, origin: str) -> Any:
             if text.lower() not in ("true", "false"):
                 raise ValueError
             return check_value(key, spec, text.lower() == "true", origin, where)
-        if spec.kind == "int":
+        if spec.kind == "tries" and text.lower() == "none":
+            return None
+        if spec.kind == "stages":
+            raise ConfigError(f"{origin}: [trainer] {key}: write the stages in the TOML recipe "
+                              "(stages = [{segment_length = 100, ...}, ...]) or import the original recipe folder")
+        if spec.kind in ("int", "tries"):
             return check_value(key, spec, int(text), origin, where)
         if spec.kind in ("float",):
             return check_value(key, spec, float(text), origin, where)
@@ -227,6 +271,8 @@ def resolve_recipe(raw: Mapping[str, Any], origin: str = DEFAULT_ORIGIN, base: P
     if "trainer_cfg" in recipe:
         cfg_path = base / str(recipe.pop("trainer_cfg"))
         trainer = {**load_trainer_cfg(cfg_path), **trainer}
+    if isinstance(trainer.get("init_file"), str) and trainer["init_file"]:
+        trainer["init_file"] = str((base / trainer["init_file"]).resolve())  # relative to the recipe file
     recipe["trainer"] = trainer
     recipe["source"] = origin
     settings = trainer_settings(recipe)
@@ -330,6 +376,11 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
     for key in ("batch_size", "numbuckets"):
         if key in spec:
             check_value(key, TRAINER_KEYS[key], spec[key], origin, where)
+    if "trainset_frac" in spec:
+        frac = spec["trainset_frac"]
+        if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac <= 1:
+            raise ConfigError(f"{origin}: {where} trainset_frac = {frac!r} must be a fraction in (0, 1] (the first "
+                              "int(n x trainset_frac) training utterances of each linked set are used)")
     sets = _table(spec["linkedsets"], origin, f"{where} linkedsets")
     if not sets:
         raise ConfigError(f"{origin}: {where} has no linked set; add [tasks.{name}.linkedsets.clean]")
@@ -424,12 +475,15 @@ class Experiment:
         return save_checkpoint(self.trainer, self.schedule, path, recipe=self.recipe)
 
 
-def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | None = None) -> Experiment:
+def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | None = None,
+                init_weights: bool = True) -> Experiment:
     """An :class:`Experiment` from a TOML recipe, an original ``trainer.cfg`` or a dict. ``datasets`` may be
-    shared between experiments built from the same corpora (loaded once)."""
+    shared between experiments built from the same corpora (loaded once). ``init_weights=False`` skips the
+    recipe's ``init_file`` (``load`` does: the checkpoint's weights replace them anyway)."""
     from .data import FeatureStats, TARGET_KEYS
     from .losses import get_loss
     from .models import build_model
+    from .sampling import trainset_fraction
 
     cache: Datasets = datasets if datasets is not None else {}
 
@@ -462,6 +516,11 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                 recipe["stats"][key] = train.stats.to_dict()
                 stats = train.stats
             valid = _dataset(sspec["valid"], sname, targets, stats, cache) if sspec.get("valid", False) else None
+            if "trainset_frac" in spec:  # the original: the head of the training list (stats stay the full set's)
+                try:
+                    train = trainset_fraction(train, spec["trainset_frac"])
+                except ConfigError as exc:
+                    raise ConfigError(f"{origin}: [tasks.{tname}] linked set {sname!r}: {exc}") from None
             sets[sname] = LinkedSet(train, weight=sspec.get("weight", 1.0), valid=valid)
         loss = dict(spec["loss"])
         try:
@@ -482,8 +541,46 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                           normalize_weights_acc_steps=settings["normalize_weights_acc_steps"])
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
+    if settings["init_file"] and init_weights:
+        load_initial_weights(trainer, settings["init_file"], origin=f"{origin}: [trainer] init_file")
     attach_if_distributed(trainer)
     return Experiment(trainer, Schedule.for_trainer(trainer, settings), recipe, cache)
+
+
+def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init_file") -> list[str]:
+    """Load every model's weights from ``path`` (an mtlab checkpoint, or a file of ``{model: state_dict}``), as
+    the original bootstraps from ``init_file``: weights only (optimizer, step and data start afresh). Every
+    model of the trainer must be in the file; models the file has beyond them are left out (and named).
+    Returns the names of the models loaded."""
+    from .checkpoint import CheckpointError, load_safe
+
+    path = Path(path)
+    if not path.is_file():
+        tf = Path(f"{path}.index").is_file()
+        raise ConfigError(f"{origin}: {path} " + ("is a TensorFlow checkpoint; mtlab loads its own checkpoints "
+                          "(final.pt, best.pt) or a torch file of {model name: state_dict}" if tf else
+                          "not found; give an mtlab checkpoint (e.g. exp/other/final.pt) or a {model: state_dict} file"))
+    try:
+        state = load_safe(path)
+    except CheckpointError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
+    models = state.get("models", state) if isinstance(state, Mapping) else None
+    if not isinstance(models, Mapping):
+        raise ConfigError(f"{origin}: {path} holds no model weights (expected an mtlab checkpoint or "
+                          "{model name: state_dict})")
+    missing = [m for m in trainer.models if m not in models]
+    if missing:
+        raise ConfigError(f"{origin}: {path} has no weights for models {missing} (it has {sorted(models)}); "
+                          "initialize from a checkpoint of a recipe with the same model names")
+    for name, model in trainer.models.items():
+        try:
+            model.load_state_dict(models[name])
+        except (RuntimeError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{origin}: model {name!r} does not fit the weights in {path}: {exc}") from None
+    extra = sorted(set(models) - set(trainer.models))
+    if extra:
+        say(f"{origin}: {path} also holds models {extra}, which this recipe does not have; they were left out")
+    return list(trainer.models)
 
 
 def load(path: str | Path, datasets: Datasets | None = None) -> Experiment:
@@ -494,7 +591,10 @@ def load(path: str | Path, datasets: Datasets | None = None) -> Experiment:
     if not isinstance(state.get("recipe"), Mapping):
         raise CheckpointError(f"{path} carries no recipe; build the Trainer yourself and call "
                               "trainer.load_checkpoint(path)")
-    exp = from_recipe(state["recipe"], datasets)
+    exp = from_recipe(state["recipe"], datasets, init_weights=False)
+    if isinstance(state.get("schedule"), Mapping):
+        exp.schedule = Schedule.from_state(state["schedule"])
+        exp.schedule.apply_stage(exp.trainer)  # the stage's data and batch sizes, so the stream positions fit
     exp.trainer.load_state_dict(state)
     if isinstance(state.get("schedule"), Mapping):
         exp.schedule = Schedule.from_state(state["schedule"], exp.trainer)

@@ -58,6 +58,81 @@ def bucket_batches(
     return batches
 
 
+class SegmentedExamples:
+    """Every utterance of ``source`` cut into segments of ``segment_length`` frames (the original's
+    ``segment_lengths`` stages): an utterance of n frames gives ``n // segment_length`` consecutive segments
+    (the remainder is dropped); one shorter than a segment stays whole, unpadded (batching pads and masks it).
+
+    ``keys`` names the per-frame entries to cut; by default every entry with a first axis as long as the
+    utterance (per-utterance entries such as speaker ids are copied to each segment).
+
+    >>> segs = SegmentedExamples(examples, 100)   # len(segs) segments; segs.source is the uncut data
+    """
+
+    def __init__(self, source: ExampleSource, segment_length: int, keys: Sequence[str] | None = None) -> None:
+        if not isinstance(segment_length, int) or isinstance(segment_length, bool) or segment_length < 1:
+            raise ConfigError(f"segment_length must be a positive number of frames, got {segment_length!r}")
+        self.source = source
+        self.segment_length = segment_length
+        self.keys = None if keys is None else tuple(keys)
+        self.index: list[tuple[int, int, int]] = []  # (utterance, first frame, frames)
+        for i, n in enumerate(lengths_of(source)):
+            if n < segment_length:
+                self.index.append((i, 0, n))
+            else:
+                self.index.extend((i, k * segment_length, segment_length) for k in range(n // segment_length))
+        self.lengths = [n for _, _, n in self.index]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, j: int) -> dict[str, Tensor]:
+        i, start, n = self.index[j]
+        example = self.source[i]
+        full = example_length(example)
+        out = {}
+        for key, value in example.items():
+            timed = key in self.keys if self.keys is not None else (value.dim() >= 1 and value.shape[0] == full)
+            out[key] = value[start : start + n] if timed else value
+        return out
+
+    def __repr__(self) -> str:
+        return f"SegmentedExamples({len(self)} segments of <= {self.segment_length} frames from {len(self.source)} utterances)"
+
+
+class HeadExamples:
+    """The first ``count`` examples of ``source`` (the original's ``trainset_frac``: the head of the list, unshuffled)."""
+
+    def __init__(self, source: ExampleSource, count: int) -> None:
+        if not isinstance(count, int) or not 1 <= count <= len(source):
+            raise ConfigError(f"HeadExamples: count must be between 1 and {len(source)} (the examples there are), "
+                              f"got {count!r}")
+        self.source = source
+        self.count = count
+        self.lengths = lengths_of(source)[:count]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> Mapping[str, Tensor]:
+        if not -self.count <= i < self.count:
+            raise IndexError(f"example {i} of {self.count}")
+        return self.source[i % self.count]
+
+    def __repr__(self) -> str:
+        return f"HeadExamples(first {self.count} of {len(self.source)})"
+
+
+def trainset_fraction(source: ExampleSource, frac: float) -> HeadExamples:
+    """The first ``int(len(source) x frac)`` examples (the original's ``trainset_frac``), at least one."""
+    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac <= 1:
+        raise ConfigError(f"trainset_frac must be a fraction in (0, 1], got {frac!r}")
+    count = int(len(source) * float(frac))
+    if count < 1:
+        raise ConfigError(f"trainset_frac = {frac} keeps none of the {len(source)} utterances; raise it")
+    return HeadExamples(source, count)
+
+
 class BatchStream:
     """An endless stream of collated minibatches drawn from ``source``.
 
