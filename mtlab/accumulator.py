@@ -72,6 +72,7 @@ class Accumulator:
         self._views: dict[str, Tensor] = {}
         self._readonly = MappingProxyType(self._views)
         self.segments: dict[str, list[tuple[int, int, int]]] = {}  # model -> [(buffer index, start, end)]
+        self._segment_views: list[Tensor] = []  # every model's segments, in ``segments`` order (made once)
         self._clear()
 
     def _clear(self) -> None:
@@ -106,6 +107,7 @@ class Accumulator:
                 else:
                     segs.append((i, start, start + p.numel()))
                 start += p.numel()
+        self._segment_views = [self.buffers[i][a:b] for segs in self.segments.values() for i, a, b in segs]
 
     @property
     def grads(self) -> Mapping[str, Tensor]:
@@ -132,15 +134,16 @@ class Accumulator:
 
     def record(self, linkedset: str, num_examples: int, weight: float, loss: Tensor, normalizer: Tensor) -> None:
         """Add a minibatch's weighted loss and normalizer (tensors; nothing read back to the host)."""
-        pair = torch.stack([loss.detach().to(torch.float64), normalizer.detach().to(torch.float64)])
-        if weight != 1.0:
-            pair = pair * weight
-        self.totals += pair
-        if linkedset in self.set_totals:
-            self.set_totals[linkedset] += pair
-        else:
-            self.set_totals[linkedset] = pair.clone()
-        loss_w, norm_w = pair.unbind()
+        with torch.no_grad():  # a few small kernels per minibatch, no autograd bookkeeping
+            pair = torch.stack((loss, normalizer)).to(torch.float64)
+            if weight != 1.0:
+                pair.mul_(weight)
+            self.totals.add_(pair)
+            if linkedset in self.set_totals:
+                self.set_totals[linkedset].add_(pair)
+            else:
+                self.set_totals[linkedset] = pair.clone()
+            loss_w, norm_w = pair.unbind()
         self.records.append(MinibatchRecord(linkedset, num_examples, weight, loss_w, norm_w))
         self.minibatches += 1
         self.phase = Phase.ACCUMULATING
@@ -150,6 +153,22 @@ class Accumulator:
         self._clear()
         for name in self.params:
             self.params[name].grad = None
+
+    def adopt(self, minibatches: int) -> None:
+        """Join a sum over processes for a task this process did not accumulate: zero gradients and totals,
+        phase ``accumulating`` with ``minibatches`` counted, so that once a reducer adds the other processes'
+        buffers and totals in place, this accumulator holds the task's summed state."""
+        if self.phase not in (Phase.EMPTY, Phase.APPLIED) or minibatches < 1:
+            raise ValueError(f"task {self.task!r}: adopt() needs an empty (or applied) accumulator and "
+                             f"minibatches >= 1; it is {self.phase} and minibatches={minibatches}")
+        if not self.buffers:
+            self._allocate()
+        self._clear()
+        for buf in self.buffers:
+            buf.zero_()
+        self.minibatches = int(minibatches)
+        self.phase = Phase.ACCUMULATING
+        self.restore_grads()
 
     def restore_grads(self) -> None:
         """Owned parameters' ``.grad`` show this task's gradient again (after an optimizer step used others)."""
@@ -192,16 +211,22 @@ class Accumulator:
 
     def norms(self) -> tuple[dict[str, Tensor], Tensor]:
         """Gradient L2 norm per model (from segments of the flat buffers) and over the whole task."""
+        if not self._segment_views:
+            return {}, torch.zeros((), device=self.device)
+        # One grouped kernel for every segment's norm, then one for the total: a few kernels per task
+        # whatever the number of parameters.
+        parts = torch._foreach_norm(self._segment_views)
+        if len(parts) == 1:
+            return {next(iter(self.segments)): parts[0]}, parts[0]
+        stacked = torch.stack(parts)
+        if stacked.dtype not in (torch.float32, torch.float64):
+            stacked = stacked.float()  # half-precision gradients: their norms summed in float32
         per_model: dict[str, Tensor] = {}
+        k = 0
         for model, segs in self.segments.items():
-            parts = [torch.linalg.vector_norm(self.buffers[i][a:b]) for i, a, b in segs]
-            per_model[model] = parts[0] if len(parts) == 1 else torch.linalg.vector_norm(torch.stack(parts))
-        if not per_model:
-            return per_model, torch.zeros((), device=self.device)
-        values = list(per_model.values())
-        dtype = torch.promote_types(values[0].dtype, torch.float32)
-        total = torch.linalg.vector_norm(torch.stack([v.to(dtype) for v in values])) if len(values) > 1 else values[0]
-        return per_model, total
+            per_model[model] = parts[k] if len(segs) == 1 else torch.linalg.vector_norm(stacked[k:k + len(segs)])
+            k += len(segs)
+        return per_model, torch.linalg.vector_norm(stacked)
 
     def record_norms(self, clipped: bool) -> None:
         """Store the gradient norms before (``clipped=False``) or after clipping."""
@@ -316,6 +341,9 @@ TaskState = Accumulator  # the name earlier versions used
 
 
 class Reducer(Protocol):
-    """Combines the accumulators of several processes at ``normalize`` (``mtlab.distributed.AllReduce``)."""
+    """Combines the accumulators of several processes at ``normalize`` (``mtlab.distributed.AllReduce``).
+
+    A reducer may also define ``agree(call, task, accs, next_calls)``: the trainer calls it first thing in
+    ``normalize``, ``clip`` and ``apply``, so the processes can check they make the same call."""
 
     def reduce(self, call: str, accs: Mapping[str, Accumulator]) -> None: ...

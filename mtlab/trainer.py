@@ -88,7 +88,9 @@ class Trainer:
         self.update: Update | PerTaskUpdate = (
             PerTaskUpdate({t: {n: self.params[n] for n in ps} for t, ps in self.task_params.items()}, users,
                           factory, self.normalize_weights_acc_steps) if self.acc_steps
-            else Update({n: self.params[n] for n in users}, users, factory, combine))
+            else Update({n: self.params[n] for n in users}, users, factory, combine, seed=self.seed))
+        if self.acc_steps:
+            self.update.set_method(combine)  # refuses any method but the sum: one optimizer per task
         self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda")
         self._training_mode: bool | None = None
 
@@ -142,6 +144,13 @@ class Trainer:
         t = self.task(task)
         t.weight = check_weight(weight, f"weight of task {task!r}")
         self.events.emit("task_weight", {"task": task, "weight": t.weight})
+
+    def set_combine(self, method: Any) -> None:
+        """How tasks' processed gradients become one direction, from the next apply() on: ``"sum"`` (the
+        default), a ``mtlab.combine`` aggregator, a ``mtlab.weighting`` loss weighting, or both (``"dwa+upgrad"``)."""
+        with self.lock:
+            self.update.set_method(method)
+            self.events.emit("combine", {"method": self.update.method})
 
     def weights(self) -> dict[str, float]:
         """Every task weight (``"a"``) and linked-set weight (``"a/clean"``)."""
@@ -261,8 +270,17 @@ class Trainer:
             raise PhaseError(f"{call}(): no task has accumulated minibatches; call process_minibatch(task, linkedset) first")
         return chosen
 
+    def _agree(self, call: str, task: str | None) -> None:
+        # Data parallel: the ranks agree on the call and its tasks before any local check or collective, so a
+        # mismatch fails on every rank at once instead of leaving one waiting; the reducer may adopt a task
+        # that only other ranks accumulated.
+        agree = getattr(self.reducer, "agree", None)
+        if agree is not None:
+            agree(call, task, self._accs, self.next_calls())
+
     def _transform(self, call: str, task: str | None) -> None:
         with self.lock:
+            self._agree(call, task)
             names = self._targets(task, call)
             accs = {n: self._accs[n] for n in names}
             if call == "normalize":
@@ -301,6 +319,7 @@ class Trainer:
         loss or gradient is not finite. The tasks' gradients are read, never changed.
         """
         with self.lock:
+            self._agree("apply", None)
             names = [n for n, a in self._accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)]
             if not names:
                 raise PhaseError("apply(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
@@ -326,7 +345,8 @@ class Trainer:
                 for acc in accs:
                     acc.phase = Phase.APPLIED
                 self.step_count += 1
-                row = step_row(self.step_count, self.lr, found_inf, self.tasks, {n: self._accs[n] for n in names})
+                row = step_row(self.step_count, self.lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
+                               self.update.stats)
                 self.log.append(row)
             finally:
                 self.atomic = False

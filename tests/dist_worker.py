@@ -147,3 +147,86 @@ def mismatched(rank: int, world: int, port: int, out: str) -> None:
         json.dump({"message": msg}, f)
     dist.barrier()  # both ranks are done talking before either tears the group down
     dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------- ranks that make different calls
+def sized_data(n_clean: int, n_noisy: int):
+    return make_examples(n_clean, 11), make_examples(n_noisy, 12)
+
+
+def build_sized(sizes: tuple[int, int]) -> mtlab.Trainer:
+    """``build()`` over linked sets of the given sizes (the three-rank test picks sizes 3 does not divide)."""
+    clean, noisy = sized_data(*sizes)
+    a = task_a((clean, noisy), weights=(1.0, 0.4), batch_size=3)
+    b = task_b(clean, batch_size=4, weight=0.7)
+    tr = mtlab.Trainer(make_models(), [a, b], lr=1e-2, clip_grad_value=0.5, numbatches_to_aggregate=2,
+                       device="cpu", seed=3)
+    return mtlab.distributed.attach_if_distributed(tr)
+
+
+# Which (task, linked set) minibatches each rank draws, step by step: tasks on some ranks only, and a rank
+# with nothing at all in the last step.
+UNION_PLAN = [
+    {0: [("a", "clean"), ("a", "noisy")], 1: [("a", "clean"), ("b", "clean")]},
+    {0: [("a", "noisy")], 1: [("b", "clean"), ("b", "clean")]},
+    {0: [], 1: [("b", "clean"), ("a", "noisy")]},
+]
+
+
+def union_run(rank: int, world: int, port: int, out: str) -> None:
+    init(rank, world, port)
+    tr = build()
+    for plan in UNION_PLAN:
+        for t, s in plan[rank]:
+            tr.process_minibatch(t, s)
+        tr.normalize(); tr.clip(); tr.apply()
+    h = tr.history
+    with open(os.path.join(out, f"union{rank}.json"), "w") as f:
+        json.dump({"params": params_of(tr), "step": tr.step_count,
+                   "loss": {t: h[f"{t}/loss"].tolist() for t in ("a", "b")},
+                   "minibatches": {t: h[f"{t}/minibatches"].tolist() for t in ("a", "b")},
+                   "set_loss": h["a/noisy/loss"].tolist()}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _attempt(fn) -> dict:
+    t0 = time.time()
+    try:
+        fn()
+        return {"message": "no error", "seconds": time.time() - t0}
+    except mtlab.MtlabError as exc:
+        return {"message": f"{type(exc).__name__}: {exc}", "seconds": time.time() - t0}
+
+
+def mismatched_calls(rank: int, world: int, port: int, out: str) -> None:
+    init(rank, world, port, timeout_s=60)
+    tr = build()
+    for t, s in [("a", "clean")] + ([("b", "clean")] if rank == 1 else []):
+        tr.process_minibatch(t, s)
+    res = {"tasks": _attempt(lambda: tr.normalize("a" if rank == 0 else "b")),
+           "calls": _attempt(lambda: tr.normalize() if rank == 0 else tr.clip())}
+    res["phases_after_errors"] = {k: str(v) for k, v in tr.phase().items()}
+    tr.normalize()  # together now: rank 0 adopts task b
+    res["late"] = _attempt(lambda: tr.apply() if rank == 0 else tr.clip())
+    tr.clip(); tr.apply()
+    res["params"] = params_of(tr)
+    with open(os.path.join(out, f"calls{rank}.json"), "w") as f:
+        json.dump(res, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+UNEVEN_SIZES = (20, 14)  # batches of 3 -> 7 and 5; batches of 4 -> 5: none divides by 3
+UNEVEN_STEPS = 3
+
+
+def uneven_run(rank: int, world: int, port: int, out: str) -> None:
+    init(rank, world, port)
+    tr = build_sized(UNEVEN_SIZES)
+    for _ in range(UNEVEN_STEPS):
+        tr.step()
+    with open(os.path.join(out, f"uneven{rank}.json"), "w") as f:
+        json.dump({"params": params_of(tr), "world": tr.world_size, "loss": tr.history["a/loss"].tolist()}, f)
+    dist.barrier()
+    dist.destroy_process_group()
