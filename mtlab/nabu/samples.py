@@ -1,0 +1,58 @@
+"""A data root in an imported recipe's layout, made from mtlab's sample corpus (``data_samples/``).
+
+>>> recipe = import_nabu("config/recipes/papers/ICASSP2018/MERL_DC_2spk", data_root="/tmp/wsj")
+>>> make_sample_root(recipe)   # /tmp/wsj/2speakers/wav8k/min/{tr,cv}/mix_wav.scp, s1.scp, ...
+
+Each linked set's training folder gets the samples' ``train`` split, its validation folder the ``dev``
+split, with the mixture list named as the recipe expects (``mix_<linkedset>.scp``; the samples' clean
+mixtures, or the noisy ones for a linked set whose name contains "noisy"). The audio is linked, not
+copied. mtlab's loader computes feature statistics from a split named ``train`` under the same root,
+so one is linked to the training folder where the recipe calls it otherwise.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def _fill(folder: Path, source: Path, linkedset: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    mix = "noisy" if "noisy" in linkedset else "clean"
+    for sub in (f"mix_{mix}", "s1", "s2"):
+        link = folder / sub
+        if not link.exists():
+            link.symlink_to((source / sub).resolve(), target_is_directory=True)
+    shutil.copy(source / f"mix_{mix}.scp", folder / f"mix_{linkedset}.scp")
+    for name in ("s1.scp", "s2.scp", "spk.txt"):
+        shutil.copy(source / name, folder / name)
+
+
+def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = None) -> list[Path]:
+    """Write the folders the recipe's linked sets read, from ``samples`` (default: mtlab's sample
+    corpus); returns them. Paths come from the recipe (``import_nabu(..., data_root=...)``)."""
+    from ..data import data_samples_dir
+
+    source = Path(samples) if samples is not None else data_samples_dir()
+    made: list[Path] = []
+    for tname, task in recipe.get("tasks", {}).items():
+        for sname, lset in task.get("linkedsets", {}).items():
+            data = lset.get("data")
+            if not data or "root" not in data:
+                raise ConfigError(f"task {tname!r} linked set {sname!r} has no data root to fill")
+            root = Path(data["root"])
+            name = data.get("linkedset", sname)
+            _fill(root / data["split"], source / "train", name)
+            made.append(root / data["split"])
+            if data["split"] != "train" and not (root / "train").exists():
+                (root / "train").symlink_to(root / data["split"], target_is_directory=True)
+            valid = lset.get("valid")
+            if valid:
+                vroot = Path(valid.get("root", root))
+                _fill(vroot / valid["split"], source / "dev", valid.get("linkedset", name))
+                made.append(vroot / valid["split"])
+    return made
