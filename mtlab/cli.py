@@ -4,6 +4,9 @@
     mtlab demo [--expdir DIR] [--steps N]                        recipes/demo.toml on data_samples/
     mtlab resume DIR [--steps N]                                 continue DIR/final.pt exactly
     mtlab evaluate DIR [--checkpoint best|final|PATH] [--split dev]
+    mtlab prepare LAYOUT ROOT [--out DIR]                        list files of wsj0-2mix, wham or librimix
+
+train, demo and resume take ``--log csv,tensorboard,mlflow,trackio`` (files in the experiment folder).
 
 A bad recipe or checkpoint prints one message and exits with code 2; Ctrl-C saves ``final.pt`` and
 exits with code 130 (``mtlab resume DIR`` continues from there).
@@ -24,7 +27,9 @@ EXIT_INTERRUPTED = 130
 
 
 def _demo_recipe() -> Path:
-    path = Path(__file__).resolve().parents[1] / "recipes" / "demo.toml"
+    here = Path(__file__).resolve().parent  # a checkout has recipes/ beside mtlab/, a wheel inside it
+    path = next((p for p in (here.parent / "recipes" / "demo.toml", here / "recipes" / "demo.toml") if p.is_file()),
+                here.parent / "recipes" / "demo.toml")
     if not path.is_file():
         from .errors import ConfigError
 
@@ -42,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--no-progress", action="store_true", help="no progress bar; log lines instead")
         p.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: 1 for demo, else torch's choice)")
+        p.add_argument("--log", default=None, metavar="NAMES",
+                       help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder)")
 
     p = sub.add_parser("train", help="train a recipe into an experiment folder")
     p.add_argument("recipe", type=Path)
@@ -58,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help="best, final or a path (default: best, else final)")
     p.add_argument("--split", default=None, help="evaluate this split (default: each linked set's valid data)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p = sub.add_parser("prepare", help="write the list files of a corpus (wsj0-2mix, wham, librimix) for recipes")
+    p.add_argument("layout", help="wsj0-2mix, wham or librimix")
+    p.add_argument("root", type=Path, help="the corpus folder (e.g. .../Libri2Mix or .../wav8k/min)")
+    p.add_argument("--out", type=Path, default=None, help="where the lists go (default: lists/LAYOUT)")
+    p.add_argument("--linkedsets", nargs="+", default=None, help="mixture modes to list (default: all found)")
+    p.add_argument("--train", default=None, help="librimix: train-100 (default) or train-360")
+    p.set_defaults(threads=None)
     return parser
 
 
@@ -73,7 +87,16 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
     from .loop import run
 
     rank = exp.trainer.rank
-    schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
+    logger = None
+    if args.log and rank == 0:
+        from .loggers import make
+
+        logger = make(args.log, expdir).attach(exp.trainer)
+    try:
+        schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
+    finally:
+        if logger is not None:
+            logger.close()
     if rank != 0:
         return 0
     print((expdir / "summary.txt").read_text(), end="")
@@ -181,6 +204,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(from_recipe(_demo_recipe()), expdir, args)
         if args.command == "resume":
             return _resume(args)
+        if args.command == "prepare":
+            from .data.layouts import prepare
+
+            out = args.out or Path("lists") / args.layout
+            print(prepare(args.layout, args.root, out, args.linkedsets, args.train))
+            print(f'recipe data: {{ root = "{out}", split = "train", linkedset = "..." }}')
+            return 0
         return _evaluate(args)
     except MtlabError as exc:
         print(f"mtlab {args.command}: error: {exc}", file=sys.stderr)

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -243,3 +244,52 @@ def test_factory_names_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         monkeypatch.setitem(sys.modules, module, None)  # as if not installed
         with pytest.raises(ImportError, match=r'pip install "mtlab\[loggers\]"'):
             make(name, tmp_path)
+
+
+TOML = """\
+name = "cli-log"
+[trainer]
+num_steps = 4
+batch_size = 4
+numbuckets = 1
+valid_frequency = 2
+initial_learning_rate = 0.01
+device = "cpu"
+[models.enc]
+type = "BLSTM"
+input_dim = 129
+hidden = 8
+[models.head]
+type = "Linear"
+in_features = 16
+out_features = 3
+[tasks.frames]
+inputs = ["features"]
+targets = ["frame_target"]
+outputs = ["logits"]
+nodes = [{{ name = "h", model = "enc", inputs = ["features"] }}, {{ name = "logits", model = "head", inputs = ["h"] }}]
+loss = {{ type = "crossentropy", output = "logits", target = "frame_target" }}
+[tasks.frames.linkedsets.clean]
+data = {{ root = "{root}", split = "train", linkedset = "clean" }}
+valid = {{ split = "dev" }}
+"""
+
+
+def test_cli_log_option_writes_train_and_validation_scalars(corpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard comes with the loggers extra")
+    from mtlab.cli import main
+
+    path = tmp_path / "r.toml"
+    path.write_text(TOML.format(root=corpus))
+    expdir = tmp_path / "exp"
+    assert main(["train", str(path), "--expdir", str(expdir), "--no-progress", "--log", "csv,tensorboard"]) == 0
+    events = read_tensorboard(expdir / "tensorboard")
+    lines = read_csv(expdir / "scalars.csv")
+    history = pd.read_csv(expdir / "history.csv")
+    validation = pd.read_csv(expdir / "validation.csv")
+    assert [s for s, _ in events["train/frames/loss"]] == list(history["step"]) == [1, 2, 3, 4]
+    assert [v for _, v in lines["train/frames/loss"]] == pytest.approx(list(history["frames/loss"]))
+    # The loop's validation records (every 2 steps), as validation.csv has them.
+    assert [s for s, _ in events["valid/loss"]] == list(validation["step"]) == [2, 4]
+    assert [v for _, v in lines["valid/frames/clean"]] == pytest.approx(list(validation["frames/clean"]))
+    assert main(["train", str(path), "--expdir", str(tmp_path / "e2"), "--log", "wandb"]) == 2

@@ -214,3 +214,17 @@ def test_a_missing_split_is_said(tmp_path: Path) -> None:
     with pytest.warns(DataWarning, match="no tt folder; listing the other splits only"):
         prepared = prepare("wsj0-2mix", tmp_path / "corpus", tmp_path / "lists")
     assert prepared.counts == {"train": 2, "dev": 2}
+
+
+def test_mtlab_prepare_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mtlab.cli import main
+
+    make_layouts.make_tree("wham", tmp_path / "corpus", 2)
+    out = tmp_path / "lists"
+    assert main(["prepare", "wham", str(tmp_path / "corpus"), "--out", str(out), "--linkedsets", "both"]) == 0
+    said = capsys.readouterr().out
+    assert f"wham -> {out}: train 2, dev 2, test 2 mixtures; linked sets both" in said
+    assert f'root = "{out}"' in said
+    assert len(read_list(out / "test" / "mix_both.scp")) == 2 and not (out / "test" / "mix_clean.scp").exists()
+    assert main(["prepare", "timit", str(tmp_path / "corpus")]) == 2
+    assert "unknown corpus layout 'timit'" in capsys.readouterr().err
