@@ -81,9 +81,12 @@ class History:
             self._ready = len(self._rows)
 
 
-def step_row(step: int, lr: float, skipped: Any, tasks: Mapping[str, Any], accs: Mapping[str, Any]) -> dict[str, Any]:
+def step_row(step: int, lr: float, skipped: Any, tasks: Mapping[str, Any], accs: Mapping[str, Any],
+             stats: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The history row of one applied step: lr, weights, and for each task in ``accs`` (an
-    ``Accumulator`` each) its loss, per-linked-set losses, gradient norms, clip fraction and minibatches."""
+    ``Accumulator`` each) its loss, per-linked-set losses, gradient norms, clip fraction and minibatches;
+    then the update's ``stats`` (``weighting/<task>``, ``combine/<group>/<task>``, ``cos/<model>/<a>,<b>``,
+    ``direction_norm/<group>``, ``direction_norm``: 0-d tensors, read back with the rest)."""
     row: dict[str, Any] = {"step": step, "lr": lr, "skipped": skipped}
     for name, task in tasks.items():
         row[f"{name}/weight"] = task.weight
@@ -94,4 +97,5 @@ def step_row(step: int, lr: float, skipped: Any, tasks: Mapping[str, Any], accs:
             row.update({f"{name}/{s}/loss": acc.linkedset_loss(s) for s in acc.set_totals})
             row.update({f"{name}/grad_norm": acc.grad_norm, f"{name}/grad_norm_clipped": acc.grad_norm_clipped,
                         f"{name}/clip_fraction": acc.clip_fraction, f"{name}/minibatches": acc.minibatches})
+    row.update(stats or {})
     return row

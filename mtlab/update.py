@@ -6,20 +6,35 @@ task with weight 1 is the only contributor, the direction is that task's gradien
 parameters get a buffer of their own, allocated once. A parameter whose contributors all have weight 0
 gets no gradient, so the optimizer leaves it and its state alone, as for a parameter no task used.
 
-``combine`` is the seam for task-combination methods: any callable with :class:`WeightedSum`'s signature.
+Two seams choose how tasks become one direction (``mtlab.combine`` and ``mtlab.weighting`` fill them):
+
+- ``combine(group, rows, out) -> [direction per parameter]``: for each :class:`Group` of shared parameters
+  that the same two or more tasks contributed to, ``rows`` holds ``(task, weight, [gradient per
+  parameter])``; the default :class:`WeightedSum` is the original's ``Σ_t w_t · g_t``. A parameter with
+  a single contributing task always gets that task's weighted gradient.
+- ``weighting.coefficients(losses, lr, found_inf) -> {task: coefficient}`` (optional): a loss-based task
+  weighting; each task's weight is multiplied by its coefficient before the combination.
+
+After each step ``stats`` holds device tensors for the history (no host read): the weighting's
+coefficients, the combination's per-task weights, the cosine similarity of the tasks' processed
+gradients on each shared model and the norm of the direction.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from . import gradops
 from .accumulator import Accumulator
+from .errors import ConfigError
+from .registry import Registry, add_plugin, build
+from .sampling import derived_seed
 
 logger = logging.getLogger("mtlab")
 
@@ -66,16 +81,125 @@ def make_adam(params: list[Any], lr: float, **options: Any) -> torch.optim.Optim
     return torch.optim.Adam(params, lr=lr, **opts)
 
 
+Weight = float | Tensor  # a task's weight in the combination: a number, or a 0-d tensor when a weighting scales it
+Row = tuple[str, Weight, list[Tensor]]  # (task, weight, its processed gradient for each parameter of a group)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Shared parameters that the same two or more tasks contributed to in this step: one Jacobian
+    (tasks × the parameters, flattened) for a combination method. ``name`` is the models it covers."""
+
+    name: str
+    tasks: tuple[str, ...]
+    params: tuple[str, ...]
+
+
+def weighted_sum_(dst: Tensor, srcs: Sequence[tuple[Weight, Tensor]]) -> Tensor:
+    """``dst = Σ w·src`` in place; with number weights exactly ``gradops.add_scaled_`` (the original's ops)."""
+    if all(not isinstance(w, Tensor) for w, _ in srcs):
+        return gradops.add_scaled_(dst, srcs)  # type: ignore[arg-type]
+    for i, (w, src) in enumerate(srcs):
+        if i == 0:
+            torch.mul(src, w, out=dst)
+        elif isinstance(w, Tensor):
+            dst.addcmul_(src, w.to(dst.dtype))
+        else:
+            dst.add_(src, alpha=w)
+    return dst
+
+
+def flat(views: Sequence[Tensor]) -> Tensor:
+    """``views`` as one 1-D tensor: a view of the accumulator's buffer where they lie back to back in it
+    (no copy, the usual case for one model's parameters), else a concatenation."""
+    first = views[0]
+    start = end = first.storage_offset()
+    ptr = first.untyped_storage().data_ptr()
+    for v in views:
+        if (not v.is_contiguous() or v.dtype != first.dtype or v.untyped_storage().data_ptr() != ptr
+                or v.storage_offset() != end):
+            return torch.cat([u.reshape(-1) for u in views])
+        end += v.numel()
+    return first.as_strided((end - start,), (1,), start)
+
+
+def model_of(param: str) -> str:
+    return param.split(".", 1)[0]
+
+
 class WeightedSum:
     """The default combination (the original's): ``Σ_t w_t · g_t`` per parameter."""
 
-    def __call__(self, name: str, contributions: Sequence[tuple[str, float, Tensor]], out: Callable[[], Tensor]) -> Tensor:
-        if len(contributions) == 1 and contributions[0][1] == 1.0:
-            return contributions[0][2]
-        return gradops.add_scaled_(out(), [(w, g) for _, w, g in contributions])
+    def __call__(self, group: Group, rows: Sequence[Row], out: Callable[[], list[Tensor]]) -> list[Tensor]:
+        bufs = out()
+        return [weighted_sum_(bufs[i], [(w, grads[i]) for _, w, grads in rows]) for i in range(len(group.params))]
 
     def __repr__(self) -> str:
         return "WeightedSum()"
+
+
+class Weighting(Protocol):
+    """A loss-based task weighting (``mtlab.weighting``): per-step coefficients from the tasks' losses."""
+
+    def coefficients(self, tasks: Sequence[str], losses: Tensor, lr: float, found_inf: Tensor | None,
+                     seed: int) -> Tensor: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+# Combination methods and loss weightings by name; mtlab.combine and mtlab.weighting register theirs on import.
+METHODS = Registry("combine", {"sum": WeightedSum})
+add_plugin("combine", "mtlab.combine")
+add_plugin("combine", "mtlab.weighting")
+
+
+def resolve_method(spec: Any) -> tuple[Any, Weighting | None]:
+    """``(combine, weighting)`` from a method spec: None or ``"sum"`` (the weighted sum), a name
+    (``"upgrad"``, ``"uncertainty"``), a weighting and an aggregator joined by ``+`` (``"dwa+upgrad"``),
+    ``{"type": name, **options}`` (plus ``"weighting": spec``), or a combine / weighting object."""
+    if spec is None:
+        return WeightedSum(), None
+    items: list[Any] = []
+    if isinstance(spec, str):
+        items = [(part.strip(), {}) for part in spec.split("+")]
+    elif isinstance(spec, Mapping):
+        opts = dict(spec)
+        if "type" not in opts:
+            raise ConfigError(f"combine {dict(spec)!r} needs type = \"<method>\"; methods: {sorted(METHODS)}")
+        name = opts.pop("type")
+        extra = opts.pop("weighting", None)
+        items = [(name, opts)]
+        if extra is not None:
+            items.extend(resolve_items(extra))
+    else:
+        items = [spec]
+    combine: Any = None
+    weighting: Weighting | None = None
+    for item in items:
+        obj = build("combine method", METHODS, item[0], item[1]) if isinstance(item, tuple) else item
+        if hasattr(obj, "coefficients"):
+            if weighting is not None:
+                raise ConfigError(f"combine {spec!r} names two loss weightings; choose one (plus one aggregator)")
+            weighting = obj
+        elif callable(obj):
+            if combine is not None:
+                raise ConfigError(f"combine {spec!r} names two aggregators; choose one (plus one loss weighting)")
+            combine = obj
+        else:
+            raise ConfigError(f"combine: {obj!r} is neither a combination (callable(group, rows, out)) nor a "
+                              "weighting (with coefficients()); use a name from " + ", ".join(sorted(METHODS)))
+    return (combine if combine is not None else WeightedSum()), weighting
+
+
+def resolve_items(spec: Any) -> list[Any]:
+    if isinstance(spec, str):
+        return [(spec, {})]
+    if isinstance(spec, Mapping) and "type" in spec:
+        opts = dict(spec)
+        return [(opts.pop("type"), opts)]
+    return [spec]
 
 
 class Update:
@@ -83,15 +207,29 @@ class Update:
 
     >>> update = Update(params, users, lambda ps: make_adam(ps, lr=1e-3))
     >>> update.step(accumulators, {"a": 1.0, "b": 0.3}, lr=1e-3, found_inf=None)
+    >>> update.set_method("upgrad")  # between steps: torchjd's UPGrad on each shared group's Jacobian
     """
 
     def __init__(self, params: Mapping[str, nn.Parameter], users: Mapping[str, Sequence[str]],
-                 make_optimizer: OptimizerFactory, combine: Any = None) -> None:
+                 make_optimizer: OptimizerFactory, combine: Any = None, seed: int = 0) -> None:
         self.params = dict(params)
         self.users = {k: list(v) for k, v in users.items()}
         self.optimizer = make_optimizer(list(self.params.values()))
-        self.combine = combine if combine is not None else WeightedSum()
+        self.seed = int(seed)
+        self.calls = 0  # steps taken: seeds the randomness of random methods (the same on every rank, on resume)
+        self.record_stats = True
+        self.stats: dict[str, Tensor] = {}
         self._buffers: dict[str, Tensor] = {}
+        self.set_method(combine)
+
+    def set_method(self, spec: Any) -> None:
+        """Choose the combination (and loss weighting) from the next step on; see :func:`resolve_method`."""
+        self.combine, self.weighting = resolve_method(spec)
+        self.method = spec if spec is None or isinstance(spec, (str, Mapping)) else repr(spec)
+
+    def step_seed(self) -> int:
+        """The seed of this step's random choices (PCGrad's order, GradDrop's masks, random weights)."""
+        return derived_seed(self.seed, "combine", str(self.calls))
 
     def _buffer(self, name: str) -> Tensor:
         buf = self._buffers.get(name)
@@ -103,41 +241,109 @@ class Update:
         """The direction buffers allocated so far (for parameters where tasks' gradients had to be combined)."""
         return list(self._buffers.values())
 
-    def directions(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float]) -> dict[str, Tensor | None]:
-        """Each parameter's direction from the accumulators of the tasks in ``weights`` (read only)."""
+    def task_weights(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float,
+                     found_inf: Tensor | None) -> dict[str, Weight]:
+        """Each contributing task's weight: the task weight, times the weighting's coefficient if one is set."""
+        active = {t: w for t, w in weights.items() if w is not None and w > 0.0 and accs[t].minibatches}
+        if self.weighting is None or not active:
+            return active
+        tasks = list(active)
+        losses = torch.stack([accs[t].normalized_loss for t in tasks])
+        coef = self.weighting.coefficients(tasks, losses, lr, found_inf, self.step_seed())
+        self.stats.update({f"weighting/{t}": coef[i] for i, t in enumerate(tasks)})
+        return {t: active[t] * coef[i] for i, t in enumerate(tasks)}
+
+    def directions(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float = 0.0,
+                   found_inf: Tensor | None = None) -> dict[str, Tensor | None]:
+        """Each parameter's direction from the accumulators of the tasks in ``weights`` (read only).
+
+        A weighting's state moves on with each call (use ``step`` to train; tests call this once per step)."""
+        self.stats = {}
+        eff = self.task_weights(accs, weights, lr, found_inf)
         out: dict[str, Tensor | None] = {}
+        groups: dict[tuple[str, ...], list[str]] = {}
         for name, users in self.users.items():
-            contributions = []
-            for t in users:
-                w = weights.get(t)
-                if w is None or w <= 0.0:
-                    continue
-                g = accs[t].grads.get(name) if accs[t].minibatches else None
-                if g is not None:
-                    contributions.append((t, w, g))
-            out[name] = self.combine(name, contributions, lambda n=name: self._buffer(n)) if contributions else None
+            contrib = [t for t in users if t in eff and accs[t].grads.get(name) is not None]
+            if not contrib:
+                out[name] = None
+            elif len(contrib) == 1:
+                w, g = eff[contrib[0]], accs[contrib[0]].grads[name]
+                out[name] = g if not isinstance(w, Tensor) and w == 1.0 else weighted_sum_(self._buffer(name), [(w, g)])
+            else:
+                groups.setdefault(tuple(contrib), []).append(name)
+        seeded = getattr(self.combine, "random", False)
+        for key, names in groups.items():
+            group = Group("+".join(dict.fromkeys(model_of(n) for n in names)), key, tuple(names))
+            rows = [(t, eff[t], [accs[t].grads[n] for n in names]) for t in key]
+            if seeded:
+                with torch.random.fork_rng(devices=[d for d in {g.device for g in rows[0][2]} if d.type == "cuda"]):
+                    torch.manual_seed(self.step_seed())
+                    dirs = self.combine(group, rows, lambda ns=names: [self._buffer(n) for n in ns])
+            else:
+                dirs = self.combine(group, rows, lambda ns=names: [self._buffer(n) for n in ns])
+            out.update(zip(names, dirs))
+            if self.record_stats:
+                self.group_stats(group, rows, dirs)
+        if self.record_stats:
+            used = [d for d in out.values() if d is not None]
+            if used:
+                self.stats["direction_norm"] = gradops.total_norm(used)
         return out
+
+    def group_stats(self, group: Group, rows: Sequence[Row], dirs: Sequence[Tensor]) -> None:
+        """Device tensors for the history: the method's weights, per-model cosine similarities, the norm."""
+        chosen = getattr(self.combine, "last_weights", {}).get(group.name)
+        if chosen is not None:
+            self.stats.update({f"combine/{group.name}/{t}": chosen[i] for i, (t, _, _) in enumerate(rows)})
+        self.stats[f"direction_norm/{group.name}"] = gradops.total_norm(list(dirs))
+        by_model: dict[str, list[int]] = {}
+        for i, n in enumerate(group.params):
+            by_model.setdefault(model_of(n), []).append(i)
+        for model, idx in by_model.items():
+            vecs = [flat([grads[i] for i in idx]) for _, _, grads in rows]
+            norms = [torch.linalg.vector_norm(v) for v in vecs]
+            for a in range(len(rows)):
+                for b in range(a + 1, len(rows)):
+                    cos = torch.dot(vecs[a], vecs[b]) / (norms[a] * norms[b])
+                    self.stats[f"cos/{model}/{rows[a][0]},{rows[b][0]}"] = cos
 
     def step(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float,
              found_inf: Tensor | None) -> None:
         """Set each parameter's ``.grad`` to its direction, step the optimizer, and give the
         accumulators their ``.grad`` views back (whatever happens)."""
-        directions = self.directions(accs, weights)
         try:
+            directions = self.directions(accs, weights, lr, found_inf)
             for name, d in directions.items():
                 self.params[name].grad = d
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             optimizer_step(self.optimizer, found_inf)
+            self.calls += 1
         finally:
             for acc in accs.values():
                 acc.restore_grads()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict()}
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "calls": self.calls}
+        if isinstance(self.method, (str, Mapping)):
+            state["method"] = self.method if isinstance(self.method, str) else dict(self.method)
+        if self.weighting is not None:
+            state["weighting"] = self.weighting.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the optimizer, the step count and the method with its weighting's state (a method
+        switched since the state was taken is switched back, as the lr is)."""
         self.optimizer.load_state_dict(state["optimizer"])
+        self.calls = int(state.get("calls", 0))
+        method = state.get("method")
+        if method is not None and method != self.method:
+            self.set_method(method)
+        if "weighting" in state:
+            if self.weighting is None:
+                raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
+                                  "the same combine method")
+            self.weighting.load_state_dict(state["weighting"])
 
 
 class PerTaskUpdate:
@@ -156,6 +362,12 @@ class PerTaskUpdate:
                 groups.setdefault(tuple(self.users[name]), []).append(p)
             self.optimizers[task] = make_optimizer([{"params": ps, "mtlab_users": list(u)} for u, ps in groups.items()])
         self.optimizer = None
+        self.stats: dict[str, Tensor] = {}  # no combination statistics: each task steps its own optimizer
+        self.method = None
+
+    def set_method(self, spec: Any) -> None:
+        if spec is not None and spec != "sum":
+            raise ConfigError(f"combine {spec!r} needs the single optimizer: acc_steps steps one optimizer per task")
 
     def step(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float,
              found_inf: Tensor | None) -> None:
