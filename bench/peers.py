@@ -1,31 +1,41 @@
-"""mtlab against a hand-written loop, PyTorch Lightning and Accelerate, doing the same work.
+"""mtlab against the loop a user writes, PyTorch Lightning and Accelerate, all in one run.
 
-Same model (BLSTM tagger, 40-dim inputs, per-frame classes), same variable-length batches,
-K = 4 minibatches per optimizer step, clip by value, Adam. Cases:
+Same model (BLSTM tagger, 40-dim inputs, per-frame classes), same variable-length batches, K = 4
+minibatches per optimizer step, clip by value 1.0, Adam (lr 1e-3). The loop is written as a user writes
+it (``bench/common.py``: ``UserLoop``): padded targets set to -100, ``F.cross_entropy(logits.flatten(0, 1),
+y.flatten(), ignore_index=-100, reduction="sum")``, gradients divided once by the frame count,
+``clip_grad_value_``, torch's default ``Adam``. mtlab runs ``trainer.step()`` with its history and
+gradient norms on (they always are). Cases:
 
 - compute:   2-layer BLSTM, hidden 128, batch 16, lengths 50-300 (compute-bound)
 - overhead:  1-layer BLSTM, hidden 16,  batch 4,  lengths 5-20   (overhead-bound)
-- multitask: two tasks sharing a 1-layer BLSTM encoder (hidden 64, batch 8, lengths 20-100),
-             mtlab against the hand-written equivalent (per-task buffers, normalize, clip, combine)
+- multitask: two tasks sharing a 1-layer BLSTM encoder (hidden 64, batch 8, lengths 20-100), mtlab
+             against the loop a user writes for it (per-task gradients, normalize, clip, combine);
+             Lightning and Accelerate have no such loop of their own: not measured
 
-Times: every system draws the same batches in the same round, so the ratio is the median over
-interleaved rounds of time(system) / time(hand-written) in that round; ms/step is the median.
-Memory (RSS+): growth of the process's peak RSS during training, each system in its own process
-(Lightning's includes its own setup). bench/overhead.py measures peak tensor memory exactly.
-One torch thread unless MTLAB_BENCH_THREADS is set.
+Times: every system draws the same batches in the same round, so a system's ratio is the median over
+interleaved rounds of time(system) / time(loop) in that round; ``spread`` is the half-range of those
+per-round ratios (how noisy the machine was). On the CPU the clock is the process's CPU time by default
+(``--clock wall`` for wall time): with one torch thread it is the work done, which other processes on a
+shared machine disturb far less than the wall clock; on a GPU it is wall time with a synchronize. Lightning runs one ``fit`` per round on the round's
+batches, pre-collated (its start-up and first step excluded). Peak tensor memory: parameters, gradients,
+optimizer state and every allocation of one step (torch profiler on CPU, the CUDA allocator's peak on
+a GPU). One torch thread unless MTLAB_BENCH_THREADS is set.
 
-    pip install lightning accelerate      # the peers (optional: missing ones are reported)
+    pip install "mtlab[bench]"            # Lightning and Accelerate (optional: missing ones are reported)
     python bench/peers.py                 # all cases
     python bench/peers.py --case overhead --rounds 9
+    python bench/peers.py --device cuda   # on a GPU (bench/gpu_check.py runs this)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
+import logging
+import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,43 +46,57 @@ sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
 
 import mtlab  # noqa: E402
-from mtlab.sampling import BatchStream  # noqa: E402
 from mtlab.models import BLSTM, MeanPool  # noqa: E402
+from mtlab.sampling import BatchStream  # noqa: E402
 
 K = common.K
+LOOP = "loop"
+SYSTEMS = ("mtlab", LOOP, "lightning", "accelerate")
 SETTINGS = {
     # case: (layers, hidden, batch, min_len, max_len, steps per round)
-    "compute": (2, 128, 16, 50, 300, 1),
+    "compute": (2, 128, 16, 50, 300, 3),
     "overhead": (1, 16, 4, 5, 20, 40),
     "multitask": (1, 64, 8, 20, 100, 6),
 }
 SPK = 6
 
 
-def frame_loss(logits: torch.Tensor, y: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    mask = torch.arange(y.shape[1])[None] < lens[:, None]
-    per = F.cross_entropy(logits.transpose(1, 2), y, reduction="none")
-    return torch.where(mask, per, per.new_zeros(())).sum(), mask.sum()
-
-
-def batches_for(examples, batch: int, n: int, seed_name=("tag", "train"), offset: int = 0) -> list:
-    stream = BatchStream(examples, batch, 1, seed=mtlab.sampling.derived_seed(0, *seed_name))
+def batches_for(examples, batch: int, n: int, offset: int = 0) -> list:
+    stream = BatchStream(examples, batch, 1, seed=mtlab.sampling.derived_seed(0, "tag", "train"))
     return [next(stream) for _ in range(offset + n)][offset:]
 
 
+def available(name: str) -> bool:
+    try:
+        __import__(name)
+        return True
+    except ImportError:
+        return False
+
+
 # ----------------------------------------------------------------------------- single task systems
-def system_mtlab(models, examples, batch):
-    return common.make_trainer(models, examples, batch).step
+class System:
+    """A step function plus what peak-memory accounting needs (parameters, optimizers, extra buffers)."""
+
+    def __init__(self, step: Callable[[], None], params=(), optimizers=(), extra=lambda: ()) -> None:
+        self.step, self.params, self.optimizers, self.extra = step, list(params), list(optimizers), extra
 
 
-def system_hand(models, examples, batch):
-    return common.HandLoop(models, examples, batch).step
+def system_mtlab(models, examples, batch, device) -> System:
+    tr = common.make_trainer(models, examples, batch, device=device)
+    return System(tr.step, tr.params.values(), [tr.optimizer],
+                  lambda: [b for t in tr.tasks for b in tr.state(t).buffers] + tr.update.buffers())
 
 
-def system_accelerate(models, examples, batch):
+def system_loop(models, examples, batch, device) -> System:
+    loop = common.UserLoop(models, examples, batch, device=device)
+    return System(loop.step, loop.params, [loop.opt])
+
+
+def system_accelerate(models, examples, batch, device) -> System:
     from accelerate import Accelerator
 
-    acc = Accelerator(gradient_accumulation_steps=K, cpu=True)
+    acc = Accelerator(gradient_accumulation_steps=K, cpu=device == "cpu")
     model = nn.ModuleDict(models)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     model, opt = acc.prepare(model, opt)
@@ -81,22 +105,26 @@ def system_accelerate(models, examples, batch):
     def step() -> None:
         for _ in range(K):
             data, lens = next(stream)
+            x, y, n = data["x"].to(acc.device), data["y"].to(acc.device), lens["y"].to(acc.device)
             with acc.accumulate(model):
-                logits = model["head"](model["enc"](data["x"], lens["x"]))
-                loss, norm = frame_loss(logits, data["y"], lens["y"])
-                acc.backward(loss / norm)
+                loss, count = common.user_frame_loss(model["head"](model["enc"](x, n)), y, n)
+                acc.backward(loss / count)
                 if acc.sync_gradients:
                     acc.clip_grad_value_(model.parameters(), 1.0)
                 opt.step()
                 opt.zero_grad()
 
-    return step
+    return System(step, model.parameters(), [opt])
 
 
-def run_lightning(models, examples, batch, steps: int, offset_steps: int = 0) -> list[float]:
-    """Seconds per optimizer step of a Lightning fit (startup and its first step excluded); the
+def run_lightning(models, examples, batch, steps: int, device: str, offset_steps: int = 0,
+                  clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Seconds per optimizer step of a Lightning fit (start-up and its first step excluded); the
     measured steps use the batches the other systems use in the same round."""
     import lightning as L
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.ERROR)  # its start-up tips and notices, once per round
 
     class Tagger(L.LightningModule):
         def __init__(self) -> None:
@@ -105,8 +133,8 @@ def run_lightning(models, examples, batch, steps: int, offset_steps: int = 0) ->
 
         def training_step(self, b, idx):
             data, lens = b
-            loss, norm = frame_loss(self.head(self.enc(data["x"], lens["x"])), data["y"], lens["y"])
-            return loss / norm
+            loss, count = common.user_frame_loss(self.head(self.enc(data["x"], lens["x"])), data["y"], lens["y"])
+            return loss / count
 
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=1e-3)
@@ -116,14 +144,16 @@ def run_lightning(models, examples, batch, steps: int, offset_steps: int = 0) ->
     class Clock(L.Callback):
         def on_train_batch_end(self, trainer, module, outputs, b, idx):
             if (idx + 1) % K == 0:
-                stamps.append(time.perf_counter())
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                stamps.append(clock())
 
     loader = torch.utils.data.DataLoader(
         _Fixed(batches_for(examples, batch, (steps + 1) * K, offset=offset_steps * K)), batch_size=None)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps + 1, accumulate_grad_batches=K,
-                        gradient_clip_val=1.0, gradient_clip_algorithm="value", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        num_sanity_val_steps=0, callbacks=[Clock()])
+    trainer = L.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, max_steps=steps + 1,
+                        accumulate_grad_batches=K, gradient_clip_val=1.0, gradient_clip_algorithm="value",
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, callbacks=[Clock()])
     trainer.fit(Tagger(), loader)
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
@@ -154,7 +184,7 @@ def mt_examples(n, lo, hi):
     return ex
 
 
-def mt_mtlab(models, examples, batch):
+def mt_mtlab(models, examples, batch, device) -> System:
     n = mtlab.Node
     frames = mtlab.Task("frames", [n("h", "enc", ["x"]), n("o", "frames", ["h"])], ["x"], ["y"], ["o"],
                         mtlab.losses.CrossEntropy(output="o", target="y"),
@@ -162,12 +192,15 @@ def mt_mtlab(models, examples, batch):
     spk = mtlab.Task("spk", [n("h", "enc", ["x"]), n("p", "pool", ["h"]), n("o", "spk", ["p"])], ["x"], ["spk"], ["o"],
                      mtlab.losses.CrossEntropy(output="o", target="spk"),
                      {"train": mtlab.LinkedSet(examples)}, batch_size=batch, weight=0.5)
-    tr = mtlab.Trainer(models, [frames, spk], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=K, device="cpu")
-    return tr.step
+    tr = mtlab.Trainer(models, [frames, spk], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=K, device=device)
+    return System(tr.step, tr.params.values(), [tr.optimizer],
+                  lambda: [b for t in tr.tasks for b in tr.state(t).buffers] + tr.update.buffers())
 
 
-def mt_hand(models, examples, batch):
-    enc, fr, pool, sp = models["enc"], models["frames"], models["pool"], models["spk"]
+def mt_loop(models, examples, batch, device) -> System:
+    """Two tasks as a user writes them: each task's gradients accumulated and kept, normalized and
+    clipped, then the shared encoder's gradient is their weighted sum."""
+    enc, fr, pool, sp = (models[k].to(device) for k in ("enc", "frames", "pool", "spk"))
     params = list(enc.parameters()) + list(fr.parameters()) + list(sp.parameters())
     opt = torch.optim.Adam(params, lr=1e-3)
     s_fr = BatchStream(examples, batch, 1, seed=mtlab.sampling.derived_seed(0, "frames", "train"))
@@ -180,16 +213,19 @@ def mt_hand(models, examples, batch):
         norm = 0
         for _ in range(K):
             data, lens = next(stream)
+            data = {k: v.to(device) for k, v in data.items()}
+            lens = {k: v.to(device) for k, v in lens.items()}
             loss, n = forward(data, lens)
             loss.backward()
             norm = norm + n
         grads = [p.grad for p in enc_params + own]
         for g in grads:
-            g.div_(norm).clamp_(-1.0, 1.0)
+            g.div_(norm)
+        torch.nn.utils.clip_grad_value_(enc_params + own, 1.0)
         return grads
 
     def f_fr(data, lens):
-        return frame_loss(fr(enc(data["x"], lens["x"])), data["y"], lens["y"])
+        return common.user_frame_loss(fr(enc(data["x"], lens["x"])), data["y"], lens["y"])
 
     def f_sp(data, lens):
         logits = sp(pool(enc(data["x"], lens["x"]), lens["x"]))
@@ -207,99 +243,123 @@ def mt_hand(models, examples, batch):
             p.grad = g * 0.5
         opt.step()
 
-    return step
+    return System(step, params, [opt])
 
 
 # ----------------------------------------------------------------------------- driver
-def build(system: str, case: str):
+def build(system: str, case: str, device: str) -> System:
     layers, hidden, batch, lo, hi, _ = SETTINGS[case]
     if case == "multitask":
-        return {"mtlab": mt_mtlab, "hand-written": mt_hand}[system](mt_models(hidden), mt_examples(256, lo, hi), batch)
-    builders = {"mtlab": system_mtlab, "hand-written": system_hand, "accelerate": system_accelerate}
-    return builders[system](common.make_models(layers, hidden), common.make_examples(256, lo, hi, seed=1), batch)
+        fn = {"mtlab": mt_mtlab, LOOP: mt_loop}[system]
+        return fn(mt_models(hidden), mt_examples(256, lo, hi), batch, device)
+    builders = {"mtlab": system_mtlab, LOOP: system_loop, "accelerate": system_accelerate}
+    return builders[system](common.make_models(layers, hidden), common.make_examples(256, lo, hi, seed=1), batch,
+                            device)
 
 
-def available(name: str) -> bool:
-    try:
-        __import__(name)
-        return True
-    except ImportError:
-        return False
+def synced(step: Callable[[], None], device: str) -> Callable[[], None]:
+    if device != "cuda":
+        return step
+
+    def run() -> None:
+        step()
+        torch.cuda.synchronize()
+
+    return run
 
 
-def memory_child(system: str, case: str, steps: int) -> None:
-    common.set_threads()
-    layers, hidden, batch, lo, hi, _ = SETTINGS[case]
-    if system == "lightning":
-        models, ex = common.make_models(layers, hidden), common.make_examples(256, lo, hi, seed=1)
-        base = common.reset_peak_rss()
-        run_lightning(models, ex, batch, steps)
+def peak_memory(system: str, case: str, device: str) -> int:
+    """Peak tensor bytes of one step after one warm-up step (each system built afresh)."""
+    s = build(system, case, device)
+    s.step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        s.step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
     else:
-        step = build(system, case)
-        base = common.reset_peak_rss()
-        for _ in range(steps + 1):
-            step()
-    print(json.dumps({"peak_growth": common.rss("VmHWM") - base}))
+        peak = common.peak_step_bytes(s.step, s.params, s.optimizers, s.extra)
+    del s
+    return peak
 
 
-def run_case(case: str, rounds: int) -> list[dict]:
-    layers, hidden, batch, lo, hi, steps = SETTINGS[case]
-    names = ["hand-written", "mtlab"]
-    if case != "multitask" and available("accelerate"):
-        names.append("accelerate")
-    fns = {n: build(n, case) for n in names}
+def run_case(case: str, rounds: int, device: str, steps: int | None = None,
+             clock: Callable[[], float] = time.perf_counter) -> list[dict]:
+    """One row per system: ms/step, ratio to the loop (median of per-round ratios) and its spread,
+    peak tensor memory and its ratio to the loop's."""
+    layers, hidden, batch, lo, hi, default_steps = SETTINGS[case]
+    steps = steps or default_steps
+    single = case != "multitask"
+    names = ["mtlab", LOOP] + (["accelerate"] if single and available("accelerate") else [])
+    systems = {n: build(n, case, device) for n in names}
+    fns = {n: synced(s.step, device) for n, s in systems.items()}
     for fn in fns.values():
         fn()  # warm up (optimizer state, allocator)
     times: dict[str, list[float]] = {n: [] for n in names}
-    use_lightning = case != "multitask" and available("lightning")
+    use_lightning = single and available("lightning")
     if use_lightning:
         times["lightning"] = []
         models_l = common.make_models(layers, hidden)
         ex_l = common.make_examples(256, lo, hi, seed=1)
     for r in range(rounds):
-        order = names if r % 2 == 0 else names[::-1]
-        for n in order:
-            times[n].append(common.timed(fns[n], steps))
+        for n in (names if r % 2 == 0 else names[::-1]):
+            times[n].append(common.timed(fns[n], steps, clock))
         if use_lightning:
-            per = run_lightning(models_l, ex_l, batch, steps, offset_steps=r * steps)
+            per = run_lightning(models_l, ex_l, batch, steps, device, offset_steps=r * steps, clock=clock)
             times["lightning"].append(sum(per) / len(per))
-    import statistics
-
-    med = {n: statistics.median(v) for n, v in times.items()}
-    # Same batches in the same round for every system: compare round by round.
-    paired = {n: common.paired_ratio(times, n, "hand-written") for n in times}
+    del systems, fns
+    mem = {n: peak_memory(n, case, device) for n in names}
     rows = []
-    for n in times:
-        out = subprocess.run([sys.executable, __file__, "--memory-child", n, case], capture_output=True, text=True)
-        peak = json.loads(out.stdout.strip().splitlines()[-1])["peak_growth"] if out.returncode == 0 else float("nan")
-        rows.append({"case": case, "system": n, "ms_per_step": med[n] * 1e3,
-                     "ratio": paired[n], "peak_mb": peak / 2**20})
-    hand_mem = next(r["peak_mb"] for r in rows if r["system"] == "hand-written")
-    for r in rows:
-        r["mem_ratio"] = r["peak_mb"] / hand_mem if hand_mem else float("nan")
+    for n in SYSTEMS:
+        if n not in times:
+            why = "not installed" if n in ("lightning", "accelerate") and not available(n) else "not measured"
+            rows.append({"case": case, "system": n, "note": why})
+            continue
+        ratios = [a / b for a, b in zip(times[n], times[LOOP])]
+        row = {"case": case, "system": n, "ms_per_step": statistics.median(times[n]) * 1e3,
+               "ratio": statistics.median(ratios), "spread": (max(ratios) - min(ratios)) / 2, "note": ""}
+        if n in mem:
+            row["peak_mb"] = mem[n] / 2**20
+            row["mem_ratio"] = mem[n] / mem[LOOP]
+        rows.append(row)
     return rows
+
+
+def format_row(r: dict) -> str:
+    if "ms_per_step" not in r:
+        return f"{r['case']:<10}{r['system']:<12}{r['note']:>10}"
+    mem = (f"{r['peak_mb']:>12.2f}{r['mem_ratio']:>8.3f}" if "peak_mb" in r else f"{'':>12}{'':>8}")
+    return (f"{r['case']:<10}{r['system']:<12}{r['ms_per_step']:>10.2f}{r['ratio']:>8.3f}"
+            f"{'±' + format(r['spread'], '.3f'):>9}{mem}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", default="all", choices=["all", *SETTINGS])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--memory-child", nargs=2, metavar=("SYSTEM", "CASE"))
+    ap.add_argument("--steps", type=int, default=None, help="steps per round (default: per case)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--clock", default=None, choices=["cpu", "wall"],
+                    help="process CPU time or wall time (default: cpu on the CPU, wall on a GPU)")
     args = ap.parse_args()
-    if args.memory_child:
-        memory_child(args.memory_child[0], args.memory_child[1], steps=3)
-        return
+    clock_name = args.clock or ("wall" if args.device == "cuda" else "cpu")
+    if clock_name == "cpu" and args.device == "cuda":
+        sys.exit("--clock cpu measures no GPU work; use --clock wall with --device cuda")
+    clock = time.process_time if clock_name == "cpu" else time.perf_counter
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: CUDA is not available here")
     common.set_threads()
     cases = list(SETTINGS) if args.case == "all" else [args.case]
     missing = [p for p in ("lightning", "accelerate") if not available(p)]
     if missing:
-        print(f"not installed (left out): {missing}; pip install {' '.join(missing)}")
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, K={K}, rounds={args.rounds}")
-    print(f"{'case':<10}{'system':<14}{'ms/step':>10}{'ratio':>8}{'RSS+ MB':>10}{'mem ratio':>10}")
+        print(f"not installed (rows say so): {missing}; pip install \"mtlab[bench]\"")
+    print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, K={K}, "
+          f"rounds={args.rounds}, clock {clock_name}; ratio = median per-round time / loop's, ± half-range of the per-round ratios")
+    print(f"{'case':<10}{'system':<12}{'ms/step':>10}{'ratio':>8}{'spread':>9}{'peak MB':>12}{'ratio':>8}")
     for case in cases:
-        for r in run_case(case, args.rounds):
-            print(f"{r['case']:<10}{r['system']:<14}{r['ms_per_step']:>10.2f}{r['ratio']:>8.3f}"
-                  f"{r['peak_mb']:>10.1f}{r['mem_ratio']:>10.3f}", flush=True)
+        for r in run_case(case, args.rounds, args.device, args.steps, clock):
+            print(format_row(r), flush=True)
 
 
 if __name__ == "__main__":

@@ -46,40 +46,45 @@ class TaskPlan:
         self.graph = task.graph
         self.models = models
         self.device = device
-        self.keys = (*task.inputs, *task.targets)
+        # Key lists made once per task: each minibatch only picks these entries and moves them.
+        self.inputs = tuple(task.inputs)
+        self.targets = tuple(task.targets)
+        self.outputs = tuple(task.outputs)
+        self.keys = (*self.inputs, *self.targets)
         self.model_names = self.graph.model_names
 
     def prepare(self, batch: Batch, targets: bool = True) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """Check the batch's form and keys and move what the task needs (inputs, and targets unless
-        ``targets=False``) to the device."""
+        ``targets=False``) to the device; the batch's own dicts are left as they are."""
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], Mapping)
                 and isinstance(batch[1], Mapping)):
             raise BatchError("batch must be (data: dict[str, Tensor], seq_lengths: dict[str, LongTensor]) "
                              "as mtlab.collate returns")
         data, seq_lengths = batch
-        keys = self.keys if targets else self.task.inputs
-        missing = [k for k in keys if k not in data]
-        if missing:
+        keys = self.keys if targets else self.inputs
+        try:
+            picked = {k: data[k] for k in keys}
+        except KeyError:
             t = self.task
             raise BatchError(
-                f"task {t.name!r}: the batch lacks {missing}; it has {sorted(data)} "
+                f"task {t.name!r}: the batch lacks {[k for k in keys if k not in data]}; it has {sorted(data)} "
                 f"(task inputs {list(t.inputs)}, targets {list(t.targets)})"
-            )
-        return to_device(({k: data[k] for k in keys}, dict(seq_lengths)), self.device)
+            ) from None
+        return to_device((picked, seq_lengths if isinstance(seq_lengths, dict) else dict(seq_lengths)), self.device)
 
     def forward(self, batch: Batch) -> GraphResult:
         """Run the graph on the batch's inputs (no targets needed, no loss)."""
         data, seq_lengths = self.prepare(batch, targets=False)
-        return self.graph.run(self.models, {k: data[k] for k in self.task.inputs}, seq_lengths)
+        return self.graph.run(self.models, data, seq_lengths)
 
     def loss(self, batch: Batch, require_grad: bool = False) -> LossResult:
         """Forward and loss; every failure names the task, the loss computer and the shapes."""
         t = self.task
         data, seq_lengths = self.prepare(batch)
-        result = self.graph.run(self.models, {k: data[k] for k in t.inputs}, seq_lengths)
+        result = self.graph.run(self.models, data, seq_lengths)  # the graph reads its inputs by name
         lengths = {**seq_lengths, **result.seq_lengths}
-        outputs = {k: result.outputs[k] for k in t.outputs}
-        targets = {k: data[k] for k in t.targets}
+        outputs = {k: result.outputs[k] for k in self.outputs}
+        targets = {k: data[k] for k in self.targets}
         try:
             out = t.loss(targets, outputs, lengths)
         except MtlabError:

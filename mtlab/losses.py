@@ -18,6 +18,7 @@ from .errors import BatchError
 from .registry import Registry, build
 
 LossResult = tuple[Tensor, Tensor]
+IGNORE_INDEX = -100  # target value of padded frames in the frame cross-entropy (torch's default ignore_index)
 
 
 def time_mask(lengths: Tensor, max_len: int) -> Tensor:
@@ -74,12 +75,16 @@ class CrossEntropy:
                 f"got target {tuple(target.shape)} and output {tuple(logits.shape)}"
             )
         lengths = lengths_for(seq_lengths, self.target, self.output)
-        per_frame = F.cross_entropy(logits.transpose(1, 2), target.long(), reduction="none")
+        # Flattened logits (a view, no transposed copy) and padded frames as ``ignore_index``: the one
+        # fused kernel PyTorch has for masked frame cross-entropy, forward and backward.
+        target = target.long()
         if lengths is None:
-            return per_frame.sum(), logits.new_full((), float(per_frame.numel()))
-        mask = time_mask(lengths, target.shape[1])
-        loss = torch.where(mask, per_frame, per_frame.new_zeros(())).sum()
-        return loss, mask.sum().to(logits.dtype)
+            return (F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"),
+                    logits.new_full((), float(target.numel())))
+        valid = time_mask(lengths, target.shape[1])
+        target = torch.where(valid, target, IGNORE_INDEX)
+        loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        return loss, valid.sum().to(logits.dtype)
 
 
 class MSE:
@@ -101,15 +106,15 @@ class MSE:
             raise BatchError(
                 f"{self!r}: output {tuple(out.shape)} and target {tuple(target.shape)} differ in shape"
             )
-        sq = (out - target.to(out.dtype)).pow(2)
+        target = target.to(out.dtype)
         lengths = lengths_for(seq_lengths, self.target, self.output)
         if out.dim() < 2 or lengths is None:
-            return sq.sum(), out.new_full((), float(sq.numel()))
-        mask = time_mask(lengths, out.shape[1])
-        per_frame = sq.reshape(out.shape[0], out.shape[1], -1).sum(-1)
-        loss = torch.where(mask, per_frame, per_frame.new_zeros(())).sum()
-        elems_per_frame = sq[0, 0].numel()
-        return loss, mask.sum().to(out.dtype) * elems_per_frame
+            return F.mse_loss(out, target, reduction="sum"), out.new_full((), float(out.numel()))
+        valid = time_mask(lengths, out.shape[1])
+        # Padded frames take the target's value, so they add exactly 0 to the loss and get no gradient.
+        kept = torch.where(valid.view(*valid.shape, *([1] * (out.dim() - 2))), out, target)
+        elems_per_frame = out[0, 0].numel()
+        return F.mse_loss(kept, target, reduction="sum"), valid.sum().to(out.dtype) * elems_per_frame
 
 
 # Loss computers by name. The core holds the generic ones; domain packages register theirs on
