@@ -65,6 +65,8 @@ class Dashboard(widgets.VBox):
         self._data_step = trainer.step_count
         self.redraws = 0  # plot redraws done, and the seconds they took (see bench/ui_overhead.py)
         self.redraw_seconds = 0.0
+        self.redraw_cpu = 0.0  # CPU seconds of those redraws (thread time: independent of the machine's load)
+        self.collect_cpu = 0.0  # CPU seconds spent collecting rows and texts (in the run's thread during a run)
         self.drawn_step: int | None = None  # the step the plot shows
         self._series: dict[str, tuple[list[float], list[float]]] = {}
         self._ghost: dict[str, tuple[list[float], list[float]]] = {}
@@ -450,11 +452,12 @@ class Dashboard(widgets.VBox):
             self._say(f"run refused: a run of this trainer is already in progress (step {self.trainer.step_count}); "
                       f"stop it first (stop works from {where} too)", error=True)
             return False
-        why = run_refusal(self.trainer)
+        schedule = schedule if schedule is not None else self.schedule
+        why = run_refusal(self.trainer, schedule)
         if why is not None:
             self._say(f"run refused: {why}", error=True)
             return False
-        run = Run(self.trainer, steps=int(steps), schedule=schedule if schedule is not None else self.schedule)
+        run = Run(self.trainer, steps=int(steps), schedule=schedule)
         self._attach(run)
         self.error = None
         try:
@@ -601,6 +604,7 @@ class Dashboard(widgets.VBox):
 
     def _collect(self) -> None:
         """New history rows, the state table, counter and progress (between steps: a consistent view)."""
+        c0 = time.thread_time()
         tr = self.trainer
         rows = tr.log.rows()
         with self._data_lock:
@@ -638,13 +642,14 @@ class Dashboard(widgets.VBox):
         self.event_log.value = events_html(self.events)
         self._update_progress()
         self._last_collect = time.monotonic()
+        self.collect_cpu += time.thread_time() - c0
 
     def _draw(self) -> None:
         """Draw the latest collected data (any thread; one draw at a time)."""
         if self._live is None:
             return
         with self._draw_lock:
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.thread_time()
             with self._data_lock:
                 series = {k: (list(xs), list(ys)) for k, (xs, ys) in self._series.items()}
                 ghost = dict(self._ghost)
@@ -657,6 +662,7 @@ class Dashboard(widgets.VBox):
             self.plot_label.value = f"<span class='mtlab-asof'>plot as of step {step}</span>"
             self.redraws += 1
             self.redraw_seconds += time.monotonic() - t0
+            self.redraw_cpu += time.thread_time() - c0
 
     def _request_draw(self) -> None:
         """Ask the painter thread for a redraw (it draws at most every ``draw_interval``)."""

@@ -349,9 +349,9 @@ def _padded(lo: float, hi: float, log: bool) -> tuple[float, float]:
     if log:
         llo, lhi = math.log10(lo), math.log10(hi)
         span = max(lhi - llo, 0.2)
-        return 10 ** (llo - 0.25 * span), 10 ** (lhi + 0.25 * span)
+        return 10 ** (llo - 0.35 * span), 10 ** (lhi + 0.35 * span)
     span = hi - lo if hi > lo else max(abs(hi), 1e-3)
-    return lo - 0.25 * span, hi + 0.25 * span
+    return lo - 0.35 * span, hi + 0.35 * span
 
 
 class LivePlot:
@@ -388,7 +388,7 @@ class LivePlot:
         self._background: Any = None
         self._stale = True  # the background must be drawn again
         self._last_full = -1e9  # when it was drawn last (monotonic seconds)
-        self.min_full_interval = 2.0  # limits move at most this often; in between, lines may leave the view
+        self.min_full_interval = 4.0  # limits move at most this often; in between, lines may leave the view
         for panel, ax in self.axes.items():
             _decorate(ax, panel)
         self.as_of = self.figure.text(0.995, 0.97, "", ha="right", va="top", fontsize=8, color="#333333",

@@ -73,8 +73,13 @@ def skipped_tasks(trainer: Trainer) -> dict[str, str]:
     return out
 
 
-def run_refusal(trainer: Trainer) -> str | None:
-    """Why a background run would fail at once (checked before starting a thread), or None."""
+def run_refusal(trainer: Trainer, schedule: Any = None) -> str | None:
+    """Why a background run would fail or end at once (checked before starting a thread), or None."""
+    if schedule is not None and (getattr(schedule, "stopped", None) or trainer.step_count >= schedule.num_steps):
+        why = f"validation stopped it ({schedule.stopped})" if getattr(schedule, "stopped", None) else \
+            f"step {trainer.step_count} of its {schedule.num_steps}"
+        return (f"the schedule is finished ({why}); set dash.schedule to a new mtlab.Schedule, or to None to "
+                "train at the current lr until stopped")
     skipped = skipped_tasks(trainer)
     if len(skipped) == len(trainer.tasks):
         return "every task is skipped (" + "; ".join(f"{n}: {r}" for n, r in skipped.items()) + "); raise a weight first"

@@ -315,3 +315,15 @@ def test_step_finishes_a_hand_accumulation_already_normalized():
     assert tr.step_count == 1 and tr.history.iloc[-1]["a/minibatches"] == 2
     assert "with clip, apply instead of a fresh step()" in d.status_text
     d.close()
+
+
+def test_a_finished_schedule_is_refused_before_a_thread():
+    tr = make_trainer()
+    d = mtlab.ui.dashboard(tr, plots=False, schedule=mtlab.Schedule(num_steps=1))
+    d.buttons["step"].click()
+    assert not d.start(0) and "the schedule is finished (step 1 of its 1)" in d.status_text and d.run is None
+    d.schedule = None
+    assert d.start(2)
+    d.wait(20)
+    assert tr.step_count == 3
+    d.close()
