@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 from .errors import ConfigError
 
 EXTRA_HINT = 'pip install "mtlab[loggers]"'
+_MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")  # characters MLflow refuses in a metric name (e.g. "," of "a,b")
 NAMES = ("csv", "tensorboard", "mlflow", "trackio")
 
 
@@ -246,7 +248,8 @@ class MLflowLogger(Logger):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self._metrics.extend(Metric(tag, value, now, step) for tag, value in values.items() if not math.isnan(value))
+        self._metrics.extend(Metric(_MLFLOW_BAD.sub("_", tag), value, now, step) for tag, value in values.items()
+                             if not math.isnan(value))
 
     def sync(self) -> None:
         # log_batch takes at most 1000 metrics a call.

@@ -185,6 +185,7 @@ def test_mlflow_store_reads_back(corpus: Path, tmp_path: Path) -> None:
     trainer.step()
     record = validation_record(trainer)
     logger("validation", {"step": 2, "record": record})
+    logger("apply", {"step": 3, "row": {"step": 3, "pair/a,b": 2.0}})  # a name MLflow refuses as it is
     logger.close()
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = client.get_run(logger.run_id)
@@ -193,6 +194,12 @@ def test_mlflow_store_reads_back(corpus: Path, tmp_path: Path) -> None:
     for tag in ("frames/loss", "spk/clean/loss", "lr", "spk/grad_norm", "frames/clip_fraction", "spk/noisy/weight"):
         got = sorted((m.step, m.value) for m in client.get_metric_history(logger.run_id, f"train/{tag}"))
         assert got == [(r["step"], pytest.approx(float(r[tag]))) for r in history]
+    # Names MLflow refuses (a "," as in the tasks pair "spk,frames") are written with "_".
+    assert [(m.step, m.value) for m in client.get_metric_history(logger.run_id, "train/pair/a_b")] == [(3, 2.0)]
+    cosines = [k for k in history[0] if "," in k]
+    for key in cosines:
+        got = [m.value for m in client.get_metric_history(logger.run_id, "train/" + key.replace(",", "_"))]
+        assert got == [pytest.approx(float(r[key])) for r in history]
     valid = client.get_metric_history(logger.run_id, "valid/loss")
     assert [(m.step, m.value) for m in valid] == [(2, pytest.approx(record["loss"]))]
 
