@@ -89,13 +89,15 @@ TRAINER_KEYS: dict[str, Key] = {
     "seed": Key("int", 0, "mtlab: seeds model initialization, shuffling and noise", 0),
     "nonfinite": Key("str", "raise", "mtlab: a NaN/inf step raises, or is skipped", choices=("raise", "skip")),
     "device": Key("str", "auto", "mtlab: auto, cpu, cuda or cuda:N"),
+    "combine": Key("str", "sum", "mtlab: how tasks' gradients become one direction: sum, an aggregator (upgrad, "
+                   "mgda, pcgrad, ...), a loss weighting (uncertainty, dwa, famo, random_loss) or both (dwa+upgrad)"),
 }
-TOP_KEYS = ("name", "description", "trainer_cfg", "trainer", "models", "tasks", "stats", "source")
+TOP_KEYS = ("name", "description", "trainer_cfg", "trainer", "models", "tasks", "stats", "source", "nabu")
 TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "weight", "batch_size", "numbuckets",
              "trainset_frac")
 NODE_KEYS = ("name", "model", "inputs", "outputs")
 LINKEDSET_KEYS = ("weight", "data", "valid")
-DATA_KEYS = ("corpus", "root", "split", "linkedset")
+DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral")
 CORPORA = ("samples",)
 
 
@@ -241,9 +243,15 @@ def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------- parsing and checking
-def load_recipe(path: str | Path) -> dict[str, Any]:
-    """Parse and check a TOML recipe; returns the self-contained recipe dict (INI merged, paths absolute)."""
+def load_recipe(path: str | Path, data_root: str | Path | None = None) -> dict[str, Any]:
+    """Parse and check a TOML recipe; returns the self-contained recipe dict (INI merged, paths absolute).
+    An original Nabu-MSSS recipe folder (with trainer.cfg) is imported (``mtlab.nabu.import_nabu``), its
+    data paths re-rooted under ``data_root`` (default: ``data`` in the current folder)."""
     path = Path(path)
+    if path.is_dir() and (path / "trainer.cfg").is_file():
+        from .nabu import import_nabu
+
+        return resolve_recipe(import_nabu(path, data_root if data_root is not None else "data"), origin=str(path))
     if not path.is_file():
         raise ConfigError(f"{path}: recipe file not found")
     if path.suffix in (".cfg", ".ini"):
@@ -411,7 +419,15 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
         if key not in DATA_KEYS:
             raise _unknown(origin, where, key, DATA_KEYS)
     for key, value in spec.items():
-        if not isinstance(value, str) or not value:
+        if key == "spectral":  # the STFT settings (mtlab.data.features.Spectral), e.g. the original's
+            from .data.errors import DataError
+            from .data.features import Spectral
+
+            try:
+                Spectral(**_table(value, origin, f"{where} spectral"))
+            except (TypeError, DataError) as exc:
+                raise ConfigError(f"{origin}: {where} spectral: {exc}") from None
+        elif not isinstance(value, str) or not value:
             raise ConfigError(f"{origin}: {where} {key} must be a non-empty string, got {value!r}")
     if ("corpus" in spec) == ("root" in spec):
         raise ConfigError(f"{origin}: {where} needs exactly one of corpus = \"samples\" or root = \"path/to/corpus\"")
@@ -441,11 +457,14 @@ def stats_key(data: Mapping[str, Any], linkedset: str) -> str:
 def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], stats: Any, cache: Datasets) -> Any:
     from .data import load_split
 
+    from .data.features import MTLAB, Spectral
+
     fingerprint = hashlib.sha1(json.dumps(stats.to_dict()).encode()).hexdigest() if stats is not None else None
-    key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, fingerprint)
+    spectral = Spectral(**data["spectral"]) if "spectral" in data else MTLAB
+    key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), fingerprint)
     if key not in cache:
         cache[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
-                                    targets=targets, stats=stats)
+                                targets=targets, stats=stats, spectral=spectral)
         if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
             computed = cache[key].stats
             cache[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = cache[key]
@@ -476,10 +495,11 @@ class Experiment:
 
 
 def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | None = None,
-                init_weights: bool = True) -> Experiment:
+                init_weights: bool = True, data_root: str | Path | None = None) -> Experiment:
     """An :class:`Experiment` from a TOML recipe, an original ``trainer.cfg`` or a dict. ``datasets`` may be
     shared between experiments built from the same corpora (loaded once). ``init_weights=False`` skips the
-    recipe's ``init_file`` (``load`` does: the checkpoint's weights replace them anyway)."""
+    recipe's ``init_file`` (``load`` does: the checkpoint's weights replace them anyway). An original Nabu-MSSS
+    recipe folder is imported with its data under ``data_root`` (see ``load_recipe``)."""
     from .data import FeatureStats, TARGET_KEYS
     from .losses import get_loss
     from .models import build_model
@@ -487,7 +507,7 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
 
     cache: Datasets = datasets if datasets is not None else {}
 
-    recipe = load_recipe(recipe) if isinstance(recipe, (str, Path)) else resolve_recipe(recipe)
+    recipe = load_recipe(recipe, data_root) if isinstance(recipe, (str, Path)) else resolve_recipe(recipe)
     origin = recipe["source"]
     settings = trainer_settings(recipe)
     torch.manual_seed(settings["seed"])  # the same recipe initializes the same weights

@@ -238,22 +238,27 @@ def test_trainer_section_stages_and_stopping(recipe_dir: Path) -> None:
     assert t["initial_learning_rate"] == 5e-4 and t["learning_rate_decay"] == 0.5 and t["num_epochs"] == 10.0
     assert t["clip_grad_value"] == 2e7 and t["normalize_gradients"] is True and t["go_back"] is True
     assert t["task_weights"] == [1.0, 0.5] and t["acc_steps"] and t["normalize_weights_acc_steps"]
-    stages = r["nabu"]["stages"]
+    stages = t["stages"]
     assert [s["segment_length"] for s in stages] == [100, "full"]
     assert [s["batch_size"] for s in stages] == [4, 2] and [s["learning_rate_decay"] for s in stages] == [1.0, 0.5]
     assert [s["numbatches_to_aggregate"] for s in stages] == [2, 1] and stages[0]["numbuckets"] == 1
-    n = r["nabu"]
-    assert n["trainer"] == "multi_task" and n["init_file"] == "/models/previous/network.ckpt"
-    assert n["stopping"]["best_model_final"] and n["stopping"]["validate_at_step_0"]
-    assert n["stopping"]["relative_improvement"] == {"after_step": 1000, "threshold": 0.004}
-    assert n["stopping"]["per_task"] is True and n["num_tries"] == 3 and "unsupported" not in n
+    assert t["init_file"] == "/models/previous/network.ckpt" and r["nabu"]["trainer"] == "multi_task"
+    # the original's stopping rules, switched on
+    assert t["best_model_final"] and t["validate_at_step_0"] and t["per_task_validation"]  # acc_steps: per task
+    assert (t["relative_improvement_threshold"], t["relative_improvement_after_step"]) == (0.004, 1000)
+    assert t["relative_improvement_window"] == 0 and t["num_tries"] == 3  # the window is num_tries
+    assert "unsupported" not in r["nabu"]
 
 
-def test_num_tries_none_means_no_limit(tmp_path: Path) -> None:
-    r = import_nabu(write_recipe(tmp_path / "r", num_tries="None"))
-    assert r["nabu"]["num_tries"] == "none" and r["nabu"]["stopping"]["num_tries"] == "none"
-    assert r["trainer"]["num_tries"] == 2**31 - 1
-    assert all(s["num_tries"] == "none" for s in r["nabu"]["stages"])
+def test_num_tries_none_and_a_single_full_stage(tmp_path: Path) -> None:
+    folder = write_recipe(tmp_path / "r", num_tries="None")
+    _replace(folder, "trainer.cfg", "segment_lengths = 100 full", "segment_lengths = full")
+    for key, both, one in (("initial_learning_rate", "1e-3 5e-4", "5e-4"), ("learning_rate_decay", "1 0.5", "0.5"),
+                           ("batch_size", "4 2", "2"), ("numbatches_to_aggregate", "2 1", "1")):
+        _replace(folder, "trainer.cfg", f"{key} = {both}", f"{key} = {one}")
+    t = import_nabu(folder)["trainer"]
+    assert t["num_tries"] == "none" and "stages" not in t and t["batch_size"] == 2
+    assert mtlab.recipe.trainer_settings({"trainer": t})["num_tries"] is None
 
 
 def test_tasks_graph_data_keys_and_linked_sets(recipe_dir: Path) -> None:
@@ -269,15 +274,17 @@ def test_tasks_graph_data_keys_and_linked_sets(recipe_dir: Path) -> None:
     assert pit["loss"] == {"type": "pit", "output": "bin_est", "target": "src_mag", "mixture": "mix_mag",
                            "layout": "speaker_major", "activation": "sigmoid"}
     # database.conf paths re-rooted under the data root (common folder of every datafiles replaced)
+    original_stft = {"window": "sine", "framing": "snip", "sample_scale": 32768.0, "preemph": 0.0}
     assert dc["linkedsets"]["set0"] == {"weight": 1.0, "data": {"root": "/data/2speakers/wav8k/min", "split": "tr",
-                                                                "linkedset": "wav"}, "valid": {"split": "cv"}}
+                                                                "linkedset": "wav", "spectral": original_stft},
+                                        "valid": {"split": "cv"}}
     # linked sets with weights relative to the first; validation attached to the first set
     assert set(pit["linkedsets"]) == {"clean", "noisy"}
     assert pit["linkedsets"]["clean"]["weight"] == 1.0 and pit["linkedsets"]["noisy"]["weight"] == 0.5
     assert pit["linkedsets"]["noisy"]["data"]["linkedset"] == "noisy"
     assert pit["linkedsets"]["clean"]["valid"] == {"split": "cv"} and "valid" not in pit["linkedsets"]["noisy"]
+    assert dc["trainset_frac"] == 0.5 and "trainset_frac" not in pit
     extras = r["nabu"]["tasks"]
-    assert extras["task_dc"]["trainset_frac"] == 0.5 and "trainset_frac" not in extras["task_pit"]
     assert extras["task_dc"]["validation"] == {"evaluator": "task_loss_evaluator", "requested_utts": 50,
                                                "batch_size": 10}
     assert extras["task_pit"]["validation"]["requested_utts"] == 20  # the task's own value wins
@@ -344,8 +351,20 @@ def test_an_imported_recipe_builds_and_trains_a_step(tmp_path: Path) -> None:
             shutil.copy(samples / source / name, folder / name)
     # mtlab's loader computes feature statistics from a split named "train" (not the linked set's own "tr")
     (root / "train").symlink_to(root / "tr")
-    r = import_nabu(write_recipe(tmp_path / "r"), data_root=tmp_path / "data")
-    trainer = mtlab.from_recipe(plain_recipe(r)).trainer
+    folder = write_recipe(tmp_path / "r")
+    _replace(folder, "trainer.cfg", "init_file = /models/previous/network.ckpt", "")  # a TF checkpoint path
+    r = import_nabu(folder, data_root=tmp_path / "data")
+    exp = mtlab.from_recipe(plain_recipe(r))
+    assert [s["segment_length"] for s in exp.schedule.stages] == [100, "full"]
+    trainer = exp.trainer
+    # the linked sets read their audio with the original's STFT (sine window, snip framing, int16 scale)
+    from mtlab.data import read_wav
+    from mtlab.data.features import ORIGINAL
+
+    train = next(d for d in exp.datasets.values() if d.split == "tr" and d.linkedset == "wav")
+    name = train.names[0]
+    wav = read_wav(root / "tr" / "s1" / f"{name}.wav")
+    torch.testing.assert_close(train[0]["src_mag"][..., 0], ORIGINAL.magnitude(wav))
     before = {k: p.detach().clone() for k, p in trainer.models["main"].named_parameters()}
     trainer.step()
     assert any(not torch.equal(before[k], p) for k, p in trainer.models["main"].named_parameters())

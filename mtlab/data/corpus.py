@@ -148,9 +148,10 @@ def _read_mixture(entry: ListEntry) -> torch.Tensor:
     return wav
 
 
-def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_db: float) -> dict[str, torch.Tensor]:
+def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_db: float,
+             spectral: F.Spectral = F.MTLAB) -> dict[str, torch.Tensor]:
     mix = _read_mixture(row.mix)
-    mix_mag = F.magnitude(mix)
+    mix_mag = F.magnitude(mix, spectral)
     feats = F.log_magnitude(mix_mag)
     example = {"features": stats.normalize(feats) if stats is not None else feats}
     if "mix_mag" in keys:
@@ -166,7 +167,7 @@ def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_
                     f"{src.resolve()} (listed at {src.where}) has {wav.shape[0]} samples but its mixture "
                     f"{row.mix.resolve()} has {mix.shape[0]}; sources must match the mixture sample for sample"
                 )
-            mags.append(F.magnitude(wav))
+            mags.append(F.magnitude(wav, spectral))
         src_mag = torch.stack(mags, dim=-1)
         if "src_mag" in keys:
             example["src_mag"] = src_mag
@@ -203,11 +204,12 @@ def _num_speakers(root: Path, examples: Sequence[dict[str, torch.Tensor]]) -> in
     return max(ids) + 1 if ids else 0
 
 
-def compute_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train") -> F.FeatureStats:
+def compute_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train",
+                  spectral: F.Spectral = F.MTLAB) -> F.FeatureStats:
     """Feature mean/std over every frame of ``split`` (the training split unless told otherwise)."""
     folder = _split_dir(root, split)
     rows, _ = _read_rows(folder, linkedset, need_sources=False, need_speakers=False)
-    feats = [F.log_magnitude(F.magnitude(_read_mixture(r.mix))) for r in rows]
+    feats = [F.log_magnitude(F.magnitude(_read_mixture(r.mix), spectral)) for r in rows]
     return F.FeatureStats.from_features(feats, source=f"{split}/mix_{linkedset}.scp")
 
 
@@ -218,12 +220,14 @@ def load_split(
     targets: Sequence[str] = TARGET_KEYS,
     stats: F.FeatureStats | None = None,
     usedbins_threshold_db: float = F.USEDBINS_THRESHOLD_DB,
+    spectral: F.Spectral = F.MTLAB,
 ) -> SeparationDataset:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
     ``targets`` picks the keys besides ``features`` (see the module docstring). ``stats`` normalizes the
     features; when None they are computed from the ``train`` split of the same linked set and kept as
-    ``dataset.stats``. Example::
+    ``dataset.stats``. ``spectral`` sets the STFT (mtlab's by default; ``Spectral.from_processor_config``
+    or ``features.ORIGINAL`` for the original's sine window, framing and int16 scale). Example::
 
         train = load_split(split="train", linkedset="noisy")
         dev = load_split(split="dev", linkedset="noisy", stats=train.stats)
@@ -237,16 +241,16 @@ def load_split(
     rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS))
     if stats is None:
         if split == "train":
-            raw = [_example(r, keys, None, usedbins_threshold_db) for r in rows]
+            raw = [_example(r, keys, None, usedbins_threshold_db, spectral) for r in rows]
             stats = F.FeatureStats.from_features((e["features"] for e in raw), source=f"{split}/mix_{linkedset}.scp")
             for e in raw:
                 e["features"] = stats.normalize(e["features"])
             examples = raw
         else:
-            stats = compute_stats(base, linkedset, "train")
-            examples = [_example(r, keys, stats, usedbins_threshold_db) for r in rows]
+            stats = compute_stats(base, linkedset, "train", spectral)
+            examples = [_example(r, keys, stats, usedbins_threshold_db, spectral) for r in rows]
     else:
-        examples = [_example(r, keys, stats, usedbins_threshold_db) for r in rows]
+        examples = [_example(r, keys, stats, usedbins_threshold_db, spectral) for r in rows]
     return SeparationDataset(
         examples, [r.name for r in rows], stats, report, split, linkedset, _num_speakers(base, examples)
     )

@@ -5,11 +5,14 @@
 
 The folder's ``trainer.cfg`` (``[trainer]`` and the ``[task_*]`` sections), ``model.cfg``,
 ``loss.cfg``, ``database.conf``, the processor configs it names and ``validation_evaluator.cfg`` are
-read. The result is a plain mtlab recipe (``trainer``, ``models``, ``tasks``: what
-``mtlab.recipe`` reads) plus ``recipe["nabu"]``, the original's settings that the plain schema has no
-place for: the ``segment_lengths`` curriculum (``stages``), ``init_file``, ``num_tries = None``,
-``trainset_frac``, the validation evaluator's settings, the original's stopping rules, and each
-database section with its path re-rooted under ``data_root`` and the STFT settings of its processor.
+read. The result is an mtlab recipe (``trainer``, ``models``, ``tasks``: what ``mtlab.recipe`` reads):
+per-stage values become ``[trainer] stages`` (the ``segment_lengths`` curriculum), the original's
+stopping rules are switched on (``best_model_final``, ``validate_at_step_0``, the relative-improvement
+stop, ``per_task_validation`` under ``acc_steps``), ``init_file``, ``num_tries = None`` (``"none"``) and
+``trainset_frac`` are kept, ``database.conf`` paths are re-rooted under ``data_root`` and each linked
+set's data carries the STFT settings of its processors (``spectral``). ``recipe["nabu"]`` records the
+source: the database sections, the original's task sections and validation evaluator settings, and the
+evaluation configs (test evaluator, reconstructor, scorer), which ``mtlab train`` does not run.
 
 A setting mtlab cannot honour is a ConfigError naming the file, the key and why (``strict=True``,
 the default); with ``strict=False`` each one is listed in ``recipe["nabu"]["unsupported"]`` instead and
@@ -93,8 +96,8 @@ deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusterin
 deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
 ARCHITECTURES = ("dblstm", "linear", "feedforward", "concat")
 # The original's stopping rules, as its multi_task_trainer applies them.
-STOPPING = {"best_model_final": True, "validate_at_step_0": True,
-            "relative_improvement": {"after_step": 1000, "threshold": 0.004}}
+STOPPING = {"best_model_final": True, "validate_at_step_0": True, "relative_improvement_threshold": 0.004,
+            "relative_improvement_after_step": 1000, "relative_improvement_window": 0}
 
 
 class Importer:
@@ -166,22 +169,22 @@ class Importer:
                 self.refuse(file, f"[trainer] {key}", "mtlab records gradient norms per step in history.csv and "
                                                       "the dashboard; it does not print them; set it to False")
         if "init_file" in conf:
-            extras["init_file"] = conf["init_file"]
+            plain["init_file"] = conf["init_file"]
         for stage in stages:
             if stage.get("numbatches_to_aggregate") == 0:
                 self.refuse(file, "[trainer] numbatches_to_aggregate", "0 asks for asynchronous training, which the "
                                                                        "original left broken; use 1 or more")
-        tries = [s.get("num_tries", 3) for s in stages]
-        extras["num_tries"] = "none" if tries[-1] is None else tries[-1]
-        for stage in stages:  # TOML has no null: no tries limit is written as "none"
             if stage.get("num_tries", 0) is None:
-                stage["num_tries"] = "none"
+                stage["num_tries"] = "none"  # TOML has no null: no tries limit is written as "none"
         last = stages[-1]
         for key in STAGE_KEYS:
             if key in last:
                 plain[key] = last[key]
-        if plain.get("num_tries") == "none":
-            plain["num_tries"] = 2**31 - 1  # never reached: the plain schema's way of saying no limit
+        if len(stages) > 1 or stages[0]["segment_length"] != "full":
+            plain["stages"] = stages
+        # the original's stopping rules (multi_task_trainer), which mtlab's schedule offers as settings
+        plain.update(STOPPING)
+        plain["per_task_validation"] = bool(plain.get("acc_steps", False))
         return plain, stages, extras
 
     def value(self, file: str, key: str, kind: str, text: str) -> Any:
@@ -226,7 +229,7 @@ class Importer:
                 raise ConfigError(f"{self.folder / file}: {where} needs {key!r} for architecture {arch!r}")
             values = words(text)
             if len(values) > 1:  # per-stage values: one model across the stages needs them equal
-                if len(values) != stages or len(set(values)) != 1:
+                if len(set(values)) != 1:
                     self.refuse(file, f"{where} {key}", f"{text!r}: mtlab keeps one model across the stages, so "
                                                         "a model setting must be the same in every stage")
                 text = values[-1]
@@ -583,8 +586,6 @@ def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: 
             "recipe_dir": str(folder),
             "data_root": str(data_root),
             **extras,
-            "stages": stages,
-            "stopping": {**STOPPING, "num_tries": extras["num_tries"], "per_task": bool(plain.get("acc_steps"))},
             "tasks": nabu_tasks,
             "data": {k: v for k, v in data_cache.items() if v is not None},
             "evaluation": {f: str(folder / f) for f in ("test_evaluator.cfg", "reconstructor.cfg", "scorer.cfg",
@@ -626,12 +627,18 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
             if len(folders) > 1:
                 imp.refuse("trainer.cfg", f"[{tname}] linked set {set_name!r}", "its inputs and targets come from "
                            f"different folders ({sorted(folders)}); mtlab reads a linked set from one folder")
+            spectral = [s["spectral"] for s in lset["sections"].values() if "spectral" in s]
+            if any(x != spectral[0] for x in spectral):
+                imp.refuse("trainer.cfg", f"[{tname}] linked set {set_name!r}", "its processors frame the audio "
+                           "differently; mtlab computes a linked set's features and targets with one STFT")
+            if spectral:
+                # the original's window, framing and int16 scale, for mtlab's loader
+                spec["data"]["spectral"] = {k: v for k, v in spectral[0].items()
+                                            if k in ("window", "framing", "sample_scale", "preemph")}
         linkedsets[set_name] = spec
     extras: dict[str, Any] = {"loss_type": orig["loss_type"],
                               "sections": {s: {k: v["section"] for k, v in ls["sections"].items()}
                                            for s, ls in orig["linkedsets"].items()}}
-    if "trainset_frac" in orig:
-        extras["trainset_frac"] = orig["trainset_frac"]
     if valid is not None:
         extras["validation"] = {"evaluator": veval.get("evaluator"),
                                 "requested_utts": valid.get("requested_utts", int(veval.get("requested_utts", "0"))),
@@ -647,6 +654,8 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
                     {"split": vdata["split"]}
     task = {"inputs": [keys.get(i, i) for i in orig["inputs"]], "targets": [keys.get(t, t) for t in orig["targets"]],
             "outputs": orig["outputs"], "nodes": nodes, "loss": loss, "linkedsets": linkedsets}
+    if "trainset_frac" in orig:
+        task["trainset_frac"] = orig["trainset_frac"]
     return task, extras
 
 
