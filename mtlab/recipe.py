@@ -64,6 +64,7 @@ TRAINER_KEYS: dict[str, Key] = {
     "numbatches_to_aggregate": Key("int", 1, "minibatch rounds (every linked set once) per step", 1),
     "numbuckets": Key("int", 1, "length buckets for batching (1: plain shuffled batches)", 1),
     "valid_frequency": Key("int", 0, "validate every this many steps (0: never)", 0),
+    "checkpoint_frequency": Key("int", 0, "mtlab: write latest.pt every this many steps (0: never); restarts resume from it", 0),
     "valid_batches": Key("int", 0, "mtlab: minibatches per validation and linked set (0: all)", 0),
     "valid_adapt": Key("bool", False, "halve the learning rate after a worse validation"),
     "go_back": Key("bool", False, "return to the best validated state after a worse validation"),
@@ -558,7 +559,8 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                           normalize_gradients=settings["normalize_gradients"],
                           numbatches_to_aggregate=settings["numbatches_to_aggregate"], device=settings["device"],
                           seed=settings["seed"], nonfinite=settings["nonfinite"], acc_steps=settings["acc_steps"],
-                          normalize_weights_acc_steps=settings["normalize_weights_acc_steps"])
+                          normalize_weights_acc_steps=settings["normalize_weights_acc_steps"],
+                          combine=settings["combine"])
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
     if settings["init_file"] and init_weights:

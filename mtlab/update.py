@@ -325,8 +325,8 @@ class Update:
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "calls": self.calls}
-        if isinstance(self.method, (str, Mapping)):
-            state["method"] = self.method if isinstance(self.method, str) else dict(self.method)
+        if self.method is None or isinstance(self.method, (str, Mapping)):  # an object given as method cannot be stored
+            state["method"] = self.method if not isinstance(self.method, Mapping) else dict(self.method)
         if self.weighting is not None:
             state["weighting"] = self.weighting.state_dict()
         return state
@@ -336,9 +336,8 @@ class Update:
         switched since the state was taken is switched back, as the lr is)."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.calls = int(state.get("calls", 0))
-        method = state.get("method")
-        if method is not None and method != self.method:
-            self.set_method(method)
+        if "method" in state and state["method"] != self.method:
+            self.set_method(state["method"])
         if "weighting" in state:
             if self.weighting is None:
                 raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
