@@ -300,3 +300,21 @@ def test_cli_log_option_writes_train_and_validation_scalars(corpus: Path, tmp_pa
     assert [s for s, _ in events["valid/loss"]] == list(validation["step"]) == [2, 4]
     assert [v for _, v in lines["valid/frames/clean"]] == pytest.approx(list(validation["frames/clean"]))
     assert main(["train", str(path), "--expdir", str(tmp_path / "e2"), "--log", "wandb"]) == 2
+
+
+def test_a_buffering_logger_adds_no_host_read_to_the_step(tmp_path: Path) -> None:
+    from helpers import make_examples, make_models, task_a, task_b
+    from test_sync_free import no_host_reads
+
+    ex = make_examples(24, 3)
+    trainer = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex, weight=0.5)], clip_grad_value=0.5,
+                            numbatches_to_aggregate=2, device="cpu", nonfinite="skip")
+    logger = make({"type": "csv", "flush_every": 100}, tmp_path).attach(trainer)
+    trainer.step()  # the optimizer's state is created outside the guard
+    with no_host_reads():
+        for _ in range(3):
+            trainer.step()
+    logger.close()  # the one read of all buffered rows
+    history = trainer.log.rows()
+    assert read_csv(tmp_path / "scalars.csv")["train/a/loss"] == [(r["step"], r["a/loss"]) for r in history]
+    assert len(history) == 4
