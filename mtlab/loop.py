@@ -192,10 +192,25 @@ class Schedule:
         ``stages`` each stage's ``num_steps`` is derived from its own data and settings, and the first stage's
         data view and settings are applied to the trainer."""
         keys = [k for k in SETTINGS if k != "num_steps"]
+        # A setting a stage leaves out is the [trainer] one (not the previous stage's): fill every stage in.
+        base: dict[str, Any] = {k: settings.get(k, cls.__dataclass_fields__[k].default) for k in STAGE_SCHEDULE_KEYS}
+        base.update(numbatches_to_aggregate=settings.get("numbatches_to_aggregate", trainer.numbatches_to_aggregate),
+                    clip_grad_value=settings.get("clip_grad_value", trainer.clip_grad_value),
+                    normalize_gradients=settings.get("normalize_gradients", trainer.normalize_gradients))
+        given_stages = [dict(s) for s in settings.get("stages") or []]
+        for key in ("batch_size", "numbuckets"):
+            if any(key in s for s in given_stages) and not all(key in s for s in given_stages):
+                values = {getattr(t, key) for t in trainer.tasks.values()}
+                if len(values) > 1:
+                    raise ConfigError(f"[trainer] stages: some stages set {key} and others do not, and the tasks have "
+                                      f"different ones ({sorted(values)}); give {key} in every stage")
+                (value,) = values
+                for s in given_stages:
+                    s.setdefault(key, value)
         stages = []
-        for i, given in enumerate(settings.get("stages") or []):
+        for i, given in enumerate(given_stages):
             check_stage(given, f"[trainer] stages[{i}]")
-            stage = dict(given)
+            stage = {**base, **given}
             if not stage.get("num_steps"):
                 stage["num_steps"] = cls.steps_from_epochs(
                     trainer, stage.get("num_epochs", settings.get("num_epochs", 1.0)), stage.get("batch_size"),

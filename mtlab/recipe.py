@@ -583,9 +583,14 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
                           "(final.pt, best.pt) or a torch file of {model name: state_dict}" if tf else
                           "not found; give an mtlab checkpoint (e.g. exp/other/final.pt) or a {model: state_dict} file"))
     try:
-        state = load_safe(path)
+        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain containers only
+        if isinstance(state, Mapping) and state.get("format") == "mtlab-trainer":
+            state = load_safe(path)  # a checkpoint: its checksum checked too
     except CheckpointError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 (torch.load raises many kinds; all mean "not a weights file")
+        raise ConfigError(f"{origin}: {path} is not a readable weights file ({type(exc).__name__}: "
+                          f"{str(exc)[:200]})") from None
     models = state.get("models", state) if isinstance(state, Mapping) else None
     if not isinstance(models, Mapping):
         raise ConfigError(f"{origin}: {path} holds no model weights (expected an mtlab checkpoint or "
