@@ -314,7 +314,14 @@ def test_a_buffering_logger_adds_no_host_read_to_the_step(tmp_path: Path) -> Non
     with no_host_reads():
         for _ in range(3):
             trainer.step()
-    logger.close()  # the one read of all buffered rows
+    items = []
+    real_item = torch.Tensor.item
+    torch.Tensor.item = lambda self: items.append(1) or real_item(self)  # type: ignore[method-assign]
+    try:
+        logger.close()  # the one read of all buffered rows, through the history: no .item() per value
+    finally:
+        torch.Tensor.item = real_item  # type: ignore[method-assign]
+    assert items == []
     history = trainer.log.rows()
     assert read_csv(tmp_path / "scalars.csv")["train/a/loss"] == [(r["step"], r["a/loss"]) for r in history]
     assert len(history) == 4
