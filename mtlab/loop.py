@@ -9,8 +9,9 @@ through :func:`run`; it is the only place that handles Ctrl-C.
 As the original multi-task trainer, but correct:
 
 - ``num_steps = ceil(num_epochs x utterances / (batch_size x numbatches_to_aggregate))``, taking the MAX over
-  every task and linked set, so each linked set is seen at least ``num_epochs`` times (the original used the
-  first task's data only). A recipe's ``num_steps`` overrides it.
+  every task and linked set, so each linked set is seen at least ``num_epochs`` times (the original took the
+  floor of ``int(num_epochs) x utterances / (batch_size x numbatches_to_aggregate)`` for one linked set per task,
+  the last its loop reached, and the minimum over tasks). A recipe's ``num_steps`` overrides it.
 - Before each step ``trainer.lr = initial_learning_rate x lr_scale x learning_rate_decay^(step / num_steps)``;
   ``valid_adapt`` halves ``lr_scale``, which persists (also across ``go_back``).
 - Every ``valid_frequency`` steps: ``trainer.evaluate`` on every linked set with held-out data. A task's value
@@ -137,6 +138,10 @@ class Schedule:
             if not isinstance(stage.get("num_steps"), int) or stage["num_steps"] < 1:
                 raise ConfigError(f"Schedule: stages[{i}] needs num_steps >= 1 (Schedule.for_trainer derives it from "
                                   "num_epochs and the stage's data)")
+            if (self.relative_improvement_threshold > 0 and not self.relative_improvement_window
+                    and stage.get("num_tries", self.num_tries) in (None, "none")):
+                raise ConfigError(f"Schedule: stages[{i}] has num_tries none, but the relative-improvement stop sums "
+                                  "the last num_tries validations; set relative_improvement_window")
 
     @property
     def window(self) -> int:
@@ -359,7 +364,8 @@ def _relative_stop(schedule: Schedule, key: str, value: float, local_step: int) 
     |(previous - current) / previous| over the last ``window`` validations of the stage is under the threshold
     (the first validation's improvement counts as 1: the original starts from a huge previous value, and a
     stage with fewer validations than the window never stops this way)."""
-    if schedule.relative_improvement_threshold <= 0 or local_step <= schedule.relative_improvement_after_step:
+    if (schedule.relative_improvement_threshold <= 0 or not schedule.window
+            or local_step <= schedule.relative_improvement_after_step):
         return False
     values = [r[key] for r in schedule.validation[schedule.stage_first:] if key in r] + [value]
     if len(values) < schedule.window:

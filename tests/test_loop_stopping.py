@@ -209,3 +209,10 @@ def test_a_checkpoint_between_go_back_and_the_next_step_continues_the_same(tmp_p
     mine, theirs = other.state_dict(), ref.state_dict()
     for key in ("models", "update", "streams", "step"):
         assert_same(mine[key], theirs[key], key)
+
+
+def test_a_stage_without_tries_limit_needs_a_window_for_the_relative_stop() -> None:
+    stage = {"segment_length": "full", "num_steps": 3, "num_tries": "none"}
+    with pytest.raises(ConfigError, match=r"stages\[0\] has num_tries none"):
+        Schedule(num_steps=3, stages=[stage], relative_improvement_threshold=0.004)
+    Schedule(num_steps=3, stages=[stage], relative_improvement_threshold=0.004, relative_improvement_window=2)
