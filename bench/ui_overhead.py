@@ -122,7 +122,8 @@ def main() -> None:
           f"{100 * dash.redraw_seconds / total:.1f}% of the time; {dash.live.full_draws} full, "
           f"{dash.live.fast_draws} blitted)")
     print(f"dashboard CPU per second of run (thread time, load-independent): drawing "
-          f"{1e3 * dash.redraw_cpu / total:.0f} ms/s, collecting rows and texts {1e3 * dash.collect_cpu / total:.0f} ms/s")
+          f"{1e3 * dash.redraw_cpu / total:.0f} ms/s, collecting rows and texts "
+          f"{1e3 * dash.collect_cpu / total:.0f} ms/s")
     if lags:
         lags.sort()
         p95 = lags[min(int(0.95 * len(lags)), len(lags) - 1)]

@@ -4,8 +4,10 @@ each task's state, live plots, a progress bar, a validation table, snapshots and
 Threads: widget callbacks run on the kernel's main thread; a run (``mtlab.ui.runs.Run``) trains in
 one background thread through the training loop and, between steps, hands this dashboard a cheap
 snapshot (new history rows, the state table) every ``refresh_s``; a separate painter thread draws
-the plot from the latest snapshot at most every ``draw_interval`` seconds, so the plot is at most
-about a second behind while training keeps its speed (``bench/ui_overhead.py``). Sliders call
+the plot from the latest snapshot at most every ``draw_interval`` (0.7 s), so the plot is at most
+about a second behind; when draws get slow (a loaded machine) it spaces them so that drawing takes
+at most ``max_draw_share`` (10%) of the wall time, and training keeps its speed
+(``bench/ui_overhead.py``). Sliders call
 ``trainer.set_weight`` & co. at once (read at the next minibatch); turning clipping on/off,
 snapshot and restore during a run wait for the end of the current step. Stepwise buttons are
 refused while a run is going (pause it first). A run belongs to the trainer, not to one
@@ -47,11 +49,13 @@ class Dashboard(widgets.VBox):
     """
 
     def __init__(self, trainer: Trainer, refresh_s: float = 0.25, draw_interval: float = 0.7,
-                 max_points: int = LIVE_POINTS, plots: bool = True, keep_snapshots: int = 5,
+                 max_draw_share: float = 0.1, max_points: int = LIVE_POINTS, plots: bool = True,
+                 keep_snapshots: int = 5,
                  export_dir: str | Path = "mtlab_export") -> None:
         self.trainer = trainer
         self.refresh_s = float(refresh_s)  # counter/table/progress at most this often during a run
         self.draw_interval = float(draw_interval)  # the painter draws at most this often
+        self.max_draw_share = float(max_draw_share)  # and spends at most this share of the wall time drawing
         self.keep_snapshots = keep_snapshots
         self.export_dir = Path(export_dir)
         self.snapshots: list[dict[str, Any]] = []
@@ -112,7 +116,8 @@ class Dashboard(widgets.VBox):
                 key = f"{tname}/{sname}"
                 self.sliders[key] = self._weight_slider(f"  {key}", ls.weight, width,
                                                         f"set_weight({tname!r}, {sname!r}, w): weight of this linked "
-                                                        "set's loss and norm, from the next minibatch on; 0 leaves it out")
+                                                        "set's loss and norm, from the next minibatch on; "
+                                                        "0 leaves it out")
                 self.sliders[key].observe(lambda ch, tn=tname, sn=sname: self._set_weight(tn, sn, ch["new"]), "value")
                 rows.append(self.sliders[key])
         style = {"description_width": width}
@@ -430,7 +435,8 @@ class Dashboard(widgets.VBox):
 
         def back() -> None:
             self.trainer.restore(snap)
-            self._say(f"restored snapshot #{index + 1} (step {snap['step']}); the abandoned branch stays grey on the plot")
+            self._say(f"restored snapshot #{index + 1} (step {snap['step']}); "
+                      "the abandoned branch stays grey on the plot")
         self._between_steps("restore", back)
 
     def _between_steps(self, what: str, fn: Callable[[], Any]) -> None:
@@ -674,14 +680,19 @@ class Dashboard(widgets.VBox):
         self._dirty.set()
 
     def _paint_loop(self) -> None:
+        """Draw when asked, at most every ``draw_interval``; when draws get slow (a loaded machine:
+        the wall time of a draw far above its CPU time), space them so that drawing takes at most
+        ``max_draw_share`` of the time: training keeps its speed, the plot lags a little more."""
         last = 0.0
+        cost = 0.0  # recent wall seconds per draw (moving average)
         while not self._closed:
             if not self._dirty.wait(5.0):
                 run = self.run
                 if run is None or not run.alive:
                     return  # idle: the thread ends; the next request starts a new one
                 continue
-            wait = self.draw_interval - (time.monotonic() - last)
+            interval = max(self.draw_interval, cost / self.max_draw_share if self.max_draw_share > 0 else 0.0)
+            wait = interval - (time.monotonic() - last)
             if wait > 0:
                 time.sleep(wait)
             self._dirty.clear()
@@ -690,6 +701,8 @@ class Dashboard(widgets.VBox):
                 self._draw()
             except Exception as exc:  # drawing must never take the run down
                 self._say(f"plot: {type(exc).__name__}: {exc}", error=True)
+            took = time.monotonic() - last
+            cost = took if cost == 0.0 else 0.7 * cost + 0.3 * took
 
     def _painter_idle(self, timeout: float = 5.0) -> None:
         """Wait until a requested redraw has happened (scripts and tests read the image next)."""
@@ -772,7 +785,8 @@ def dashboard(trainer: Any, schedule: Any = None, **kwargs: Any) -> Dashboard:
         schedule = schedule if schedule is not None else getattr(trainer, "schedule", None)
         trainer = trainer.trainer
     if not isinstance(trainer, Trainer):
-        raise TypeError(f"dashboard() takes an mtlab.Trainer (or an experiment with .trainer), got {type(trainer).__name__}")
+        raise TypeError("dashboard() takes an mtlab.Trainer (or an experiment with .trainer), "
+                        f"got {type(trainer).__name__}")
     d = Dashboard(trainer, **kwargs)
     d.schedule = schedule
     return d

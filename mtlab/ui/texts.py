@@ -14,7 +14,8 @@ from ..trainer import Trainer
 STEPWISE = ("minibatch", "normalize", "clip", "apply", "step", "reset")
 BUSY = ("accumulating", "normalized", "clipped")
 
-REASONS = {"steps": "the steps asked for are done", "stopped": "stopped", "interrupted": "interrupted (Kernel -> Interrupt)",
+REASONS = {"steps": "the steps asked for are done", "stopped": "stopped",
+           "interrupted": "interrupted (Kernel -> Interrupt)",
            "done": "the schedule is finished", "num_tries": "validation stopped it (num_tries)", "error": "error"}
 
 TOOLTIPS = {
@@ -82,7 +83,8 @@ def run_refusal(trainer: Trainer, schedule: Any = None) -> str | None:
                 "train at the current lr until stopped")
     skipped = skipped_tasks(trainer)
     if len(skipped) == len(trainer.tasks):
-        return "every task is skipped (" + "; ".join(f"{n}: {r}" for n, r in skipped.items()) + "); raise a weight first"
+        listed = "; ".join(f"{n}: {r}" for n, r in skipped.items())
+        return f"every task is skipped ({listed}); raise a weight first"
     busy = {n: trainer.state(n).minibatches for n, p in trainer.phase().items() if p in BUSY}
     if busy:
         parts = ", ".join(f"{n}: {k} minibatch(es), {trainer.phase()[n]}" for n, k in busy.items())

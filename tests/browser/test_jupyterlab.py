@@ -175,7 +175,8 @@ def test_rerun_dashboard_cell_during_a_run_adopts_and_stops_it(lab: str, tmp_pat
         wrapped = page.evaluate(
             "() => [...document.querySelectorAll('.jp-OutputArea th')].filter(e => {"
             " const r = document.createRange(); r.selectNodeContents(e);"
-            " return e.offsetParent !== null && new Set([...r.getClientRects()].map(c => Math.round(c.top))).size > 1; })"
+            " return e.offsetParent !== null"
+            " && new Set([...r.getClientRects()].map(c => Math.round(c.top))).size > 1; })"
             ".map(e => e.textContent)")
         assert wrapped == [], f"table headers wrap: {wrapped}"
 
@@ -242,7 +243,8 @@ def test_dashboard_in_voila(tmp_path: Path) -> None:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
             counter = ("() => { const e = [...document.querySelectorAll('.widget-html-content')]"
-                       ".find(e => /^step \\d+ /.test(e.textContent)); return e ? parseInt(e.textContent.slice(5)) : -1; }")
+                       ".find(e => /^step \\d+ /.test(e.textContent));"
+                       " return e ? parseInt(e.textContent.slice(5)) : -1; }")
             as_of = ("() => { const e = document.querySelector('.mtlab-asof');"
                      " return e ? parseInt(e.textContent.replace('plot as of step ', '')) : -1; }")
             page.wait_for_function(f"({counter})() >= 5", timeout=120_000)
