@@ -216,3 +216,23 @@ def test_a_stage_without_tries_limit_needs_a_window_for_the_relative_stop() -> N
     with pytest.raises(ConfigError, match=r"stages\[0\] has num_tries none"):
         Schedule(num_steps=3, stages=[stage], relative_improvement_threshold=0.004)
     Schedule(num_steps=3, stages=[stage], relative_improvement_threshold=0.004, relative_improvement_window=2)
+
+
+def test_per_task_relative_improvement_judges_each_task_on_its_own_values() -> None:
+    # a: SLOW's first four values (step 4 worse, |relative improvements| 0.0025020 over the last 3);
+    # b improves fast, so the weighted total (2.0, 1.499, 1.248, 1.1235) improves every time.
+    values = {"a": SLOW[:4], "b": [1.0, 0.5, 0.25, 0.125]}
+    for per_task, stop in ((True, "relative_improvement"), (False, "done")):
+        tr = plain()
+        script_tasks(tr, values)
+        sch = Schedule(num_steps=4, valid_frequency=1, num_tries=3, per_task_validation=per_task,
+                       relative_improvement_threshold=0.004, relative_improvement_after_step=3, valid_adapt=True)
+        run(tr, sch, progress=False)
+        assert sch.last_stop == stop and len(sch.validation) == 4
+    assert sch.lr_scale == 1.0
+    tr = plain()
+    script_tasks(tr, {"a": [1.0, 1.1, 1.2], "b": [1.0, 1.1, 0.9]})  # both worse at step 2: the lr halves once
+    sch = Schedule(num_steps=3, valid_frequency=1, num_tries=3, per_task_validation=True, valid_adapt=True)
+    run(tr, sch, progress=False)
+    assert [r["action"] for r in sch.validation] == ["better", "worse+halve_lr", "worse+halve_lr"]
+    assert sch.lr_scale == 0.25 and sch.task_tries == {"a": 2, "b": 0}
