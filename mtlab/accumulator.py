@@ -37,8 +37,8 @@ class MinibatchRecord:
     linkedset: str
     num_examples: int
     weight: float
-    loss: Tensor
-    norm: Tensor
+    loss: Tensor  # weight × the minibatch's summed loss (0-d, the loss's dtype and device)
+    norm: Tensor  # weight × its normalizer
     trace: dict[str, Tensor] | None = None  # per-model gradient contribution, when a MinibatchTrace is attached
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,6 +82,7 @@ class Accumulator:
         self.records: list[MinibatchRecord] = []
         self.totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ w·loss, Σ w·normalizer
         self.set_totals: dict[str, Tensor] = {}
+        self._pair_views: dict[str | None, tuple[Tensor, tuple[Tensor, ...]]] = {}
         self.grad_norm: Tensor | None = None
         self.grad_norm_clipped: Tensor | None = None
         self.clip_fraction: Tensor | None = None
@@ -134,19 +135,29 @@ class Accumulator:
 
     def record(self, linkedset: str, num_examples: int, weight: float, loss: Tensor, normalizer: Tensor) -> None:
         """Add a minibatch's weighted loss and normalizer (tensors; nothing read back to the host)."""
-        with torch.no_grad():  # a few small kernels per minibatch, no autograd bookkeeping
-            pair = torch.stack((loss, normalizer)).to(torch.float64)
-            if weight != 1.0:
-                pair.mul_(weight)
-            self.totals.add_(pair)
-            if linkedset in self.set_totals:
-                self.set_totals[linkedset].add_(pair)
-            else:
-                self.set_totals[linkedset] = pair.clone()
-            loss_w, norm_w = pair.unbind()
+        loss_w, norm_w = loss.detach(), normalizer.detach()
+        if weight != 1.0:
+            loss_w, norm_w = loss_w * weight, norm_w * weight
+        # In-place adds into 0-d views of the float64 sums: four tiny kernels, no stack, cast or copy.
+        total_loss, total_norm = self._views_of(None, self.totals)
+        total_loss.add_(loss_w)
+        total_norm.add_(norm_w)
+        pair = self.set_totals.get(linkedset)
+        if pair is None:
+            pair = self.set_totals[linkedset] = torch.zeros(2, dtype=torch.float64, device=self.totals.device)
+        set_loss, set_norm = self._views_of(linkedset, pair)
+        set_loss.add_(loss_w)
+        set_norm.add_(norm_w)
         self.records.append(MinibatchRecord(linkedset, num_examples, weight, loss_w, norm_w))
         self.minibatches += 1
         self.phase = Phase.ACCUMULATING
+
+    def _views_of(self, key: str | None, pair: Tensor) -> tuple[Tensor, ...]:
+        """The two 0-d views of a ``[2]`` sum (made once per sum tensor; a reassigned tensor gets new ones)."""
+        cached = self._pair_views.get(key)
+        if cached is None or cached[0] is not pair:
+            cached = self._pair_views[key] = (pair, pair.unbind())
+        return cached[1]
 
     def reset(self) -> None:
         """Discard what was accumulated; owned parameters' ``.grad`` become None."""

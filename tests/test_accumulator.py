@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch import nn
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
@@ -104,3 +106,86 @@ def test_totals_records_and_phase() -> None:
     assert "flat buffer" in repr(acc) and acc.summary()["minibatches"] == 2
     tr.reset("a")
     assert acc.phase is Phase.EMPTY and acc.grads == {} and tr.params["head_a.weight"].grad is None
+
+
+def test_views_survive_the_all_reduce(tmp_path) -> None:
+    """The data-parallel reducer sums the flat buffers in place: .grad stay views, values are the sums."""
+    dist = torch.distributed
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group already up")
+    import mtlab.distributed
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        tr = mtlab.distributed.attach(trainer())
+        assert tr.reducer is not None
+        ref = trainer()
+        for t in (tr, ref):
+            t.reset()
+            for name in t.tasks:
+                for s in t.tasks[name].linkedsets:
+                    t.process_minibatch(name, s)
+        buffers = [b.data_ptr() for t in tr.tasks for b in tr.state(t).buffers]
+        tr.normalize(); ref.normalize()  # the all-reduce runs here
+        assert [b.data_ptr() for t in tr.tasks for b in tr.state(t).buffers] == buffers
+        assert owned_grads_are_views(tr) and all(views_of(tr.state(t)) for t in tr.tasks)
+        for t in tr.tasks:
+            for k, v in tr.state(t).grads.items():
+                assert torch.equal(v, ref.state(t).grads[k]), k  # one rank: the sum is its own gradient
+        tr.clip(); tr.apply(); ref.clip(); ref.apply()
+        assert owned_grads_are_views(tr)
+        assert all(torch.equal(p, ref.params[k]) for k, p in tr.params.items())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_buffers_per_dtype_and_model_norms_from_segments() -> None:
+    """Parameters of two dtypes get two buffers; a model spread over both has its norm from both segments."""
+    class Mixed(nn.Module):
+        """A head with a float64 layer then a float32 layer."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 6).double(), nn.Linear(6, 5).float()
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(h).float()).double()
+
+    models = make_models()
+    models["head_a"] = Mixed()
+    ex = make_examples(8, 5)
+    tr = mtlab.Trainer(models, [task_a((ex, ex))], lr=1e-2, clip_grad_value=0.1, device="cpu")
+    tr.process_minibatch("a", "clean")
+    acc = tr.state("a")
+    assert {b.dtype for b in acc.buffers} == {torch.float32, torch.float64} and len(acc.buffers) == 2 and views_of(acc)
+    assert tr.params["head_a.b.bias"].grad.data_ptr() == acc.grads["head_a.b.bias"].data_ptr()
+    assert len(acc.segments["head_a"]) == 2
+    per_model, total = acc.norms()
+    for m in ("enc", "head_a"):
+        ref = torch.linalg.vector_norm(torch.cat([v.double().flatten() for k, v in acc.grads.items()
+                                                  if k.startswith(m + ".")]))
+        torch.testing.assert_close(per_model[m].double(), ref)
+    flat = torch.cat([v.double().flatten() for v in acc.grads.values()])
+    torch.testing.assert_close(total.double(), torch.linalg.vector_norm(flat))
+    tr.normalize(); tr.clip()
+    assert float(acc.clip_fraction) == float((flat / float(acc.normalizer)).abs().gt(0.1).double().mean())
+
+
+def test_totals_are_the_weighted_sums_of_the_records() -> None:
+    tr = trainer()
+    acc = tr.state("a")
+    batch = next(tr.stream("a", "noisy"))
+    direct = tr.plans["a"].loss(batch)
+    tr.process_minibatch("a", "clean")
+    tr.process_minibatch("a", "noisy", batch=batch)  # the noisy set has weight 0.5
+    tr.process_minibatch("a", "noisy")
+    rec = acc.records[1]
+    assert rec.weight == 0.5 and float(rec.loss) == pytest.approx(0.5 * float(direct.loss_sum.detach()), rel=1e-12)
+    assert float(rec.norm) == 0.5 * float(direct.normalizer)
+    assert acc.totals.dtype == torch.float64 and all(isinstance(r.loss, torch.Tensor) for r in acc.records)
+    for s in ("clean", "noisy"):
+        rs = [r for r in acc.records if r.linkedset == s]
+        assert float(acc.set_loss[s]) == pytest.approx(sum(float(r.loss) for r in rs), rel=1e-12)
+        assert float(acc.set_norm[s]) == pytest.approx(sum(float(r.norm) for r in rs), rel=1e-12)
+    assert float(acc.loss) == pytest.approx(float(acc.set_loss["clean"] + acc.set_loss["noisy"]), rel=1e-12)
+    assert float(acc.normalizer) == float(acc.set_norm["clean"] + acc.set_norm["noisy"])

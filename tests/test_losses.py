@@ -62,3 +62,59 @@ def test_core_registry_holds_generic_losses_and_does_not_import_domains():
     for name in ("losses.py", "registry.py"):
         text = (core / name).read_text()
         assert "from .separation" not in text and "import mtlab.separation" not in text
+
+
+def previous_frame_ce(logits, target, lengths):
+    """The earlier formulation (per-frame losses on a transposed copy, masked with where): the oracle
+    the ignore_index form must equal."""
+    per = F.cross_entropy(logits.transpose(1, 2), target.long(), reduction="none")
+    mask = torch.arange(target.shape[1])[None] < lengths[:, None]
+    return torch.where(mask, per, per.new_zeros(())).sum(), mask.sum().to(logits.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_frame_cross_entropy_equals_the_previous_form_in_value_and_gradient(dtype):
+    g = torch.Generator().manual_seed(2)
+    lens = torch.tensor([9, 4, 1, 7])
+    logits = torch.randn(4, 9, 6, generator=g, dtype=dtype, requires_grad=True)
+    y = torch.randint(0, 6, (4, 9), generator=g)
+    y[1, 4:] = 77  # out-of-range labels in the padding: ignored, not an error
+    ce = mtlab.losses.CrossEntropy(output="o", target="y")
+    loss, norm = ce({"y": y}, {"o": logits}, {"y": lens})
+    (grad,) = torch.autograd.grad(loss, logits)
+    ref_loss, ref_norm = previous_frame_ce(logits, y.clamp(max=5), lens)
+    (ref_grad,) = torch.autograd.grad(ref_loss, logits)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(grad, ref_grad)
+    assert norm.dtype == dtype and float(norm) == float(ref_norm) == 21
+    assert float(grad[1, 4:].abs().sum()) == 0.0  # padded frames get no gradient
+    assert y[1, 5] == 77  # the caller's targets are not changed
+
+
+def test_frame_cross_entropy_without_lengths_counts_every_frame():
+    g = torch.Generator().manual_seed(3)
+    logits, y = torch.randn(2, 5, 3, generator=g), torch.randint(0, 3, (2, 5), generator=g)
+    loss, norm = mtlab.losses.CrossEntropy(output="o", target="y")({"y": y}, {"o": logits}, {})
+    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(10, 3), y.reshape(10), reduction="sum"))
+    assert float(norm) == 10
+
+
+def test_mse_equals_the_previous_form_and_padding_gets_no_gradient():
+    g = torch.Generator().manual_seed(4)
+    lens = torch.tensor([3, 6])
+    out = torch.randn(2, 6, 4, 2, generator=g, dtype=torch.float64)
+    out[0, 3:] = float("nan")  # whatever sits in the padding must not matter
+    out.requires_grad_(True)
+    tgt = torch.randn(2, 6, 4, 2, generator=g, dtype=torch.float64)
+    loss, norm = mtlab.losses.MSE(output="o", target="t")({"t": tgt}, {"o": out}, {"o": lens})
+    (grad,) = torch.autograd.grad(loss, out)
+    mask = (torch.arange(6)[None] < lens[:, None])[..., None, None]
+    clean = torch.where(mask, out, tgt)
+    ref = ((clean - tgt) ** 2).sum()
+    (ref_grad,) = torch.autograd.grad(ref, out)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(grad, ref_grad)
+    assert float(norm) == 9 * 8 and not grad[0, 3:].any()
+    loss_all, norm_all = mtlab.losses.MSE(output="o", target="t")({"t": tgt}, {"o": clean.detach()}, {})
+    torch.testing.assert_close(loss_all, ((clean.detach() - tgt) ** 2).sum())
+    assert float(norm_all) == clean.numel()
