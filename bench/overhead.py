@@ -1,5 +1,5 @@
-"""mtlab ``trainer.step()`` against a hand-written PyTorch loop doing the same math (1 torch thread
-unless MTLAB_BENCH_THREADS is set).
+"""mtlab ``trainer.step()`` against the loop a user writes for the same math (``common.UserLoop``:
+ignore_index cross-entropy, ``clip_grad_value_``, default Adam; 1 torch thread unless MTLAB_BENCH_THREADS is set).
 
 2-layer BLSTM (hidden 128), 40-dim inputs, batch 16, lengths 50-300, K=4 minibatches per step,
 clip by value, Adam. Interleaved rounds, median time per step; peak memory (RSS growth during
@@ -30,14 +30,14 @@ def build(system: str, case: str, with_state: bool = False):
         state = (list(tr.params.values()), [tr.optimizer],
                  lambda: [b for t in tr.tasks for b in tr.state(t).buffers] + tr.update.buffers())
         return (tr.step, state) if with_state else tr.step
-    hl = common.HandLoop(models, examples, batch)
+    hl = common.UserLoop(models, examples, batch)
     return (hl.step, (hl.params, [hl.opt], lambda: ())) if with_state else hl.step
 
 
 def tensor_peaks(case: str) -> dict[str, int]:
     """Peak tensor bytes of one step (same batch in both), after one warm-up step."""
     out = {}
-    for name, key in (("hand-written", "hand"), ("mtlab", "mtlab")):
+    for name, key in (("loop", "hand"), ("mtlab", "mtlab")):
         step, (params, opts, extra) = build(key, case, with_state=True)
         step()
         out[name] = common.peak_step_bytes(step, params, opts, extra)
@@ -67,12 +67,12 @@ def main() -> None:
         return
     common.set_threads()
     rounds = 4 if args.quick else args.rounds
-    systems = {"hand-written": build("hand", args.case), "mtlab": build("mtlab", args.case)}
+    systems = {"loop": build("hand", args.case), "mtlab": build("mtlab", args.case)}
     times = common.interleaved_times(systems, rounds, args.steps)
     med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    ratio = common.paired_ratio(times, "mtlab", "hand-written")
+    ratio = common.paired_ratio(times, "mtlab", "loop")
     mem = {}
-    for name, key in (("hand-written", "hand"), ("mtlab", "mtlab")):
+    for name, key in (("loop", "hand"), ("mtlab", "mtlab")):
         out = subprocess.run([sys.executable, __file__, "--case", args.case, "--memory-child", key, "3"],
                              capture_output=True, text=True, check=True)
         mem[name] = json.loads(out.stdout.strip().splitlines()[-1])["peak_growth"]
@@ -80,13 +80,13 @@ def main() -> None:
     peaks = tensor_peaks(args.case)
     print(f"{'system':<14}{'ms/step':>10}{'ratio':>8}{'tensor peak MB':>16}{'ratio':>8}{'RSS growth MB':>15}")
     for name in systems:
-        r = 1.0 if name == "hand-written" else ratio
+        r = 1.0 if name == "loop" else ratio
         print(f"{name:<14}{med[name] * 1e3:>10.1f}{r:>8.3f}{peaks[name] / 2**20:>16.2f}"
-              f"{peaks[name] / peaks['hand-written']:>8.3f}{mem[name] / 2**20:>15.1f}")
-    print(f"time ratio mtlab/hand (median of per-round ratios, same batches) = {ratio:.3f}; "
-          f"peak tensor memory ratio = {peaks['mtlab'] / peaks['hand-written']:.3f} "
+              f"{peaks[name] / peaks['loop']:>8.3f}{mem[name] / 2**20:>15.1f}")
+    print(f"time ratio mtlab/loop (median of per-round ratios, same batches) = {ratio:.3f}; "
+          f"peak tensor memory ratio = {peaks['mtlab'] / peaks['loop']:.3f} "
           f"(parameters, gradients, Adam state and every allocation during one step, torch profiler); "
-          f"RSS growth (separate processes, noisy) ratio = {mem['mtlab'] / max(mem['hand-written'], 1):.3f}")
+          f"RSS growth (separate processes, noisy) ratio = {mem['mtlab'] / max(mem['loop'], 1):.3f}")
 
 
 if __name__ == "__main__":

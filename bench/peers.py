@@ -269,7 +269,11 @@ def synced(step: Callable[[], None], device: str) -> Callable[[], None]:
 
 
 def peak_memory(system: str, case: str, device: str) -> int:
-    """Peak tensor bytes of one step after one warm-up step (each system built afresh)."""
+    """Peak tensor bytes of one step after one warm-up step (each system built afresh; on a GPU, counted
+    from what was allocated before it was built, so other live objects do not count)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
     s = build(system, case, device)
     s.step()
     if device == "cuda":
@@ -277,7 +281,7 @@ def peak_memory(system: str, case: str, device: str) -> int:
         torch.cuda.reset_peak_memory_stats()
         s.step()
         torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated()
+        peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = common.peak_step_bytes(s.step, s.params, s.optimizers, s.extra)
     del s

@@ -1,0 +1,75 @@
+"""The GPU checks in one short script: sync-free step, speed against the peers, peak memory.
+
+On a CUDA machine it
+
+1. runs tests/test_sync_free.py's CUDA test, whose step runs under ``torch.cuda.set_sync_debug_mode("error")``
+   (any host read in process_minibatch -> normalize -> clip -> apply under ``nonfinite="skip"`` fails it);
+2. runs bench/peers.py on the GPU (mtlab, the loop a user writes, Lightning, Accelerate; wall clock with a
+   synchronize per step);
+3. compares peak GPU memory (``torch.cuda.max_memory_allocated`` over one step after a warm-up step) of mtlab
+   and the loop, for one task and for two tasks sharing an encoder;
+
+and prints one table. Without CUDA it refuses and says so.
+
+    python bench/gpu_check.py                 # about 3-5 minutes on one GPU
+    python bench/gpu_check.py --rounds 5      # more rounds for the speed rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+
+def sync_free() -> tuple[bool, str]:
+    """The CUDA sync-free test, in a fresh process (pytest's own output kept to its last line)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          str(HERE.parent / "tests" / "test_sync_free.py"), "-k", "cuda", "-rs"],
+                         capture_output=True, text=True, cwd=HERE.parent)
+    lines = [line for line in (out.stdout + out.stderr).strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else "(no output)"
+    return out.returncode == 0 and "passed" in last and "skipped" not in last, last
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench/gpu_check.py needs a CUDA device and this machine has none (torch.cuda.is_available() "
+                 "is False): nothing was run. Run it on a GPU machine.")
+    import peers  # noqa: E402  (after the CUDA check: it imports mtlab and the models)
+
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    ok, last = sync_free()
+    table: list[tuple[str, str, str]] = [("sync-free step (set_sync_debug_mode('error'))", "pass" if ok else "FAIL", last)]
+    print(f"sync-free: {'pass' if ok else 'FAIL'} ({last})", flush=True)
+
+    print(f"{'case':<10}{'system':<12}{'ms/step':>10}{'ratio':>8}{'spread':>9}{'peak MB':>12}{'ratio':>8}")
+    for case in ("compute", "overhead", "multitask"):
+        for row in peers.run_case(case, args.rounds, "cuda"):
+            print(peers.format_row(row), flush=True)
+            if "ratio" in row and row["system"] != peers.LOOP:
+                table.append((f"{case}: {row['system']} time / loop", f"{row['ratio']:.3f}",
+                              f"±{row['spread']:.3f}, {row['ms_per_step']:.2f} ms/step"))
+            if "mem_ratio" in row and row["system"] == "mtlab":
+                table.append((f"{case}: mtlab peak GPU memory / loop", f"{row['mem_ratio']:.3f}",
+                              f"{row['peak_mb']:.1f} MB"))
+
+    print("\nsummary")
+    width = max(len(k) for k, _, _ in table)
+    for key, value, detail in table:
+        print(f"  {key:<{width}}  {value:>7}  {detail}")
+    if not ok:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
