@@ -13,8 +13,9 @@ from helpers import make_examples, make_models, task_a, task_b
 
 @contextlib.contextmanager
 def no_host_reads():
-    """Make Tensor.item / float() / bool() / .cpu() raise (a CPU stand-in for CUDA sync debug mode)."""
-    names = ("item", "__float__", "__bool__", "cpu")
+    """Make Tensor.item / float() / int() / bool() / .cpu() raise (a CPU stand-in for CUDA sync debug mode;
+    ``tolist`` stays allowed: the data sampler reads its own CPU permutations with it)."""
+    names = ("item", "__float__", "__int__", "__bool__", "cpu")
     saved = {n: getattr(torch.Tensor, n) for n in names}
 
     def boom(name):
@@ -31,9 +32,10 @@ def no_host_reads():
             setattr(torch.Tensor, n, f)
 
 
-def test_the_guard_catches_a_host_read():
+@pytest.mark.parametrize("read", [float, int, bool, lambda t: t.item(), lambda t: t.cpu()])
+def test_the_guard_catches_a_host_read(read):
     with no_host_reads(), pytest.raises(AssertionError, match="host read"):
-        float(torch.ones(()))
+        read(torch.ones(()))
 
 
 @pytest.mark.parametrize("acc_steps", [False, True])
