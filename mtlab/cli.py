@@ -5,6 +5,10 @@
     mtlab resume DIR [--steps N]                                 continue DIR/final.pt exactly
     mtlab evaluate DIR [--checkpoint best|final|PATH] [--split dev]
     mtlab prepare LAYOUT ROOT [--out DIR]                        list files of wsj0-2mix, wham or librimix
+    mtlab import-nabu RECIPE_DIR -o recipe.toml [--data-root DIR] an original Nabu-MSSS recipe as a TOML recipe
+
+``mtlab train`` also takes an original Nabu-MSSS recipe folder, with ``--data-root DIR`` (where its
+database.conf paths are re-rooted).
 
 train, demo and resume take ``--log csv,tensorboard,mlflow,trackio`` (files in the experiment folder).
 
@@ -52,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a recipe into an experiment folder")
     p.add_argument("recipe", type=Path)
+    p.add_argument("--data-root", type=Path, default=None,
+                   help="an original Nabu-MSSS recipe folder: its database.conf paths go below this (default: data)")
     p.add_argument("--expdir", type=Path, required=True, help="experiment folder (must not hold an experiment yet)")
     common(p)
     p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus")
@@ -71,6 +77,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="where the lists go (default: lists/LAYOUT)")
     p.add_argument("--linkedsets", nargs="+", default=None, help="mixture modes to list (default: all found)")
     p.add_argument("--train", default=None, help="librimix: train-100 (default) or train-360")
+    p.set_defaults(threads=None)
+    p = sub.add_parser("import-nabu", help="write an original Nabu-MSSS recipe folder as an mtlab TOML recipe")
+    p.add_argument("recipe_dir", type=Path)
+    p.add_argument("-o", "--output", type=Path, required=True, help="the TOML file to write")
+    p.add_argument("--data-root", default="data", help="where database.conf's paths go (default: data, relative to "
+                                                        "the TOML file)")
+    p.add_argument("--lenient", action="store_true", help="list the settings mtlab cannot honour under [nabu] "
+                                                          "unsupported instead of stopping at the first")
     p.set_defaults(threads=None)
     return parser
 
@@ -150,6 +164,18 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_nabu(args: argparse.Namespace) -> int:
+    """``mtlab import-nabu``: an original recipe folder written as a TOML recipe."""
+    from .nabu import import_nabu, write_toml
+
+    recipe = import_nabu(args.recipe_dir, data_root=args.data_root, strict=not args.lenient)
+    path = write_toml(recipe, args.output)
+    refused = recipe["nabu"].get("unsupported", [])
+    print(f"{path}: {len(recipe['tasks'])} task(s), {len(recipe['models'])} model(s)"
+          + (f"; {len(refused)} setting(s) mtlab cannot honour, listed under [nabu] unsupported" if refused else ""))
+    return 0
+
+
 def _init_distributed() -> None:
     """Under torchrun (WORLD_SIZE > 1) join the process group: NCCL on GPUs, gloo on CPUs."""
     import os
@@ -186,6 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             torch.set_num_threads(threads)
         _init_distributed()
+        if args.command == "train" and args.recipe.is_dir():  # an original Nabu-MSSS recipe folder
+            from .recipe import load_recipe
+
+            args.recipe = load_recipe(args.recipe, args.data_root)
+        if args.command == "import-nabu":
+            return _import_nabu(args)
         if args.command == "train":
             from .recipe import from_recipe
 

@@ -1,0 +1,32 @@
+"""Make a data root for an original Nabu-MSSS recipe from mtlab's sample corpus (data_samples/), laid
+out as the recipe's database.conf says, so the recipe runs unchanged:
+
+    python scripts/make_nabu_data.py ../shared/nabu/config/recipes/papers/ICASSP2018/MERL_DC_2spk /tmp/wsj
+    mtlab train ../shared/nabu/config/recipes/papers/ICASSP2018/MERL_DC_2spk --data-root /tmp/wsj --expdir exp/dc
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mtlab.nabu import import_nabu, make_sample_root  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("recipe_dir", type=Path)
+    ap.add_argument("data_root", type=Path)
+    ap.add_argument("--samples", type=Path, default=None, help="the sample corpus (default: mtlab's data_samples/)")
+    args = ap.parse_args()
+    recipe = import_nabu(args.recipe_dir, data_root=args.data_root.resolve(), strict=False)
+    for folder in make_sample_root(recipe, args.samples):
+        print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
