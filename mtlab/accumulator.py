@@ -37,8 +37,8 @@ class MinibatchRecord:
     linkedset: str
     num_examples: int
     weight: float
-    loss: Tensor  # weight × the minibatch's summed loss (0-d, the loss's dtype and device)
-    norm: Tensor  # weight × its normalizer
+    loss: Tensor  # weight × the minibatch's summed loss (0-d float64, on the loss's device)
+    norm: Tensor  # weight × its normalizer (0-d float64)
     trace: dict[str, Tensor] | None = None  # per-model gradient contribution, when a MinibatchTrace is attached
 
     def as_dict(self) -> dict[str, Any]:
@@ -126,7 +126,9 @@ class Accumulator:
             for buf in self.buffers:
                 buf.zero_()
         for name, view in self._views.items():
-            self.params[name].grad = view
+            p = self.params[name]
+            if p.grad is not view:  # reading is cheaper than the setter's checks; usually already in place
+                p.grad = view
 
     def end(self) -> None:
         """After a backward: shared parameters' ``.grad`` go back to None (each task keeps its own view)."""
@@ -135,10 +137,11 @@ class Accumulator:
 
     def record(self, linkedset: str, num_examples: int, weight: float, loss: Tensor, normalizer: Tensor) -> None:
         """Add a minibatch's weighted loss and normalizer (tensors; nothing read back to the host)."""
-        loss_w, norm_w = loss.detach(), normalizer.detach()
+        # float64 once here, so the four adds below are same-dtype in-place adds into 0-d views of the sums
+        # (a few tiny kernels per minibatch; no stack, no mixed-dtype add).
+        loss_w, norm_w = loss.detach().to(torch.float64), normalizer.detach().to(torch.float64)
         if weight != 1.0:
-            loss_w, norm_w = loss_w * weight, norm_w * weight
-        # In-place adds into 0-d views of the float64 sums: four tiny kernels, no stack, cast or copy.
+            loss_w, norm_w = loss_w * weight, norm_w * weight  # not in place: a float64 loss shares its storage
         total_loss, total_norm = self._views_of(None, self.totals)
         total_loss.add_(loss_w)
         total_norm.add_(norm_w)
