@@ -21,9 +21,10 @@ def main() -> int:
     ap.add_argument("recipe_dir", type=Path)
     ap.add_argument("data_root", type=Path)
     ap.add_argument("--samples", type=Path, default=None, help="the sample corpus (default: mtlab's data_samples/)")
+    ap.add_argument("--limit", type=int, default=None, help="at most this many utterances per folder")
     args = ap.parse_args()
     recipe = import_nabu(args.recipe_dir, data_root=args.data_root.resolve(), strict=False)
-    for folder in make_sample_root(recipe, args.samples):
+    for folder in make_sample_root(recipe, args.samples, args.limit):
         print(folder)
     return 0
 

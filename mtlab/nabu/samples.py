@@ -12,7 +12,6 @@ so one is linked to the training folder where the recipe calls it otherwise.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,21 +19,30 @@ from typing import Any
 from ..errors import ConfigError
 
 
-def _fill(folder: Path, source: Path, linkedset: str) -> None:
+def _copy(src: Path, dst: Path, names: set[str] | None) -> None:
+    lines = src.read_text().splitlines(keepends=True)
+    dst.write_text("".join(line for line in lines if names is None or line.split(maxsplit=1)[:1][0] in names))
+
+
+def _fill(folder: Path, source: Path, linkedset: str, limit: int | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     mix = "noisy" if "noisy" in linkedset else "clean"
     for sub in (f"mix_{mix}", "s1", "s2"):
         link = folder / sub
         if not link.exists():
             link.symlink_to((source / sub).resolve(), target_is_directory=True)
-    shutil.copy(source / f"mix_{mix}.scp", folder / f"mix_{linkedset}.scp")
+    mixtures = [line.split()[0] for line in (source / f"mix_{mix}.scp").read_text().splitlines() if line.strip()]
+    names = set(mixtures[:limit]) if limit is not None else None
+    _copy(source / f"mix_{mix}.scp", folder / f"mix_{linkedset}.scp", names)
     for name in ("s1.scp", "s2.scp", "spk.txt"):
-        shutil.copy(source / name, folder / name)
+        _copy(source / name, folder / name, names)
 
 
-def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = None) -> list[Path]:
+def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = None,
+                     limit: int | None = None) -> list[Path]:
     """Write the folders the recipe's linked sets read, from ``samples`` (default: mtlab's sample
-    corpus); returns them. Paths come from the recipe (``import_nabu(..., data_root=...)``)."""
+    corpus), with at most ``limit`` utterances each; returns them. Paths come from the recipe
+    (``import_nabu(..., data_root=...)``)."""
     from ..data import data_samples_dir
 
     source = Path(samples) if samples is not None else data_samples_dir()
@@ -46,13 +54,13 @@ def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = Non
                 raise ConfigError(f"task {tname!r} linked set {sname!r} has no data root to fill")
             root = Path(data["root"])
             name = data.get("linkedset", sname)
-            _fill(root / data["split"], source / "train", name)
+            _fill(root / data["split"], source / "train", name, limit)
             made.append(root / data["split"])
             if data["split"] != "train" and not (root / "train").exists():
                 (root / "train").symlink_to(root / data["split"], target_is_directory=True)
             valid = lset.get("valid")
             if valid:
                 vroot = Path(valid.get("root", root))
-                _fill(vroot / valid["split"], source / "dev", valid.get("linkedset", name))
+                _fill(vroot / valid["split"], source / "dev", valid.get("linkedset", name), limit)
                 made.append(vroot / valid["split"])
     return made
