@@ -9,7 +9,7 @@ import pytest
 
 from mtlab.cli import main
 from mtlab.nabu import import_nabu, make_sample_root
-from test_nabu_import import _replace, write_recipe
+from test_nabu_import import replace_in, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -20,7 +20,7 @@ def test_import_nabu_writes_the_toml_and_refuses_with_exit_2(tmp_path: Path, cap
     assert main(["import-nabu", str(folder), "-o", str(out), "--data-root", "/corpora"]) == 0
     assert tomllib.loads(out.read_text()) == import_nabu(folder, data_root="/corpora")
     assert "2 task(s), 5 model(s)" in capsys.readouterr().out
-    _replace(folder, "model.cfg", "layer_norm = False", "layer_norm = True")
+    replace_in(folder, "model.cfg", "layer_norm = False", "layer_norm = True")
     assert main(["import-nabu", str(folder), "-o", str(out)]) == 2
     assert "model.cfg: [main] layer_norm: mtlab's BLSTM has no layer normalization" in capsys.readouterr().err
     assert main(["import-nabu", str(folder), "-o", str(out), "--lenient"]) == 0
@@ -29,8 +29,8 @@ def test_import_nabu_writes_the_toml_and_refuses_with_exit_2(tmp_path: Path, cap
 
 def test_train_an_original_recipe_folder_with_a_data_root(tmp_path: Path) -> None:
     folder = write_recipe(tmp_path / "MERL_TEST")
-    _replace(folder, "trainer.cfg", "init_file = /models/previous/network.ckpt", "")
-    _replace(folder, "trainer.cfg", "valid_frequency = 5", "valid_frequency = 0")  # keep the run short
+    replace_in(folder, "trainer.cfg", "init_file = /models/previous/network.ckpt", "")
+    replace_in(folder, "trainer.cfg", "valid_frequency = 5", "valid_frequency = 0")  # keep the run short
     make_sample_root(import_nabu(folder, data_root=tmp_path / "data"), limit=12)
     expdir = tmp_path / "exp"
     code = main(["train", str(folder), "--data-root", str(tmp_path / "data"), "--expdir", str(expdir),

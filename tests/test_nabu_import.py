@@ -252,10 +252,10 @@ def test_trainer_section_stages_and_stopping(recipe_dir: Path) -> None:
 
 def test_num_tries_none_and_a_single_full_stage(tmp_path: Path) -> None:
     folder = write_recipe(tmp_path / "r", num_tries="None")
-    _replace(folder, "trainer.cfg", "segment_lengths = 100 full", "segment_lengths = full")
+    replace_in(folder, "trainer.cfg", "segment_lengths = 100 full", "segment_lengths = full")
     for key, both, one in (("initial_learning_rate", "1e-3 5e-4", "5e-4"), ("learning_rate_decay", "1 0.5", "0.5"),
                            ("batch_size", "4 2", "2"), ("numbatches_to_aggregate", "2 1", "1")):
-        _replace(folder, "trainer.cfg", f"{key} = {both}", f"{key} = {one}")
+        replace_in(folder, "trainer.cfg", f"{key} = {both}", f"{key} = {one}")
     t = import_nabu(folder)["trainer"]
     assert t["num_tries"] == "none" and "stages" not in t and t["batch_size"] == 2
     assert mtlab.recipe.trainer_settings({"trainer": t})["num_tries"] is None
@@ -274,7 +274,8 @@ def test_tasks_graph_data_keys_and_linked_sets(recipe_dir: Path) -> None:
     assert pit["loss"] == {"type": "pit", "output": "bin_est", "target": "src_mag", "mixture": "mix_mag",
                            "layout": "speaker_major", "activation": "sigmoid"}
     # database.conf paths re-rooted under the data root (common folder of every datafiles replaced)
-    original_stft = {"window": "sine", "framing": "snip", "sample_scale": 32768.0, "preemph": 0.0}
+    original_stft = {"win_length": 256, "hop_length": 64, "n_fft": 256, "window": "sine", "framing": "snip",
+                     "sample_scale": 32768.0, "preemph": 0.0}
     assert dc["linkedsets"]["set0"] == {"weight": 1.0, "data": {"root": "/data/2speakers/wav8k/min", "split": "tr",
                                                                 "linkedset": "wav", "spectral": original_stft},
                                         "valid": {"split": "cv"}}
@@ -300,6 +301,20 @@ def test_models_sized_through_the_graph_with_the_originals_dropout(recipe_dir: P
                              "input_noise": 0.0, "dropout": 0.0, "bias": True, "output_shape": [129, 3]}
     assert m["ff"]["units"] == [6, 6] and m["ff"]["activation"] == "tanh" and m["ff"]["input_dim"] == 129
     assert m["concat"] == {"type": "Concat"} and m["pitlayer"]["input_dim"] == 16 + 6
+
+
+def test_other_stft_sizes_follow_the_processor_configs(tmp_path: Path) -> None:
+    folder = write_recipe(tmp_path / "r")
+    for name in ("feature_processor.cfg", "target_processor.cfg", "usedbins_processor.cfg",
+                 "multitarget_processor.cfg", "mixtomask_processor.cfg"):
+        replace_in(folder, name, "winstep = 0.008", "winstep = 0.016")
+        replace_in(folder, name, "nfft = 256", "nfft = 512")
+    r = import_nabu(folder)
+    assert r["tasks"]["task_dc"]["linkedsets"]["set0"]["data"]["spectral"]["hop_length"] == 128
+    assert r["models"]["main"]["input_dim"] == 257 and r["models"]["ff"]["input_dim"] == 257
+    replace_in(folder, "usedbins_processor.cfg", "winstep = 0.016", "winstep = 0.008")
+    with pytest.raises(mtlab.ConfigError, match="its processors frame the audio differently"):
+        import_nabu(folder)
 
 
 def test_database_sections_processors_and_evaluation_files(recipe_dir: Path) -> None:
@@ -352,7 +367,7 @@ def test_an_imported_recipe_builds_and_trains_a_step(tmp_path: Path) -> None:
     # mtlab's loader computes feature statistics from a split named "train" (not the linked set's own "tr")
     (root / "train").symlink_to(root / "tr")
     folder = write_recipe(tmp_path / "r")
-    _replace(folder, "trainer.cfg", "init_file = /models/previous/network.ckpt", "")  # a TF checkpoint path
+    replace_in(folder, "trainer.cfg", "init_file = /models/previous/network.ckpt", "")  # a TF checkpoint path
     r = import_nabu(folder, data_root=tmp_path / "data")
     exp = mtlab.from_recipe(plain_recipe(r))
     assert [s["segment_length"] for s in exp.schedule.stages] == [100, "full"]
@@ -372,7 +387,7 @@ def test_an_imported_recipe_builds_and_trains_a_step(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- what mtlab cannot honour
-def _replace(folder: Path, file: str, old: str, new: str) -> None:
+def replace_in(folder: Path, file: str, old: str, new: str) -> None:
     path = folder / file
     text = path.read_text()
     assert old in text, (file, old)
@@ -399,7 +414,6 @@ REFUSED = [
     ("target_processor.cfg", "nrs = 2", "nrs = 3", "target_processor.cfg: \\[processor\\] nrs: 3 speakers"),
     ("feature_processor.cfg", "mvn_type = global", "mvn_type = local", "\\[processor\\] mvn_type: 'local'"),
     ("usedbins_processor.cfg", "mag_thres = 100", "mag_thres = 50", "\\[processor\\] mag_thres"),
-    ("feature_processor.cfg", "winstep = 0.008", "winstep = 0.016", "winlen/winstep/nfft: 256/128/256"),
     ("feature_processor.cfg", "include_energy = False", "include_energy = True", "include_energy = True"),
     ("feature_processor.cfg", "processor = audio_feat_processor", "processor = matrix2vector_processor",
      "'matrix2vector_processor' \\(feature 'logspec'\\) computes data"),
@@ -420,7 +434,7 @@ REFUSED = [
 @pytest.mark.parametrize("file, old, new, message", REFUSED, ids=[r[3][:40] for r in REFUSED])
 def test_each_setting_mtlab_cannot_honour_is_refused_with_file_key_and_why(recipe_dir: Path, file: str, old: str,
                                                                           new: str, message: str) -> None:
-    _replace(recipe_dir, file, old, new)
+    replace_in(recipe_dir, file, old, new)
     with pytest.raises(mtlab.ConfigError, match=message) as err:
         import_nabu(recipe_dir)
     assert str(recipe_dir) in str(err.value) and "unknown key" not in str(err.value)
@@ -432,7 +446,7 @@ def test_each_setting_mtlab_cannot_honour_is_refused_with_file_key_and_why(recip
 def test_deepattractornet_needs_its_activation(tmp_path: Path) -> None:
     folder = write_recipe(tmp_path / "r", **{"loss.cfg": LOSS.replace("loss_type = deepclustering",
                                                                       "loss_type = deepattractornet")})
-    _replace(folder, "trainer.cfg", "targets = binary_targets usedbins\nbinary_targets = traintargets",
+    replace_in(folder, "trainer.cfg", "targets = binary_targets usedbins\nbinary_targets = traintargets",
              "targets = binary_targets usedbins multi_targets mix_to_mask\nmulti_targets = trainmultitargets\n"
              "mix_to_mask = trainmixtomask\nbinary_targets = traintargets")
     with pytest.raises(mtlab.ConfigError, match="\\[deepattractornet\\] activation: the original's deepattractornet"):
@@ -471,7 +485,7 @@ ERRORS = [
 @pytest.mark.parametrize("file, old, new, message", ERRORS, ids=[e[3][:40] for e in ERRORS])
 def test_malformed_recipes_are_errors_naming_file_and_key(recipe_dir: Path, file: str, old: str, new: str,
                                                          message: str) -> None:
-    _replace(recipe_dir, file, old, new)
+    replace_in(recipe_dir, file, old, new)
     with pytest.raises(mtlab.ConfigError, match=message):
         import_nabu(recipe_dir, strict=False)
 

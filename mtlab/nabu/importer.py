@@ -406,10 +406,7 @@ class Importer:
             out["spectral"] = {"win_length": spectral.win_length, "hop_length": spectral.hop_length,
                                "n_fft": spectral.n_fft, "window": spectral.window, "framing": spectral.framing,
                                "sample_scale": spectral.sample_scale, "preemph": spectral.preemph}
-            if spectral.n_fft // 2 + 1 != 129 or spectral.win_length != 256 or spectral.hop_length != 64:
-                self.refuse(proc_file, "[processor] winlen/winstep/nfft",
-                            f"{spectral.win_length}/{spectral.hop_length}/{spectral.n_fft} samples: mtlab's corpus "
-                            "loader frames 256-sample windows every 64 samples into 129 bins")
+
         return out
 
     # ------------------------------------------------------------------ tasks
@@ -633,8 +630,7 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
                            "differently; mtlab computes a linked set's features and targets with one STFT")
             if spectral:
                 # the original's window, framing and int16 scale, for mtlab's loader
-                spec["data"]["spectral"] = {k: v for k, v in spectral[0].items()
-                                            if k in ("window", "framing", "sample_scale", "preemph")}
+                spec["data"]["spectral"] = dict(spectral[0])
         linkedsets[set_name] = spec
     extras: dict[str, Any] = {"loss_type": orig["loss_type"],
                               "sections": {s: {k: v["section"] for k, v in ls["sections"].items()}
@@ -669,9 +665,10 @@ def data_spec(datafiles: str) -> dict[str, str]:
 
 def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapping[str, Any], stages: int) -> dict[str, dict[str, Any]]:
     """mtlab model specs with their input sizes, found by running each task's graph on per-frame sizes."""
-    feature_dim = 129
     sizes_in: dict[str, list[int | None]] = {}
     for tname, task in tasks.items():
+        first = next(iter(task["linkedsets"].values()), {}).get("data", {})
+        feature_dim = first.get("spectral", {}).get("n_fft", 256) // 2 + 1
         sizes: dict[str, int | None] = {k: (feature_dim if k == "features" else None) for k in task["inputs"]}
         for node in task["nodes"]:
             model = node["model"]
