@@ -27,26 +27,24 @@ from mtlab.nabu import import_nabu, make_sample_root, plain_recipe  # noqa: E402
 
 
 def shrink(recipe: dict, cap: int) -> None:
-    """Cap hidden sizes (BLSTM units, hidden Dense layers) and fix the input sizes that follow from them."""
-    for spec in recipe["models"].values():
-        if spec["type"] == "BLSTM":
-            spec["hidden"] = min(spec["hidden"], cap)
-    # re-run the size propagation: BLSTM outputs feed Dense/Concat inputs
+    """Cap hidden sizes (BLSTM units, Dense layers that are no task output) at ``cap`` and fix the input
+    sizes that follow from them, walking each task's graph as the importer does."""
+    outputs = {o for task in recipe["tasks"].values() for o in task["outputs"]}
     for task in recipe["tasks"].values():
-        sizes = {k: 129 for k in task["inputs"]}
+        sizes = {k: recipe["models"][task["nodes"][0]["model"]].get("input_dim") for k in task["inputs"]}
         for node in task["nodes"]:
             spec = recipe["models"][node["model"]]
             dims = [sizes.get(i) for i in node["inputs"]]
             if "input_dim" in spec and dims[0] is not None:
                 spec["input_dim"] = dims[0]
             if spec["type"] == "BLSTM":
+                spec["hidden"] = min(spec["hidden"], cap)
                 out = 2 * spec["hidden"]
             elif spec["type"] == "Dense":
-                if len(spec["units"]) > 1 or "output_shape" not in spec and spec["units"][-1] > cap and \
-                        node["name"] not in task["outputs"]:
+                if node["name"] not in outputs:
                     spec["units"] = [min(u, cap) for u in spec["units"]]
                 out = spec.get("output_shape", spec["units"])[-1]
-            else:
+            else:  # Concat
                 out = sum(d for d in dims if d is not None)
             sizes[node["name"]] = out
 
