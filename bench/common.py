@@ -163,7 +163,9 @@ def live_training_bytes(params, optimizers, extra=()) -> int:
 
 def peak_step_bytes(step, params, optimizers, extra=lambda: ()) -> int:
     """Peak tensor memory of one step: what is alive before it (parameters, gradients, optimizer
-    state, extra buffers) plus the highest point of the allocations the profiler records during it."""
+    state, extra buffers) plus the highest point of the allocations the profiler records during it.
+    The profiler does not see the freeing of tensors allocated before it started: free first what the
+    step would free anyway (a loop's ``zero_grad()``), or that memory counts twice."""
     from torch.profiler import ProfilerActivity, profile
 
     base = live_training_bytes(params, optimizers, extra())

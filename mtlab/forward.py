@@ -27,7 +27,7 @@ class LossResult:
 
     loss_sum: Tensor  # 0-d, the SUM over the minibatch (still attached to the graph when training)
     normalizer: Tensor  # 0-d, what the sum is divided by (frames, examples, ...)
-    outputs: dict[str, Tensor]
+    outputs: dict[str, Tensor]  # empty on the training path (see TaskPlan.loss's keep_outputs)
     seq_lengths: dict[str, Tensor]
     num_examples: int
 
@@ -77,8 +77,12 @@ class TaskPlan:
         data, seq_lengths = self.prepare(batch, targets=False)
         return self.graph.run(self.models, data, seq_lengths)
 
-    def loss(self, batch: Batch, require_grad: bool = False) -> LossResult:
-        """Forward and loss; every failure names the task, the loss computer and the shapes."""
+    def loss(self, batch: Batch, require_grad: bool = False, keep_outputs: bool | None = None) -> LossResult:
+        """Forward and loss; every failure names the task, the loss computer and the shapes.
+
+        ``keep_outputs`` (default: not ``require_grad``) keeps the graph's outputs in the result. The training
+        path (``require_grad=True``) drops them: a backward follows, and holding them would keep activations
+        the backward has no use for (the encoder's output, the logits) alive through it."""
         t = self.task
         data, seq_lengths = self.prepare(batch)
         result = self.graph.run(self.models, data, seq_lengths)  # the graph reads its inputs by name
@@ -108,7 +112,8 @@ class TaskPlan:
             raise GraphError(f"task {t.name!r}: the loss does not depend on any trainable parameter; "
                              "check the graph's outputs and the loss's output name")
         num_examples = int(next(iter(data.values())).shape[0])
-        return LossResult(loss_sum, normalizer, result.outputs, lengths, num_examples)
+        kept = result.outputs if (not require_grad if keep_outputs is None else keep_outputs) else {}
+        return LossResult(loss_sum, normalizer, kept, lengths, num_examples)
 
 
 def evaluate_totals(plan: TaskPlan, source: Any, batch_size: int, num_batches: int | None = None) -> tuple[float, float]:

@@ -36,12 +36,28 @@ def test_loss_equals_plain_pytorch_and_is_prepared_once() -> None:
     ref, frames = oracle_frame_loss(models, *batch)
     torch.testing.assert_close(result.loss_sum, ref)
     assert float(result.normalizer) == frames and result.num_examples == 5
-    assert result.loss_sum.requires_grad and set(result.outputs) >= {"h", "logits"}
+    assert result.loss_sum.requires_grad and result.outputs == {}  # the training path keeps no outputs
+    assert set(plan.loss(batch).outputs) >= {"h", "logits"}
+    assert set(plan.loss(batch, require_grad=True, keep_outputs=True).outputs) >= {"h", "logits"}
     # gradients equal too
     grads = torch.autograd.grad(result.loss_sum, list(models["enc"].parameters()))
     ref_grads = torch.autograd.grad(oracle_frame_loss(models, *batch)[0], list(models["enc"].parameters()))
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_training_path_frees_the_activations_its_backward_has_done_with(keep) -> None:
+    """Without kept outputs, the encoder's output dies during the backward (as in a plain loop)."""
+    import weakref
+
+    models = make_models()
+    plan = plan_for(task_a(), models)
+    seen = []
+    models["enc"].register_forward_hook(lambda m, args, out: seen.append(weakref.ref(out)))
+    result = plan.loss(collate(make_examples(4, 6)), require_grad=True, keep_outputs=keep)
+    result.loss_sum.backward()
+    assert (seen[0]() is not None) == keep
 
 
 def test_prepare_picks_the_task_keys_and_leaves_the_batch_alone() -> None:
