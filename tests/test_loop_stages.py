@@ -230,3 +230,13 @@ def test_init_file_errors(tiny_corpus: Path, tmp_path: Path) -> None:
     recipe["tasks"]["spk"]["trainset_frac"] = 0
     with pytest.raises(ConfigError, match=r"\[tasks.spk\] trainset_frac = 0"):
         from_recipe(recipe)
+
+
+def test_ini_trainer_cfg_num_tries_none_and_stages_only_in_toml(tmp_path: Path) -> None:
+    from mtlab.recipe import load_trainer_cfg
+
+    (tmp_path / "trainer.cfg").write_text("[trainer]\nnum_tries = None\nvalidate_at_step_0 = True\n")
+    assert load_trainer_cfg(tmp_path / "trainer.cfg") == {"num_tries": None, "validate_at_step_0": True}
+    (tmp_path / "trainer.cfg").write_text("[trainer]\nstages = 100 full\n")
+    with pytest.raises(ConfigError, match="write the stages in the TOML recipe"):
+        load_trainer_cfg(tmp_path / "trainer.cfg")
