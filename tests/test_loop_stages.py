@@ -240,3 +240,17 @@ def test_ini_trainer_cfg_num_tries_none_and_stages_only_in_toml(tmp_path: Path) 
     (tmp_path / "trainer.cfg").write_text("[trainer]\nstages = 100 full\n")
     with pytest.raises(ConfigError, match="write the stages in the TOML recipe"):
         load_trainer_cfg(tmp_path / "trainer.cfg")
+
+
+def test_per_stage_clipping_normalization_and_validation_frequency() -> None:
+    stages = [{**STAGES[0], "clip_grad_value": 0.5, "valid_frequency": 1},
+              {**STAGES[1], "clip_grad_value": False, "normalize_gradients": False, "num_tries": "none"}]
+    tr, sch = staged(stages, valid_frequency=2, num_tries=4)
+    seen: list[tuple[int, Any, bool]] = []
+    tr.add_callback(lambda event, info: seen.append((info["step"], tr.clip_grad_value, tr.normalize_gradients))
+                    if event == "apply" else None)
+    run(tr, sch, progress=False)
+    assert seen == [(1, 0.5, True), (2, 0.5, True), (3, 0.5, True), (4, None, False), (5, None, False)]
+    assert str(tr.chain) == "Chain([])" and sch.num_tries is None
+    # stage 1 validates every step (1, 2, 3), stage 2 every 2 of its own steps (5); the run's last look: none
+    assert [r["step"] for r in sch.validation] == [1, 2, 3, 5]
