@@ -64,6 +64,7 @@ from . import expdir as expdir_
 from .errors import ConfigError
 from .report import say
 from .sampling import SegmentedExamples
+from .task import check_count, check_positive
 from .trainer import Trainer
 
 SETTINGS = ("num_steps", "initial_learning_rate", "learning_rate_decay", "valid_frequency", "valid_batches",
@@ -316,6 +317,12 @@ def check_stage(stage: Any, where: str) -> None:
     seg = stage.get("segment_length")
     if not (seg == "full" or (isinstance(seg, int) and not isinstance(seg, bool) and seg >= 1)):
         raise ConfigError(f"{where}: segment_length = {seg!r}: give a positive number of frames or \"full\"")
+    for key in ("batch_size", "numbatches_to_aggregate", "numbuckets"):
+        if key in stage:
+            check_count(stage[key], f"{where} {key}", "a positive integer")
+    for key in ("initial_learning_rate", "learning_rate_decay"):
+        if key in stage:
+            check_positive(stage[key], f"{where} {key}")
 
 
 def stage_view(source: Any, segment_length: int | str) -> Any:

@@ -34,7 +34,7 @@ from .graph import Node
 from .report import say
 from .task import LinkedSet, Task
 from .distributed import attach_if_distributed
-from .loop import Schedule, check_stage, run, save_checkpoint
+from .loop import STAGE_KEYS, Schedule, check_stage, run, save_checkpoint
 from .trainer import Trainer
 
 DEFAULT_ORIGIN = "<recipe dict>"
@@ -176,13 +176,15 @@ def _stages(value: Any, origin: str, name: str) -> list[dict[str, Any]]:
     out = []
     for i, stage in enumerate(value):
         where = f"{name}[{i}]"
-        check_stage(stage, f"{origin}: {where}")
-        checked = {"segment_length": stage["segment_length"]}
-        for key, v in stage.items():
-            if key != "segment_length":
-                checked[key] = check_value(key, TRAINER_KEYS[key], v, origin, where)
-                if key == "num_tries" and checked[key] is None:
-                    checked[key] = "none"  # plain TOML/JSON value; the schedule reads it as None
+        stage = _table(stage, origin, where)
+        for key in stage:
+            if key not in STAGE_KEYS:
+                raise _unknown(origin, where, key, STAGE_KEYS)
+        checked = {k: check_value(k, TRAINER_KEYS[k], v, origin, where) for k, v in stage.items() if k != "segment_length"}
+        if checked.get("num_tries", 0) is None:
+            checked["num_tries"] = "none"  # a plain TOML/JSON value; the schedule reads it as None
+        checked["segment_length"] = stage.get("segment_length")
+        check_stage(checked, f"{origin}: {where}")  # segment_length
         out.append(checked)
     return out
 

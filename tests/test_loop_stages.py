@@ -254,3 +254,12 @@ def test_per_stage_clipping_normalization_and_validation_frequency() -> None:
     assert str(tr.chain) == "Chain([])" and sch.num_tries is None
     # stage 1 validates every step (1, 2, 3), stage 2 every 2 of its own steps (5); the run's last look: none
     assert [r["step"] for r in sch.validation] == [1, 2, 3, 5]
+
+
+def test_schedule_stages_check_their_values() -> None:
+    with pytest.raises(ConfigError, match=r"stages\[0\] batch_size must be an integer >= 1"):
+        Schedule(num_steps=3, stages=[{"segment_length": 5, "num_steps": 3, "batch_size": 0}])
+    with pytest.raises(ConfigError, match=r"stages\[0\] initial_learning_rate must be > 0"):
+        Schedule(num_steps=3, stages=[{"segment_length": 5, "num_steps": 3, "initial_learning_rate": -1.0}])
+    with pytest.raises(ConfigError, match=r"stages\[0\] needs num_steps"):
+        Schedule(num_steps=3, stages=[{"segment_length": "full"}])
