@@ -23,6 +23,8 @@ As the original multi-task trainer, but correct:
   snapshot (weights, optimizer, step, RNG, history) and ``valid_adapt`` halves the learning rate. The data
   do not go back (``go_back_data="continue"``): the next step draws the minibatches that follow those already
   drawn, so a go_back never replays the same steps (``"rewind"`` replays them, the data positions restored too).
+  Those positions wait in ``schedule.resume_streams`` (saved with it) until the next step, so right after a
+  go_back the trainer holds exactly the best state, as ``best.pt`` does.
 - The original's stopping rules, each a setting (imported Nabu-MSSS recipes turn them on): ``best_model_final``
   (a validation stop restores the best state: the final model is the best validated one),
   ``validate_at_step_0`` (validate the untrained model), ``relative_improvement_threshold`` (after
