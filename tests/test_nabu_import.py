@@ -510,3 +510,18 @@ def test_every_original_recipe_reads_leniently() -> None:
     for folder in folders:
         r = import_nabu(folder, strict=False)
         assert tomllib.loads(toml_text(r)) == r
+
+
+def test_the_written_toml_loads_as_a_recipe_and_bad_stft_settings_are_named(recipe_dir: Path, tmp_path: Path) -> None:
+    from mtlab.recipe import load_recipe
+
+    r = import_nabu(recipe_dir, data_root="corpus")
+    path = write_toml(r, tmp_path / "merl.toml")
+    loaded = load_recipe(path)  # [nabu] and the data's spectral tables are part of the schema
+    data = loaded["tasks"]["task_dc"]["linkedsets"]["set0"]["data"]
+    assert data["root"] == str((tmp_path / "corpus" / "2speakers" / "wav8k" / "min").resolve())  # relative to the file
+    assert data["spectral"]["window"] == "sine" and loaded["nabu"]["trainer"] == "multi_task"
+    assert loaded["trainer"]["stages"][0]["segment_length"] == 100
+    r["tasks"]["task_dc"]["linkedsets"]["set0"]["data"]["spectral"]["window"] = "kaiser"
+    with pytest.raises(mtlab.ConfigError, match="data spectral: Spectral window='kaiser'"):
+        load_recipe(write_toml(r, tmp_path / "bad.toml"))
