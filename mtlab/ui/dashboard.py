@@ -29,6 +29,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from .. import combine, weighting
 from ..debug import next_call
 from ..trainer import Trainer
 from .plots import LIVE_POINTS, LivePlot, figure_png, figure_svg, panel_of, plot_history, validation_series
@@ -145,6 +146,17 @@ class Dashboard(widgets.VBox):
         self.clip_toggle.observe(lambda ch: self._set_clip(), "value")
         self.clip_slider.observe(lambda ch: self._set_clip(), "value")
         rows += [self.lr_slider, widgets.HBox([self.clip_toggle, self.clip_slider])]
+        methods = ["sum", *combine.AGGREGATORS, *weighting.WEIGHTINGS]
+        current = getattr(trainer.update, "method", None) or "sum"
+        self.combine_dropdown = widgets.Dropdown(
+            options=methods if current in methods else [*methods, str(current)], value=str(current),
+            description="combine", disabled=trainer.acc_steps, style={"description_width": "60px"},
+            layout=widgets.Layout(width="220px"),
+            tooltip="trainer.set_combine(): how the tasks' processed gradients become one direction, from the "
+                    "next apply() (aggregators and FAMO need pip install \"mtlab[mtl]\"); during a run it changes "
+                    "at the end of the current step")
+        self.combine_dropdown.observe(lambda ch: self._set_combine(ch["new"]), "value")
+        rows.append(self.combine_dropdown)
 
         tasks = list(trainer.tasks)
         self.task_dropdown = widgets.Dropdown(options=tasks, value=tasks[0], description="task",
@@ -274,6 +286,12 @@ class Dashboard(widgets.VBox):
         # Switching clipping on/off inside a step would leave it half-clipped: wait for the step's end.
         self._guard(lambda: self._between_steps("clip setting", set_it))
 
+    def _set_combine(self, method: str) -> None:
+        def set_it() -> None:
+            self.trainer.set_combine(method)
+            self._event(f"combine -> {method}")
+        self._guard(lambda: self._between_steps("combine method", set_it))
+
     def _sync_sliders(self) -> None:
         """Put every slider at the trainer's current value (after restore or a change from code)."""
         self._syncing = True
@@ -290,6 +308,9 @@ class Dashboard(widgets.VBox):
             self.clip_slider.disabled = clip is None
             if clip is not None and self.clip_slider.value != clip:
                 self.clip_slider.value = clip
+            method = getattr(self.trainer.update, "method", None) or "sum"
+            if isinstance(method, str) and method in self.combine_dropdown.options:
+                self.combine_dropdown.value = method
         finally:
             self._syncing = False
 
@@ -521,7 +542,8 @@ class Dashboard(widgets.VBox):
         if what == "between":
             if time.monotonic() - self._last_collect >= self.refresh_s:
                 self._collect()
-                self._request_draw()
+                if run.newest(self._run_listener):  # an older dashboard of the same run keeps its texts only
+                    self._request_draw()
         elif what == "state":
             messages = {"pausing": "pausing after the current step...",
                         "paused": f"paused at step {self.trainer.step_count}; stepwise buttons work while paused",
@@ -762,7 +784,7 @@ class Dashboard(widgets.VBox):
         if self.run is not None:
             self.run.unlisten(self._run_listener)
         self.trainer.remove_callback(self._callback)
-        for child in (*self.sliders.values(), self.lr_slider, self.clip_slider, self.clip_toggle,
+        for child in (*self.sliders.values(), self.lr_slider, self.clip_slider, self.clip_toggle, self.combine_dropdown,
                       *self.buttons.values(), self.task_dropdown, self.set_dropdown, self.steps_box,
                       self.snapshot_dropdown, self.counter, self.status, self.table, self.validation_table,
                       self.image, self.plot_label, self.scale_toggle, self.smoothing_slider, self.event_log,

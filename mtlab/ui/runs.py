@@ -95,6 +95,10 @@ class Run:
         if fn not in self._listeners:
             self._listeners.append(fn)
 
+    def newest(self, fn: Listener) -> bool:
+        """``fn`` is the listener added last (the dashboard on screen after a cell was re-run)."""
+        return bool(self._listeners) and self._listeners[-1] == fn
+
     def unlisten(self, fn: Listener) -> None:
         if fn in self._listeners:
             self._listeners.remove(fn)

@@ -327,3 +327,22 @@ def test_a_finished_schedule_is_refused_before_a_thread():
     d.wait(20)
     assert tr.step_count == 3
     d.close()
+
+
+def test_only_the_newest_dashboard_of_a_run_draws():
+    tr = make_trainer()
+    old = mtlab.ui.dashboard(tr, refresh_s=0.0, draw_interval=0.05, max_draw_share=1.0)
+    assert old.start(0)
+    until(lambda: old.redraws >= 2, 60)
+    new = mtlab.ui.dashboard(tr, refresh_s=0.0, draw_interval=0.05, max_draw_share=1.0)  # the cell re-run
+    time.sleep(0.3)  # a draw in flight may finish
+    n_old, n_new = old.redraws, new.redraws
+    until(lambda: new.redraws >= n_new + 2, 60)
+    assert old.redraws == n_old  # the hidden one no longer spends time drawing
+    before = old.counter.value
+    until(lambda: old.counter.value != before, 60)  # its texts still follow the run
+    new.close(stop=False)  # closing the new one hands drawing back
+    until(lambda: old.redraws > n_old, 60)
+    old.stop()
+    assert "run ended" in old.status_text
+    old.close()
