@@ -304,3 +304,22 @@ def test_two_ranks_equal_one_process(tmp_path) -> None:
         torch.testing.assert_close(torch.tensor(r0["params"][k], dtype=torch.float64), p.detach(), atol=1e-9, rtol=0)
     assert r0["coef"] == pytest.approx(tr.history["weighting/a"].tolist(), abs=1e-12)
     assert len(set(r0["coef"])) == STEPS  # the log-variances were learned, step by step
+
+
+def test_the_dashboard_selector_switches_the_method_and_follows_a_restore() -> None:
+    pytest.importorskip("ipywidgets", reason="the dashboard needs mtlab[notebook]")
+    import mtlab.ui
+
+    tr = trainer3()
+    dash = mtlab.ui.dashboard(tr, plots=False)
+    try:
+        assert dash.combine_dropdown.value == "sum" and "upgrad" in dash.combine_dropdown.options
+        snap = tr.snapshot()
+        dash.combine_dropdown.value = "upgrad"
+        assert tr.update.method == "upgrad"
+        accumulate(tr); tr.apply()
+        assert "combine/enc/a" in tr.history.columns
+        tr.restore(snap)
+        assert tr.update.method is None and dash.combine_dropdown.value == "sum"
+    finally:
+        dash.close()
