@@ -91,6 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--methods", nargs="*", default=METHODS)
+    parser.add_argument("--directions-only", action="store_true", help="only the cost of the combination itself")
     args = parser.parse_args()
     common.set_threads()
     steps, repeats = (3, 2) if args.quick else (6, 3)
@@ -98,6 +99,9 @@ def main() -> None:
     tr = exp.trainer
     data = batches(tr, steps)
     snap = tr.snapshot()
+    if args.directions_only:
+        directions_cost(tr, data[0], args.methods, None)
+        return
     print(f"demo recipe, {len(tr.tasks)} tasks, {sum(p.numel() for p in tr.params.values())} parameters "
           f"({sum(tr.params[n].numel() for n in tr.shared)} shared), {len(data[0])} minibatches per step, "
           f"{torch.get_num_threads()} thread(s), device {tr.device}")
@@ -142,6 +146,38 @@ def main() -> None:
         o = f"{other:13.4f}{mine / other:14.2f}" if other else f"{'-':>13}{'-':>14}"
         print(f"{method:<14}{mine:14.4f}{mine / base:9.2f}{o}")
     print(f"{'sum, no stats':<14}{bare:14.4f}{bare / base:9.2f}   (history statistics off: cosines, norms)")
+    tr.restore(snap)
+    directions_cost(tr, data[0], args.methods, base)
+
+
+def directions_cost(tr: mtlab.Trainer, data: dict, methods: list[str], step_s: float | None) -> None:
+    """The combination alone: ``update.directions`` on one accumulated step (median of 7 calls), the part
+    that LibMTL's way pays once per minibatch round and mtlab once per step."""
+    for (t, s), batch in data.items():
+        tr.process_minibatch(t, s, batch=batch)
+    tr.normalize()
+    tr.clip()
+    accs = {t: tr.state(t) for t in tr.tasks}
+    weights = {t: x.weight for t, x in tr.tasks.items()}
+    print(f"\n{'method':<14}{'directions ms':>14}" + (f"{'% of a sum step':>17}" if step_s else ""))
+    for method in methods:
+        try:
+            tr.set_combine(method)
+        except ImportError as exc:
+            print(f"{method}: skipped ({exc})")
+            continue
+        for record in (True, False) if method == "sum" else (True,):
+            tr.update.record_stats = record
+            tr.update.directions(accs, weights)  # warm-up
+            times = []
+            for _ in range(7):
+                t0 = time.perf_counter()
+                tr.update.directions(accs, weights)
+                times.append(time.perf_counter() - t0)
+            ms = statistics.median(times) * 1e3
+            name = method if record else "sum, no stats"
+            print(f"{name:<14}{ms:14.2f}" + (f"{100 * ms / 1e3 / step_s:16.1f}%" if step_s else ""))
+    tr.update.record_stats = True
 
 
 if __name__ == "__main__":
