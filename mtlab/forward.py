@@ -112,8 +112,8 @@ class TaskPlan:
             raise GraphError(f"task {t.name!r}: the loss does not depend on any trainable parameter; "
                              "check the graph's outputs and the loss's output name")
         num_examples = int(next(iter(data.values())).shape[0])
-        kept = result.outputs if (not require_grad if keep_outputs is None else keep_outputs) else {}
-        return LossResult(loss_sum, normalizer, kept, lengths, num_examples)
+        keep = (not require_grad) if keep_outputs is None else keep_outputs
+        return LossResult(loss_sum, normalizer, result.outputs if keep else {}, lengths, num_examples)
 
 
 def evaluate_totals(plan: TaskPlan, source: Any, batch_size: int, num_batches: int | None = None) -> tuple[float, float]:
