@@ -2,6 +2,7 @@
 
 >>> import mtlab.ui
 >>> mtlab.ui.dashboard(trainer)          # sliders, stepwise buttons, background run, live plots
+>>> mtlab.ui.dashboard(exp)              # an experiment: its runs follow exp.schedule (lr decay, validation)
 >>> mtlab.ui.stop_all()                 # stop every background run (also: Kernel -> Interrupt)
 >>> mtlab.ui.plots.plot_losses(trainer.history).savefig("losses.png")
 """
