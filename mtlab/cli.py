@@ -106,11 +106,14 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
         from .loggers import make
 
         logger = make(args.log, expdir).attach(exp.trainer)
+    periodic = _periodic(exp, expdir)
     try:
         schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
     finally:
         if logger is not None:
             logger.close()
+        if periodic is not None:
+            periodic.detach()
     if rank != 0:
         return 0
     print((expdir / "summary.txt").read_text(), end="")
@@ -164,6 +167,48 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _periodic(exp: Any, expdir: Path) -> Any:
+    """``latest.pt`` every ``checkpoint_frequency`` steps of the recipe (None when 0)."""
+    from .checkpointing import Periodic
+    from .recipe import trainer_settings
+
+    every = trainer_settings(exp.recipe)["checkpoint_frequency"]
+    return Periodic(exp, expdir, every).attach() if every else None
+
+
+def _restarts() -> int:
+    """How often torchrun has restarted this worker group (a worker died under ``--max-restarts``)."""
+    import os
+
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _elastic_train(args: argparse.Namespace) -> int:
+    """``mtlab train``; restarted by torchrun, it continues from the experiment folder's last checkpoint
+    (``latest.pt`` of ``checkpoint_frequency``) with each rank's own RNG and data positions."""
+    from .checkpointing import restore_rank_state, resume_point
+    from .distributed import check_same_start
+    from .recipe import from_recipe, load
+
+    restarts = _restarts()
+    point = resume_point(args.expdir) if restarts else None
+    if point is None:
+        if not restarts:
+            _fresh_expdir(args.expdir)
+        exp = from_recipe(args.recipe)
+    else:
+        exp = load(point)
+        restore_rank_state(exp.trainer, point)
+    if restarts:
+        check_same_start(exp.trainer, str(point or args.recipe))
+        if exp.trainer.rank == 0:
+            where = f"{point} (step {exp.trainer.step_count})" if point else "the start (no checkpoint yet)"
+            print(f"restart {restarts} of the worker group: resuming from {where}", file=sys.stderr, flush=True)
+        if exp.schedule.finished or exp.trainer.step_count >= exp.schedule.num_steps:
+            return 0
+    return _train(exp, args.expdir, args)
+
+
 def _import_nabu(args: argparse.Namespace) -> int:
     """``mtlab import-nabu``: an original recipe folder written as a TOML recipe."""
     from .nabu import import_nabu, write_toml
@@ -190,7 +235,21 @@ def _init_distributed() -> None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
+    restarts = _restarts()
+    if not restarts or "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend)
+        return
+    # A restarted group: torchrun's rendezvous store outlives the failed attempt and still holds its workers'
+    # addresses under the same keys, so a new worker could read a dead peer's address and fail to connect.
+    # Each attempt gets its own key prefix.
+    import datetime
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent hosts it
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent_store and rank == 0, timeout=datetime.timedelta(minutes=10))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"mtlab/attempt{restarts}", store), rank=rank,
+                            world_size=world)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,10 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "import-nabu":
             return _import_nabu(args)
         if args.command == "train":
-            from .recipe import from_recipe
-
-            _fresh_expdir(args.expdir)
-            return _train(from_recipe(args.recipe), args.expdir, args)
+            return _elastic_train(args)
         if args.command == "demo":
             from .recipe import from_recipe
 

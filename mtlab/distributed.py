@@ -79,6 +79,18 @@ def _call_code(call: str) -> int:
     return CALLS.index(call) if call in CALLS else len(CALLS) + zlib.crc32(call.encode()) % (1 << 30)
 
 
+def check_same_start(trainer: Trainer, source: str) -> None:
+    """After a restart every rank must continue from the same step; otherwise say which rank read what."""
+    if trainer.world_size == 1 or not active():
+        return
+    everyone: list[Any] = [None] * trainer.world_size
+    dist.all_gather_object(everyone, [trainer.step_count, source])
+    if len({step for step, _ in everyone}) > 1:
+        seen = "; ".join(f"rank {r}: step {step} from {src}" for r, (step, src) in enumerate(everyone))
+        raise DistributedError(f"the ranks restarted from different steps ({seen}); every node must see the same "
+                               "experiment folder (a shared filesystem) to resume together")
+
+
 class AllReduce:
     """The reducer ``attach`` installs.
 

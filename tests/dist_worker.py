@@ -230,3 +230,38 @@ def uneven_run(rank: int, world: int, port: int, out: str) -> None:
         json.dump({"params": params_of(tr), "world": tr.world_size, "loss": tr.history["a/loss"].tolist()}, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------- `python tests/dist_worker.py` under torchrun
+def _die_at(step: int, rank: int) -> None:
+    """Make worker ``rank`` SIGKILL itself inside step ``step`` of the first attempt (torchrun then restarts)."""
+    import signal
+
+    import mtlab.recipe
+
+    build_experiment = mtlab.recipe.from_recipe
+
+    def from_recipe(*args, **kwargs):
+        exp = build_experiment(*args, **kwargs)
+
+        def kill(event: str, info: dict) -> None:
+            if event == "apply" and info["step"] == step and exp.trainer.rank == rank:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            exp.trainer.add_callback(kill)
+        return exp
+
+    mtlab.recipe.from_recipe = from_recipe
+
+
+if __name__ == "__main__":
+    import sys
+
+    import mtlab.cli
+
+    argv = sys.argv[1:]
+    if argv[0] == "--die-at":
+        _die_at(int(argv[1]), int(argv[2]))
+        argv = argv[3:]
+    sys.exit(mtlab.cli.main(argv))
