@@ -137,3 +137,26 @@ def test_the_readme_two_node_command_on_one_machine_equals_one_process(workdir) 
     state = torch.load(tmp_path / "exp" / "final.pt", weights_only=True)
     assert step == 3 and state["streams"]["spk/clean"]["world_size"] == 2
     assert_same(params, one_process(path, world=2, steps=3))
+
+
+def test_periodic_checkpoints_and_the_resume_point(tmp_path) -> None:
+    from helpers import make_examples, make_models, task_a
+    from mtlab.checkpointing import LATEST, Periodic, resume_point
+
+    ex = make_examples(12, 4)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], lr=1e-2, device="cpu", distributed=False)
+    periodic = Periodic(tr, tmp_path, every=2).attach()
+    assert resume_point(tmp_path) is None
+    mtlab.run(tr, steps=3, progress=False)
+    saved = torch.load(tmp_path / LATEST, weights_only=True)
+    assert saved["step"] == 2 and len(saved["ranks"]) == 1 and "rng" in saved["ranks"][0]
+    tr.process_minibatch("a", "clean")
+    tr.save(tmp_path / "final.pt")  # mid-step (as a run that stopped on an error): its data positions are ahead
+    assert resume_point(tmp_path) == tmp_path / LATEST
+    tr.reset()
+    tr.save(tmp_path / "final.pt")  # between steps, and later than latest.pt
+    assert resume_point(tmp_path) == tmp_path / "final.pt"
+    periodic.detach()
+    assert periodic not in tr.callbacks
+    with pytest.raises(mtlab.MtlabError, match="positive"):
+        Periodic(tr, tmp_path, every=0)
