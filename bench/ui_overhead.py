@@ -85,6 +85,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=6.0, help="length of one measuring window")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--painter", default="thread", choices=["auto", "thread", "inline"],
+                    help="where the dashboard draws during a run (auto: inline when the machine is oversubscribed)")
     args = ap.parse_args()
     # One intra-op thread unless told otherwise: on a shared machine, spinning OpenMP threads make
     # both sides of the ratio noise; the dashboard's drawing shares the cores with training either way.
@@ -94,7 +96,7 @@ def main() -> None:
 
     head_tr, dash_tr = build(args.case), build(args.case)
     headless = Headless(head_tr)
-    dash = mtlab.ui.dashboard(dash_tr)  # live plots on, default cadence
+    dash = mtlab.ui.dashboard(dash_tr, painter=args.painter)  # live plots on, default cadence
 
     class DashSystem:
         start = staticmethod(lambda: dash.start(0))
@@ -113,7 +115,8 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in rates.items()}
     ratio = med["dashboard"] / med["headless"]
     total = rounds * seconds
-    print(f"case={args.case} {CASES[args.case]} K={common.K} rounds={rounds} window={seconds:g}s")
+    print(f"case={args.case} {CASES[args.case]} K={common.K} rounds={rounds} window={seconds:g}s "
+          f"painter={args.painter} load={os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'system':<12}{'steps/s':>10}{'ms/step':>10}")
     for k, v in med.items():
         print(f"{k:<12}{v:>10.2f}{1e3 / v:>10.1f}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import os
 import threading
 import time
 import traceback
@@ -51,12 +52,19 @@ class Dashboard(widgets.VBox):
 
     def __init__(self, trainer: Trainer, refresh_s: float = 0.25, draw_interval: float = 0.7,
                  max_draw_share: float = 0.1, max_points: int = LIVE_POINTS, plots: bool = True,
-                 keep_snapshots: int = 5,
+                 keep_snapshots: int = 5, painter: str = "thread",
                  export_dir: str | Path = "mtlab_export") -> None:
         self.trainer = trainer
         self.refresh_s = float(refresh_s)  # counter/table/progress at most this often during a run
         self.draw_interval = float(draw_interval)  # the painter draws at most this often
         self.max_draw_share = float(max_draw_share)  # and spends at most this share of the wall time drawing
+        if painter not in ("auto", "thread", "inline"):
+            raise ValueError(f"painter must be 'auto', 'thread' or 'inline', got {painter!r}")
+        self.painter = painter  # where the plot is drawn during a run (see _inline)
+        self._load_checked = -1e9
+        self._loaded = False
+        self._inline_last = 0.0
+        self._inline_cost = 0.0
         self.keep_snapshots = keep_snapshots
         self.export_dir = Path(export_dir)
         self.snapshots: list[dict[str, Any]] = []
@@ -99,6 +107,7 @@ class Dashboard(widgets.VBox):
         else:
             self._say("ready: " + next_call(trainer))
         self.refresh()
+        self._built = True
 
     # ------------------------------------------------------------------ building
     def _build_controls(self) -> None:
@@ -543,7 +552,10 @@ class Dashboard(widgets.VBox):
             if time.monotonic() - self._last_collect >= self.refresh_s:
                 self._collect()
                 if run.newest(self._run_listener):  # an older dashboard of the same run keeps its texts only
-                    self._request_draw()
+                    if self._inline():
+                        self._draw_inline()
+                    else:
+                        self._request_draw()
         elif what == "state":
             messages = {"pausing": "pausing after the current step...",
                         "paused": f"paused at step {self.trainer.step_count}; stepwise buttons work while paused",
@@ -553,7 +565,7 @@ class Dashboard(widgets.VBox):
                 self._say(messages[run.state])
             if run.state == "paused":
                 self._collect()
-                self._request_draw()
+                self._draw_or_request()
         elif what.startswith("command-error:"):
             self._say(what[len("command-error:"):], error=True)
         elif what == "end":
@@ -567,7 +579,7 @@ class Dashboard(widgets.VBox):
                 self._show_error(run.error)
             try:
                 self._collect()
-                self._request_draw()
+                self._draw_or_request()
             except Exception as exc:  # never lose the run's own message to a drawing problem
                 message += f" (refresh failed: {type(exc).__name__}: {exc})"
             self._say(message, error=run.error is not None)
@@ -692,6 +704,44 @@ class Dashboard(widgets.VBox):
             self.redraw_seconds += time.monotonic() - t0
             self.redraw_cpu += time.thread_time() - c0
 
+    def _inline(self) -> bool:
+        """Draw in the run's own thread? ``painter="inline"``; ``"auto"``: when the machine is
+        oversubscribed (1-minute load >= CPUs), where a drawing thread preempted while it holds the
+        GIL stalls training; a draw between steps then costs exactly its own time."""
+        if self.painter != "auto":
+            return self.painter == "inline"
+        now = time.monotonic()
+        if now - self._load_checked > 5.0:
+            self._load_checked = now
+            try:
+                self._loaded = os.getloadavg()[0] >= (os.cpu_count() or 1)
+            except OSError:
+                self._loaded = False
+        return self._loaded
+
+    def _draw_inline(self) -> None:
+        """Between steps, in the run's thread: draw when ``draw_interval`` has passed and drawing has
+        taken at most ``max_draw_share / 2`` of the time (a hard budget: it takes from training)."""
+        now = time.monotonic()
+        share = self.max_draw_share / 2
+        interval = max(self.draw_interval, self._inline_cost / share if share > 0 else 0.0)
+        if now - self._inline_last < interval:
+            return
+        self._inline_last = now
+        try:
+            self._draw()
+        except Exception as exc:  # drawing must never take the run down
+            self._say(f"plot: {type(exc).__name__}: {exc}", error=True)
+        took = time.monotonic() - now
+        self._inline_cost = took if self._inline_cost == 0.0 else 0.7 * self._inline_cost + 0.3 * took
+
+    def _draw_or_request(self) -> None:
+        """Draw now (inline painter) or ask the painter thread."""
+        if self._inline():
+            self._draw()
+        else:
+            self._request_draw()
+
     def _request_draw(self) -> None:
         """Ask the painter thread for a redraw (it draws at most every ``draw_interval``)."""
         if self._live is None or self._closed:
@@ -774,6 +824,8 @@ class Dashboard(widgets.VBox):
     def close(self, stop: bool = True) -> None:
         """Stop the trainer's run (unless ``stop=False``: it goes on, other dashboards and
         ``mtlab.ui.stop_all()`` still reach it), detach from the trainer and close the widgets."""
+        if not getattr(self, "_built", False):  # __init__ raised (bad argument): nothing to undo
+            return
         if stop:
             self.stop(wait=True)
         self._closed = True

@@ -346,3 +346,15 @@ def test_only_the_newest_dashboard_of_a_run_draws():
     old.stop()
     assert "run ended" in old.status_text
     old.close()
+
+
+def test_inline_painter_draws_between_steps_in_the_run_thread():
+    tr = make_trainer()
+    d = mtlab.ui.dashboard(tr, refresh_s=0.0, draw_interval=0.05, max_draw_share=1.0, painter="inline")
+    assert d.start(0)
+    until(lambda: d.redraws >= 3, 60)
+    d.stop()
+    assert d._painter is None  # no drawing thread was started
+    with pytest.raises(ValueError, match="painter"):
+        mtlab.ui.dashboard(tr, painter="gpu")
+    d.close()
