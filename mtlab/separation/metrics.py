@@ -2,13 +2,13 @@
 
 - ``si_sdr``: scale-invariant SDR (Le Roux et al. 2019), zero-mean, dB; computed here (closed form).
 - ``sdr``: BSS-eval SDR (Vincent et al. 2006), a 512-tap distortion filter allowed, dB, as mir_eval,
-  museval and torchmetrics give it; computed by ``fast_bss_eval`` (tests check it against
+  museval and torchmetrics give it; computed here in numpy (tests check it against
   ``mir_eval.separation.bss_eval_sources``).
 - ``snr``: the plain ``10 log10(‖s‖² / ‖s − ŝ‖²)``, dB, no filter and no scaling; computed here.
 - ``stoi`` / ``estoi``: (extended) short-time objective intelligibility (Taal et al. 2011); ``pystoi``.
 - ``pesq``: ITU-T P.862 PESQ (MOS-LQO), narrow band at 8 kHz, wide band at 16 kHz; the ``pesq`` package.
 
-``fast_bss_eval``, ``pystoi`` and ``pesq`` come with ``pip install "mtlab[metrics]"``.
+``pystoi`` and ``pesq`` come with ``pip install "mtlab[metrics]"``.
 :func:`score` scores one utterance, :func:`evaluate_table` many (a per-utterance table and a summary
 with the mixture baseline and the improvements), :func:`evaluate_lists` reads them from list files.
 """
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -62,20 +63,36 @@ def snr(estimate: Tensor, reference: Tensor, eps: float = EPS) -> Tensor:
 def sdr(estimate: Tensor, reference: Tensor, filter_length: int = BSS_FILTER_LENGTH) -> Tensor:
     """BSS-eval SDR in dB over the last axis, pairwise, batched over (broadcast) leading axes.
 
-    The SDR of an estimate against a reference depends on that pair only (the target is the estimate
-    projected on ``filter_length`` delayed copies of the reference), so it is computed pair by pair;
-    this equals ``mir_eval.separation.bss_eval_sources(...)[0]`` for the same pairing.
+    The SDR of an estimate against a reference depends on that pair only: the target is the estimate's
+    projection on ``filter_length`` delayed copies of the reference, the error is the rest, so it is
+    computed pair by pair, exactly as ``mir_eval.separation.bss_eval_sources(...)[0]`` does for the same
+    pairing (FFT correlations, the Toeplitz Gram system, the projection by FFT convolution).
+
+    The solves run in numpy (float64), not in torch: torch's CPU LAPACK (oneMKL) fails on batched float64
+    solves once ``torch.set_num_threads`` has changed the thread count, and then never returns.
     """
-    fbe = _need("fast_bss_eval", "sdr")
     est, ref = torch.broadcast_tensors(estimate, reference)
-    if est.shape[-1] < filter_length:
-        raise BatchError(f"sdr: {est.shape[-1]} samples is shorter than the {filter_length}-tap BSS-eval filter; "
+    n = est.shape[-1]
+    if n < filter_length:
+        raise BatchError(f"sdr: {n} samples is shorter than the {filter_length}-tap BSS-eval filter; "
                          "score longer signals or pass a smaller filter_length")
     lead = est.shape[:-1]
-    flat_est = est.reshape(-1, 1, est.shape[-1]).double()
-    flat_ref = ref.reshape(-1, 1, ref.shape[-1]).double()
-    value = fbe.bss_eval_sources(flat_ref, flat_est, filter_length=filter_length, compute_permutation=False)[0]
-    return torch.as_tensor(value).reshape(lead)
+    e = est.detach().reshape(-1, n).to("cpu", torch.float64).numpy()
+    s = ref.detach().reshape(-1, n).to("cpu", torch.float64).numpy()
+    length = n + filter_length - 1
+    nfft = 1 << (length - 1).bit_length()
+    s_f = np.fft.rfft(s, nfft)
+    auto = np.fft.irfft(s_f * s_f.conj(), nfft)[:, :filter_length]  # auto[k] = sum_t s[t] s[t+k]
+    cross = np.fft.irfft(np.fft.rfft(e, nfft) * s_f.conj(), nfft)[:, :filter_length]  # sum_t e[t+k] s[t]
+    lags = np.abs(np.arange(filter_length)[:, None] - np.arange(filter_length)[None, :])
+    try:
+        coef = np.linalg.solve(auto[:, lags], cross[..., None])[..., 0]
+    except np.linalg.LinAlgError:  # a silent reference makes the Gram matrix singular; mir_eval falls back the same way
+        coef = np.stack([np.linalg.lstsq(auto[i][lags], cross[i], rcond=None)[0] for i in range(len(auto))])
+    target = np.fft.irfft(s_f * np.fft.rfft(coef, nfft), nfft)[:, :length]
+    error = np.pad(e, ((0, 0), (0, filter_length - 1))) - target
+    value = 10 * np.log10((target**2).sum(-1) / (error**2).sum(-1))
+    return torch.from_numpy(value).reshape(lead)
 
 
 def stoi(estimate: Tensor, reference: Tensor, sample_rate: int, extended: bool = False) -> Tensor:
