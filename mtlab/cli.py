@@ -5,6 +5,9 @@
     mtlab resume DIR [--steps N]                                 continue DIR/final.pt exactly
     mtlab evaluate DIR [--checkpoint best|final|PATH] [--split dev]
     mtlab prepare LAYOUT ROOT [--out DIR]                        list files of wsj0-2mix, wham or librimix
+    mtlab score --mixture MIX --references S1 S2 --estimates E1 E2 [--metrics si_sdr,sdr,stoi] [--out DIR]
+                                                                 separation metrics of WAV lists, with the
+                                                                 mixture baseline and the improvements
     mtlab import-nabu RECIPE_DIR -o recipe.toml [--data-root DIR] an original Nabu-MSSS recipe as a TOML recipe
 
 ``mtlab train`` also takes an original Nabu-MSSS recipe folder, with ``--data-root DIR`` (where its
@@ -52,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: 1 for demo, else torch's choice)")
         p.add_argument("--log", default=None, metavar="NAMES",
-                       help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder)")
+                       help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder; "
+                            "default: the recipe's [trainer] log)")
 
     p = sub.add_parser("train", help="train a recipe into an experiment folder")
     p.add_argument("recipe", type=Path)
@@ -78,6 +82,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--linkedsets", nargs="+", default=None, help="mixture modes to list (default: all found)")
     p.add_argument("--train", default=None, help="librimix: train-100 (default) or train-360")
     p.set_defaults(threads=None)
+    p = sub.add_parser("score", help="separation metrics (SI-SDR, SDR, SNR, STOI, PESQ) of estimated sources: "
+                                     "a per-utterance CSV and a summary with the mixture baseline")
+    p.add_argument("--mixture", type=Path, required=True, help="list file of the mixtures (name path lines)")
+    p.add_argument("--references", type=Path, nargs="+", required=True, help="one list file per reference source")
+    p.add_argument("--estimates", type=Path, nargs="+", required=True,
+                   help="one list file per estimated source (any order: the best permutation is scored)")
+    p.add_argument("--metrics", default="si_sdr,sdr,snr",
+                   help="comma-separated: si_sdr, sdr, snr, stoi, estoi, pesq (default: si_sdr,sdr,snr)")
+    p.add_argument("--sample-rate", type=int, default=8000, help="of the WAV files (default: 8000)")
+    p.add_argument("--out", type=Path, default=Path("."),
+                   help="folder of evaluation_utterances.csv and evaluation_summary.csv (default: .)")
+    p.add_argument("--prefix", default="evaluation", help="file name prefix (default: evaluation)")
+    p.set_defaults(threads=None)
     p = sub.add_parser("import-nabu", help="write an original Nabu-MSSS recipe folder as an mtlab TOML recipe")
     p.add_argument("recipe_dir", type=Path)
     p.add_argument("-o", "--output", type=Path, required=True, help="the TOML file to write")
@@ -100,12 +117,15 @@ def _fresh_expdir(path: Path) -> None:
 def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
     from .loop import run
 
+    from .recipe import trainer_settings
+
     rank = exp.trainer.rank
     logger = None
-    if args.log and rank == 0:
+    loggers = args.log or trainer_settings(exp.recipe)["log"]  # --log overrides the recipe's [trainer] log
+    if loggers and rank == 0:
         from .loggers import make
 
-        logger = make(args.log, expdir).attach(exp.trainer)
+        logger = make(loggers, expdir).attach(exp.trainer)
     periodic = _periodic(exp, expdir)
     try:
         schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
@@ -164,6 +184,18 @@ def _evaluate(args: argparse.Namespace) -> int:
     out = args.expdir / f"evaluation_{args.split or 'valid'}.json"
     out.write_text(json.dumps({"checkpoint": str(choice), "step": trainer.step_count, "split": args.split or "valid",
                                "loss": results}, indent=1) + "\n")
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    from .separation.metrics import evaluate_lists
+
+    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())
+    ev = evaluate_lists(args.mixture, args.references, args.estimates, metrics, args.sample_rate, args.out, args.prefix)
+    print(f"{len(ev.utterances)} utterances; dB except stoi/estoi (0-1) and pesq (MOS)")
+    print(ev.summary.to_string(float_format=lambda v: f"{v:.3f}"))
+    for path in ev.paths.values():
+        print(f"wrote {path}")
     return 0
 
 
@@ -299,8 +331,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(prepare(args.layout, args.root, out, args.linkedsets, args.train))
             print(f'recipe data: {{ root = "{out}", split = "train", linkedset = "..." }}')
             return 0
+        if args.command == "score":
+            return _score(args)
         return _evaluate(args)
     except MtlabError as exc:
+        print(f"mtlab {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ImportError as exc:
+        if 'pip install "mtlab[' not in str(exc):  # an optional package, named with the extra that installs it
+            raise
         print(f"mtlab {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

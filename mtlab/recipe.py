@@ -90,6 +90,8 @@ TRAINER_KEYS: dict[str, Key] = {
     "seed": Key("int", 0, "mtlab: seeds model initialization, shuffling and noise", 0),
     "nonfinite": Key("str", "raise", "mtlab: a NaN/inf step raises, or is skipped", choices=("raise", "skip")),
     "device": Key("str", "auto", "mtlab: auto, cpu, cuda or cuda:N"),
+    "log": Key("names", None, "mtlab: loggers of mtlab train/demo/resume, e.g. [\"tensorboard\", \"mlflow\"] "
+                "(csv, tensorboard, mlflow, trackio; files in the experiment folder; --log overrides)"),
     "combine": Key("str", "sum", "mtlab: how tasks' gradients become one direction: sum, an aggregator (upgrad, "
                    "mgda, pcgrad, ...), a loss weighting (uncertainty, dwa, famo, random_loss) or both (dwa+upgrad)"),
 }
@@ -327,6 +329,13 @@ def trainer_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
         out.setdefault(key, spec.default)
     if out["normalize_weights_acc_steps"] and not out["acc_steps"]:
         raise ConfigError(f"{origin}: [trainer] normalize_weights_acc_steps = true needs acc_steps = true")
+    if out["log"] is not None:
+        from .loggers import NAMES
+
+        for name in out["log"]:
+            if name.lower() not in NAMES:
+                raise ConfigError(f"{origin}: [trainer] log = {out['log']!r}: unknown logger {name!r}"
+                                  f"{_hint(name.lower(), NAMES)}; choose from {', '.join(NAMES)}")
     return out
 
 

@@ -302,6 +302,22 @@ def test_cli_log_option_writes_train_and_validation_scalars(corpus: Path, tmp_pa
     assert main(["train", str(path), "--expdir", str(tmp_path / "e2"), "--log", "wandb"]) == 2
 
 
+def test_recipe_log_key_chooses_the_loggers_and_names_a_bad_one(corpus: Path, tmp_path: Path) -> None:
+    from mtlab.cli import main
+
+    path = tmp_path / "r.toml"
+    path.write_text(TOML.format(root=corpus).replace('device = "cpu"', 'device = "cpu"\nlog = ["csv"]'))
+    expdir = tmp_path / "exp"
+    assert main(["train", str(path), "--expdir", str(expdir), "--no-progress"]) == 0
+    lines = read_csv(expdir / "scalars.csv")
+    history = pd.read_csv(expdir / "history.csv")
+    assert [v for _, v in lines["train/frames/loss"]] == pytest.approx(list(history["frames/loss"]))
+    bad = tmp_path / "bad.toml"
+    bad.write_text(TOML.format(root=corpus).replace('device = "cpu"', 'device = "cpu"\nlog = ["tensorbord"]'))
+    with pytest.raises(ConfigError, match="did you mean 'tensorboard'"):
+        mtlab.from_recipe(bad)
+
+
 def test_a_buffering_logger_adds_no_host_read_to_the_step(tmp_path: Path) -> None:
     from helpers import make_examples, make_models, task_a, task_b
     from test_sync_free import no_host_reads

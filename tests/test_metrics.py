@@ -185,3 +185,34 @@ def test_evaluate_lists_reads_kaldi_lists(tmp_path) -> None:
     assert (ev.utterances["sdri"] > 3).all()
     with pytest.raises(ConfigError, match="one estimate list per source"):
         M.evaluate_lists(folder / "mix_clean.scp", [folder / "s1.scp", folder / "s2.scp"], [tmp_path / "e1.scp"])
+
+
+def test_cli_score_writes_the_tables_of_evaluate_lists(tmp_path, capsys) -> None:
+    import wave
+
+    from mtlab.cli import main
+
+    folder = data_samples_dir() / "test"
+    names = sorted(read_list(folder / "mix_clean.scp"))[:2]
+    for k in (1, 2):
+        (tmp_path / f"e{k}.scp").write_text("".join(f"{n} e{k}_{n}.wav\n" for n in names))
+    for name in names:
+        refs = torch.stack([read_wav(read_list(folder / f"s{k}.scp")[name].resolve()) for k in (1, 2)]).double()
+        est = degraded(refs, 8)
+        for k in (1, 2):
+            with wave.open(str(tmp_path / f"e{k}_{name}.wav"), "wb") as w:
+                w.setnchannels(1), w.setsampwidth(2), w.setframerate(8000)
+                w.writeframes((est[k - 1].clamp(-1, 0.99997) * 32768).round().short().numpy().tobytes())
+    lists = ["--mixture", str(folder / "mix_clean.scp"), "--references", str(folder / "s1.scp"),
+             str(folder / "s2.scp"), "--estimates", str(tmp_path / "e1.scp"), str(tmp_path / "e2.scp")]
+    assert main(["score", *lists, "--metrics", "si_sdr,sdr,stoi", "--out", str(tmp_path / "out")]) == 0
+    assert "sdr" in capsys.readouterr().out
+    expected = M.evaluate_lists(folder / "mix_clean.scp", [folder / "s1.scp", folder / "s2.scp"],
+                                [tmp_path / "e1.scp", tmp_path / "e2.scp"], metrics=("si_sdr", "sdr", "stoi"))
+    summary = pd.read_csv(tmp_path / "out" / "evaluation_summary.csv", index_col="metric")
+    np.testing.assert_allclose(summary[["separated", "mixture", "improvement"]].to_numpy(),
+                               expected.summary[["separated", "mixture", "improvement"]].to_numpy(), atol=1e-3)
+    rows = pd.read_csv(tmp_path / "out" / "evaluation_utterances.csv")
+    assert list(rows["name"]) == names
+    assert main(["score", *lists, "--metrics", "sisnr"]) == 2
+    assert "unknown metric 'sisnr'" in capsys.readouterr().err
