@@ -154,7 +154,8 @@ def _resume(args: argparse.Namespace) -> int:
     exp = load(path)
     trainer, schedule = exp.trainer, exp.schedule
     if schedule.finished or trainer.step_count >= schedule.num_steps:
-        why = "validation stopped it (num_tries)" if schedule.finished else f"all {schedule.num_steps} steps are done"
+        why = (f"validation stopped it ({schedule.stopped})" if schedule.finished and schedule.stopped
+               else f"all {schedule.num_steps} steps are done")
         print(f"{args.expdir}: nothing to resume, {why}")
         return 0
     return _train(exp, args.expdir, args)

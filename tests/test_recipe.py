@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -306,3 +307,29 @@ def test_crafted_pickle_is_not_executed(tmp_path: Path) -> None:
         load(path)
     assert not marker.exists()
     assert not os.path.exists(marker)
+
+
+def test_resume_names_the_rule_that_stopped_the_run(monkeypatch: pytest.MonkeyPatch, tiny_corpus: Path,
+                                                    tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mtlab.cli import main
+
+    values = [1.0, 0.999, 0.998, 0.9985, 0.999, 0.9975]  # slow, then worse: the relative-improvement rule stops
+    calls: list[int] = []
+
+    def scripted(self: mtlab.Trainer, task: str, linkedset: str, num_batches: Any = None, examples: Any = None,
+                 totals: bool = False) -> Any:
+        if (task, linkedset) == ("spk", "clean"):
+            calls.append(self.step_count)
+        value = values[len(calls) - 1]
+        return (value, 1.0) if totals else value
+
+    monkeypatch.setattr(mtlab.Trainer, "evaluate", scripted)
+    path = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=6, valid_frequency=1)
+    path.write_text(path.read_text().replace("num_tries = 3", "num_tries = 3\nrelative_improvement_threshold = 0.004\n"
+                                             "relative_improvement_after_step = 3\ngo_back = false"
+                                             ).replace("go_back = true\n", ""))
+    exp = from_recipe(path)
+    mtlab.run(exp, progress=False, expdir=tmp_path / "exp")
+    assert exp.schedule.last_stop == "relative_improvement"
+    assert main(["resume", str(tmp_path / "exp")]) == 0
+    assert "nothing to resume, validation stopped it (relative_improvement)" in capsys.readouterr().out

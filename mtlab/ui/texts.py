@@ -16,7 +16,8 @@ BUSY = ("accumulating", "normalized", "clipped")
 
 REASONS = {"steps": "the steps asked for are done", "stopped": "stopped",
            "interrupted": "interrupted (Kernel -> Interrupt)",
-           "done": "the schedule is finished", "num_tries": "validation stopped it (num_tries)", "error": "error"}
+           "done": "the schedule is finished", "num_tries": "validation stopped it (num_tries)",
+           "relative_improvement": "validation stopped it (relative improvement under the threshold)", "error": "error"}
 
 TOOLTIPS = {
     "minibatch": "process_minibatch(task, set): forward, weighted loss, backward, add into the task's accumulators. "
