@@ -91,3 +91,21 @@ def task_b(examples=None, batch_size: int = 3, weight: float = 1.0) -> mtlab.Tas
 
 def clone_models(models: dict[str, nn.Module]) -> dict[str, nn.Module]:
     return {k: copy.deepcopy(m) for k, m in models.items()}
+
+
+def script_validations(monkeypatch, values: list[float], first: tuple[str, str] = ("spk", "clean")) -> list[int]:  # noqa: ANN001
+    """Every Trainer's validation returns the next value of ``values`` for each linked set; the steps at
+    which linked set ``first`` was validated are returned (filled in as the run goes)."""
+    from typing import Any
+
+    calls: list[int] = []
+
+    def scripted(self: mtlab.Trainer, task: str, linkedset: str, num_batches: Any = None, examples: Any = None,
+                 totals: bool = False) -> Any:
+        if (task, linkedset) == first:
+            calls.append(self.step_count)
+        value = values[len(calls) - 1]
+        return (value, 1.0) if totals else value
+
+    monkeypatch.setattr(mtlab.Trainer, "evaluate", scripted)
+    return calls

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_examples, make_models, task_a, task_b
+from helpers import make_examples, make_models, script_validations, task_a, task_b
 from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -166,16 +166,7 @@ def test_interrupt_inside_a_step_discards_it() -> None:
 def test_n_steps_save_load_n_steps_equals_2n_steps(tiny_corpus: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     values = [1.0, 2.0, 0.5, 0.7, 0.6, 0.8]  # better, worse (go back), better, then three worse: stop
-    calls: list[int] = []
-
-    def scripted(self: mtlab.Trainer, task: str, linkedset: str, num_batches: Any = None, examples: Any = None,
-                 totals: bool = False) -> Any:
-        if (task, linkedset) == ("spk", "clean"):
-            calls.append(self.step_count)
-        value = values[len(calls) - 1]
-        return (value, 1.0) if totals else value
-
-    monkeypatch.setattr(mtlab.Trainer, "evaluate", scripted)
+    calls = script_validations(monkeypatch, values)
     recipe = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=6, valid_frequency=2)
     full_exp = from_recipe(recipe)
     full = full_exp.trainer

@@ -9,10 +9,10 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from helpers import script_validations
 
 import mtlab
 from mtlab.checkpoint import CheckpointError, load_safe, save_atomic
@@ -314,16 +314,7 @@ def test_resume_names_the_rule_that_stopped_the_run(monkeypatch: pytest.MonkeyPa
     from mtlab.cli import main
 
     values = [1.0, 0.999, 0.998, 0.9985, 0.999, 0.9975]  # slow, then worse: the relative-improvement rule stops
-    calls: list[int] = []
-
-    def scripted(self: mtlab.Trainer, task: str, linkedset: str, num_batches: Any = None, examples: Any = None,
-                 totals: bool = False) -> Any:
-        if (task, linkedset) == ("spk", "clean"):
-            calls.append(self.step_count)
-        value = values[len(calls) - 1]
-        return (value, 1.0) if totals else value
-
-    monkeypatch.setattr(mtlab.Trainer, "evaluate", scripted)
+    script_validations(monkeypatch, values)
     path = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=6, valid_frequency=1)
     path.write_text(path.read_text().replace("num_tries = 3", "num_tries = 3\nrelative_improvement_threshold = 0.004\n"
                                              "relative_improvement_after_step = 3\ngo_back = false"
