@@ -43,6 +43,164 @@ class BLSTM(nn.Module):
         return out
 
 
+class ResetBLSTM(nn.Module):
+    """The original's state-reset bidirectional LSTM (``dbresetlstm``) over padded ``[B, T, D]`` input.
+
+    Each direction of a layer keeps ``n = t_reset / group_size`` state replicas. Replica ``k`` restarts
+    from a zero state before frame ``t`` (counted in the direction's own time, from the sequence's last
+    valid frame for the backward one) whenever ``t % t_reset == k * group_size + group_size - 1``, and
+    at ``t = 0``. A layer's output at ``t`` is the replica with the most context, ``(t + 1) //
+    group_size % n``: at most ``t_reset`` frames of the past (forward) and of the future (backward).
+    A deeper layer's replica reads, at each frame, the previous layer's replicas that restarted at the
+    same frame (the original's ``permute_versions``), so the context does not grow with depth.
+    ``t_reset`` and ``group_size`` are one value or one per layer (non-decreasing ``t_reset``).
+    ``forward_reset``/``backward_reset`` off: that direction is a plain LSTM. ``separate_directions``:
+    a deeper layer's forward LSTM reads only the forward outputs (backward likewise), not both.
+
+    Computed as batched windows: every reset window of every replica is one sequence of ``t_reset``
+    frames through ``nn.LSTM``. Output ``[B, T, 2*hidden]``, zero on padded frames, which never change
+    valid ones. ``input_noise`` (Gaussian, on the input) in training mode only."""
+
+    def __init__(self, input_dim: int, hidden: int, num_layers: int = 1, t_reset: int | list[int] = 10,
+                 group_size: int | list[int] = 1, forward_reset: bool = True, backward_reset: bool = True,
+                 separate_directions: bool = False, input_noise: float = 0.0) -> None:
+        super().__init__()
+        from .errors import ConfigError
+
+        t_resets = [t_reset] * num_layers if isinstance(t_reset, int) else list(t_reset)
+        groups = [group_size] * num_layers if isinstance(group_size, int) else list(group_size)
+        for name, values in (("t_reset", t_resets), ("group_size", groups)):
+            if len(values) == 1:
+                values *= num_layers
+            if len(values) != num_layers or any(int(v) != v or v < 1 for v in values):
+                raise ConfigError(f"ResetBLSTM {name} = {values}: give one positive integer, or one per layer "
+                                  f"({num_layers})")
+        if any(b < a for a, b in zip(t_resets, t_resets[1:])):
+            raise ConfigError(f"ResetBLSTM t_reset = {t_resets}: a layer's t_reset must be at least the previous "
+                              "layer's (as in the original)")
+        if any(t % g for t, g in zip(t_resets, groups)):
+            raise ConfigError(f"ResetBLSTM t_reset = {t_resets}, group_size = {groups}: each t_reset must be a "
+                              "multiple of its group_size")
+        if not (forward_reset or backward_reset):
+            raise ConfigError("ResetBLSTM with forward_reset and backward_reset both False is a plain BLSTM; "
+                              "use BLSTM (the original fails on it)")
+        step = hidden if separate_directions else 2 * hidden
+        self.forward_lstms = nn.ModuleList(nn.LSTM(input_dim if i == 0 else step, hidden, batch_first=True)
+                                           for i in range(num_layers))
+        self.backward_lstms = nn.ModuleList(nn.LSTM(input_dim if i == 0 else step, hidden, batch_first=True)
+                                            for i in range(num_layers))
+        self.t_resets, self.group_sizes = t_resets, groups
+        self.forward_reset, self.backward_reset = forward_reset, backward_reset
+        self.separate_directions, self.input_noise = separate_directions, input_noise
+        self.output_dim = 2 * hidden
+
+    def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+        if self.training and self.input_noise > 0:
+            x = x + self.input_noise * torch.randn_like(x)
+        B, T = x.shape[:2]
+        lengths = seq_lengths.to(x.device)
+        valid = torch.arange(T, device=x.device)[None, :] < lengths[:, None]  # [B, T]
+        to_fw: Tensor = x
+        to_bw: Tensor = x
+        acts: tuple[Tensor, Tensor] = (x, x)
+        reps: tuple[Tensor | None, Tensor | None] = (None, None)
+        for layer, (t_reset, group) in enumerate(zip(self.t_resets, self.group_sizes)):
+            n = t_reset // group
+            if layer == 0:  # every replica reads the input
+                many = x[:, :, None].expand(B, T, n, x.shape[-1])
+                to_fw = many if self.forward_reset else x
+                to_bw = many if self.backward_reset else x
+            else:
+                to_fw, to_bw = _permute_replicas(acts, reps, lengths, t_reset, self.t_resets[layer - 1], group,
+                                                 self.group_sizes[layer - 1], self.forward_reset,
+                                                 self.backward_reset, self.separate_directions)
+            act_f, rep_f = _reset_direction(self.forward_lstms[layer], to_fw, t_reset, group, self.forward_reset)
+            act_b, rep_b = _reset_direction(self.backward_lstms[layer], _reverse(to_bw, lengths), t_reset, group,
+                                            self.backward_reset)
+            act_b = _reverse(act_b, lengths)
+            rep_b = _reverse(rep_b, lengths) if rep_b is not None else None
+            acts, reps = (act_f, act_b), (rep_f, rep_b)
+        return torch.where(valid[..., None], torch.cat(acts, dim=-1), 0.0)
+
+
+def _reverse(x: Tensor, lengths: Tensor) -> Tensor:
+    """Each sequence's valid frames in reverse order (padded frames stay where they are)."""
+    B, T = x.shape[:2]
+    t = torch.arange(T, device=x.device)[None, :]
+    index = torch.where(t < lengths[:, None], lengths[:, None] - 1 - t, t)
+    return x[torch.arange(B, device=x.device)[:, None], index]
+
+
+def _reset_direction(lstm: nn.LSTM, xs: Tensor, t_reset: int, group: int,
+                     reset: bool) -> tuple[Tensor, Tensor | None]:
+    """(output ``[B, T, H]``, replica outputs ``[B, T, n, H]``) of one direction in its own time.
+
+    Without ``reset`` a plain LSTM over ``xs`` ``[B, T, D]`` (no replicas). With it, replica ``k`` reads
+    ``xs[:, :, k]`` of ``[B, T, n, D]``; its state restarts before frames ``phase_k + m * t_reset``
+    (``phase_k = k * group + group - 1``), so each of its windows (the first ends before ``phase_k``)
+    is one independent sequence: all of them run as one batch of ``t_reset``-frame sequences. Frames
+    after a window's end (or past ``T``) only follow it, so the LSTM's causality keeps them out."""
+    if not reset:
+        return lstm(xs)[0], None
+    B, T, n, D = xs.shape
+    dev = xs.device
+    k = torch.arange(n, device=dev)
+    phase = k * group + group - 1  # [n]
+    windows = -(-T // t_reset) + 1  # window 0 runs from frame 0 up to the first restart
+    starts = (phase[:, None] + (torch.arange(windows, device=dev)[None, :] - 1) * t_reset).clamp(min=0)
+    frames = (starts[..., None] + torch.arange(t_reset, device=dev)).clamp(max=T - 1)  # [n, windows, t_reset]
+    batch = xs.transpose(1, 2)[:, k[:, None, None], frames]  # [B, n, windows, t_reset, D]
+    out = lstm(batch.reshape(-1, t_reset, D))[0].reshape(B, n, windows, t_reset, -1)
+    t = torch.arange(T, device=dev)[:, None]
+    window = torch.div(t - phase, t_reset, rounding_mode="floor")  # [T, n]: -1 before the first restart
+    position = t - (phase + window * t_reset).clamp(min=0)
+    replicas = out[:, k[None, :], window + 1, position]  # [B, T, n, H]
+    most = torch.div(t[:, 0] + 1, group, rounding_mode="floor") % n  # [T]: the replica with the most context
+    return replicas[:, torch.arange(T, device=dev), most], replicas
+
+
+def _ceil_div(a: Tensor, b: int) -> Tensor:
+    return -torch.div(-a, b, rounding_mode="floor")
+
+
+def _permute_replicas(acts: tuple[Tensor, Tensor], reps: tuple[Tensor | None, Tensor | None], lengths: Tensor,
+                      t_reset: int, prev_t_reset: int, group: int, prev_group: int, forward_reset: bool,
+                      backward_reset: bool, separate: bool) -> tuple[Tensor, Tensor]:
+    """The next layer's (forward input, backward input) from the previous layer's outputs (original time
+    order): replica ``k`` of the next layer, ``tau`` frames after its restart (``tau`` capped at the
+    previous ``t_reset - 1``), reads the previous replicas that restarted ``tau`` frames before, in
+    either direction's time (the original's ``permute_versions``, its index arithmetic as written)."""
+    act_f, act_b = acts
+    B, T, _ = act_f.shape
+    n, prev_n = t_reset // group, prev_t_reset // prev_group
+    dev = act_f.device
+    t = torch.arange(T, device=dev)[None, :, None]  # [1, T, 1]
+    back_t = lengths[:, None, None] - 1 - t  # [B, T, 1]: the backward direction's time
+    k = torch.arange(n, device=dev)[None, None, :]
+    tau_f = ((t - group * k) % t_reset).clamp(max=prev_t_reset - 1)
+    tau_b = ((back_t - group * k) % t_reset).clamp(max=prev_t_reset - 1)
+
+    def pick(rep: Tensor | None, time: Tensor, tau: Tensor) -> Tensor:
+        assert rep is not None
+        index = (_ceil_div(time - tau, prev_group) % prev_n).expand(B, T, n)
+        return rep.gather(2, index[..., None].expand(B, T, n, rep.shape[-1]))
+
+    def tiled(act: Tensor) -> Tensor:
+        return act[:, :, None].expand(B, T, n, act.shape[-1])
+
+    f_for_f = pick(reps[0], t, tau_f) if forward_reset else act_f
+    b_for_b = pick(reps[1], back_t, tau_b) if backward_reset else act_b
+    if forward_reset and backward_reset:
+        b_for_f, f_for_b = pick(reps[1], back_t, tau_f), pick(reps[0], t, tau_b)
+    elif forward_reset:
+        b_for_f, f_for_b = tiled(act_b), act_f
+    else:
+        b_for_f, f_for_b = act_b, tiled(act_f)
+    if separate:
+        return f_for_f, b_for_b
+    return torch.cat((f_for_f, b_for_f), dim=-1), torch.cat((f_for_b, b_for_b), dim=-1)
+
+
 class FeedForward(nn.Module):
     """Per-frame MLP: ``num_layers`` hidden layers of ``hidden`` units, then a linear output."""
 
@@ -121,7 +279,7 @@ class Concat(nn.Module):
 # Model types by name, for recipes: ``type = "BLSTM"`` plus its settings.
 MODELS: dict[str, type[nn.Module]] = {
     "BLSTM": BLSTM, "FeedForward": FeedForward, "Linear": Linear, "Dense": Dense, "MeanPool": MeanPool,
-    "Concat": Concat,
+    "Concat": Concat, "ResetBLSTM": ResetBLSTM,
 }
 
 

@@ -1,0 +1,189 @@
+"""ResetBLSTM (the original's dbresetlstm) against a per-frame plain-PyTorch oracle, and its import."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from mtlab.errors import ConfigError
+from mtlab.models import ResetBLSTM, build_model
+from mtlab.nabu import import_nabu
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ------------------------------------------------------------------ the oracle: one frame at a time
+def step(lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """One frame of ``lstm`` (its own weights) from state ``(h, c)``."""
+    _, (h2, c2) = lstm(x.reshape(1, 1, -1), (h.reshape(1, 1, -1), c.reshape(1, 1, -1)))
+    return h2.reshape(-1), c2.reshape(-1)
+
+
+def reset_cell(lstm: nn.LSTM, xs: list, t_reset: int, group: int, reset: bool) -> tuple[list, list]:
+    """The original's (group) reset LSTM cell over one unpadded sequence in its own time: before frame
+    ``t``, when ``t % group == group - 1``, replica ``(t // group) % n`` is zeroed; every replica then
+    steps on its own input ``xs[t][k]``; the output is replica ``((t + 1) // group) % n``. Without
+    ``reset``: a plain LSTM over ``xs[t]``."""
+    H, dtype = lstm.hidden_size, lstm.weight_hh_l0.dtype
+    if not reset:
+        h = c = torch.zeros(H, dtype=dtype)
+        acts = []
+        for x in xs:
+            h, c = step(lstm, x, h, c)
+            acts.append(h)
+        return acts, []
+    n = t_reset // group
+    hs, cs = [torch.zeros(H, dtype=dtype) for _ in range(n)], [torch.zeros(H, dtype=dtype) for _ in range(n)]
+    acts, reps = [], []
+    for t, x in enumerate(xs):
+        if t % group == group - 1:
+            hs[(t // group) % n] = torch.zeros(H, dtype=dtype)
+            cs[(t // group) % n] = torch.zeros(H, dtype=dtype)
+        for k in range(n):
+            hs[k], cs[k] = step(lstm, x[k], hs[k], cs[k])
+        reps.append(list(hs))
+        acts.append(hs[((t + 1) // group) % n])
+    return acts, reps
+
+
+def permute(acts: tuple, reps: tuple, L: int, t_reset: int, prev: int, group: int, prev_group: int,
+            fw_reset: bool, bw_reset: bool, separate: bool) -> tuple[list, list]:
+    """The original's permute_versions for one sequence, with Python integers."""
+    n, prev_n = t_reset // group, prev // prev_group
+    for_f, for_b = [], []
+    for t in range(L):
+        rt = L - 1 - t
+        ff, bf, fb, bb = [], [], [], []
+        for k in range(n):
+            tau_f = min((t - group * k) % t_reset, prev - 1)
+            tau_b = min((rt - group * k) % t_reset, prev - 1)
+
+            def idx(time: int, tau: int) -> int:
+                return math.ceil((time - tau) / prev_group) % prev_n
+
+            ff.append(reps[0][t][idx(t, tau_f)] if fw_reset else None)
+            bb.append(reps[1][t][idx(rt, tau_b)] if bw_reset else None)
+            bf.append(reps[1][t][idx(rt, tau_f)] if bw_reset else acts[1][t])
+            fb.append(reps[0][t][idx(t, tau_b)] if fw_reset else acts[0][t])
+        f_in = [torch.cat((a, b)) for a, b in zip(ff, bf)] if fw_reset else torch.cat((acts[0][t], acts[1][t]))
+        b_in = [torch.cat((a, b)) for a, b in zip(fb, bb)] if bw_reset else torch.cat((acts[0][t], acts[1][t]))
+        if separate:
+            f_in = ff if fw_reset else acts[0][t]
+            b_in = bb if bw_reset else acts[1][t]
+        for_f.append(f_in)
+        for_b.append(b_in)
+    return for_f, for_b
+
+
+def oracle(model: ResetBLSTM, x: Tensor, L: int) -> Tensor:
+    """``[L, 2H]`` for one sequence of ``x`` ``[T, D]`` cut to its ``L`` valid frames."""
+    frames = list(x[:L])
+    for_f: list = []
+    for_b: list = []
+    acts: tuple = ()
+    reps: tuple = ()
+    for layer, (t_reset, group) in enumerate(zip(model.t_resets, model.group_sizes)):
+        n = t_reset // group
+        if layer == 0:
+            for_f = [[f] * n if model.forward_reset else f for f in frames]
+            for_b = [[f] * n if model.backward_reset else f for f in frames]
+        else:
+            for_f, for_b = permute(acts, reps, L, t_reset, model.t_resets[layer - 1], group,
+                                   model.group_sizes[layer - 1], model.forward_reset, model.backward_reset,
+                                   model.separate_directions)
+        act_f, rep_f = reset_cell(model.forward_lstms[layer], for_f, t_reset, group, model.forward_reset)
+        act_b, rep_b = reset_cell(model.backward_lstms[layer], for_b[::-1], t_reset, group, model.backward_reset)
+        acts, reps = (act_f, act_b[::-1]), (rep_f, rep_b[::-1])
+    return torch.stack([torch.cat((a, b)) for a, b in zip(*acts)])
+
+
+CASES = [
+    dict(num_layers=1, t_reset=4),
+    dict(num_layers=1, t_reset=6, group_size=2),
+    dict(num_layers=2, t_reset=3),
+    dict(num_layers=2, t_reset=[3, 5], group_size=[1, 1]),
+    dict(num_layers=2, t_reset=[2, 6], group_size=[1, 3]),  # as MERL_DC_diffstatereset_2spk (5 12, 1 3)
+    dict(num_layers=2, t_reset=4, group_size=2),
+    dict(num_layers=2, t_reset=3, forward_reset=False),
+    dict(num_layers=2, t_reset=3, backward_reset=False, separate_directions=True),
+    dict(num_layers=3, t_reset=1),
+]
+
+
+@pytest.mark.parametrize("settings", CASES, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_matches_the_per_frame_oracle_on_padded_batches(settings: dict) -> None:
+    torch.manual_seed(0)
+    model = ResetBLSTM(3, 4, **settings).double()
+    x = torch.randn(3, 13, 3, dtype=torch.float64)
+    lengths = torch.tensor([13, 9, 2])
+    y = model(x, lengths)
+    for b, L in enumerate(lengths.tolist()):
+        torch.testing.assert_close(y[b, :L], oracle(model, x[b], L))
+        assert y[b, L:].abs().sum() == 0
+
+
+def test_one_layer_output_is_an_lstm_over_the_last_t_reset_frames() -> None:
+    torch.manual_seed(1)
+    model = ResetBLSTM(2, 3, t_reset=4).double()
+    x = torch.randn(1, 10, 2, dtype=torch.float64)
+    y = model(x, torch.tensor([10]))[0]
+    for t in range(10):
+        window = x[:, max(0, t - 3):t + 1]
+        fw = model.forward_lstms[0](window)[0][0, -1]
+        ahead = x[:, t:t + 4].flip(1)
+        bw = model.backward_lstms[0](ahead)[0][0, -1]
+        torch.testing.assert_close(y[t], torch.cat((fw, bw)))
+
+
+def test_padded_frames_never_change_valid_outputs() -> None:
+    torch.manual_seed(2)
+    model = ResetBLSTM(5, 6, num_layers=2, t_reset=[3, 6], group_size=[1, 2])
+    x = torch.randn(4, 20, 5)
+    lengths = torch.tensor([20, 11, 7, 1])
+    y = model(x, lengths)
+    noisy = x.clone()
+    for b, L in enumerate(lengths.tolist()):
+        noisy[b, L:] = 1e3 * torch.randn(20 - L, 5)
+    torch.testing.assert_close(model(noisy, lengths), y)
+    alone = model(x[1:2, :11], lengths[1:2])
+    torch.testing.assert_close(alone[0], y[1, :11], atol=1e-6, rtol=1e-5)
+
+
+def test_gradients_reach_every_weight_and_only_valid_inputs() -> None:
+    torch.manual_seed(3)
+    model = ResetBLSTM(4, 5, num_layers=2, t_reset=4)
+    x = torch.randn(2, 9, 4, requires_grad=True)
+    lengths = torch.tensor([9, 5])
+    model(x, lengths).pow(2).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert x.grad is not None
+    assert x.grad[1, 5:].abs().sum() == 0
+    assert x.grad[1, :5].abs().sum() > 0
+
+
+def test_the_context_is_bounded_by_t_reset() -> None:
+    torch.manual_seed(4)
+    model = ResetBLSTM(2, 3, num_layers=2, t_reset=3)
+    x = torch.randn(1, 12, 2, requires_grad=True)
+    model(x, torch.tensor([12]))[0, 6].sum().backward()
+    assert x.grad is not None
+    reached = (x.grad[0].abs().sum(-1) > 0).nonzero().flatten().tolist()
+    assert reached == [4, 5, 6, 7, 8]  # two frames of past and future, as a 3-frame window in each direction
+
+
+def test_settings_that_cannot_work_are_errors() -> None:
+    with pytest.raises(ConfigError, match="multiple of its group_size"):
+        ResetBLSTM(2, 3, t_reset=5, group_size=2)
+    with pytest.raises(ConfigError, match="at least the previous"):
+        ResetBLSTM(2, 3, num_layers=2, t_reset=[6, 3])
+    with pytest.raises(ConfigError, match="one per layer"):
+        ResetBLSTM(2, 3, num_layers=3, t_reset=[2, 3])
+    with pytest.raises(ConfigError, match="use BLSTM"):
+        ResetBLSTM(2, 3, forward_reset=False, backward_reset=False)
+    assert isinstance(build_model("ResetBLSTM", input_dim=2, hidden=3, t_reset=[2]), ResetBLSTM)
