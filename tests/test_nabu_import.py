@@ -399,7 +399,7 @@ REFUSED = [
     ("trainer.cfg", "numbatches_to_aggregate = 2 1", "numbatches_to_aggregate = 0",
      "numbatches_to_aggregate: 0 asks for asynchronous training"),
     ("trainer.cfg", "numbuckets = 1", "numbuckets = 1\nprint_grads_stats = True", "print_grads_stats: mtlab records"),
-    ("model.cfg", "architecture = dblstm", "architecture = dbresetlstm", "\\[main\\] architecture: 'dbresetlstm' has no"),
+    ("model.cfg", "architecture = dblstm", "architecture = dbresetgru", "\\[main\\] architecture: 'dbresetgru' has no"),
     ("model.cfg", "recurrent_dropout = 1.0", "recurrent_dropout = 0.8", "\\[main\\] recurrent_dropout: mtlab's BLSTM"),
     ("model.cfg", "layer_norm = False", "layer_norm = True", "\\[main\\] layer_norm: mtlab's BLSTM has no layer"),
     ("model.cfg", "num_layers = 2\ninput_noise", "num_layers = 2\nfac_per_layer = 0.5\ninput_noise",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -187,3 +186,105 @@ def test_settings_that_cannot_work_are_errors() -> None:
     with pytest.raises(ConfigError, match="use BLSTM"):
         ResetBLSTM(2, 3, forward_reset=False, backward_reset=False)
     assert isinstance(build_model("ResetBLSTM", input_dim=2, hidden=3, t_reset=[2]), ResetBLSTM)
+
+
+# ------------------------------------------------------------------ the importer: model.cfg's dbresetlstm
+RESET_MAIN = """[main]
+architecture = dbresetlstm
+num_units = 8
+t_reset = 3 6
+group_size = 1 2
+symmetric_context = True
+separate_directions = False
+forward_reset = True
+backward_reset = True
+num_layers = 2
+input_noise = 0.2
+dropout = 1.0
+recurrent_dropout = 1.0
+layer_norm = False
+
+"""
+
+
+def reset_recipe(folder: Path) -> Path:
+    from test_nabu_import import MODEL, write_recipe
+
+    start, end = MODEL.index("[main]"), MODEL.index("[outlayer]")
+    return write_recipe(folder, **{"model.cfg": MODEL[:start] + RESET_MAIN + MODEL[end:]})
+
+
+def test_the_importer_maps_the_model_cfg_keys(tmp_path: Path) -> None:
+    recipe = import_nabu(reset_recipe(tmp_path / "MERL_RESET"))
+    spec = recipe["models"]["main"]
+    assert spec == {"type": "ResetBLSTM", "input_dim": 129, "hidden": 8, "num_layers": 2, "t_reset": [3, 6],
+                    "group_size": [1, 2], "forward_reset": True, "backward_reset": True,
+                    "separate_directions": False, "input_noise": 0.2}
+    assert recipe["models"]["outlayer"]["input_dim"] == 16
+    model = build_model(spec["type"], **{k: v for k, v in spec.items() if k != "type"})
+    assert isinstance(model, ResetBLSTM) and model.t_resets == [3, 6] and model.group_sizes == [1, 2]
+    assert model(torch.randn(2, 7, 129), torch.tensor([7, 4])).shape == (2, 7, 16)
+
+
+def test_one_value_for_every_layer_and_the_directions(tmp_path: Path) -> None:
+    folder = reset_recipe(tmp_path / "MERL_RESET")
+    text = (folder / "model.cfg").read_text()
+    text = text.replace("t_reset = 3 6\ngroup_size = 1 2\n", "t_reset = 4\n").replace(
+        "forward_reset = True", "forward_reset = False").replace("separate_directions = False",
+                                                                 "separate_directions = True")
+    (folder / "model.cfg").write_text(text)
+    spec = import_nabu(folder)["models"]["main"]
+    assert (spec["t_reset"], spec["group_size"]) == ([4, 4], [1, 1])
+    assert (spec["forward_reset"], spec["backward_reset"], spec["separate_directions"]) == (False, True, True)
+
+
+REFUSED_RESET = [
+    ("symmetric_context = True", "symmetric_context = False", "\\[main\\] symmetric_context: 'False': the original"),
+    ("dropout = 1.0\nrecurrent", "dropout = 0.9\nrecurrent", "\\[main\\] dropout: the original's dbresetlstm raises"),
+    ("recurrent_dropout = 1.0", "recurrent_dropout = 0.8", "\\[main\\] recurrent_dropout: mtlab's ResetBLSTM"),
+    ("layer_norm = False", "layer_norm = True", "\\[main\\] layer_norm: mtlab's ResetBLSTM"),
+    ("forward_reset = True\nbackward_reset = True", "forward_reset = False\nbackward_reset = False",
+     "\\[main\\] forward_reset: with backward_reset False too"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", REFUSED_RESET, ids=[r[1] for r in REFUSED_RESET])
+def test_a_value_mtlab_cannot_honour_is_refused_naming_file_key_and_why(tmp_path: Path, old: str, new: str,
+                                                                        message: str) -> None:
+    folder = reset_recipe(tmp_path / "MERL_RESET")
+    text = (folder / "model.cfg").read_text()
+    assert old in text
+    (folder / "model.cfg").write_text(text.replace(old, new, 1))
+    with pytest.raises(ConfigError, match=message) as err:
+        import_nabu(folder)
+    assert str(folder / "model.cfg") in str(err.value)
+    assert import_nabu(folder, strict=False)["nabu"]["unsupported"]
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("t_reset = 3 6", "t_reset = 6 3", "must not decrease"),
+    ("t_reset = 3 6", "t_reset = 3 5", "multiple of its group_size"),
+    ("t_reset = 3 6", "t_reset = 3 6 9", "one per layer"),
+    ("t_reset = 3 6", "t_reset = three", "must be an integer"),
+    ("t_reset = 3 6\n", "", "needs 't_reset'"),
+])
+def test_malformed_reset_settings_are_errors(tmp_path: Path, old: str, new: str, message: str) -> None:
+    folder = reset_recipe(tmp_path / "MERL_RESET")
+    (folder / "model.cfg").write_text((folder / "model.cfg").read_text().replace(old, new, 1))
+    with pytest.raises(ConfigError, match=message):
+        import_nabu(folder)
+
+
+RECIPES = Path(__file__).resolve().parents[2] / "shared" / "nabu" / "config" / "recipes" / "papers" / \
+    "Journal_paper_reset_LSTM_2020"
+
+
+@pytest.mark.skipif(not RECIPES.is_dir(), reason="the original's recipes are not next to this checkout")
+def test_the_original_reset_recipes_map_every_dbresetlstm() -> None:
+    found = 0
+    for folder in sorted(p.parent for p in RECIPES.rglob("trainer.cfg")):
+        recipe = import_nabu(folder, strict=False)
+        assert not [u for u in recipe["nabu"].get("unsupported", []) if "dbresetlstm'" in u["why"]
+                    or "ResetBLSTM" in u["why"]], folder
+        found += sum(m["type"] == "ResetBLSTM" for m in recipe["models"].values())
+    assert found >= 12

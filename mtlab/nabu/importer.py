@@ -94,7 +94,7 @@ deepclustering_full_crossentropy_multi_reshapelogits_avtime deepclusteringnoise 
 deepattractornetnoisesoft noisefilter deepattractornet_noisefilter pit_noise deepclusteringnoise_rat_as_weight
 deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusteringnoise_dconly
 deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
-ARCHITECTURES = ("dblstm", "linear", "feedforward", "concat")
+ARCHITECTURES = ("dblstm", "dbresetlstm", "linear", "feedforward", "concat")
 # The original's stopping rules, as its multi_task_trainer applies them.
 STOPPING = {"best_model_final": True, "validate_at_step_0": True, "relative_improvement_threshold": 0.004,
             "relative_improvement_after_step": 1000, "relative_improvement_window": 0}
@@ -269,6 +269,50 @@ class Importer:
             spec = {"type": "BLSTM", "input_dim": dim, "hidden": units, "num_layers": num("num_layers", kind="int"),
                     "input_noise": num("input_noise", "0"), "layer_dropout": keep_to_drop("dropout")}
             out: int | None = 2 * units
+        elif arch == "dbresetlstm":
+            known |= {"num_units", "num_layers", "t_reset", "group_size", "forward_reset", "backward_reset",
+                      "separate_directions", "symmetric_context", "recurrent_dropout", "layer_norm", "activation_fn"}
+            layers = num("num_layers", kind="int")
+            per_layer: dict[str, list[int]] = {}
+            for key, default in (("t_reset", None), ("group_size", "1")):
+                text = conf.get(key, default)
+                if text is None:
+                    raise ConfigError(f"{self.folder / file}: {where} needs 't_reset' for architecture {arch!r}")
+                values = [self.value(file, f"{where} {key}", "int", v) for v in words(text)]
+                if len(values) not in (1, layers) or min(values, default=0) < 1:
+                    raise ConfigError(f"{self.folder / file}: {where} {key} = {text!r}: give one positive integer, "
+                                      f"or one per layer (num_layers = {layers})")
+                per_layer[key] = values * layers if len(values) == 1 else values
+            resets, groups = per_layer["t_reset"], per_layer["group_size"]
+            if any(b < a for a, b in zip(resets, resets[1:])) or any(t % g for t, g in zip(resets, groups)):
+                raise ConfigError(f"{self.folder / file}: {where} t_reset = {conf['t_reset']!r}, group_size = "
+                                  f"{conf.get('group_size', '1')!r}: t_reset must not decrease from layer to layer "
+                                  "and must be a multiple of its group_size (the original raises too)")
+            if keep_to_drop("dropout") > 0:
+                self.refuse(file, f"{where} dropout", "the original's dbresetlstm raises 'dropout not yet implemented' "
+                                                      "in training; set it to 1.0")
+            if num("recurrent_dropout", "1.0") != 1.0:
+                self.refuse(file, f"{where} recurrent_dropout", "mtlab's ResetBLSTM has no recurrent dropout")
+            if flag("layer_norm", "False") != "False":
+                self.refuse(file, f"{where} layer_norm", "mtlab's ResetBLSTM has no layer normalization")
+            if flag("activation_fn", "tanh") != "tanh":
+                self.refuse(file, f"{where} activation_fn", "mtlab's ResetBLSTM cells use tanh")
+            if flag("symmetric_context", "True") != "True":
+                self.refuse(file, f"{where} symmetric_context", f"{conf['symmetric_context']!r}: the original's "
+                            "dbresetlstm does not read it and always gives a deeper layer the replicas that restarted "
+                            "at the same frame in both directions (symmetric context), as mtlab does; set it to True")
+            directions = [self.value(file, f"{where} {key}", "bool", flag(key, default)) for key, default in
+                          (("forward_reset", "True"), ("backward_reset", "True"), ("separate_directions", "False"))]
+            if not (directions[0] or directions[1]):
+                self.refuse(file, f"{where} forward_reset", "with backward_reset False too there is no reset left "
+                                                            "(the original fails on it); use architecture = dblstm")
+                directions[0] = True
+            units = num("num_units", kind="int")
+            spec = {"type": "ResetBLSTM", "input_dim": dim, "hidden": units, "num_layers": layers,
+                    "t_reset": resets, "group_size": groups, "forward_reset": directions[0],
+                    "backward_reset": directions[1], "separate_directions": directions[2],
+                    "input_noise": num("input_noise", "0")}
+            out = 2 * units
         elif arch == "linear":
             known |= {"output_dims", "no_bias", "activation_func", "last_only"}
             shape = [self.value(file, f"{where} output_dims", "int", v) for v in words(conf.get("output_dims", ""))]
