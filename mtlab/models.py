@@ -270,10 +270,56 @@ class MeanPool(nn.Module):
 
 
 class Concat(nn.Module):
-    """Concatenate inputs on the last axis."""
+    """Concatenate inputs on the last axis.
 
-    def forward(self, *xs: Tensor) -> Tensor:
-        return torch.cat(xs, dim=-1)
+    ``expand`` (the original's ``expand_dim_to_first_input``): one flag per input; a flagged input is a
+    per-utterance ``[B, D]`` tensor, repeated over the time frames of the first input ``[B, T, F]`` before
+    the concatenation (``[B, T, F + D]``), and zero on the first input's padded frames when ``seq_lengths``
+    (the first input's) is given. ``input_noise``: one standard deviation per input, Gaussian noise added
+    in training mode only, before the repeat (one draw per utterance for a repeated input)."""
+
+    def __init__(self, expand: list[bool] | None = None, input_noise: list[float] | None = None) -> None:
+        super().__init__()
+        self.expand = [bool(e) for e in expand] if expand else []
+        if self.expand and self.expand[0]:
+            from .errors import ConfigError
+
+            raise ConfigError("Concat expand: the first input cannot be expanded (the others are repeated over "
+                              "its frames); give False first")
+        self.input_noise = [float(n) for n in input_noise] if input_noise else []
+
+    def forward(self, *xs: Tensor, seq_lengths: Tensor | None = None) -> Tensor:
+        for flags, what in ((self.expand, "expand"), (self.input_noise, "input_noise")):
+            if flags and len(flags) != len(xs):
+                from .errors import ConfigError
+
+                raise ConfigError(f"Concat {what} has {len(flags)} entries for {len(xs)} inputs; give one per input")
+        if self.training and any(self.input_noise):
+            xs = tuple(x + std * torch.randn_like(x) if std > 0 else x for x, std in zip(xs, self.input_noise))
+        if not any(self.expand):
+            return torch.cat(xs, dim=-1)
+        first = xs[0]
+        if first.dim() != 3:
+            from .errors import BatchError
+
+            raise BatchError(f"Concat expand: the first input must be a sequence [B, T, F], got {tuple(first.shape)}")
+        frames = first.shape[1]
+        mask = None
+        if seq_lengths is not None:
+            mask = torch.arange(frames, device=first.device)[None, :] < seq_lengths.to(first.device)[:, None]
+        parts = []
+        for x, flag in zip(xs, self.expand):
+            if flag:
+                if x.dim() != 2 or x.shape[0] != first.shape[0]:
+                    from .errors import BatchError
+
+                    raise BatchError(f"Concat expand: an expanded input must be [B, D] per utterance to repeat over "
+                                     f"the frames of {tuple(first.shape)}, got {tuple(x.shape)}")
+                x = x.unsqueeze(1).expand(-1, frames, -1)
+                if mask is not None:
+                    x = x * mask.unsqueeze(-1).to(x.dtype)
+            parts.append(x)
+        return torch.cat(parts, dim=-1)
 
 
 # Model types by name, for recipes: ``type = "BLSTM"`` plus its settings.

@@ -100,7 +100,7 @@ TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "wei
              "trainset_frac")
 NODE_KEYS = ("name", "model", "inputs", "outputs")
 LINKEDSET_KEYS = ("weight", "data", "valid")
-DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral")
+DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral", "ivec")
 CORPORA = ("samples",)
 
 
@@ -420,6 +420,10 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
         if sspec.get("valid", False) is not False:
             sspec["valid"] = _check_data({**data, **_table(sspec["valid"], origin, f"{swhere} valid")}, origin,
                                          f"{swhere} valid", base)
+        uses = [k for k in ("inputs", "targets") if "ivec" in spec[k]]
+        if uses and "ivec" not in data:
+            raise ConfigError(f"{origin}: {swhere} data needs ivec = {{ list = \"path/to/vector list\", nrcol = <size> }}:"
+                              f" the task's {uses[0]} have 'ivec'")
         sets[sname] = sspec
     spec["linkedsets"] = sets
     return spec
@@ -439,6 +443,16 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
                 Spectral(**_table(value, origin, f"{where} spectral"))
             except (TypeError, DataError) as exc:
                 raise ConfigError(f"{origin}: {where} spectral: {exc}") from None
+        elif key == "ivec":  # the per-utterance vectors (mtlab.data.vectors.VectorList)
+            from .data.errors import DataError
+            from .data.vectors import VectorList
+
+            try:
+                vectors = VectorList.from_dict(_table(value, origin, f"{where} ivec"), origin=f"{where} ivec")
+            except (TypeError, DataError) as exc:
+                raise ConfigError(f"{origin}: {where} ivec: {exc}") from None
+            paths = {k: str((base / p).resolve()) for k in ("list", "stats_list") if (p := getattr(vectors, k))}
+            spec[key] = {**vectors.to_dict(), **paths}
         elif not isinstance(value, str) or not value:
             raise ConfigError(f"{origin}: {where} {key} must be a non-empty string, got {value!r}")
     if ("corpus" in spec) == ("root" in spec):
@@ -471,12 +485,18 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
 
     from .data.features import MTLAB, Spectral
 
+    from .data.vectors import VectorList
+
     fingerprint = hashlib.sha1(json.dumps(stats.to_dict()).encode()).hexdigest() if stats is not None else None
     spectral = Spectral(**data["spectral"]) if "spectral" in data else MTLAB
-    key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), fingerprint)
+    ivec = VectorList(**data["ivec"]) if "ivec" in data else None
+    if ivec is None:  # another task of the experiment reads vectors; this linked set has none to give
+        targets = tuple(t for t in targets if t != "ivec")
+    key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), repr(ivec),
+           fingerprint)
     if key not in cache:
         cache[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
-                                targets=targets, stats=stats, spectral=spectral)
+                                targets=targets, stats=stats, spectral=spectral, ivec=ivec)
         if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
             computed = cache[key].stats
             cache[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = cache[key]

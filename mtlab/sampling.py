@@ -63,8 +63,9 @@ class SegmentedExamples:
     ``segment_lengths`` stages): an utterance of n frames gives ``n // segment_length`` consecutive segments
     (the remainder is dropped); one shorter than a segment stays whole, unpadded (batching pads and masks it).
 
-    ``keys`` names the per-frame entries to cut; by default every entry with a first axis as long as the
-    utterance (per-utterance entries such as speaker ids are copied to each segment).
+    ``keys`` names the per-frame entries to cut; by default ``source.sequence_keys`` when the source has them,
+    else every entry with a first axis as long as the utterance (per-utterance entries such as speaker ids
+    or i-vectors are copied to each segment).
 
     >>> segs = SegmentedExamples(examples, 100)   # len(segs) segments; segs.source is the uncut data
     """
@@ -74,6 +75,8 @@ class SegmentedExamples:
             raise ConfigError(f"segment_length must be a positive number of frames, got {segment_length!r}")
         self.source = source
         self.segment_length = segment_length
+        if keys is None:
+            keys = getattr(source, "sequence_keys", None)
         self.keys = None if keys is None else tuple(keys)
         self.index: list[tuple[int, int, int]] = []  # (utterance, first frame, frames)
         for i, n in enumerate(lengths_of(source)):
@@ -110,6 +113,7 @@ class HeadExamples:
         self.source = source
         self.count = count
         self.lengths = lengths_of(source)[:count]
+        self.sequence_keys = getattr(source, "sequence_keys", None)
 
     def __len__(self) -> int:
         return self.count

@@ -31,7 +31,12 @@ def shrink(recipe: dict, cap: int) -> None:
     sizes that follow from them, walking each task's graph as the importer does."""
     outputs = {o for task in recipe["tasks"].values() for o in task["outputs"]}
     for task in recipe["tasks"].values():
-        sizes = {k: recipe["models"][task["nodes"][0]["model"]].get("input_dim") for k in task["inputs"]}
+        data = next(iter(task["linkedsets"].values()))["data"]
+        known = {"features": data.get("spectral", {}).get("n_fft", 256) // 2 + 1}
+        if "ivec" in data:
+            known["ivec"] = data["ivec"]["nrcol"] * data["ivec"]["nrs"]
+        first = recipe["models"][task["nodes"][0]["model"]].get("input_dim")
+        sizes = {k: known.get(k, first) for k in task["inputs"]}
         for node in task["nodes"]:
             spec = recipe["models"][node["model"]]
             dims = [sizes.get(i) for i in node["inputs"]]

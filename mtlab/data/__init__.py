@@ -37,6 +37,7 @@ from .features import (
     used_bins,
 )
 from .lists import JoinReport, ListEntry, join_lists, read_list
+from .vectors import VectorList, load_vectors
 
 from .stream import BatchStream, bucket_batches
 
@@ -59,6 +60,7 @@ __all__ = [
     "JoinReport",
     "ListEntry",
     "SeparationDataset",
+    "VectorList",
     "binary_targets",
     "check_frame_lengths",
     "compute_stats",
@@ -67,6 +69,7 @@ __all__ = [
     "frame_target",
     "join_lists",
     "linked_sets",
+    "load_vectors",
     "load_split",
     "log_magnitude",
     "magnitude",

@@ -15,10 +15,12 @@ key                shape                dtype    meaning
 ``frame_target``   [T]                  int64    0 silence, 1 s1 louder, 2 s2 louder (``FRAME_CLASSES``)
 ``spk``            []                   int64    id of the main (louder) speaker, s1
 ``spk_pair``       [2]                  int64    ids of s1 and s2
+``ivec``           [D]                  float32  per-utterance vector (i-vectors, ``D = nrs * nrcol``)
 =================  ===================  =======  ======================================================
 
 ``usedbins`` and ``mix_mag`` come from the linked set's own mixture (noisy for ``noisy``); the source-based
-targets are the same in every linked set.
+targets are the same in every linked set. ``ivec`` is read from the vector list that ``ivec=VectorList(...)``
+names (see :mod:`mtlab.data.vectors`); it batches as ``[B, D]``.
 """
 from __future__ import annotations
 
@@ -33,14 +35,16 @@ from . import features as F
 from .audio import SAMPLE_RATE, read_wav
 from .errors import DataError
 from .lists import JoinReport, ListEntry, join_lists, read_list
+from .vectors import VectorList, normalize, read_vector, vector_stats
 
 ENV_VAR = "MTLAB_DATA"
 SPLITS = ("train", "dev", "test")
 SEQUENCE_KEYS = ("features", "mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target")
 FIXED_KEYS = ("spk", "spk_pair")
-TARGET_KEYS = ("mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target", "spk", "spk_pair")
+TARGET_KEYS = ("mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target", "spk", "spk_pair", "ivec")
 _SOURCE_KEYS = {"src_mag", "binary_targets", "frame_target"}
 _SPEAKER_KEYS = {"spk", "spk_pair"}
+VECTOR_KEYS = ("ivec",)
 NUM_SOURCES = 2
 
 
@@ -86,6 +90,7 @@ class _Row:
     mix: ListEntry
     sources: tuple[ListEntry, ...]
     speakers: ListEntry | None
+    vector: ListEntry | None = None
 
 
 class SeparationDataset(torch.utils.data.Dataset):
@@ -109,6 +114,8 @@ class SeparationDataset(torch.utils.data.Dataset):
         self.split = split
         self.linkedset = linkedset
         self.num_speakers = num_speakers
+        # the per-frame entries (a per-utterance vector as long as an utterance is still not cut into segments)
+        self.sequence_keys = tuple(k for k in SEQUENCE_KEYS if examples and k in examples[0])
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -122,8 +129,11 @@ class SeparationDataset(torch.utils.data.Dataset):
         return f"SeparationDataset({self.split}/{self.linkedset}: {len(self)} utterances, {frames} frames; {keys})"
 
 
-def _read_rows(folder: Path, linkedset: str, need_sources: bool, need_speakers: bool) -> tuple[list[_Row], JoinReport]:
+def _read_rows(folder: Path, linkedset: str, need_sources: bool, need_speakers: bool,
+               vector_list: Path | None = None) -> tuple[list[_Row], JoinReport]:
     lists: dict[str, dict[str, ListEntry]] = {f"mix_{linkedset}.scp": _input_list(folder, linkedset)}
+    if vector_list is not None:
+        lists[str(vector_list)] = read_list(vector_list)
     if need_sources:
         for k in range(1, NUM_SOURCES + 1):
             lists[f"s{k}.scp"] = read_list(folder / f"s{k}.scp")
@@ -134,7 +144,8 @@ def _read_rows(folder: Path, linkedset: str, need_sources: bool, need_speakers: 
     for name in names:
         sources = tuple(lists[f"s{k}.scp"][name] for k in range(1, NUM_SOURCES + 1)) if need_sources else ()
         speakers = lists["spk.txt"][name] if need_speakers else None
-        rows.append(_Row(name, lists[f"mix_{linkedset}.scp"][name], sources, speakers))
+        vector = lists[str(vector_list)][name] if vector_list is not None else None
+        rows.append(_Row(name, lists[f"mix_{linkedset}.scp"][name], sources, speakers, vector))
     return rows, report
 
 
@@ -149,7 +160,8 @@ def _read_mixture(entry: ListEntry) -> torch.Tensor:
 
 
 def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_db: float,
-             spectral: F.Spectral = F.MTLAB) -> dict[str, torch.Tensor]:
+             spectral: F.Spectral = F.MTLAB, ivec: VectorList | None = None,
+             ivec_stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     mix = _read_mixture(row.mix)
     mix_mag = F.magnitude(mix, spectral)
     feats = F.log_magnitude(mix_mag)
@@ -181,6 +193,8 @@ def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_
             example["spk"] = torch.tensor(ids[0], dtype=torch.long)
         if "spk_pair" in keys:
             example["spk_pair"] = torch.tensor(ids, dtype=torch.long)
+    if ivec is not None and row.vector is not None:
+        example["ivec"] = normalize(read_vector(row.vector, ivec.nrcol, ivec.nrs), ivec_stats)
     check_frame_lengths(example, where=row.mix.where)
     return example
 
@@ -221,13 +235,15 @@ def load_split(
     stats: F.FeatureStats | None = None,
     usedbins_threshold_db: float = F.USEDBINS_THRESHOLD_DB,
     spectral: F.Spectral = F.MTLAB,
+    ivec: VectorList | None = None,
 ) -> SeparationDataset:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
     ``targets`` picks the keys besides ``features`` (see the module docstring). ``stats`` normalizes the
     features; when None they are computed from the ``train`` split of the same linked set and kept as
     ``dataset.stats``. ``spectral`` sets the STFT (mtlab's by default; ``Spectral.from_processor_config``
-    or ``features.ORIGINAL`` for the original's sine window, framing and int16 scale). Example::
+    or ``features.ORIGINAL`` for the original's sine window, framing and int16 scale). ``ivec`` names the vector
+list of the ``ivec`` key (a relative path is taken from ``root``); its utterances are joined with the others. Example::
 
         train = load_split(split="train", linkedset="noisy")
         dev = load_split(split="dev", linkedset="noisy", stats=train.stats)
@@ -238,19 +254,32 @@ def load_split(
     keys = set(targets)
     base = Path(root) if root is not None else data_samples_dir()
     folder = _split_dir(base, split)
-    rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS))
+    if "ivec" in keys and ivec is None:
+        raise DataError("target key 'ivec' needs its vector list: load_split(..., ivec=VectorList(list=..., "
+                        "nrcol=...)) (a recipe's data = { ..., ivec = { list = ..., nrcol = ... } })")
+    if ivec is not None and "ivec" not in keys:
+        ivec = None
+    vector_list = (Path(ivec.list) if Path(ivec.list).is_absolute() else base / ivec.list) if ivec else None
+    rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS), vector_list)
+    ivec_stats = None
+    if ivec is not None and ivec.mvn == "global":
+        ivec_stats = vector_stats(ivec, base)
+
+    def example(row: _Row, feature_stats: F.FeatureStats | None) -> dict[str, torch.Tensor]:
+        return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats)
+
     if stats is None:
         if split == "train":
-            raw = [_example(r, keys, None, usedbins_threshold_db, spectral) for r in rows]
+            raw = [example(r, None) for r in rows]
             stats = F.FeatureStats.from_features((e["features"] for e in raw), source=f"{split}/mix_{linkedset}.scp")
             for e in raw:
                 e["features"] = stats.normalize(e["features"])
             examples = raw
         else:
             stats = compute_stats(base, linkedset, "train", spectral)
-            examples = [_example(r, keys, stats, usedbins_threshold_db, spectral) for r in rows]
+            examples = [example(r, stats) for r in rows]
     else:
-        examples = [_example(r, keys, stats, usedbins_threshold_db, spectral) for r in rows]
+        examples = [example(r, stats) for r in rows]
     return SeparationDataset(
         examples, [r.name for r in rows], stats, report, split, linkedset, _num_speakers(base, examples)
     )

@@ -57,7 +57,9 @@ PROCESSOR_KEYS: dict[tuple[str, str], str] = {
     ("multi_target_processor", "magspec"): "src_mag",
     ("audio_signal_processor", "magspec"): "mix_mag",
     ("strlabel2index_processor", ""): "spk_pair",
+    ("matrix2vector_processor", ""): "ivec",
 }
+VECTOR_MVN = {"global": "global", "None": "none"}  # matrix2vector_processor's mvn_type -> mtlab's VectorList mvn
 NUM_SOURCES = 2  # mtlab's corpus loader reads two sources (s1, s2)
 
 # The original's loss types mtlab has (same math, mtlab.separation.losses / mtlab.losses), with the
@@ -217,8 +219,9 @@ class Importer:
         return {name: section(parser, name, path) for name in names}
 
     def model_spec(self, name: str, conf: Mapping[str, str], input_dims: list[int | None],
-                   stages: int) -> tuple[dict[str, Any], int | None]:
-        """(mtlab model spec, output size per frame) for one original model section."""
+                   stages: int, per_utterance: list[bool] | None = None) -> tuple[dict[str, Any], int | None]:
+        """(mtlab model spec, output size per frame) for one original model section; ``per_utterance`` flags
+        the inputs that are one vector per utterance (an i-vector) rather than one per frame."""
         file = "model.cfg"
         arch = conf.get("architecture", "")
         where = f"[{name}]"
@@ -338,15 +341,36 @@ class Importer:
             out = units[-1] if units else dim
         else:  # concat
             known |= {"expand_dim_to_first_input", "select_inputs", "flatten_last_2_dims", "expand_dimension"}
-            for key, plain_value in (("expand_dim_to_first_input", "False"), ("flatten_last_2_dims", "False"),
-                                     ("select_inputs", "True")):
+            for key, plain_value in (("flatten_last_2_dims", "False"), ("select_inputs", "True")):
                 if key in conf and set(words(conf[key])) != {plain_value}:
-                    self.refuse(file, f"{where} {key}", f"{conf[key]!r}: mtlab's Concat joins its inputs as they are "
-                                                        "(no selecting, tiling or flattening)")
-            noise = [float(v) for v in words(conf.get("input_noise", "0"))]
-            if any(noise):
-                self.refuse(file, f"{where} input_noise", "mtlab's Concat adds no noise; put it on the model before")
+                    self.refuse(file, f"{where} {key}", f"{conf[key]!r}: mtlab's Concat joins all its inputs as they "
+                                                        "are (no selecting or flattening)")
+            if conf.get("expand_dimension", "-2") != "-2":
+                self.refuse(file, f"{where} expand_dimension", f"{conf['expand_dimension']!r}: mtlab's Concat repeats "
+                                                               "a [B, D] input over the time axis only (-2)")
+            n = len(input_dims)
+            expand = [self.value(file, f"{where} expand_dim_to_first_input", "bool", v)
+                      for v in words(conf["expand_dim_to_first_input"])] if "expand_dim_to_first_input" in conf \
+                else [False] + [True] * (n - 1)  # the original's default: every input after the first
+            noise = [self.value(file, f"{where} input_noise", "float", v) for v in words(conf.get("input_noise", ""))]
+            for key, values in (("expand_dim_to_first_input", expand), ("input_noise", noise)):
+                if values and n and len(values) != n:
+                    raise ConfigError(f"{self.folder / file}: {where} {key} = {conf.get(key)!r}: give one value per "
+                                      f"input ({n}) of the nodes that use the model")
+            if expand and expand[0]:
+                raise ConfigError(f"{self.folder / file}: {where} expand_dim_to_first_input: the first input cannot "
+                                  "be expanded (the others are repeated over its frames); make the first False")
+            for i, (flag, vector) in enumerate(zip(expand, per_utterance or [])):
+                if i and flag != (vector and not per_utterance[0]):  # type: ignore[index]
+                    why = "is per-frame: only a per-utterance vector (an i-vector) is repeated over the frames" if \
+                        flag else "is one vector per utterance: it must be expanded (True) to join per-frame inputs"
+                    given = conf.get("expand_dim_to_first_input", "(the default, every input after the first)")
+                    self.refuse(file, f"{where} expand_dim_to_first_input", f"{given!r}: input {i + 1} {why}")
             spec = {"type": "Concat"}
+            if any(expand):
+                spec["expand"] = expand
+            if any(noise):
+                spec["input_noise"] = noise
             out = None if any(d is None for d in input_dims) else sum(d for d in input_dims if d is not None)
         for key in conf:
             if key not in known:
@@ -438,6 +462,8 @@ class Importer:
         if key == "features" and proc.get("mvn_type", "global") != "global":
             self.refuse(proc_file, "[processor] mvn_type", f"{proc['mvn_type']!r}: mtlab normalizes features with "
                                                            "the training set's global mean and variance")
+        if key == "ivec":
+            return self.vector_section(proc_file, proc, out)
         if key == "usedbins" and float(proc.get("mag_thres", "100")) != 100.0:
             self.refuse(proc_file, "[processor] mag_thres", "mtlab's recipes use bins within 40 dB of the loudest "
                                                             "(mag_thres = 100)")
@@ -451,6 +477,23 @@ class Importer:
                                "n_fft": spectral.n_fft, "window": spectral.window, "framing": spectral.framing,
                                "sample_scale": spectral.sample_scale, "preemph": spectral.preemph}
 
+        return out
+
+    def vector_section(self, proc_file: str, proc: Mapping[str, str], out: dict[str, Any]) -> dict[str, Any]:
+        """A matrix2vector_processor section: its per-utterance vector settings (``out["ivec"]``)."""
+        sizes = {}
+        for key in ("nrcol", "nrs"):
+            if key not in proc:
+                raise ConfigError(f"{self.folder / proc_file}: [processor] needs {key!r} (matrix2vector_processor "
+                                  "reads it)")
+            sizes[key] = self.value(proc_file, f"[processor] {key}", "int", proc[key])
+            if sizes[key] < 1:
+                raise ConfigError(f"{self.folder / proc_file}: [processor] {key} = {proc[key]!r} must be positive")
+        mvn = proc.get("mvn_type", "")
+        if mvn not in VECTOR_MVN:
+            raise ConfigError(f"{self.folder / proc_file}: [processor] mvn_type = {mvn!r}: matrix2vector_processor "
+                              f"knows {' or '.join(VECTOR_MVN)} (its constructor rejects anything else)")
+        out["ivec"] = {"nrcol": sizes["nrcol"], "nrs": sizes["nrs"], "mvn": VECTOR_MVN[mvn]}
         return out
 
     # ------------------------------------------------------------------ tasks
@@ -658,17 +701,22 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
     rename = {name: keys.get(name, name) for name in orig["inputs"]}
     nodes = [{**n, "inputs": [rename.get(i, i) for i in n["inputs"]]} for n in orig["nodes"]]
     linkedsets: dict[str, Any] = {}
+    # the linked set's audio folder comes from its first input that is not a vector list (read by its own path)
+    first = next((i for i in orig["inputs"] if keys.get(i) != "ivec"), None)
     for set_name, lset in orig["linkedsets"].items():
         spec: dict[str, Any] = {"weight": lset["weight"]}
-        first = orig["inputs"][0] if orig["inputs"] else None
         sec = lset["sections"].get(first, {}) if first else {}
+        vector = next(((i, s) for i, s in lset["sections"].items() if s.get("key") == "ivec"), None)
         if "datafiles" in sec:
             spec["data"] = data_spec(sec["datafiles"])
-            folders = {str(Path(s["datafiles"]).parent) for s in lset["sections"].values() if "datafiles" in s}
+            if vector is not None and "datafiles" in vector[1]:
+                spec["data"]["ivec"] = {"list": vector[1]["datafiles"], **vector[1]["ivec"]}
+            folders = {str(Path(s["datafiles"]).parent) for s in lset["sections"].values()
+                       if "datafiles" in s and s.get("key") != "ivec"}
             if len(folders) > 1:
                 imp.refuse("trainer.cfg", f"[{tname}] linked set {set_name!r}", "its inputs and targets come from "
                            f"different folders ({sorted(folders)}); mtlab reads a linked set from one folder")
-            spectral = [s["spectral"] for s in lset["sections"].values() if "spectral" in s]
+            spectral = [s["spectral"] for s in lset["sections"].values() if "spectral" in s and s.get("key") != "ivec"]
             if any(x != spectral[0] for x in spectral):
                 imp.refuse("trainer.cfg", f"[{tname}] linked set {set_name!r}", "its processors frame the audio "
                            "differently; mtlab computes a linked set's features and targets with one STFT")
@@ -686,12 +734,18 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
         vsets = valid["linkedsets"]
         for set_name, spec in linkedsets.items():
             vset = vsets.get(set_name) or (vsets.get("set0") if set_name == next(iter(linkedsets)) else None)
-            first = orig["inputs"][0] if orig["inputs"] else None
             sec = vset["sections"].get(first, {}) if vset and first else {}
             if "datafiles" in sec and "data" in spec:
                 vdata = data_spec(sec["datafiles"])
                 spec["valid"] = {k: v for k, v in vdata.items() if spec["data"].get(k) != v} or \
                     {"split": vdata["split"]}
+                train_vectors = spec["data"].get("ivec")
+                vvector = next((s for s in vset["sections"].values() if s.get("key") == "ivec"), None) if vset \
+                    else None
+                if train_vectors is not None and vvector is not None and "datafiles" in vvector:
+                    # normalized with the training list's mean and variance (the original's meanandvar_dir)
+                    spec["valid"]["ivec"] = {"list": vvector["datafiles"], **vvector["ivec"],
+                                             "stats_list": train_vectors["list"]}
     task = {"inputs": [keys.get(i, i) for i in orig["inputs"]], "targets": [keys.get(t, t) for t in orig["targets"]],
             "outputs": orig["outputs"], "nodes": nodes, "loss": loss, "linkedsets": linkedsets}
     if "trainset_frac" in orig:
@@ -710,28 +764,36 @@ def data_spec(datafiles: str) -> dict[str, str]:
 def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapping[str, Any], stages: int) -> dict[str, dict[str, Any]]:
     """mtlab model specs with their input sizes, found by running each task's graph on per-frame sizes."""
     sizes_in: dict[str, list[int | None]] = {}
+    vectors_in: dict[str, list[bool]] = {}  # per model: which inputs are one vector per utterance
     for tname, task in tasks.items():
         first = next(iter(task["linkedsets"].values()), {}).get("data", {})
         feature_dim = first.get("spectral", {}).get("n_fft", 256) // 2 + 1
-        sizes: dict[str, int | None] = {k: (feature_dim if k == "features" else None) for k in task["inputs"]}
+        known = {"features": feature_dim}
+        if "ivec" in first:
+            known["ivec"] = first["ivec"]["nrcol"] * first["ivec"]["nrs"]
+        sizes: dict[str, int | None] = {k: known.get(k) for k in task["inputs"]}
+        vectors = {k: k == "ivec" for k in task["inputs"]}
         for node in task["nodes"]:
             model = node["model"]
             if model not in raw:
                 raise ConfigError(f"{imp.folder / 'trainer.cfg'}: [{tname}] node {node['name']!r} uses model "
                                   f"{model!r}, not in model.cfg's model_names ({', '.join(raw)})")
             dims = [sizes.get(i) for i in node["inputs"]]
+            flags = vectors_in.setdefault(model, [vectors.get(i, False) for i in node["inputs"]])
             previous = sizes_in.setdefault(model, dims)
             if previous != dims:
                 imp.refuse("model.cfg", f"[{model}]", f"used with input sizes {previous} and {dims}")
             quiet = Importer(imp.folder, imp.data_root, strict=False)
-            _, out = quiet.model_spec(model, raw[model], dims, stages)
+            _, out = quiet.model_spec(model, raw[model], dims, stages, flags)
             for name in node.get("outputs", [node["name"]]):
                 sizes[name] = out
+                # per utterance while its first input is, unless a Concat repeated vectors over frames
+                vectors[name] = bool(flags and flags[0])
     models: dict[str, dict[str, Any]] = {}
     for name, conf in raw.items():
         if name not in sizes_in:
             continue  # declared but used by no training task (e.g. only by an evaluator)
-        spec, _ = imp.model_spec(name, conf, sizes_in[name], stages)
+        spec, _ = imp.model_spec(name, conf, sizes_in[name], stages, vectors_in[name])
         models[name] = {k: v for k, v in spec.items() if v is not None}  # unknown sizes (refused) left out
     return models
 

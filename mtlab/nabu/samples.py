@@ -8,6 +8,11 @@ split, with the mixture list named as the recipe expects (``mix_<linkedset>.scp`
 mixtures, or the noisy ones for a linked set whose name contains "noisy"). The audio is linked, not
 copied. mtlab's loader computes feature statistics from a split named ``train`` under the same root,
 so one is linked to the training folder where the recipe calls it otherwise.
+
+A linked set with per-utterance vectors (``data.ivec``, the original's ``matrix2vector_processor``) also gets
+its vector list where the recipe reads it, in the original's format: ``name mixture.wav ivec<nrcol>/<name>.txt``,
+each file one comma-separated row of ``nrcol`` numbers per speaker. A speaker's vector is fixed (a seeded
+standard normal draw per speaker id and size), so the same speaker has the same i-vector in every utterance.
 """
 
 from __future__ import annotations
@@ -16,7 +21,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..errors import ConfigError
+
+VECTOR_SEED = 7919  # speaker vectors: torch.Generator seeded with VECTOR_SEED * nrcol + speaker id
 
 
 def _copy(src: Path, dst: Path, names: set[str] | None) -> None:
@@ -38,6 +47,36 @@ def _fill(folder: Path, source: Path, linkedset: str, limit: int | None) -> None
         _copy(source / name, folder / name, names)
 
 
+def speaker_vector(speaker: int, nrcol: int) -> list[float]:
+    """The fixed ``nrcol``-dimensional vector of a sample speaker (a seeded standard normal draw)."""
+    gen = torch.Generator().manual_seed(VECTOR_SEED * nrcol + speaker)
+    return torch.randn(nrcol, generator=gen, dtype=torch.float64).tolist()
+
+
+def write_vectors(folder: Path, linkedset: str, vectors: Mapping[str, Any]) -> Path:
+    """Write the vector list ``vectors["list"]`` (and its matrix files) for the utterances of ``folder``'s
+    ``mix_<linkedset>.scp``, from the speakers in its ``spk.txt``; returns the list's path."""
+    from ..data import read_list
+
+    nrcol, nrs = int(vectors["nrcol"]), int(vectors["nrs"])
+    target = Path(vectors["list"])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mixtures = read_list(folder / f"mix_{linkedset}.scp")
+    speakers = read_list(folder / "spk.txt")
+    sub = f"ivec{nrcol}"
+    (target.parent / sub).mkdir(exist_ok=True)
+    lines = []
+    for name, mix in mixtures.items():
+        if name not in speakers:
+            raise ConfigError(f"{folder / 'spk.txt'}: no speakers for {name!r}, so no i-vectors can be made for it")
+        ids = speakers[name].ints(nrs)
+        rows = [" ".join(f"{x:.6f}" for x in speaker_vector(spk, nrcol)) for spk in ids]
+        (target.parent / sub / f"{name}.txt").write_text(",".join(rows) + "\n")
+        lines.append(f"{name} {mix.resolve().absolute()} {sub}/{name}.txt\n")
+    target.write_text("".join(lines))
+    return target
+
+
 def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = None,
                      limit: int | None = None) -> list[Path]:
     """Write the folders the recipe's linked sets read, from ``samples`` (default: mtlab's sample
@@ -56,6 +95,8 @@ def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = Non
             name = data.get("linkedset", sname)
             _fill(root / data["split"], source / "train", name, limit)
             made.append(root / data["split"])
+            if "ivec" in data:
+                made.append(write_vectors(root / data["split"], name, data["ivec"]))
             if data["split"] != "train" and not (root / "train").exists():
                 (root / "train").symlink_to(root / data["split"], target_is_directory=True)
             valid = lset.get("valid")
@@ -63,4 +104,6 @@ def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = Non
                 vroot = Path(valid.get("root", root))
                 _fill(vroot / valid["split"], source / "dev", valid.get("linkedset", name), limit)
                 made.append(vroot / valid["split"])
+                if "ivec" in valid:
+                    made.append(write_vectors(vroot / valid["split"], valid.get("linkedset", name), valid["ivec"]))
     return made
