@@ -322,6 +322,22 @@ class Concat(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
+class Constant(nn.Module):
+    """The original's ``constant_generator``: ``value`` everywhere, shaped ``[B, *shape]`` after the batch of
+    its first input (e.g. a zero i-vector ``[B, 20]`` for utterances that have none), plus Gaussian
+    ``output_noise`` in training mode only. It has no parameters; its inputs only give the batch size."""
+
+    def __init__(self, shape: list[int], value: float = 0.0, output_noise: float = 0.0) -> None:
+        super().__init__()
+        self.shape, self.value, self.output_noise = [int(n) for n in shape], float(value), float(output_noise)
+
+    def forward(self, x: Tensor, *others: Tensor) -> Tensor:
+        out = x.new_full((x.shape[0], *self.shape), self.value)
+        if self.training and self.output_noise > 0:
+            out = out + self.output_noise * torch.randn_like(out)
+        return out
+
+
 # Model types by name, for recipes: ``type = "BLSTM"`` plus its settings.
 MODELS: dict[str, type[nn.Module]] = {
     "BLSTM": BLSTM, "FeedForward": FeedForward, "Linear": Linear, "Dense": Dense, "MeanPool": MeanPool,
@@ -389,3 +405,4 @@ class MaskHead(nn.Module):
 
 
 MODELS.update({"DeepClusteringHead": DeepClusteringHead, "MaskHead": MaskHead})
+MODELS.update({"Constant": Constant})

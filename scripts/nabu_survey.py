@@ -7,6 +7,8 @@ import), else "refused" with the first reason; every recipe is also read lenient
 all the settings mtlab cannot honour (their counts close the report). With ``--train`` each imported
 recipe is built and trains one step on data made from mtlab's sample corpus in the layout its
 database.conf describes ("ran"); ``--shrink`` caps model sizes (hidden units) at 32 to keep that quick.
+A recipe whose ``init_file`` (a checkpoint of an earlier experiment) is absent trains from fresh weights,
+and its line says so.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def shrink(recipe: dict, cap: int) -> None:
                 if node["name"] not in outputs:
                     spec["units"] = [min(u, cap) for u in spec["units"]]
                 out = spec.get("output_shape", spec["units"])[-1]
+            elif spec["type"] == "Constant":
+                out = spec["shape"][-1]
             else:  # Concat
                 out = sum(d for d in dims if d is not None)
             sizes[node["name"]] = out
@@ -90,9 +94,13 @@ def main() -> int:
                     if args.shrink:
                         shrink(recipe, args.shrink)
                     start = time.perf_counter()
-                    exp = mtlab.from_recipe(plain_recipe(recipe))
+                    # init_file names a checkpoint of an earlier original experiment, absent here: start afresh
+                    init = recipe["trainer"].get("init_file")
+                    fresh = bool(init) and not Path(init).exists()
+                    exp = mtlab.from_recipe(plain_recipe(recipe), init_weights=not fresh)
                     exp.trainer.step()
-                    status, detail = "ran", f"one step in {time.perf_counter() - start:.1f} s"
+                    status, detail = "ran", f"one step in {time.perf_counter() - start:.1f} s" + \
+                        (" (init_file not found: initialized afresh)" if fresh else "")
                 except Exception as exc:  # noqa: BLE001 - the survey reports every failure
                     status, detail = "failed", f"{type(exc).__name__}: {exc}"
             rows.append((name, status, detail))

@@ -259,6 +259,19 @@ def test_the_importer_infers_the_input_sizes_from_the_ivector_dimension(tmp_path
     assert data["ivec"] == {"list": train_list, "nrcol": 5, "nrs": 2, "mvn": "global"}
     assert valid["ivec"] == {"list": str(tmp_path / "data" / "cv" / "utt_ivec5info.txt"), "nrcol": 5, "nrs": 2,
                              "mvn": "global", "stats_list": train_list}
+    # the written TOML recipe keeps the vector settings; a task reading 'ivec' needs them in its data
+    from mtlab.nabu import write_toml
+    from mtlab.recipe import load_recipe, resolve_recipe
+
+    write_toml(r, tmp_path / "r.toml")
+    assert load_recipe(tmp_path / "r.toml")["tasks"]["task_2spk"]["linkedsets"]["set0"]["valid"]["ivec"] == \
+        valid["ivec"]
+    del data["ivec"]
+    with pytest.raises(mtlab.ConfigError, match="\\[tasks.task_2spk.linkedsets.set0\\] data needs ivec = "):
+        resolve_recipe(plain_recipe(r))
+    data["ivec"] = {"list": "x.txt", "nrcol": 5, "mvn": "local"}
+    with pytest.raises(mtlab.ConfigError, match="data ivec: VectorList mvn='local'; valid: \\['global', 'none'\\]"):
+        resolve_recipe(plain_recipe(r))
     replace_in(tmp_path / "MERL_IVEC", "ivec_processor.cfg", "nrcol = 5", "nrcol = 40")
     assert import_nabu(tmp_path / "MERL_IVEC")["models"]["main"]["input_dim"] == 129 + 80
 
@@ -328,3 +341,27 @@ def test_an_ivector_recipe_trains_a_step_on_sample_data_with_fixed_speaker_vecto
     before = {k: p.detach().clone() for k, p in trainer.models["main"].named_parameters()}
     trainer.step()
     assert any(not torch.equal(before[k], p) for k, p in trainer.models["main"].named_parameters())
+
+
+def test_a_constant_generator_stands_in_for_the_ivector(tmp_path: Path) -> None:
+    """The joint recipes feed utterances without i-vectors a constant (zero) vector of the same size."""
+    folder = write_ivec_recipe(tmp_path / "MERL_IVEC")
+    replace_in(folder, "trainer.cfg", "nodes = n0 n1 bin_emb", "nodes = zero n0 n1 bin_emb\nzero_model = zeros\n"
+                                                                "zero_inputs = features")
+    replace_in(folder, "trainer.cfg", "n0_inputs = features ivecs", "n0_inputs = features zero")
+    replace_in(folder, "model.cfg", "model_names = main outlayer concat", "model_names = main outlayer concat zeros")
+    (folder / "model.cfg").write_text((folder / "model.cfg").read_text() + "\n[zeros]\narchitecture = constant_generator"
+                                      "\nconstant_value = -1.0\ntensor_shape = 10\ninclude_batch_size = True\n"
+                                      "output_noise = 0.0\n")
+    r = import_nabu(folder)
+    assert r["models"]["zeros"] == {"type": "Constant", "shape": [10], "value": -1.0, "output_noise": 0.0}
+    assert r["models"]["main"]["input_dim"] == 129 + 10
+    const = mtlab.models.build_model("Constant", shape=[10], value=-1.0, output_noise=0.5)
+    x = torch.randn(3, 7, 129)
+    const.eval()
+    torch.testing.assert_close(const(x), torch.full((3, 10), -1.0))
+    const.train()
+    assert not torch.equal(const(x), torch.full((3, 10), -1.0))
+    replace_in(folder, "model.cfg", "tensor_shape = 10", "tensor_shape = 2,5")
+    with pytest.raises(mtlab.ConfigError, match="\\[zeros\\] tensor_shape: '2,5': mtlab's Constant gives one vector"):
+        import_nabu(folder)

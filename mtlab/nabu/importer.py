@@ -96,7 +96,7 @@ deepclustering_full_crossentropy_multi_reshapelogits_avtime deepclusteringnoise 
 deepattractornetnoisesoft noisefilter deepattractornet_noisefilter pit_noise deepclusteringnoise_rat_as_weight
 deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusteringnoise_dconly
 deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
-ARCHITECTURES = ("dblstm", "dbresetlstm", "linear", "feedforward", "concat")
+ARCHITECTURES = ("dblstm", "dbresetlstm", "linear", "feedforward", "concat", "constant_generator")
 # The original's stopping rules, as its multi_task_trainer applies them.
 STOPPING = {"best_model_final": True, "validate_at_step_0": True, "relative_improvement_threshold": 0.004,
             "relative_improvement_after_step": 1000, "relative_improvement_window": 0}
@@ -339,6 +339,24 @@ class Importer:
             spec = {"type": "Dense", "input_dim": dim, "units": units, "activation": flag("activation_func", "tanh"),
                     "input_noise": num("input_noise", "0"), "dropout": keep_to_drop("dropout")}
             out = units[-1] if units else dim
+        elif arch == "constant_generator":
+            known = {"architecture", "constant_value", "tensor_shape", "include_batch_size", "output_noise",
+                     "trainable"}
+            if "tensor_shape" not in conf:
+                raise ConfigError(f"{self.folder / file}: {where} needs 'tensor_shape' for architecture {arch!r}")
+            shape = [self.value(file, f"{where} tensor_shape", "int", v.strip()) for v in conf["tensor_shape"].split(",")]
+            if flag("include_batch_size", "False") != "True":
+                self.refuse(file, f"{where} include_batch_size", "mtlab batches every node's output: set it to True "
+                                                                 "(one constant per utterance)")
+            if len(shape) != 1:
+                self.refuse(file, f"{where} tensor_shape", f"{conf['tensor_shape']!r}: mtlab's Constant gives one "
+                                                           "vector per utterance ([B, D]), to be expanded by a concat")
+            noise = [self.value(file, f"{where} output_noise", "float", v) for v in words(conf.get("output_noise", "0"))]
+            if len(noise) != 1:
+                self.refuse(file, f"{where} output_noise", f"{conf['output_noise']!r}: give one standard deviation")
+            spec = {"type": "Constant", "shape": shape, "value": num("constant_value", kind="float"),
+                    "output_noise": noise[0] if noise else 0.0}
+            out = shape[-1]
         else:  # concat
             known |= {"expand_dim_to_first_input", "select_inputs", "flatten_last_2_dims", "expand_dimension"}
             for key, plain_value in (("flatten_last_2_dims", "False"), ("select_inputs", "True")):
@@ -787,8 +805,9 @@ def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapp
             _, out = quiet.model_spec(model, raw[model], dims, stages, flags)
             for name in node.get("outputs", [node["name"]]):
                 sizes[name] = out
-                # per utterance while its first input is, unless a Concat repeated vectors over frames
-                vectors[name] = bool(flags and flags[0])
+                # per utterance: a constant, or a model whose first input is (a Concat repeats vectors over
+                # the frames of a per-frame first input)
+                vectors[name] = raw[model].get("architecture") == "constant_generator" or bool(flags and flags[0])
     models: dict[str, dict[str, Any]] = {}
     for name, conf in raw.items():
         if name not in sizes_in:
