@@ -22,11 +22,12 @@ Needs ``pip install "mtlab[mtl]"`` (torchjd with the solvers its methods use).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial, reduce
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -45,6 +46,7 @@ class Method:
     random: bool = False  # draws random numbers: seeded per step (the same on every rank, and on resume)
     per_size: bool = False  # takes the number of tasks (n_tasks)
     doc: str = ""
+    state: tuple[str, ...] = ()  # the weighting's attributes that carry state from step to step (checkpointed)
 
 
 AGGREGATORS: dict[str, Method] = {
@@ -60,7 +62,8 @@ AGGREGATORS: dict[str, Method] = {
                        doc="the mean projected onto the dual cone of the rows"),
     "graddrop": Method("GradDrop", random=True, doc="random sign-consistent masking per coordinate (GradDrop)"),
     "nash_mtl": Method("NashMTL", needs=("numpy", "cvxpy", "ecos"), per_size=True,
-                       doc="Nash bargaining solution (stateful: its state is not in checkpoints)"),
+                       doc="Nash bargaining solution (stateful: its previous weights and step count are checkpointed)",
+                       state=("step", "prvs_alpha", "normalization_factor", "init_gtg")),
     "config": Method("ConFIG", doc="conflict-free direction from the rows' unit vectors (ConFIG)"),
 }
 
@@ -97,15 +100,24 @@ def unflatten(vector: Tensor, like: Sequence[Tensor]) -> list[Tensor]:
     return [p.view(g.shape).to(g.dtype) for p, g in zip(pieces, like)]
 
 
+def _storable(value: Any) -> Any:
+    """A state value as checkpoints hold it: numpy arrays as tensors (checkpoints load without pickles)."""
+    if type(value).__module__ == "numpy":
+        return torch.from_numpy(np.asarray(value).copy()) if hasattr(value, "shape") and value.shape else float(value)
+    return value
+
+
 class Aggregate:
     """The ``combine`` seam filled by a torchjd aggregator, one instance per shared group (stateful methods
     keep a state per group). ``last_weights[group]`` holds the per-task weights it chose last, where the
     aggregator has such weights (every one here but GradDrop and ConFIG)."""
 
-    def __init__(self, name: str, make: Callable[[int], Any], random: bool = False, weighted: bool = True) -> None:
+    def __init__(self, name: str, make: Callable[[int], Any], random: bool = False, weighted: bool = True,
+                 state: tuple[str, ...] = ()) -> None:
         self.name = name
         self.make = make
         self.random = random
+        self.state = state
         self.weighted = weighted  # rows combined with weights the aggregator computes (a WeightedAggregator)
         self.aggregators: dict[str, Any] = {}
         self.last_weights: dict[str, Tensor] = {}
@@ -125,6 +137,24 @@ class Aggregate:
         direction = self.aggregator(group)(jacobian(rows))
         return unflatten(direction, rows[0][2])
 
+    def state_dict(self) -> dict[str, Any]:
+        """Each shared group's state of a stateful method (Nash-MTL: its previous weights and step count)."""
+        if not self.state:
+            return {}
+        return {group: {"tasks": int(agg.weighting.n_tasks),
+                        "values": {k: _storable(getattr(agg.weighting, k)) for k in self.state}}
+                for group, agg in self.aggregators.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore each shared group's state (the method's instance for that group is built first)."""
+        for group, saved in state.items():
+            agg = self.aggregators.get(group) or self.aggregator(Group(group, tuple(map(str, range(saved["tasks"]))), ()))
+            weighting = agg.weighting
+            for k, v in saved["values"].items():
+                setattr(weighting, k, v.numpy().copy() if isinstance(v, Tensor) else v)
+            if getattr(weighting, "step", 0) and hasattr(weighting, "_init_optim_problem"):
+                weighting._init_optim_problem()  # Nash-MTL builds its problem at step 0: rebuilt on the restored state
+
     def __repr__(self) -> str:
         return f"Aggregate({self.name!r})"
 
@@ -140,7 +170,7 @@ def make(name: str, **options: Any) -> Aggregate:
         return cls(n_tasks=tasks, **settings) if method.per_size else cls(**settings)
 
     build(2)  # a bad option fails here (TypeError -> ConfigError from the registry), not at the first step
-    return Aggregate(name, build, method.random, issubclass(cls, module.WeightedAggregator))
+    return Aggregate(name, build, method.random, issubclass(cls, module.WeightedAggregator), method.state)
 
 
 for _name in AGGREGATORS:

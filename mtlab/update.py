@@ -329,6 +329,9 @@ class Update:
             state["method"] = self.method if not isinstance(self.method, Mapping) else dict(self.method)
         if self.weighting is not None:
             state["weighting"] = self.weighting.state_dict()
+        combine_state = getattr(self.combine, "state_dict", dict)()
+        if combine_state:
+            state["combine"] = combine_state
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -343,6 +346,11 @@ class Update:
                 raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
                                   "the same combine method")
             self.weighting.load_state_dict(state["weighting"])
+        if state.get("combine"):
+            if not hasattr(self.combine, "load_state_dict"):
+                raise ConfigError(f"the state holds the state of a stateful combination method, but this trainer "
+                                  f"combines with {self.method!r}; build it with the same combine method")
+            self.combine.load_state_dict(state["combine"])
 
 
 class PerTaskUpdate:

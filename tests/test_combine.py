@@ -9,6 +9,7 @@ import os
 import socket
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -323,3 +324,32 @@ def test_the_dashboard_selector_switches_the_method_and_follows_a_restore() -> N
         assert tr.update.method is None and dash.combine_dropdown.value == "sum"
     finally:
         dash.close()
+
+
+def test_nash_mtl_state_is_checkpointed_and_resumes_the_run(tmp_path) -> None:
+    pytest.importorskip("cvxpy", reason="Nash-MTL needs cvxpy and ecos (mtlab[mtl])")
+    pytest.importorskip("ecos", reason="Nash-MTL needs cvxpy and ecos (mtlab[mtl])")
+
+    def make() -> mtlab.Trainer:
+        ex = make_examples(16, 4)
+        # new weights every 2 steps: a resumed run must reuse the saved ones at its first step
+        return mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex, weight=0.6)], lr=1e-2, device="cpu",
+                             combine={"type": "nash_mtl", "update_weights_every": 2})
+
+    tr = make()
+    for _ in range(3):
+        tr.step()
+    path = tr.save(tmp_path / "ck.pt")
+    for _ in range(3):
+        tr.step()
+    again = make()
+    again.load_checkpoint(path)
+    (state,) = again.update.combine.aggregators.values()
+    assert state.weighting.step == 3 and not np.allclose(state.weighting.prvs_alpha, 1.0)  # restored, not fresh
+    for _ in range(3):
+        again.step()
+    for k, p in again.params.items():
+        torch.testing.assert_close(p, tr.params[k], atol=1e-6, rtol=1e-5)
+    cols = [c for c in tr.history.columns if c.startswith("combine/")]
+    np.testing.assert_allclose(again.history[cols].to_numpy(dtype=float), tr.history[cols].to_numpy(dtype=float),
+                               atol=1e-5)
