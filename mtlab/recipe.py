@@ -100,7 +100,7 @@ TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "wei
              "trainset_frac")
 NODE_KEYS = ("name", "model", "inputs", "outputs")
 LINKEDSET_KEYS = ("weight", "data", "valid")
-DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral", "ivec")
+DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral", "ivec", "mvn")
 CORPORA = ("samples",)
 
 
@@ -453,6 +453,11 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
                 raise ConfigError(f"{origin}: {where} ivec: {exc}") from None
             paths = {k: str((base / p).resolve()) for k in ("list", "stats_list") if (p := getattr(vectors, k))}
             spec[key] = {**vectors.to_dict(), **paths}
+        elif key == "mvn":  # feature normalization: the training set's stats, per utterance, or none
+            from .data.features import MVN_TYPES
+
+            if value not in MVN_TYPES:
+                raise _unknown(origin, f"{where} mvn", value, MVN_TYPES, what="mvn")
         elif not isinstance(value, str) or not value:
             raise ConfigError(f"{origin}: {where} {key} must be a non-empty string, got {value!r}")
     if ("corpus" in spec) == ("root" in spec):
@@ -492,11 +497,12 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     ivec = VectorList(**data["ivec"]) if "ivec" in data else None
     if ivec is None:  # another task of the experiment reads vectors; this linked set has none to give
         targets = tuple(t for t in targets if t != "ivec")
+    mvn = data.get("mvn", "global")
     key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), repr(ivec),
-           fingerprint)
+           mvn, fingerprint)
     if key not in cache:
         cache[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
-                                targets=targets, stats=stats, spectral=spectral, ivec=ivec)
+                                targets=targets, stats=stats, spectral=spectral, ivec=ivec, mvn=mvn)
         if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
             computed = cache[key].stats
             cache[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = cache[key]

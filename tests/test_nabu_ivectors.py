@@ -350,9 +350,9 @@ def test_a_constant_generator_stands_in_for_the_ivector(tmp_path: Path) -> None:
                                                                 "zero_inputs = features")
     replace_in(folder, "trainer.cfg", "n0_inputs = features ivecs", "n0_inputs = features zero")
     replace_in(folder, "model.cfg", "model_names = main outlayer concat", "model_names = main outlayer concat zeros")
-    (folder / "model.cfg").write_text((folder / "model.cfg").read_text() + "\n[zeros]\narchitecture = constant_generator"
-                                      "\nconstant_value = -1.0\ntensor_shape = 10\ninclude_batch_size = True\n"
-                                      "output_noise = 0.0\n")
+    zeros = ("\n[zeros]\narchitecture = constant_generator\nconstant_value = -1.0\ntensor_shape = 10\n"
+             "include_batch_size = True\noutput_noise = 0.0\n")
+    (folder / "model.cfg").write_text((folder / "model.cfg").read_text() + zeros)
     r = import_nabu(folder)
     assert r["models"]["zeros"] == {"type": "Constant", "shape": [10], "value": -1.0, "output_noise": 0.0}
     assert r["models"]["main"]["input_dim"] == 129 + 10
@@ -364,4 +364,38 @@ def test_a_constant_generator_stands_in_for_the_ivector(tmp_path: Path) -> None:
     assert not torch.equal(const(x), torch.full((3, 10), -1.0))
     replace_in(folder, "model.cfg", "tensor_shape = 10", "tensor_shape = 2,5")
     with pytest.raises(mtlab.ConfigError, match="\\[zeros\\] tensor_shape: '2,5': mtlab's Constant gives one vector"):
+        import_nabu(folder)
+
+
+# ---------------------------------------------------------------- mvn_type = local
+def test_local_mvn_is_the_originals_per_utterance_formula(tmp_path: Path) -> None:
+    from mtlab.data import load_split, log_magnitude, magnitude, read_wav
+    from mtlab.data.features import ORIGINAL
+
+    data = load_split(split="dev", targets=(), spectral=ORIGINAL, mvn="local")
+    name = data.names[0]
+    from mtlab.data import data_samples_dir
+
+    feats = log_magnitude(magnitude(read_wav(data_samples_dir() / "dev" / "mix_clean" / f"{name}.wav"),
+                                    ORIGINAL)).double().numpy()
+    expected = (feats - np.mean(feats, 0)) / (np.std(feats, 0) + 1e-12)  # audio_feat_processor, mvn_type = local
+    np.testing.assert_allclose(data[0]["features"].numpy(), expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(DataError, match="mvn='utterance'; valid: \\['global', 'local', 'none'\\]"):
+        load_split(split="dev", targets=(), mvn="utterance")
+
+
+def test_a_local_mvn_recipe_imports_and_its_features_are_normalized_per_utterance(tmp_path: Path) -> None:
+    folder = write_ivec_recipe(tmp_path / "MERL_IVEC")
+    replace_in(folder, "feature_processor.cfg", "mvn_type = global", "mvn_type = local")
+    r = import_nabu(folder, data_root=tmp_path / "data")
+    assert r["tasks"]["task_2spk"]["linkedsets"]["set0"]["data"]["mvn"] == "local"
+    make_sample_root(r, limit=3)
+    exp = mtlab.from_recipe(plain_recipe(r))
+    for split in ("tr", "cv"):
+        ds = next(d for d in exp.datasets.values() if d.split == split)
+        feats = ds[0]["features"]
+        torch.testing.assert_close(feats.mean(0), torch.zeros(129), atol=1e-4, rtol=0)
+        torch.testing.assert_close(feats.std(0, unbiased=False), torch.ones(129), atol=1e-3, rtol=0)
+    replace_in(folder, "feature_processor.cfg", "mvn_type = local", "mvn_type = from_files")
+    with pytest.raises(mtlab.ConfigError, match="feature_processor.cfg: \\[processor\\] mvn_type: 'from_files'"):
         import_nabu(folder)

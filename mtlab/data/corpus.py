@@ -161,11 +161,16 @@ def _read_mixture(entry: ListEntry) -> torch.Tensor:
 
 def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_db: float,
              spectral: F.Spectral = F.MTLAB, ivec: VectorList | None = None,
-             ivec_stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+             ivec_stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+             mvn: str = "global") -> dict[str, torch.Tensor]:
     mix = _read_mixture(row.mix)
     mix_mag = F.magnitude(mix, spectral)
     feats = F.log_magnitude(mix_mag)
-    example = {"features": stats.normalize(feats) if stats is not None else feats}
+    if mvn == "local":
+        feats = F.local_mvn(feats)
+    elif mvn == "global" and stats is not None:
+        feats = stats.normalize(feats)
+    example = {"features": feats}
     if "mix_mag" in keys:
         example["mix_mag"] = mix_mag
     if "usedbins" in keys:
@@ -236,6 +241,7 @@ def load_split(
     usedbins_threshold_db: float = F.USEDBINS_THRESHOLD_DB,
     spectral: F.Spectral = F.MTLAB,
     ivec: VectorList | None = None,
+    mvn: str = "global",
 ) -> SeparationDataset:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
@@ -243,7 +249,9 @@ def load_split(
     features; when None they are computed from the ``train`` split of the same linked set and kept as
     ``dataset.stats``. ``spectral`` sets the STFT (mtlab's by default; ``Spectral.from_processor_config``
     or ``features.ORIGINAL`` for the original's sine window, framing and int16 scale). ``ivec`` names the vector
-list of the ``ivec`` key (a relative path is taken from ``root``); its utterances are joined with the others. Example::
+list of the ``ivec`` key (a relative path is taken from ``root``); its utterances are joined with the others.
+``mvn`` normalizes the features with ``stats`` (``"global"``), per utterance over its frames (``"local"``, the
+original's ``mvn_type = local``; ``stats`` are then only recorded) or not at all (``"none"``). Example::
 
         train = load_split(split="train", linkedset="noisy")
         dev = load_split(split="dev", linkedset="noisy", stats=train.stats)
@@ -254,6 +262,8 @@ list of the ``ivec`` key (a relative path is taken from ``root``); its utterance
     keys = set(targets)
     base = Path(root) if root is not None else data_samples_dir()
     folder = _split_dir(base, split)
+    if mvn not in F.MVN_TYPES:
+        raise DataError(f"load_split mvn={mvn!r}; valid: {list(F.MVN_TYPES)}")
     if "ivec" in keys and ivec is None:
         raise DataError("target key 'ivec' needs its vector list: load_split(..., ivec=VectorList(list=..., "
                         "nrcol=...)) (a recipe's data = { ..., ivec = { list = ..., nrcol = ... } })")
@@ -266,14 +276,15 @@ list of the ``ivec`` key (a relative path is taken from ``root``); its utterance
         ivec_stats = vector_stats(ivec, base)
 
     def example(row: _Row, feature_stats: F.FeatureStats | None) -> dict[str, torch.Tensor]:
-        return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats)
+        return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn)
 
     if stats is None:
         if split == "train":
             raw = [example(r, None) for r in rows]
             stats = F.FeatureStats.from_features((e["features"] for e in raw), source=f"{split}/mix_{linkedset}.scp")
-            for e in raw:
-                e["features"] = stats.normalize(e["features"])
+            if mvn == "global":
+                for e in raw:
+                    e["features"] = stats.normalize(e["features"])
             examples = raw
         else:
             stats = compute_stats(base, linkedset, "train", spectral)

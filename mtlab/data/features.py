@@ -196,6 +196,15 @@ def frame_target(src_mag: torch.Tensor, threshold_db: float = USEDBINS_THRESHOLD
     return torch.where(active, energy.argmax(dim=1) + 1, torch.zeros_like(active, dtype=torch.long))
 
 
+MVN_TYPES = ("global", "local", "none")
+
+
+def local_mvn(features: torch.Tensor) -> torch.Tensor:
+    """Per-utterance mean and variance normalization over the frames (the original's ``mvn_type = local``):
+    ``(f - mean) / (std + 1e-12)``, the standard deviation without Bessel's correction (numpy's)."""
+    return (features - features.mean(dim=0)) / (features.std(dim=0, unbiased=False) + 1e-12)
+
+
 @dataclass(frozen=True)
 class FeatureStats:
     """Per-bin mean and standard deviation of log-magnitude features, for global mean/variance normalization."""

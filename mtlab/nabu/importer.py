@@ -60,6 +60,7 @@ PROCESSOR_KEYS: dict[tuple[str, str], str] = {
     ("matrix2vector_processor", ""): "ivec",
 }
 VECTOR_MVN = {"global": "global", "None": "none"}  # matrix2vector_processor's mvn_type -> mtlab's VectorList mvn
+FEATURE_MVN = {"local": "local", "none": "none", "None": "none"}  # audio_feat_processor's mvn_type -> data mvn
 NUM_SOURCES = 2  # mtlab's corpus loader reads two sources (s1, s2)
 
 # The original's loss types mtlab has (same math, mtlab.separation.losses / mtlab.losses), with the
@@ -96,7 +97,7 @@ deepclustering_full_crossentropy_multi_reshapelogits_avtime deepclusteringnoise 
 deepattractornetnoisesoft noisefilter deepattractornet_noisefilter pit_noise deepclusteringnoise_rat_as_weight
 deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusteringnoise_dconly
 deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
-ARCHITECTURES = ("dblstm", "dbresetlstm", "linear", "feedforward", "concat", "constant_generator")
+ARCHITECTURES = ("dblstm", "dbresetlstm", "dbresetlstm_insert_additional_input", "linear", "feedforward", "concat", "constant_generator")
 # The original's stopping rules, as its multi_task_trainer applies them.
 STOPPING = {"best_model_final": True, "validate_at_step_0": True, "relative_improvement_threshold": 0.004,
             "relative_improvement_after_step": 1000, "relative_improvement_window": 0}
@@ -272,7 +273,11 @@ class Importer:
             spec = {"type": "BLSTM", "input_dim": dim, "hidden": units, "num_layers": num("num_layers", kind="int"),
                     "input_noise": num("input_noise", "0"), "layer_dropout": keep_to_drop("dropout")}
             out: int | None = 2 * units
-        elif arch == "dbresetlstm":
+        elif arch in ("dbresetlstm", "dbresetlstm_insert_additional_input"):
+            inserts = arch == "dbresetlstm_insert_additional_input"
+            if len(input_dims) != (2 if inserts else 1):
+                raise ConfigError(f"{self.folder / file}: {where} architecture {arch!r} reads "
+                                  f"{2 if inserts else 1} input(s), its nodes give {len(input_dims)}")
             known |= {"num_units", "num_layers", "t_reset", "group_size", "forward_reset", "backward_reset",
                       "separate_directions", "symmetric_context", "recurrent_dropout", "layer_norm", "activation_fn"}
             layers = num("num_layers", kind="int")
@@ -315,6 +320,17 @@ class Importer:
                     "t_reset": resets, "group_size": groups, "forward_reset": directions[0],
                     "backward_reset": directions[1], "separate_directions": directions[2],
                     "input_noise": num("input_noise", "0")}
+            if inserts:
+                known.add("combine_layer")
+                combine = num("combine_layer", kind="int")
+                if not 1 <= combine <= layers or not (directions[0] and directions[1]):
+                    raise ConfigError(f"{self.folder / file}: {where} combine_layer = {combine}: a layer from 1 to "
+                                      f"num_layers ({layers}), with forward_reset and backward_reset True (the "
+                                      "original repeats the additional input over both directions' replicas)")
+                spec.update(type="ResetBLSTMInsert", extra_dim=input_dims[1], combine_layer=combine)
+                if input_dims[1] is None:
+                    self.refuse(file, where, "the size of its additional input is unknown (it comes from data or "
+                                             "a model mtlab cannot build)")
             out = 2 * units
         elif arch == "linear":
             known |= {"output_dims", "no_bias", "activation_func", "last_only"}
@@ -344,14 +360,16 @@ class Importer:
                      "trainable"}
             if "tensor_shape" not in conf:
                 raise ConfigError(f"{self.folder / file}: {where} needs 'tensor_shape' for architecture {arch!r}")
-            shape = [self.value(file, f"{where} tensor_shape", "int", v.strip()) for v in conf["tensor_shape"].split(",")]
+            shape = [self.value(file, f"{where} tensor_shape", "int", v.strip())
+                     for v in conf["tensor_shape"].split(",")]
             if flag("include_batch_size", "False") != "True":
                 self.refuse(file, f"{where} include_batch_size", "mtlab batches every node's output: set it to True "
                                                                  "(one constant per utterance)")
             if len(shape) != 1:
                 self.refuse(file, f"{where} tensor_shape", f"{conf['tensor_shape']!r}: mtlab's Constant gives one "
                                                            "vector per utterance ([B, D]), to be expanded by a concat")
-            noise = [self.value(file, f"{where} output_noise", "float", v) for v in words(conf.get("output_noise", "0"))]
+            noise = [self.value(file, f"{where} output_noise", "float", v)
+                     for v in words(conf.get("output_noise", "0"))]
             if len(noise) != 1:
                 self.refuse(file, f"{where} output_noise", f"{conf['output_noise']!r}: give one standard deviation")
             spec = {"type": "Constant", "shape": shape, "value": num("constant_value", kind="float"),
@@ -478,8 +496,12 @@ class Importer:
             self.refuse(proc_file, "[processor] nrs", f"{proc['nrs']} speakers: mtlab's corpus loader reads "
                                                       f"{NUM_SOURCES} sources (s1, s2)")
         if key == "features" and proc.get("mvn_type", "global") != "global":
-            self.refuse(proc_file, "[processor] mvn_type", f"{proc['mvn_type']!r}: mtlab normalizes features with "
-                                                           "the training set's global mean and variance")
+            if proc["mvn_type"] in FEATURE_MVN:
+                out["mvn"] = FEATURE_MVN[proc["mvn_type"]]
+            else:
+                self.refuse(proc_file, "[processor] mvn_type", f"{proc['mvn_type']!r}: mtlab normalizes features with "
+                            f"the training set's global mean and variance, per utterance or not at all "
+                            f"({', '.join(['global', *FEATURE_MVN])})")
         if key == "ivec":
             return self.vector_section(proc_file, proc, out)
         if key == "usedbins" and float(proc.get("mag_thres", "100")) != 100.0:
@@ -729,6 +751,8 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
             spec["data"] = data_spec(sec["datafiles"])
             if vector is not None and "datafiles" in vector[1]:
                 spec["data"]["ivec"] = {"list": vector[1]["datafiles"], **vector[1]["ivec"]}
+            if "mvn" in sec:
+                spec["data"]["mvn"] = sec["mvn"]
             folders = {str(Path(s["datafiles"]).parent) for s in lset["sections"].values()
                        if "datafiles" in s and s.get("key") != "ivec"}
             if len(folders) > 1:
