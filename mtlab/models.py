@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -95,6 +97,10 @@ class ResetBLSTM(nn.Module):
         self.output_dim = 2 * hidden
 
     def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+        return self._run(x, seq_lengths)
+
+    def _run(self, x: Tensor, seq_lengths: Tensor, extra: Tensor | None = None, at: int = -1) -> Tensor:
+        """The layers over ``x``; layer ``at`` (0-based) also reads the per-utterance vector ``extra``."""
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
         B, T = x.shape[:2]
@@ -114,6 +120,9 @@ class ResetBLSTM(nn.Module):
                 to_fw, to_bw = _permute_replicas(acts, reps, lengths, t_reset, self.t_resets[layer - 1], group,
                                                  self.group_sizes[layer - 1], self.forward_reset,
                                                  self.backward_reset, self.separate_directions)
+            if extra is not None and layer == at:  # the same vector for every frame and replica
+                to_fw, to_bw = (torch.cat((v, extra[:, None, None].expand(*v.shape[:-1], -1)), dim=-1)
+                                for v in (to_fw, to_bw))
             act_f, rep_f = _reset_direction(self.forward_lstms[layer], to_fw, t_reset, group, self.forward_reset)
             act_b, rep_b = _reset_direction(self.backward_lstms[layer], _reverse(to_bw, lengths), t_reset, group,
                                             self.backward_reset)
@@ -121,6 +130,37 @@ class ResetBLSTM(nn.Module):
             rep_b = _reverse(rep_b, lengths) if rep_b is not None else None
             acts, reps = (act_f, act_b), (rep_f, rep_b)
         return torch.where(valid[..., None], torch.cat(acts, dim=-1), 0.0)
+
+
+class ResetBLSTMInsert(ResetBLSTM):
+    """The original's ``dbresetlstm_insert_additional_input``: a ResetBLSTM whose layer ``combine_layer``
+    (counted from 1, as the original's) also reads a per-utterance vector ``extra`` ``[B, extra_dim]``
+    (e.g. an i-vector), repeated over the frames and state replicas and joined to that layer's inputs in
+    both directions. Both directions must reset (the original's tiling fails otherwise)."""
+
+    def __init__(self, input_dim: int, hidden: int, extra_dim: int, combine_layer: int = 1, num_layers: int = 1,
+                 **settings: Any) -> None:
+        super().__init__(input_dim, hidden, num_layers=num_layers, **settings)
+        from .errors import ConfigError
+
+        if not 1 <= combine_layer <= num_layers:
+            raise ConfigError(f"ResetBLSTMInsert combine_layer = {combine_layer}: a layer from 1 to num_layers "
+                              f"({num_layers})")
+        if not (self.forward_reset and self.backward_reset):
+            raise ConfigError("ResetBLSTMInsert needs forward_reset and backward_reset: the original repeats the "
+                              "additional input over both directions' state replicas")
+        c = combine_layer - 1
+        self.forward_lstms[c] = nn.LSTM(self.forward_lstms[c].input_size + extra_dim, hidden, batch_first=True)
+        self.backward_lstms[c] = nn.LSTM(self.backward_lstms[c].input_size + extra_dim, hidden, batch_first=True)
+        self.combine_layer, self.extra_dim = combine_layer, extra_dim
+
+    def forward(self, x: Tensor, extra: Tensor, seq_lengths: Tensor) -> Tensor:  # type: ignore[override]
+        if extra.dim() != 2 or extra.shape[0] != x.shape[0]:
+            from .errors import BatchError
+
+            raise BatchError(f"ResetBLSTMInsert: the additional input must be one vector per utterance [B, D], got "
+                             f"{tuple(extra.shape)} for input {tuple(x.shape)}")
+        return self._run(x, seq_lengths, extra, self.combine_layer - 1)
 
 
 def _reverse(x: Tensor, lengths: Tensor) -> Tensor:
@@ -342,6 +382,7 @@ class Constant(nn.Module):
 MODELS: dict[str, type[nn.Module]] = {
     "BLSTM": BLSTM, "FeedForward": FeedForward, "Linear": Linear, "Dense": Dense, "MeanPool": MeanPool,
     "Concat": Concat, "ResetBLSTM": ResetBLSTM,
+    "ResetBLSTMInsert": ResetBLSTMInsert,
 }
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from mtlab.errors import ConfigError
-from mtlab.models import ResetBLSTM, build_model
+from mtlab.models import ResetBLSTM, ResetBLSTMInsert, build_model
 from mtlab.nabu import import_nabu
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -79,8 +79,9 @@ def permute(acts: tuple, reps: tuple, L: int, t_reset: int, prev: int, group: in
     return for_f, for_b
 
 
-def oracle(model: ResetBLSTM, x: Tensor, L: int) -> Tensor:
-    """``[L, 2H]`` for one sequence of ``x`` ``[T, D]`` cut to its ``L`` valid frames."""
+def oracle(model: ResetBLSTM, x: Tensor, L: int, extra: Tensor | None = None, at: int = -1) -> Tensor:
+    """``[L, 2H]`` for one sequence of ``x`` ``[T, D]`` cut to its ``L`` valid frames; layer ``at`` also
+    reads ``extra`` joined to every replica's input."""
     frames = list(x[:L])
     for_f: list = []
     for_b: list = []
@@ -95,6 +96,9 @@ def oracle(model: ResetBLSTM, x: Tensor, L: int) -> Tensor:
             for_f, for_b = permute(acts, reps, L, t_reset, model.t_resets[layer - 1], group,
                                    model.group_sizes[layer - 1], model.forward_reset, model.backward_reset,
                                    model.separate_directions)
+        if layer == at:
+            for_f = [[torch.cat((r, extra)) for r in f] for f in for_f]
+            for_b = [[torch.cat((r, extra)) for r in f] for f in for_b]
         act_f, rep_f = reset_cell(model.forward_lstms[layer], for_f, t_reset, group, model.forward_reset)
         act_b, rep_b = reset_cell(model.backward_lstms[layer], for_b[::-1], t_reset, group, model.backward_reset)
         acts, reps = (act_f, act_b[::-1]), (rep_f, rep_b[::-1])
@@ -124,6 +128,24 @@ def test_matches_the_per_frame_oracle_on_padded_batches(settings: dict) -> None:
     for b, L in enumerate(lengths.tolist()):
         torch.testing.assert_close(y[b, :L], oracle(model, x[b], L))
         assert y[b, L:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("combine_layer", [1, 2])
+def test_the_additional_input_joins_the_combine_layer(combine_layer: int) -> None:
+    torch.manual_seed(5)
+    model = ResetBLSTMInsert(3, 4, extra_dim=2, combine_layer=combine_layer, num_layers=2, t_reset=[2, 4],
+                             group_size=[1, 2]).double()
+    assert model.forward_lstms[combine_layer - 1].input_size == (3 if combine_layer == 1 else 8) + 2
+    x = torch.randn(2, 9, 3, dtype=torch.float64)
+    vectors = torch.randn(2, 2, dtype=torch.float64)
+    lengths = torch.tensor([9, 6])
+    y = model(x, vectors, seq_lengths=lengths)
+    for b, L in enumerate(lengths.tolist()):
+        torch.testing.assert_close(y[b, :L], oracle(model, x[b], L, vectors[b], combine_layer - 1))
+    with pytest.raises(ConfigError, match="combine_layer = 3"):
+        ResetBLSTMInsert(3, 4, extra_dim=2, combine_layer=3, num_layers=2)
+    with pytest.raises(ConfigError, match="needs forward_reset and backward_reset"):
+        ResetBLSTMInsert(3, 4, extra_dim=2, forward_reset=False)
 
 
 def test_one_layer_output_is_an_lstm_over_the_last_t_reset_frames() -> None:
@@ -288,3 +310,29 @@ def test_the_original_reset_recipes_map_every_dbresetlstm() -> None:
                     or "ResetBLSTM" in u["why"]], folder
         found += sum(m["type"] == "ResetBLSTM" for m in recipe["models"].values())
     assert found >= 12
+
+
+def test_the_importer_maps_the_insert_variant_with_the_ivector_size(tmp_path: Path) -> None:
+    from test_nabu_ivectors import write_ivec_recipe
+
+    folder = write_ivec_recipe(tmp_path / "MERL_IVEC_AFTER_LAY1")
+    graph = "nodes = n0 n1 bin_emb\nn0_model = concat\nn0_inputs = features ivecs\nn1_model = main\nn1_inputs = n0"
+    for file in ("trainer.cfg", "validation_evaluator.cfg"):
+        text = (folder / file).read_text()
+        assert graph in text
+        (folder / file).write_text(text.replace(graph, "nodes = n1 bin_emb\nn1_model = main\n"
+                                                      "n1_inputs = features ivecs"))
+    model_cfg = (folder / "model.cfg").read_text()
+    start, end = model_cfg.index("[main]"), model_cfg.index("[outlayer]")
+    main = RESET_MAIN.replace("architecture = dbresetlstm", "architecture = dbresetlstm_insert_additional_input\n"
+                                                            "combine_layer = 2")
+    (folder / "model.cfg").write_text(model_cfg[:start] + main + model_cfg[end:])
+    spec = import_nabu(folder)["models"]["main"]
+    assert (spec["type"], spec["input_dim"], spec["extra_dim"], spec["combine_layer"]) == \
+        ("ResetBLSTMInsert", 129, 10, 2)  # two speakers' 5-dim i-vectors
+    model = build_model(spec["type"], **{k: v for k, v in spec.items() if k != "type"})
+    assert model(torch.randn(2, 5, 129), torch.randn(2, 10), seq_lengths=torch.tensor([5, 3])).shape == (2, 5, 16)
+    (folder / "model.cfg").write_text((folder / "model.cfg").read_text().replace("combine_layer = 2",
+                                                                                 "combine_layer = 3"))
+    with pytest.raises(ConfigError, match="combine_layer = 3: a layer from 1 to num_layers \\(2\\)"):
+        import_nabu(folder)
