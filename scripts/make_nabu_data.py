@@ -1,5 +1,6 @@
 """Make a data root for an original Nabu-MSSS recipe from mtlab's sample corpus (data_samples/), laid
-out as the recipe's database.conf says, so the recipe runs unchanged:
+out as the recipe's database.conf says, so the recipe runs unchanged (a recipe with i-vector inputs also
+gets its i-vector lists and files, one fixed vector per sample speaker; see mtlab.nabu.samples):
 
     python scripts/make_nabu_data.py ../shared/nabu/config/recipes/papers/ICASSP2018/MERL_DC_2spk /tmp/wsj
     mtlab train ../shared/nabu/config/recipes/papers/ICASSP2018/MERL_DC_2spk --data-root /tmp/wsj --expdir exp/dc

@@ -328,6 +328,7 @@ def test_an_ivector_recipe_trains_a_step_on_sample_data_with_fixed_speaker_vecto
     speakers = {line.split()[0]: [int(x) for x in line.split()[1:]]
                 for line in (tmp_path / "data" / "tr" / "spk.txt").read_text().splitlines()}
     first = listing.read_text().split()
+    assert Path(first[1]).is_file() and Path(first[2]).is_absolute()  # the original opens them from its cwd
     rows = (listing.parent / first[2]).read_text().strip().split(",")
     np.testing.assert_allclose([float(x) for x in rows[1].split()], speaker_vector(speakers[first[0]][1], 5),
                                atol=1e-6)

@@ -10,7 +10,7 @@ copied. mtlab's loader computes feature statistics from a split named ``train`` 
 so one is linked to the training folder where the recipe calls it otherwise.
 
 A linked set with per-utterance vectors (``data.ivec``, the original's ``matrix2vector_processor``) also gets
-its vector list where the recipe reads it, in the original's format: ``name mixture.wav ivec<nrcol>/<name>.txt``,
+its vector list where the recipe reads it, in the original's format: ``name mixture.wav .../ivec<nrcol>/<name>.txt``,
 each file one comma-separated row of ``nrcol`` numbers per speaker. A speaker's vector is fixed (a seeded
 standard normal draw per speaker id and size), so the same speaker has the same i-vector in every utterance.
 """
@@ -72,7 +72,8 @@ def write_vectors(folder: Path, linkedset: str, vectors: Mapping[str, Any]) -> P
         ids = speakers[name].ints(nrs)
         rows = [" ".join(f"{x:.6f}" for x in speaker_vector(spk, nrcol)) for spk in ids]
         (target.parent / sub / f"{name}.txt").write_text(",".join(rows) + "\n")
-        lines.append(f"{name} {mix.resolve().absolute()} {sub}/{name}.txt\n")
+        # absolute paths, as the original's processor opens them from its working directory
+        lines.append(f"{name} {mix.resolve().absolute()} {(target.parent / sub / f'{name}.txt').absolute()}\n")
     target.write_text("".join(lines))
     return target
 
