@@ -357,7 +357,10 @@ TaskState = Accumulator  # the name earlier versions used
 class Reducer(Protocol):
     """Combines the accumulators of several processes at ``normalize`` (``mtlab.distributed.AllReduce``).
 
-    A reducer may also define ``agree(call, task, accs, next_calls)``: the trainer calls it first thing in
-    ``normalize``, ``clip`` and ``apply``, so the processes can check they make the same call."""
+    The trainer calls ``reduce`` at its first call after the minibatches (``normalize``, or ``clip`` /
+    ``apply`` when the chain has no Normalize). A reducer may also define
+    ``agree(call, task, accs, next_calls, reduces, within)``: the trainer calls it first thing in ``normalize``,
+    ``clip`` and ``apply`` (``step()`` once, with ``within="step"``), so the processes can check they make the
+    same call; ``reduces`` says the call is the one that reduces."""
 
     def reduce(self, call: str, accs: Mapping[str, Accumulator]) -> None: ...

@@ -71,7 +71,7 @@ def check_consistent(trainer: Trainer) -> None:
         )
 
 
-CALLS = ("process_minibatch", "normalize", "clip", "apply")
+CALLS = ("process_minibatch", "normalize", "clip", "apply", "step")
 
 
 def _call_code(call: str) -> int:
@@ -128,21 +128,25 @@ class AllReduce:
                 "from the last checkpoint") from exc
         return torch.stack(everyone).tolist()
 
-    def agree(self, call: str, task: str | None, accs: Mapping[str, Accumulator], next_calls: Mapping[str, str]) -> None:
-        """Check every rank makes this call on the same tasks (one all-gather); at ``normalize``, adopt tasks
-        that other ranks accumulated. Raises :class:`DistributedError` on every rank when they differ."""
+    def agree(self, call: str, task: str | None, accs: Mapping[str, Accumulator], next_calls: Mapping[str, str],
+              reduces: bool | None = None, within: str | None = None) -> None:
+        """Check every rank makes this call on the same tasks (one all-gather); at the call that reduces
+        (``normalize`` unless ``reduces`` says otherwise), adopt tasks that other ranks accumulated. ``within``
+        names the call this one opens (``"step"``: the ranks agree once for the whole cycle). Raises
+        :class:`DistributedError` on every rank when they differ."""
+        reduces = call == "normalize" if reduces is None else reduces
         names = list(accs)
         sets = {t: self.linkedsets.get(t, ()) for t in names}
-        row = [_call_code(call), -1 if task is None else (names.index(task) if task in names else -2)]
+        row = [_call_code(within or call), -1 if task is None else (names.index(task) if task in names else -2)]
         for t in names:
             row += [_call_code(next_calls[t]), accs[t].minibatches]
         row += [int(s in accs[t].set_totals) for t in names for s in sets[t]]
-        rows = self._gather(row, call)
+        rows = self._gather(row, within or call)
         width = 2 + 2 * len(names)
         if any(len(r) != len(row) for r in rows) or len({tuple(r[:2]) for r in rows}) > 1:
-            raise self._mismatch(call, rows, names, "different calls")
+            raise self._mismatch(within or call, rows, names, "different calls")
         code = _call_code
-        if call != "normalize":
+        if not reduces:
             if len({tuple(r[2:width:2]) for r in rows}) > 1:
                 raise self._mismatch(call, rows, names, "tasks in different places")
             return
@@ -151,11 +155,11 @@ class AllReduce:
         for t in targets:
             i = 2 + 2 * names.index(t)
             at = [r[i] for r in rows]
-            if code("normalize") not in at:
+            if code(call) not in at:
                 continue
-            if any(c not in (code("normalize"), code("process_minibatch")) for c in at):
-                raise self._mismatch(call, rows, names, f"task {t!r} already past normalize on some ranks")
-            chosen[t] = sum(r[i + 1] for r in rows if r[i] == code("normalize"))
+            if any(c not in (code(call), code("process_minibatch")) for c in at):
+                raise self._mismatch(within or call, rows, names, f"task {t!r} already past {call} on some ranks")
+            chosen[t] = sum(r[i + 1] for r in rows if r[i] == code(call))
         offset = width
         for t in names:
             if t in chosen:

@@ -75,6 +75,7 @@ class Trainer:
         self.lock = threading.RLock()  # one call at a time (a UI thread may read while a run trains)
         self.atomic = False  # True while apply() changes parameters: a loop defers a hard stop until it is False
         self.reducer: Reducer | None = None
+        self._agreed = False  # inside step(): the ranks agreed on the whole cycle once, at its start
         self.local_only = distributed is False
         self.rank, self.world_size = 0, 1
 
@@ -270,20 +271,26 @@ class Trainer:
             raise PhaseError(f"{call}(): no task has accumulated minibatches; call process_minibatch(task, linkedset) first")
         return chosen
 
-    def _agree(self, call: str, task: str | None) -> None:
+    def reducing_call(self) -> str:
+        """The first call after the minibatches (``normalize``; ``clip`` or ``apply`` when the chain has no
+        Normalize): where data parallel ranks sum their accumulators."""
+        calls = self.chain.calls()
+        return calls[0] if calls else "apply"
+
+    def _agree(self, call: str, task: str | None, within: str | None = None) -> None:
         # Data parallel: the ranks agree on the call and its tasks before any local check or collective, so a
         # mismatch fails on every rank at once instead of leaving one waiting; the reducer may adopt a task
-        # that only other ranks accumulated.
+        # that only other ranks accumulated. step() agrees once for its whole cycle (``within="step"``).
         agree = getattr(self.reducer, "agree", None)
-        if agree is not None:
-            agree(call, task, self._accs, self.next_calls())
+        if agree is not None and not self._agreed:
+            agree(call, task, self._accs, self.next_calls(), reduces=call == self.reducing_call(), within=within)
 
     def _transform(self, call: str, task: str | None) -> None:
         with self.lock:
             self._agree(call, task)
             names = self._targets(task, call)
             accs = {n: self._accs[n] for n in names}
-            if call == "normalize":
+            if call == self.reducing_call():
                 self._reduce(accs)
             for name, acc in accs.items():
                 self.chain.run(call, acc)
@@ -330,6 +337,8 @@ class Trainer:
             if not any(w > 0 for w in weights.values()):
                 raise ConfigError(f"apply(): every task that accumulated ({names}) has weight 0, so there is nothing "
                                   "to apply; raise a task weight or reset()")
+            if self.reducing_call() == "apply":  # no transform in the chain: the ranks sum here
+                self._reduce({n: self._accs[n] for n in names})
             accs = [self._accs[n] for n in names]
             for acc in accs:
                 acc.finish_stats()
@@ -369,9 +378,14 @@ class Trainer:
                 for _ in range(self.numbatches_to_aggregate):
                     for s in sets:
                         self.process_minibatch(name, s)
-            for call in self.chain.calls():
-                self._transform(call, None)
-            self.apply()
+            self._agree(self.reducing_call(), None, within="step")  # data parallel: one agreement per cycle
+            self._agreed = self.reducer is not None
+            try:
+                for call in self.chain.calls():
+                    self._transform(call, None)
+                self.apply()
+            finally:
+                self._agreed = False
             return {n: self._accs[n] for n in active}
 
     @property

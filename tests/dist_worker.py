@@ -28,11 +28,11 @@ def data():
     return make_examples(21, 11), make_examples(17, 12)
 
 
-def build(distributed: bool | None = None, numbatches_to_aggregate: int = 2) -> mtlab.Trainer:
+def build(distributed: bool | None = None, numbatches_to_aggregate: int = 2, **settings) -> mtlab.Trainer:
     clean, noisy = data()
     a = task_a((clean, noisy), weights=(1.0, 0.4), batch_size=3)
     b = task_b(clean, batch_size=4, weight=0.7)
-    tr = mtlab.Trainer(make_models(), [a, b], lr=1e-2, clip_grad_value=0.5,
+    tr = mtlab.Trainer(make_models(), [a, b], lr=1e-2, **{"clip_grad_value": 0.5, **settings},
                        numbatches_to_aggregate=numbatches_to_aggregate, device="cpu", seed=3,
                        distributed=False if distributed is False else None)
     return tr if distributed is False else mtlab.distributed.attach_if_distributed(tr)
@@ -57,6 +57,47 @@ def train_steps(rank: int, world: int, port: int, out: str) -> None:
         tr.step()
     result["after"] = params_of(tr)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# Chains without Normalize: the original's normalize_gradients = False, with clipping (the first call after
+# the minibatches is clip) and without (it is apply). The ranks must still sum their gradients.
+UNNORMALIZED = {"clip": {"normalize_gradients": False, "clip_grad_value": 0.05},
+                "none": {"normalize_gradients": False, "clip_grad_value": None}}
+
+
+def unnormalized_steps(rank: int, world: int, port: int, out: str) -> None:
+    init(rank, world, port)
+    result = {}
+    for name, settings in UNNORMALIZED.items():
+        tr = build(**settings)
+        for _ in range(2):
+            tr.step()
+        result[name] = params_of(tr)
+    # step() agrees once per cycle: one all-gather, where normalize, clip and apply by hand take three
+    tr = build()
+    gathers = []
+    real = dist.all_gather
+    dist.all_gather = lambda *a, **k: (gathers.append(1), real(*a, **k))[1]
+    try:
+        tr.step()
+        result["gathers_step"] = len(gathers)
+        for t, task in tr.tasks.items():
+            for s in task.linkedsets:
+                tr.process_minibatch(t, s)
+        tr.normalize(); tr.clip(); tr.apply()
+        result["gathers_by_hand"] = len(gathers) - result["gathers_step"]
+    finally:
+        dist.all_gather = real
+    # one rank in step(), the other normalizing by hand: both told, at once
+    if rank == 1:
+        for t, task in tr.tasks.items():
+            for s in task.linkedsets:
+                tr.process_minibatch(t, s)
+    result["step_vs_normalize"] = _attempt(tr.step if rank == 0 else tr.normalize)
+    with open(os.path.join(out, f"unnormalized{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.barrier()
     dist.destroy_process_group()

@@ -98,3 +98,27 @@ def test_three_ranks_over_uneven_linked_sets_equal_one_process(tmp_path) -> None
     assert ranks[0]["loss"] == pytest.approx(tr.history["a/loss"].tolist(), abs=1e-9)
     sizes = [len(ls.examples) for t in tr.tasks.values() for ls in t.linkedsets.values()]
     assert all(-(-n // b) % 3 for n, b in zip(sizes, (3, 3, 4)))  # no linked set's batches divide by 3
+
+
+def test_ranks_sum_their_gradients_without_normalize_and_step_agrees_once(tmp_path) -> None:
+    # normalize_gradients = False: the reduction comes at the first call after the minibatches (clip, or apply)
+    spawn(w.unnormalized_steps, tmp_path)
+    r0, r1 = read(tmp_path / "unnormalized0.json"), read(tmp_path / "unnormalized1.json")
+    for r in (r0, r1):
+        assert r["gathers_step"] == 1 and r["gathers_by_hand"] == 3
+        message = r["step_vs_normalize"]["message"]
+        assert message.startswith("DistributedError") and "rank 0: step()" in message and "rank 1: normalize()" in message
+    for name, settings in w.UNNORMALIZED.items():
+        assert r0[name] == r1[name]
+        tr = w.build(distributed=False, **settings)
+        streams = shard_streams(tr, 2)
+        for _ in range(2):
+            for t, task in tr.tasks.items():
+                for _ in range(tr.numbatches_to_aggregate):
+                    for s in task.linkedsets:
+                        for r in range(2):
+                            tr.process_minibatch(t, s, batch=next(streams[(t, s, r)]))
+            for call in tr.chain.calls():
+                getattr(tr, call)()
+            tr.apply()
+        assert_params_close(r0[name], w.params_of(tr))
