@@ -1,6 +1,7 @@
 """Cost of the ranks' agreement before each stepwise call: time per step of 2 gloo ranks with and without it.
 
-The agreement is one all-gather of a few integers per normalize, clip and apply (3 per step).
+The agreement is one all-gather of a few integers per ``step()`` (``normalize``, ``clip`` and ``apply``
+called by hand agree one by one: three).
 
     python bench/distributed_agree.py [--steps 40]
 """
@@ -75,7 +76,7 @@ def main() -> None:
     print(f"2 gloo ranks, 1 thread each, {args.steps} steps (best of 2):")
     print(f"  with agreement     {a * 1e3:8.2f} ms/step")
     print(f"  without agreement  {b * 1e3:8.2f} ms/step")
-    print(f"  ratio              {a / b:8.3f}x  ({(a - b) * 1e3:+.2f} ms/step for 3 all-gathers)")
+    print(f"  ratio              {a / b:8.3f}x  ({(a - b) * 1e3:+.2f} ms/step for 1 all-gather)")
 
 
 if __name__ == "__main__":
