@@ -149,11 +149,13 @@ class Aggregate:
         """Restore each shared group's state (the method's instance for that group is built first)."""
         for group, saved in state.items():
             agg = self.aggregators.get(group) or self.aggregator(Group(group, tuple(map(str, range(saved["tasks"]))), ()))
-            weighting = agg.weighting
+            if saved["values"].get("step", 0):
+                # Nash-MTL builds its solver's problem on its first call: one call on a stand-in Jacobian builds
+                # it, then the saved values replace what that call left
+                agg(torch.eye(saved["tasks"], dtype=torch.float64))
+                self.last_weights.pop(group, None)
             for k, v in saved["values"].items():
-                setattr(weighting, k, v.numpy().copy() if isinstance(v, Tensor) else v)
-            if getattr(weighting, "step", 0) and hasattr(weighting, "_init_optim_problem"):
-                weighting._init_optim_problem()  # Nash-MTL builds its problem at step 0: rebuilt on the restored state
+                setattr(agg.weighting, k, v.numpy().copy() if isinstance(v, Tensor) else v)
 
     def __repr__(self) -> str:
         return f"Aggregate({self.name!r})"

@@ -45,6 +45,7 @@ TARGET_KEYS = ("mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target
 _SOURCE_KEYS = {"src_mag", "binary_targets", "frame_target"}
 _SPEAKER_KEYS = {"spk", "spk_pair"}
 VECTOR_KEYS = ("ivec",)
+DEFAULT_TARGETS = tuple(k for k in TARGET_KEYS if k not in VECTOR_KEYS)  # vectors come only from a list given
 NUM_SOURCES = 2
 
 
@@ -236,7 +237,7 @@ def load_split(
     root: str | Path | None = None,
     split: str = "train",
     linkedset: str = "clean",
-    targets: Sequence[str] = TARGET_KEYS,
+    targets: Sequence[str] = DEFAULT_TARGETS,
     stats: F.FeatureStats | None = None,
     usedbins_threshold_db: float = F.USEDBINS_THRESHOLD_DB,
     spectral: F.Spectral = F.MTLAB,
