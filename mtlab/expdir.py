@@ -7,7 +7,8 @@
 ``best.pt``/``final.pt``  checkpoints (best validation; end of every run, also on Ctrl-C)
 ``history.csv``           one row per step (losses, gradient norms, lr, skipped)
 ``validation.csv``        one row per validation (values, action taken, tries)
-``losses.png``            training and validation losses; ``grad_norms.png``: gradient norms
+``*.png``                 the dashboard's figures (``mtlab.plots``): losses.png (training and validation),
+                          grad_norms.png, clip_fraction.png and history.png (the three side by side)
 ``summary.json/.txt``     steps, stop reason, time per step, first/last losses, best validation
 ========================  =============================================================
 """
@@ -88,38 +89,14 @@ def _text(s: dict[str, Any]) -> str:
 
 
 def _plot(trainer: Trainer, schedule: Schedule, path: Path) -> list[str]:
-    """``losses.png`` and ``grad_norms.png`` with matplotlib's object API (no pyplot, no display)."""
+    """The history's figures (``mtlab.plots.save_plots``: the dashboard's, as PNGs), with the validations."""
     try:
-        from matplotlib.figure import Figure
+        from .plots import save_plots
     except ImportError:
         return ["plots skipped: matplotlib is not installed (pip install 'mtlab[notebook]')"]
-    frame = trainer.history
-    if frame.empty:
+    if trainer.history.empty:
         return []
-    steps = frame["step"].to_numpy()
-    fig = Figure(figsize=(8, 4.5))  # no layout engine: it costs more than the drawing
-    ax = fig.subplots()
-    for t in trainer.tasks:
-        if f"{t}/loss" in frame:
-            ax.plot(steps, frame[f"{t}/loss"].to_numpy(dtype=float), lw=1, label=f"{t} (train)")
-    for t in trainer.tasks:
-        pts = [(r["step"], r[t]) for r in schedule.validation if t in r]
-        if pts:
-            ax.plot(*zip(*pts), "o--", ms=4, label=f"{t} (valid)")
-    ax.set(xlabel="step", ylabel="loss (Σloss / Σnorm)", title="losses")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path / "losses.png", dpi=100)
-    fig = Figure(figsize=(8, 4.5))  # no layout engine: it costs more than the drawing
-    ax = fig.subplots()
-    for t in trainer.tasks:
-        for col, style in ((f"{t}/grad_norm", "-"), (f"{t}/grad_norm_clipped", ":")):
-            if col in frame:
-                ax.plot(steps, frame[col].to_numpy(dtype=float), style, lw=1, label=col)
-    ax.set(xlabel="step", ylabel="gradient norm", title="gradient norms (before / after clipping)", yscale="log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path / "grad_norms.png", dpi=100)
+    save_plots(trainer.history, path, validation=schedule.validation, dpi=100)
     return []
 
 

@@ -16,7 +16,7 @@ LAYERS: dict[str, int] = {
     # the step core
     "accumulator": 2, "transforms": 2, "update": 2, "events": 2, "history": 2, "checkpoint": 2, "trainer": 2,
     # the shell
-    "loop": 3, "expdir": 3, "distributed": 3, "checkpointing": 3, "debug": 3, "loggers": 3, "combine": 3, "weighting": 3,
+    "plots": 3, "loop": 3, "expdir": 3, "distributed": 3, "checkpointing": 3, "debug": 3, "loggers": 3, "combine": 3, "weighting": 3,
     # domains
     "data": 4, "separation": 4,
     # applications on top: recipes, importers, launchers, CLI, notebook UI
