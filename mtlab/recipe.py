@@ -100,7 +100,7 @@ TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "wei
              "trainset_frac")
 NODE_KEYS = ("name", "model", "inputs", "outputs")
 LINKEDSET_KEYS = ("weight", "data", "valid")
-DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral", "ivec", "mvn")
+DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral", "ivec", "mvn", "num_sources")
 CORPORA = ("samples",)
 
 
@@ -458,6 +458,10 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
 
             if value not in MVN_TYPES:
                 raise _unknown(origin, f"{where} mvn", value, MVN_TYPES, what="mvn")
+        elif key == "num_sources":  # speakers per mixture: the lists s1.scp ... s<num_sources>.scp
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{origin}: {where} num_sources = {value!r} must be a positive integer (the "
+                                  "speakers per mixture; the loader reads s1.scp ... s<num_sources>.scp)")
         elif not isinstance(value, str) or not value:
             raise ConfigError(f"{origin}: {where} {key} must be a non-empty string, got {value!r}")
     if ("corpus" in spec) == ("root" in spec):
@@ -487,6 +491,7 @@ def stats_key(data: Mapping[str, Any], linkedset: str) -> str:
 
 def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], stats: Any, cache: Datasets) -> Any:
     from .data import load_split
+    from .data.corpus import NUM_SOURCES
 
     from .data.features import MTLAB, Spectral
 
@@ -498,11 +503,13 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     if ivec is None:  # another task of the experiment reads vectors; this linked set has none to give
         targets = tuple(t for t in targets if t != "ivec")
     mvn = data.get("mvn", "global")
+    num_sources = data.get("num_sources", NUM_SOURCES)
     key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), repr(ivec),
-           mvn, fingerprint)
+           mvn, num_sources, fingerprint)
     if key not in cache:
         cache[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
-                                targets=targets, stats=stats, spectral=spectral, ivec=ivec, mvn=mvn)
+                                targets=targets, stats=stats, spectral=spectral, ivec=ivec, mvn=mvn,
+                                num_sources=num_sources)
         if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
             computed = cache[key].stats
             cache[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = cache[key]

@@ -1,8 +1,11 @@
 """Make a data root for an original Nabu-MSSS recipe from mtlab's sample corpus (data_samples/), laid
 out as the recipe's database.conf says, so the recipe runs unchanged (a recipe with i-vector inputs also
-gets its i-vector lists and files, one fixed vector per sample speaker; see mtlab.nabu.samples):
+gets its i-vector lists and files, one fixed vector per sample speaker; a recipe of three or more speakers per
+mixture, nrs = N, gets N-speaker mixtures made from the two-speaker samples by adding the main speaker of other
+mixtures of the same split; see mtlab.nabu.samples):
 
     python scripts/make_nabu_data.py ../shared/nabu/config/recipes/papers/ICASSP2018/MERL_DC_2spk /tmp/wsj
+    python scripts/make_nabu_data.py ../shared/nabu/config/recipes/papers/ICASSP2018/MERL_DC_3spk /tmp/wsj
     mtlab train ../shared/nabu/config/recipes/papers/ICASSP2018/MERL_DC_2spk --data-root /tmp/wsj --expdir exp/dc
 """
 

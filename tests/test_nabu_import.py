@@ -411,7 +411,7 @@ REFUSED = [
     ("loss.cfg", "activation = sigmoid", "activation = sigmoid\nrescale_recs = True",
      "loss.cfg: \\[pit\\] rescale_recs: 'True': mtlab honours False"),
     ("loss.cfg", "loss_type = deepclustering", "loss_type = l41", "\\[task_dc\\] loss_type: 'l41' has no mtlab"),
-    ("target_processor.cfg", "nrs = 2", "nrs = 3", "target_processor.cfg: \\[processor\\] nrs: 3 speakers"),
+    ("target_processor.cfg", "nrs = 2", "nrs = 2\nspk_select = 1", "target_processor.cfg: \\[processor\\] spk_select"),
     ("feature_processor.cfg", "mvn_type = global", "mvn_type = from_files",
      "\\[processor\\] mvn_type: 'from_files'"),
     ("usedbins_processor.cfg", "mag_thres = 100", "mag_thres = 50", "\\[processor\\] mag_thres"),

@@ -1,8 +1,8 @@
-"""Datasets of two-speaker mixtures laid out like ``data_samples/`` (see its README).
+"""Datasets of speech mixtures laid out like ``data_samples/`` (see its README).
 
 ``load_split(split="train", linkedset="clean")`` reads ``<root>/<split>/mix_<linkedset>.scp`` (the input),
-``s1.scp``/``s2.scp`` (sources) and ``spk.txt`` (``name id1 id2``), joins them by name, and precomputes every
-example once. Keys of an example (T frames, F = 129 bins, S = 2 speakers):
+``s1.scp`` ... ``sS.scp`` (the S sources, ``num_sources``, 2 by default) and ``spk.txt`` (``name id1 ... idS``),
+joins them by name, and precomputes every example once. Keys of an example (T frames, F = 129 bins, S speakers):
 
 =================  ===================  =======  ======================================================
 key                shape                dtype    meaning
@@ -12,9 +12,9 @@ key                shape                dtype    meaning
 ``src_mag``        [T, F, S]            float32  |STFT| of each source (linear), for PIT/direct losses
 ``binary_targets`` [T, F * S]           float32  one-hot loudest source per bin, index ``f * S + s``
 ``usedbins``       [T, F]               bool     mixture bin within ``usedbins_threshold_db`` of its max
-``frame_target``   [T]                  int64    0 silence, 1 s1 louder, 2 s2 louder (``FRAME_CLASSES``)
+``frame_target``   [T]                  int64    0 silence, else 1 + index of the loudest source (1: s1, 2: s2, ...)
 ``spk``            []                   int64    id of the main (louder) speaker, s1
-``spk_pair``       [2]                  int64    ids of s1 and s2
+``spk_pair``       [S]                  int64    ids of s1 ... sS
 ``ivec``           [D]                  float32  per-utterance vector (i-vectors, ``D = nrs * nrcol``)
 =================  ===================  =======  ======================================================
 
@@ -46,7 +46,7 @@ _SOURCE_KEYS = {"src_mag", "binary_targets", "frame_target"}
 _SPEAKER_KEYS = {"spk", "spk_pair"}
 VECTOR_KEYS = ("ivec",)
 DEFAULT_TARGETS = tuple(k for k in TARGET_KEYS if k not in VECTOR_KEYS)  # vectors come only from a list given
-NUM_SOURCES = 2
+NUM_SOURCES = 2  # sources per mixture unless told otherwise (s1, s2), as in data_samples/
 
 
 def data_samples_dir() -> Path:
@@ -106,6 +106,7 @@ class SeparationDataset(torch.utils.data.Dataset):
         split: str,
         linkedset: str,
         num_speakers: int,
+        num_sources: int = NUM_SOURCES,
     ) -> None:
         self.examples = examples
         self.names = names
@@ -115,6 +116,7 @@ class SeparationDataset(torch.utils.data.Dataset):
         self.split = split
         self.linkedset = linkedset
         self.num_speakers = num_speakers
+        self.num_sources = num_sources  # sources per mixture (S of src_mag, binary_targets, spk_pair)
         # the per-frame entries (a per-utterance vector as long as an utterance is still not cut into segments)
         self.sequence_keys = tuple(k for k in SEQUENCE_KEYS if examples and k in examples[0])
 
@@ -131,19 +133,19 @@ class SeparationDataset(torch.utils.data.Dataset):
 
 
 def _read_rows(folder: Path, linkedset: str, need_sources: bool, need_speakers: bool,
-               vector_list: Path | None = None) -> tuple[list[_Row], JoinReport]:
+               vector_list: Path | None = None, num_sources: int = NUM_SOURCES) -> tuple[list[_Row], JoinReport]:
     lists: dict[str, dict[str, ListEntry]] = {f"mix_{linkedset}.scp": _input_list(folder, linkedset)}
     if vector_list is not None:
         lists[str(vector_list)] = read_list(vector_list)
     if need_sources:
-        for k in range(1, NUM_SOURCES + 1):
+        for k in range(1, num_sources + 1):
             lists[f"s{k}.scp"] = read_list(folder / f"s{k}.scp")
     if need_speakers:
         lists["spk.txt"] = read_list(folder / "spk.txt")
     names, report = join_lists(lists)
     rows = []
     for name in names:
-        sources = tuple(lists[f"s{k}.scp"][name] for k in range(1, NUM_SOURCES + 1)) if need_sources else ()
+        sources = tuple(lists[f"s{k}.scp"][name] for k in range(1, num_sources + 1)) if need_sources else ()
         speakers = lists["spk.txt"][name] if need_speakers else None
         vector = lists[str(vector_list)][name] if vector_list is not None else None
         rows.append(_Row(name, lists[f"mix_{linkedset}.scp"][name], sources, speakers, vector))
@@ -163,7 +165,7 @@ def _read_mixture(entry: ListEntry) -> torch.Tensor:
 def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_db: float,
              spectral: F.Spectral = F.MTLAB, ivec: VectorList | None = None,
              ivec_stats: tuple[torch.Tensor, torch.Tensor] | None = None,
-             mvn: str = "global") -> dict[str, torch.Tensor]:
+             mvn: str = "global", num_sources: int = NUM_SOURCES) -> dict[str, torch.Tensor]:
     mix = _read_mixture(row.mix)
     mix_mag = F.magnitude(mix, spectral)
     feats = F.log_magnitude(mix_mag)
@@ -194,7 +196,7 @@ def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_
         if "frame_target" in keys:
             example["frame_target"] = F.frame_target(src_mag, threshold_db)
     if row.speakers is not None:
-        ids = row.speakers.ints(NUM_SOURCES)
+        ids = row.speakers.ints(num_sources)
         if "spk" in keys:
             example["spk"] = torch.tensor(ids[0], dtype=torch.long)
         if "spk_pair" in keys:
@@ -243,6 +245,7 @@ def load_split(
     spectral: F.Spectral = F.MTLAB,
     ivec: VectorList | None = None,
     mvn: str = "global",
+    num_sources: int = NUM_SOURCES,
 ) -> SeparationDataset:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
@@ -252,7 +255,9 @@ def load_split(
     or ``features.ORIGINAL`` for the original's sine window, framing and int16 scale). ``ivec`` names the vector
 list of the ``ivec`` key (a relative path is taken from ``root``); its utterances are joined with the others.
 ``mvn`` normalizes the features with ``stats`` (``"global"``), per utterance over its frames (``"local"``, the
-original's ``mvn_type = local``; ``stats`` are then only recorded) or not at all (``"none"``). Example::
+original's ``mvn_type = local``; ``stats`` are then only recorded) or not at all (``"none"``). ``num_sources``
+is the number of speakers S per mixture (the original's ``nrs``): the lists ``s1.scp`` ... ``sS.scp`` and S ids
+per ``spk.txt`` line are read. Example::
 
         train = load_split(split="train", linkedset="noisy")
         dev = load_split(split="dev", linkedset="noisy", stats=train.stats)
@@ -263,6 +268,9 @@ original's ``mvn_type = local``; ``stats`` are then only recorded) or not at all
     keys = set(targets)
     base = Path(root) if root is not None else data_samples_dir()
     folder = _split_dir(base, split)
+    if isinstance(num_sources, bool) or not isinstance(num_sources, int) or num_sources < 1:
+        raise DataError(f"load_split num_sources={num_sources!r}: the number of sources per mixture, a positive "
+                        "integer (lists s1.scp ... sS.scp)")
     if mvn not in F.MVN_TYPES:
         raise DataError(f"load_split mvn={mvn!r}; valid: {list(F.MVN_TYPES)}")
     if "ivec" in keys and ivec is None:
@@ -271,13 +279,14 @@ original's ``mvn_type = local``; ``stats`` are then only recorded) or not at all
     if ivec is not None and "ivec" not in keys:
         ivec = None
     vector_list = (Path(ivec.list) if Path(ivec.list).is_absolute() else base / ivec.list) if ivec else None
-    rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS), vector_list)
+    rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS), vector_list,
+                              num_sources)
     ivec_stats = None
     if ivec is not None and ivec.mvn == "global":
         ivec_stats = vector_stats(ivec, base)
 
     def example(row: _Row, feature_stats: F.FeatureStats | None) -> dict[str, torch.Tensor]:
-        return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn)
+        return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn, num_sources)
 
     if stats is None:
         if split == "train":
@@ -293,5 +302,5 @@ original's ``mvn_type = local``; ``stats`` are then only recorded) or not at all
     else:
         examples = [example(r, stats) for r in rows]
     return SeparationDataset(
-        examples, [r.name for r in rows], stats, report, split, linkedset, _num_speakers(base, examples)
+        examples, [r.name for r in rows], stats, report, split, linkedset, _num_speakers(base, examples), num_sources
     )

@@ -10,7 +10,8 @@ per-stage values become ``[trainer] stages`` (the ``segment_lengths`` curriculum
 stopping rules are switched on (``best_model_final``, ``validate_at_step_0``, the relative-improvement
 stop, ``per_task_validation`` under ``acc_steps``), ``init_file``, ``num_tries = None`` (``"none"``) and
 ``trainset_frac`` are kept, ``database.conf`` paths are re-rooted under ``data_root`` and each linked
-set's data carries the STFT settings of its processors (``spectral``). ``recipe["nabu"]`` records the
+set's data carries the STFT settings of its processors (``spectral``) and, where its target processors' ``nrs``
+is not 2, the speakers per mixture (``num_sources``: the loader reads s1 ... s<nrs>). ``recipe["nabu"]`` records the
 source: the database sections, the original's task sections and validation evaluator settings, and the
 evaluation configs (test evaluator, reconstructor, scorer), which ``mtlab train`` does not run.
 
@@ -61,7 +62,7 @@ PROCESSOR_KEYS: dict[tuple[str, str], str] = {
 }
 VECTOR_MVN = {"global": "global", "None": "none"}  # matrix2vector_processor's mvn_type -> mtlab's VectorList mvn
 FEATURE_MVN = {"local": "local", "none": "none", "None": "none"}  # audio_feat_processor's mvn_type -> data mvn
-NUM_SOURCES = 2  # mtlab's corpus loader reads two sources (s1, s2)
+NUM_SOURCES = 2  # the corpus loader's default sources per mixture (s1, s2); a processor's nrs sets another
 
 # The original's loss types mtlab has (same math, mtlab.separation.losses / mtlab.losses), with the
 # fixed output and target names the original's loss computers read, mapped to mtlab's settings.
@@ -492,9 +493,8 @@ class Importer:
             self.refuse(proc_file, "[processor] processor", f"{kind!r} (feature {feature!r}) computes data mtlab's "
                         f"corpus loader does not produce (it gives {', '.join(sorted(set(PROCESSOR_KEYS.values())))})")
             return out
-        if "nrs" in proc and int(proc["nrs"]) != NUM_SOURCES:
-            self.refuse(proc_file, "[processor] nrs", f"{proc['nrs']} speakers: mtlab's corpus loader reads "
-                                                      f"{NUM_SOURCES} sources (s1, s2)")
+        if "nrs" in proc and key != "ivec":
+            out["nrs"] = self.sources(proc_file, proc)
         if key == "features" and proc.get("mvn_type", "global") != "global":
             if proc["mvn_type"] in FEATURE_MVN:
                 out["mvn"] = FEATURE_MVN[proc["mvn_type"]]
@@ -518,6 +518,17 @@ class Importer:
                                "sample_scale": spectral.sample_scale, "preemph": spectral.preemph}
 
         return out
+
+    def sources(self, proc_file: str, proc: Mapping[str, str]) -> int:
+        """A target processor's ``nrs``: the speakers per mixture, which the loader reads as s1 ... s<nrs>."""
+        nrs = self.value(proc_file, "[processor] nrs", "int", proc["nrs"])
+        if nrs < 1:
+            raise ConfigError(f"{self.folder / proc_file}: [processor] nrs = {proc['nrs']!r}: the number of speakers "
+                              "per mixture must be positive")
+        if "spk_select" in proc and words(proc["spk_select"]) != [str(i) for i in range(nrs)]:
+            self.refuse(proc_file, "[processor] spk_select", f"{proc['spk_select']!r}: mtlab's targets cover every "
+                                                             f"one of the nrs = {nrs} speakers, in order")
+        return nrs
 
     def vector_section(self, proc_file: str, proc: Mapping[str, str], out: dict[str, Any]) -> dict[str, Any]:
         """A matrix2vector_processor section: its per-utterance vector settings (``out["ivec"]``)."""
@@ -765,6 +776,9 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
             if spectral:
                 # the original's window, framing and int16 scale, for mtlab's loader
                 spec["data"]["spectral"] = dict(spectral[0])
+            nrs = source_count(imp, tname, set_name, lset["sections"])
+            if nrs != NUM_SOURCES:
+                spec["data"]["num_sources"] = nrs
         linkedsets[set_name] = spec
     extras: dict[str, Any] = {"loss_type": orig["loss_type"],
                               "sections": {s: {k: v["section"] for k, v in ls["sections"].items()}
@@ -781,6 +795,9 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
                 vdata = data_spec(sec["datafiles"])
                 spec["valid"] = {k: v for k, v in vdata.items() if spec["data"].get(k) != v} or \
                     {"split": vdata["split"]}
+                vnrs = source_count(imp, tname, set_name, vset["sections"])  # type: ignore[index]
+                if vnrs != spec["data"].get("num_sources", NUM_SOURCES):
+                    spec["valid"]["num_sources"] = vnrs
                 train_vectors = spec["data"].get("ivec")
                 vvector = next((s for s in vset["sections"].values() if s.get("key") == "ivec"), None) if vset \
                     else None
@@ -793,6 +810,15 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
     if "trainset_frac" in orig:
         task["trainset_frac"] = orig["trainset_frac"]
     return task, extras
+
+
+def source_count(imp: Importer, tname: str, set_name: str, sections: Mapping[str, Mapping[str, Any]]) -> int:
+    """The speakers per mixture of a linked set: the ``nrs`` its target processors agree on (2 without one)."""
+    counts = sorted({s["nrs"] for s in sections.values() if "nrs" in s})
+    if len(counts) > 1:
+        imp.refuse("trainer.cfg", f"[{tname}] linked set {set_name!r}", f"its processors give different nrs ({counts}); "
+                   "mtlab reads one set of sources s1 ... s<nrs> per linked set")
+    return counts[0] if counts else NUM_SOURCES
 
 
 def data_spec(datafiles: str) -> dict[str, str]:

@@ -9,6 +9,13 @@ mixtures, or the noisy ones for a linked set whose name contains "noisy"). The a
 copied. mtlab's loader computes feature statistics from a split named ``train`` under the same root,
 so one is linked to the training folder where the recipe calls it otherwise.
 
+A linked set of more than two speakers per mixture (``data.num_sources``, the processors' ``nrs``) gets
+mixtures made from the samples' two-speaker ones (:func:`add_speakers`): each takes the main-speaker source of
+the next mixtures of the same split (in list order, wrapping around) whose main speaker it does not have yet,
+cut or zero-padded to its length and rescaled to the RMS of its s2, as s3, s4, ...; the WAVs (mixture and every
+source, all scaled down together where the sum would clip) and the lists ``s1.scp`` ... ``sN.scp`` and
+``spk.txt`` (``name id1 ... idN``) are written in the folder.
+
 A linked set with per-utterance vectors (``data.ivec``, the original's ``matrix2vector_processor``) also gets
 its vector list where the recipe reads it, in the original's format: ``name mixture.wav .../ivec<nrcol>/<name>.txt``,
 each file one comma-separated row of ``nrcol`` numbers per speaker. A speaker's vector is fixed (a seeded
@@ -21,11 +28,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import wave
+
+import numpy as np
 import torch
 
 from ..errors import ConfigError
 
 VECTOR_SEED = 7919  # speaker vectors: torch.Generator seeded with VECTOR_SEED * nrcol + speaker id
+SAMPLE_SOURCES = 2  # speakers per mixture of the sample corpus
+PEAK = 32000  # largest |sample| of a made mixture (int16), so the rounding of its parts cannot clip
 
 
 def _copy(src: Path, dst: Path, names: set[str] | None) -> None:
@@ -33,11 +45,17 @@ def _copy(src: Path, dst: Path, names: set[str] | None) -> None:
     dst.write_text("".join(line for line in lines if names is None or line.split(maxsplit=1)[:1][0] in names))
 
 
-def _fill(folder: Path, source: Path, linkedset: str, limit: int | None) -> None:
+def _fill(folder: Path, source: Path, linkedset: str, limit: int | None, num_sources: int = SAMPLE_SOURCES) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     mix = "noisy" if "noisy" in linkedset else "clean"
+    if num_sources != SAMPLE_SOURCES:
+        add_speakers(folder, source, linkedset, mix, limit, num_sources)
+        return
     for sub in (f"mix_{mix}", "s1", "s2"):
         link = folder / sub
+        if link.exists() and not link.is_symlink():
+            raise ConfigError(f"{link}: holds mixtures of more speakers made here; give each number of speakers "
+                              "its own folder")
         if not link.exists():
             link.symlink_to((source / sub).resolve(), target_is_directory=True)
     mixtures = [line.split()[0] for line in (source / f"mix_{mix}.scp").read_text().splitlines() if line.strip()]
@@ -45,6 +63,78 @@ def _fill(folder: Path, source: Path, linkedset: str, limit: int | None) -> None
     _copy(source / f"mix_{mix}.scp", folder / f"mix_{linkedset}.scp", names)
     for name in ("s1.scp", "s2.scp", "spk.txt"):
         _copy(source / name, folder / name, names)
+
+
+def _samples(path: Path) -> np.ndarray:
+    from ..data import read_wav
+
+    return (read_wav(path).double() * 32768.0).numpy()  # the int16 values, exactly
+
+
+def _write_wav(path: Path, samples: np.ndarray) -> None:
+    from ..data.audio import SAMPLE_RATE
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(samples.astype("<i2").tobytes())
+
+
+def add_speakers(folder: Path, source: Path, linkedset: str, mix: str, limit: int | None, num_sources: int) -> None:
+    """Write ``num_sources``-speaker mixtures of ``source``'s (a sample split) two-speaker ones in ``folder``:
+    ``mix_<linkedset>.scp`` (clean or noisy, as ``mix``), ``s1.scp`` ... ``s<num_sources>.scp`` and ``spk.txt``.
+    The mixture is the sum of the written sources (plus the samples' noise for ``mix="noisy"``); see the module doc."""
+    from ..data import read_list
+
+    if num_sources < SAMPLE_SOURCES:
+        raise ConfigError(f"{folder}: num_sources = {num_sources}: the sample corpus has mixtures of "
+                          f"{SAMPLE_SOURCES} speakers, which can be added to but not taken apart")
+    mixtures = read_list(source / f"mix_{mix}.scp")
+    clean, speakers = read_list(source / "mix_clean.scp"), read_list(source / "spk.txt")
+    lists = [read_list(source / f"s{k}.scp") for k in (1, 2)]
+    order = list(mixtures)
+    names = order[:limit] if limit is not None else order
+    subs = [f"mix_{mix}", *(f"s{k}" for k in range(1, num_sources + 1))]
+    for sub in subs:
+        if (folder / sub).is_symlink():  # the samples' own folder: never written to
+            raise ConfigError(f"{folder / sub}: links the samples' two-speaker audio; give mixtures of "
+                              f"{num_sources} speakers their own folder")
+        (folder / sub).mkdir(exist_ok=True)
+    lines: dict[str, list[str]] = {sub: [] for sub in (*subs, "spk")}
+    for i, name in enumerate(names):
+        ids = list(speakers[name].ints(SAMPLE_SOURCES))
+        parts = [_samples(lst[name].resolve()) for lst in lists]
+        length = parts[0].shape[0]
+        noise = _samples(mixtures[name].resolve()) - _samples(clean[name].resolve())  # zero for the clean set
+        j = i
+        while len(ids) < num_sources:
+            j = (j + 1) % len(order)
+            if j == i:
+                raise ConfigError(f"{source}: {len(set(ids))} speakers in the split, too few for mixtures of "
+                                  f"{num_sources}")
+            other = order[j]
+            speaker = speakers[other].ints(1)[0]
+            if speaker in ids:
+                continue
+            extra = np.zeros(length)
+            utt = _samples(lists[0][other].resolve())[:length]
+            extra[:utt.shape[0]] = utt
+            gain = np.sqrt(np.mean(parts[1] ** 2) / max(np.mean(extra ** 2), 1e-12))
+            ids.append(speaker)
+            parts.append(extra * gain)
+        peak = np.abs(sum(parts) + noise).max()
+        scale = min(1.0, PEAK / peak) if peak > 0 else 1.0
+        ints = [np.round(p * scale) for p in parts]
+        mixture = sum(ints) + np.round(noise * scale)
+        for sub, samples in zip(subs, (mixture, *ints)):
+            _write_wav(folder / sub / f"{name}.wav", samples)
+            lines[sub].append(f"{name} {sub}/{name}.wav\n")
+        lines["spk"].append(f"{name} {' '.join(str(s) for s in ids)}\n")
+    (folder / f"mix_{linkedset}.scp").write_text("".join(lines[subs[0]]))
+    for k in range(1, num_sources + 1):
+        (folder / f"s{k}.scp").write_text("".join(lines[f"s{k}"]))
+    (folder / "spk.txt").write_text("".join(lines["spk"]))
 
 
 def speaker_vector(speaker: int, nrcol: int) -> list[float]:
@@ -94,7 +184,8 @@ def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = Non
                 raise ConfigError(f"task {tname!r} linked set {sname!r} has no data root to fill")
             root = Path(data["root"])
             name = data.get("linkedset", sname)
-            _fill(root / data["split"], source / "train", name, limit)
+            num_sources = data.get("num_sources", SAMPLE_SOURCES)
+            _fill(root / data["split"], source / "train", name, limit, num_sources)
             made.append(root / data["split"])
             if "ivec" in data:
                 made.append(write_vectors(root / data["split"], name, data["ivec"]))
@@ -103,7 +194,8 @@ def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = Non
             valid = lset.get("valid")
             if valid:
                 vroot = Path(valid.get("root", root))
-                _fill(vroot / valid["split"], source / "dev", valid.get("linkedset", name), limit)
+                _fill(vroot / valid["split"], source / "dev", valid.get("linkedset", name), limit,
+                      valid.get("num_sources", num_sources))
                 made.append(vroot / valid["split"])
                 if "ivec" in valid:
                     made.append(write_vectors(vroot / valid["split"], valid.get("linkedset", name), valid["ivec"]))
