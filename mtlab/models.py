@@ -241,6 +241,137 @@ def _permute_replicas(acts: tuple[Tensor, Tensor], reps: tuple[Tensor | None, Te
     return torch.cat((f_for_f, b_for_f), dim=-1), torch.cat((f_for_b, b_for_b), dim=-1)
 
 
+class LeakyBLSTM(nn.Module):
+    """The original's leaky bidirectional LSTMs (``leaky_dblstm``, ``leaky_dblstm_notrec``,
+    ``leaky_dblstm_iznotrec``) over padded ``[B, T, D]`` input; output ``[B, T, 2*hidden]``, zero on
+    padded frames, which never change valid ones (the backward direction starts at each sequence's own
+    last valid frame).
+
+    Each direction steps the original's cell, gates in its order ``i, j, f, o``::
+
+        n_t = sigmoid(f_t + forget_bias) * c_{t-1} + sigmoid(i_t) * tanh(j_t)
+        h_t = tanh(n_t) * sigmoid(o_t)        # the output sees the state before the leak
+        c_t = leak * n_t                      # the state the next frame reads
+
+    ``leak = 1`` is a plain LSTM. ``recurrent`` names the gates that read ``h_{t-1}`` besides the
+    input: ``"all"`` (``leaky_dblstm``), ``"forget_output"`` (``leaky_dblstm_iznotrec``: ``i`` and
+    ``j`` read the input only) or ``"none"`` (``leaky_dblstm_notrec``: the cell state is the only
+    recurrence). ``input_noise`` (Gaussian, on the input) and ``dropout`` (a drop probability, on the
+    last layer's output only, as the original's) in training mode only.
+
+    The input projections of every frame and both directions are one batched matmul per layer; then a
+    loop over frames steps both directions together (only the gates that read ``h_{t-1}`` are left in
+    it, so ``"none"`` loops over one multiply-add per frame)."""
+
+    RECURRENT = {"all": 4, "forget_output": 2, "none": 0}  # how many of the gates (the last ones) read h_{t-1}
+
+    def __init__(self, input_dim: int, hidden: int, num_layers: int = 1, leak: float = 1.0,
+                 recurrent: str = "all", forget_bias: float = 1.0, input_noise: float = 0.0,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        if recurrent not in self.RECURRENT:
+            from .errors import ConfigError
+
+            raise ConfigError(f"LeakyBLSTM recurrent = {recurrent!r}; valid: {list(self.RECURRENT)}")
+        n = self.RECURRENT[recurrent]
+        bound = hidden ** -0.5  # nn.LSTM's initialisation
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape).uniform_(-bound, bound))
+
+        # per layer, both directions stacked on the first axis: [2, D_in, 4H], [2, 4H], [2, H, nH]
+        dims = [input_dim] + [2 * hidden] * (num_layers - 1)
+        self.input_weights = nn.ParameterList(param(2, d, 4 * hidden) for d in dims)
+        self.biases = nn.ParameterList(param(2, 4 * hidden) for _ in dims)
+        self.recurrent_weights = nn.ParameterList(param(2, hidden, n * hidden) for _ in dims) if n else None
+        shift = torch.zeros(4 * hidden)
+        shift[2 * hidden:3 * hidden] = forget_bias
+        self.register_buffer("forget_shift", shift, persistent=False)
+        self.hidden, self.num_layers, self.leak, self.recurrent = hidden, num_layers, float(leak), recurrent
+        self.forget_bias, self.input_noise, self.dropout = float(forget_bias), input_noise, dropout
+        self.output_dim = 2 * hidden
+
+    def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+        if self.training and self.input_noise > 0:
+            x = x + self.input_noise * torch.randn_like(x)
+        B, T = x.shape[:2]
+        lengths = seq_lengths.to(x.device)
+        valid = (torch.arange(T, device=x.device)[None, :] < lengths[:, None])[..., None]  # [B, T, 1]
+        out = x
+        for layer in range(self.num_layers):
+            both = torch.stack((out, _reverse(out, lengths)))  # [2, B, T, D]: each direction in its own time
+            rows = both.transpose(1, 2).reshape(2, T * B, -1)
+            bias = (self.biases[layer] + self.forget_shift)[:, None]
+            gates = torch.baddbmm(bias, rows, self.input_weights[layer]).view(2, T, B, -1)
+            w = self.recurrent_weights[layer] if self.recurrent_weights is not None else None
+            hs = self._directions(gates, w)  # [2, T, B, H]
+            fw, bw = hs.transpose(1, 2)
+            out = torch.where(valid, torch.cat((fw, _reverse(bw, lengths)), dim=-1), 0.0)
+        if self.training and self.dropout > 0:
+            out = nn.functional.dropout(out, self.dropout)
+        return out
+
+    def _directions(self, gates: Tensor, w: Tensor | None) -> Tensor:
+        """``h`` ``[2, T, B, H]`` of both directions from their input projections ``[2, T, B, 4H]``
+        (forget bias included) and recurrent weights ``[2, H, nH]`` onto the last ``n`` gates."""
+        H, leak = self.hidden, self.leak
+        _, T, B, _ = gates.shape
+        n_prev = gates.new_zeros(2, B, H)  # the un-leaked state of the previous frame
+        if self.recurrent != "all":  # i and j read the input only: the candidate for every frame at once
+            u = torch.sigmoid(gates[..., :H]) * torch.tanh(gates[..., H:2 * H])
+        if w is None:
+            forget = torch.sigmoid(gates[..., 2 * H:3 * H])
+            states = []
+            for t in range(T):
+                n_prev = torch.addcmul(u[:, t], forget[:, t], n_prev, value=leak)
+                states.append(n_prev)
+            return torch.tanh(torch.stack(states, dim=1)) * torch.sigmoid(gates[..., 3 * H:])
+        h = gates.new_zeros(2, B, H)
+        hs = []
+        for t in range(T):
+            if self.recurrent == "all":
+                z = torch.baddbmm(gates[:, t], h, w)
+                s = torch.sigmoid(z)
+                u_t = s[..., :H] * torch.tanh(z[..., H:2 * H])
+                f, o = s[..., 2 * H:3 * H], s[..., 3 * H:]
+            else:
+                f, o = torch.sigmoid(torch.baddbmm(gates[:, t, :, 2 * H:], h, w)).chunk(2, dim=-1)
+                u_t = u[:, t]
+            n_prev = torch.addcmul(u_t, f, n_prev, value=leak)
+            h = torch.tanh(n_prev) * o
+            hs.append(h)
+        return torch.stack(hs, dim=1)
+
+
+class BRNN(nn.Module):
+    """The original's ``dbrnn``: stacked bidirectional tanh RNN, ``h_t = tanh(W x_t + U h_{t-1} + b)``,
+    over padded ``[B, T, D]`` input, honouring ``seq_lengths`` (packed sequences, as BLSTM). Output
+    ``[B, T, 2*hidden]``, zero on padded frames. In training mode only: ``input_noise`` adds Gaussian
+    noise to the input, ``layer_dropout`` drops after every layer, the last one included (the
+    original's ``dropout``, a keep probability: ``1 - keep``)."""
+
+    def __init__(self, input_dim: int, hidden: int, num_layers: int = 1, input_noise: float = 0.0,
+                 layer_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.RNN(input_dim if i == 0 else 2 * hidden, hidden, batch_first=True,
+                                           bidirectional=True) for i in range(num_layers))
+        self.input_noise, self.layer_dropout = input_noise, layer_dropout
+        self.output_dim = 2 * hidden
+
+    def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+        if self.training and self.input_noise > 0:
+            x = x + self.input_noise * torch.randn_like(x)
+        lengths = seq_lengths.cpu()  # pack_padded_sequence needs lengths on the CPU: a small host copy of B ints
+        out = x
+        for rnn in self.layers:
+            packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
+            out, _ = rnn(packed)
+            out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+            if self.layer_dropout > 0:
+                out = nn.functional.dropout(out, self.layer_dropout, self.training)
+        return out
+
+
 class FeedForward(nn.Module):
     """Per-frame MLP: ``num_layers`` hidden layers of ``hidden`` units, then a linear output."""
 
@@ -382,7 +513,7 @@ class Constant(nn.Module):
 MODELS: dict[str, type[nn.Module]] = {
     "BLSTM": BLSTM, "FeedForward": FeedForward, "Linear": Linear, "Dense": Dense, "MeanPool": MeanPool,
     "Concat": Concat, "ResetBLSTM": ResetBLSTM,
-    "ResetBLSTMInsert": ResetBLSTMInsert,
+    "ResetBLSTMInsert": ResetBLSTMInsert, "LeakyBLSTM": LeakyBLSTM, "BRNN": BRNN,
 }
 
 

@@ -98,7 +98,10 @@ deepclustering_full_crossentropy_multi_reshapelogits_avtime deepclusteringnoise 
 deepattractornetnoisesoft noisefilter deepattractornet_noisefilter pit_noise deepclusteringnoise_rat_as_weight
 deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusteringnoise_dconly
 deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
-ARCHITECTURES = ("dblstm", "dbresetlstm", "dbresetlstm_insert_additional_input", "linear", "feedforward", "concat", "constant_generator")
+ARCHITECTURES = ("dblstm", "dbresetlstm", "dbresetlstm_insert_additional_input", "linear", "feedforward", "concat", "constant_generator",
+                 "leaky_dblstm", "leaky_dblstm_notrec", "leaky_dblstm_iznotrec", "dbrnn")
+# The original's leaky LSTMs: which of their cell's gates read the recurrent output (LeakyBLSTM's recurrent).
+LEAKY_RECURRENT = {"leaky_dblstm": "all", "leaky_dblstm_iznotrec": "forget_output", "leaky_dblstm_notrec": "none"}
 # The original's stopping rules, as its multi_task_trainer applies them.
 STOPPING = {"best_model_final": True, "validate_at_step_0": True, "relative_improvement_threshold": 0.004,
             "relative_improvement_after_step": 1000, "relative_improvement_window": 0}
@@ -332,6 +335,28 @@ class Importer:
                 if input_dims[1] is None:
                     self.refuse(file, where, "the size of its additional input is unknown (it comes from data or "
                                              "a model mtlab cannot build)")
+            out = 2 * units
+        elif arch in LEAKY_RECURRENT or arch == "dbrnn":
+            if len(input_dims) != 1:
+                raise ConfigError(f"{self.folder / file}: {where} architecture {arch!r} reads one input (the "
+                                  f"original raises otherwise), its nodes give {len(input_dims)}")
+            known |= {"num_units", "num_layers", "recurrent_dropout", "layer_norm"}
+            mtlab_type = "BRNN" if arch == "dbrnn" else "LeakyBLSTM"
+            ignored = " (the original's dbrnn ignores it)" if arch == "dbrnn" else ""
+            if num("recurrent_dropout", "1.0") != 1.0:
+                self.refuse(file, f"{where} recurrent_dropout",
+                            f"mtlab's {mtlab_type} has no recurrent dropout{ignored}")
+            if flag("layer_norm", "False") != "False":
+                self.refuse(file, f"{where} layer_norm", f"mtlab's {mtlab_type} has no layer normalization{ignored}")
+            units = num("num_units", kind="int")
+            spec = {"type": mtlab_type, "input_dim": dim, "hidden": units, "num_layers": num("num_layers", kind="int"),
+                    "input_noise": num("input_noise", "0")}
+            if arch == "dbrnn":  # the original drops after every layer
+                spec["layer_dropout"] = keep_to_drop("dropout")
+            else:  # the original drops after the last layer only; its cells add 1 to the forget gate
+                known.add("leak_factor")
+                spec.update(leak=num("leak_factor"), recurrent=LEAKY_RECURRENT[arch], forget_bias=1.0,
+                            dropout=keep_to_drop("dropout"))
             out = 2 * units
         elif arch == "linear":
             known |= {"output_dims", "no_bias", "activation_func", "last_only"}
