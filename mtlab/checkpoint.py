@@ -168,3 +168,44 @@ def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"], device)
+
+
+def trainer_state(trainer: Any) -> dict[str, Any]:
+    """``Trainer.state_dict()``: weights, optimizer, accumulators, data positions, RNG, step, settings,
+    weights and history, as plain containers (loadable with ``weights_only=True``)."""
+    tr = trainer
+    tasks = {n: {**tr.state(n).state_dict(), "weight": t.weight,
+                 "linkedset_weights": {k: ls.weight for k, ls in t.linkedsets.items()}}
+             for n, t in tr.tasks.items()}
+    return clone_tree({
+        "format": "mtlab-trainer", "version": VERSION,
+        "models": {k: m.state_dict() for k, m in tr.models.items()},
+        "update": tr.update.state_dict(), "tasks": tasks, "streams": tr.streams.state_dict(),
+        "rng": rng_state(tr.device), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
+        "clip_grad_norm": tr.clip_grad_norm, "history": tr.log.state_dict(),
+        "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,
+                     "numbatches_to_aggregate": tr.numbatches_to_aggregate, "seed": tr.seed,
+                     "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps},
+    })
+
+
+def load_trainer_state(trainer: Any, state: Any, history: bool = True) -> None:
+    """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
+    tr = trainer
+    check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps)
+    for k, m in tr.models.items():
+        m.load_state_dict(state["models"][k])
+    tr.update.load_state_dict(clone_tree(state["update"]))
+    for name, saved in state["tasks"].items():
+        tr.state(name).load_state_dict(saved)
+        tr.tasks[name].weight = float(saved["weight"])
+        for sname, w in saved["linkedset_weights"].items():
+            if sname in tr.tasks[name].linkedsets:
+                tr.tasks[name].linkedsets[sname].weight = float(w)
+    tr.streams.load_state_dict(state["streams"], tr.tasks)
+    set_rng_state(state["rng"], tr.device)
+    tr.step_count = int(state["step"])
+    tr.lr = state["lr"]
+    tr.clip_grad_value, tr.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")
+    if history:
+        tr.log.load_state_dict(state["history"])

@@ -27,6 +27,7 @@ from .errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError
 from .events import Events, Listener
 from .forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
+from .report import trainer_html
 from .sampling import BatchStream, Streams
 from .task import LinkedSet, Task, check_count, check_models, check_positive, check_tasks, check_weight
 from .transforms import Chain
@@ -423,41 +424,12 @@ class Trainer:
         """Everything needed to continue exactly: weights, optimizer, accumulators, data positions, RNG,
         step, settings, weights and history. Plain containers (loadable with ``weights_only=True``)."""
         with self.lock:
-            tasks = {n: {**a.state_dict(), "weight": self.tasks[n].weight,
-                         "linkedset_weights": {k: ls.weight for k, ls in self.tasks[n].linkedsets.items()}}
-                     for n, a in self._accs.items()}
-            return checkpoint.clone_tree({
-                "format": "mtlab-trainer", "version": checkpoint.VERSION,
-                "models": {k: m.state_dict() for k, m in self.models.items()},
-                "update": self.update.state_dict(), "tasks": tasks,
-                "streams": self.streams.state_dict(), "rng": checkpoint.rng_state(self.device), "step": self.step_count, "lr": self.lr, "clip_grad_value": self.clip_grad_value,
-                "clip_grad_norm": self.clip_grad_norm, "history": self.log.state_dict(),
-                "settings": {"normalize_gradients": self.normalize_gradients, "nonfinite": self.nonfinite,
-                             "numbatches_to_aggregate": self.numbatches_to_aggregate, "seed": self.seed,
-                             "acc_steps": self.acc_steps, "normalize_weights_acc_steps": self.normalize_weights_acc_steps},
-            })
+            return checkpoint.trainer_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any], history: bool = True) -> None:
         """Restore a ``state_dict()``: the trainer continues exactly where that state was taken."""
         with self.lock:
-            checkpoint.check_state(state, list(self.models), {n: self.task_params[n] for n in self.tasks},
-                                   self.acc_steps)
-            for k, m in self.models.items():
-                m.load_state_dict(state["models"][k])
-            self.update.load_state_dict(checkpoint.clone_tree(state["update"]))
-            for name, saved in state["tasks"].items():
-                self._accs[name].load_state_dict(saved)
-                self.tasks[name].weight = float(saved["weight"])
-                for sname, w in saved["linkedset_weights"].items():
-                    if sname in self.tasks[name].linkedsets:
-                        self.tasks[name].linkedsets[sname].weight = float(w)
-            self.streams.load_state_dict(state["streams"], self.tasks)
-            checkpoint.set_rng_state(state["rng"], self.device)
-            self.step_count = int(state["step"])
-            self.lr = state["lr"]
-            self.clip_grad_value, self.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")
-            if history:
-                self.log.load_state_dict(state["history"])
+            checkpoint.load_trainer_state(self, state, history)
             self.events.emit("restore", {"step": self.step_count})
 
     def snapshot(self) -> dict[str, Any]:
@@ -483,12 +455,4 @@ class Trainer:
                 f"phase={ {k: str(v) for k, v in self.phase().items()} }, chain={self.chain}, device={self.device})")
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{n}</td><td>{t.weight:g}</td><td>{', '.join(f'{s} ({ls.weight:g})' for s, ls in t.linkedsets.items())}"
-            f"</td><td>{', '.join(self.plans[n].model_names)}</td><td>{self._accs[n].phase}</td>"
-            f"<td>{self._accs[n].minibatches}</td></tr>" for n, t in self.tasks.items())
-        return ("<div><b>mtlab.Trainer</b> "
-                f"step {self.step_count} &middot; lr {self.lr:g} &middot; {self.chain} &middot; "
-                f"K={self.numbatches_to_aggregate} &middot; {self.device}"
-                "<table><tr><th>task</th><th>weight</th><th>linked sets (weight)</th><th>models</th>"
-                f"<th>phase</th><th>minibatches</th></tr>{rows}</table></div>")
+        return trainer_html(self)
