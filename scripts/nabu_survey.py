@@ -44,7 +44,7 @@ def shrink(recipe: dict, cap: int) -> None:
             dims = [sizes.get(i) for i in node["inputs"]]
             if "input_dim" in spec and dims[0] is not None:
                 spec["input_dim"] = dims[0]
-            if spec["type"] in ("BLSTM", "ResetBLSTM", "ResetBLSTMInsert"):
+            if spec["type"] in ("BLSTM", "ResetBLSTM", "ResetBLSTMInsert", "LeakyBLSTM", "BRNN"):
                 spec["hidden"] = min(spec["hidden"], cap)
                 out = 2 * spec["hidden"]
             elif spec["type"] == "Dense":
