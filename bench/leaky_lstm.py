@@ -11,32 +11,16 @@ over frames in Python for the recurrent part, both directions batched; BRNN is `
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 
 from mtlab.models import BLSTM, BRNN, LeakyBLSTM
 
-from reset_lstm import ms_per_pass  # noqa: E402  (bench/ is the script's folder)
+from reset_lstm import ms_per_pass, setup  # noqa: E402  (bench/ is the script's folder)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--frames", type=int, default=400)
-    ap.add_argument("--features", type=int, default=129)
-    ap.add_argument("--hidden", type=int, default=600)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    dev = torch.device(args.device)
-    x = torch.randn(args.batch, args.frames, args.features, device=dev)
-    lengths = torch.linspace(args.frames // 2, args.frames, args.batch).long()
+    args, dev, x, lengths = setup(__doc__)
     size = dict(input_dim=args.features, hidden=args.hidden, num_layers=args.layers)
     base = ms_per_pass(BLSTM(args.features, args.hidden, num_layers=args.layers).to(dev), x, lengths, args.repeats)
     print(f"{args.batch} x {args.frames} frames x {args.features} features, {args.layers} layers x {args.hidden} "

@@ -34,8 +34,9 @@ def ms_per_pass(model: torch.nn.Module, x: torch.Tensor, lengths: torch.Tensor, 
     return sorted(times)[len(times) // 2]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def setup(doc: str) -> tuple[argparse.Namespace, torch.device, torch.Tensor, torch.Tensor]:
+    """The shared command line of the model benches, and their input: ``(args, device, x, lengths)``."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--frames", type=int, default=400)
     ap.add_argument("--features", type=int, default=129)
@@ -51,6 +52,11 @@ def main() -> None:
     dev = torch.device(args.device)
     x = torch.randn(args.batch, args.frames, args.features, device=dev)
     lengths = torch.linspace(args.frames // 2, args.frames, args.batch).long()
+    return args, dev, x, lengths
+
+
+def main() -> None:
+    args, dev, x, lengths = setup(__doc__)
     plain = BLSTM(args.features, args.hidden, num_layers=args.layers).to(dev)
     base = ms_per_pass(plain, x, lengths, args.repeats)
     print(f"{args.batch} x {args.frames} frames x {args.features} features, {args.layers} layers x {args.hidden} "

@@ -109,3 +109,15 @@ def script_validations(monkeypatch, values: list[float], first: tuple[str, str] 
 
     monkeypatch.setattr(mtlab.Trainer, "evaluate", scripted)
     return calls
+
+
+def assert_grads_reach_weights_and_valid_frames(model: nn.Module) -> None:
+    """A sequence model over ``[2, 9, 4]`` with lengths 9 and 5: every weight gets a gradient, and the
+    second sequence's padded frames none (they are outside the computation)."""
+    x = torch.randn(2, 9, 4, requires_grad=True)
+    model(x, torch.tensor([9, 5])).pow(2).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert x.grad is not None
+    assert x.grad[1, 5:].abs().sum() == 0
+    assert x.grad[1, :5].abs().sum() > 0

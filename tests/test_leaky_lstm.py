@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_grads_reach_weights_and_valid_frames
 from torch import Tensor, nn
 
 from mtlab.errors import ConfigError
@@ -157,15 +158,7 @@ def test_padded_frames_never_change_valid_outputs() -> None:
 @pytest.mark.parametrize("recurrent", VARIANTS)
 def test_gradients_reach_every_weight_and_only_valid_inputs(recurrent: str) -> None:
     torch.manual_seed(4)
-    model = LeakyBLSTM(4, 5, num_layers=2, leak=0.5, recurrent=recurrent)
-    x = torch.randn(2, 9, 4, requires_grad=True)
-    lengths = torch.tensor([9, 5])
-    model(x, lengths).pow(2).sum().backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
-    assert x.grad is not None
-    assert x.grad[1, 5:].abs().sum() == 0
-    assert x.grad[1, :5].abs().sum() > 0
+    assert_grads_reach_weights_and_valid_frames(LeakyBLSTM(4, 5, num_layers=2, leak=0.5, recurrent=recurrent))
 
 
 def test_dropout_on_the_output_only_and_in_training_only() -> None:

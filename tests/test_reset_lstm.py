@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_grads_reach_weights_and_valid_frames
 from torch import Tensor, nn
 
 from mtlab.errors import ConfigError
@@ -177,15 +178,7 @@ def test_padded_frames_never_change_valid_outputs() -> None:
 
 def test_gradients_reach_every_weight_and_only_valid_inputs() -> None:
     torch.manual_seed(3)
-    model = ResetBLSTM(4, 5, num_layers=2, t_reset=4)
-    x = torch.randn(2, 9, 4, requires_grad=True)
-    lengths = torch.tensor([9, 5])
-    model(x, lengths).pow(2).sum().backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.abs().sum() > 0, name
-    assert x.grad is not None
-    assert x.grad[1, 5:].abs().sum() == 0
-    assert x.grad[1, :5].abs().sum() > 0
+    assert_grads_reach_weights_and_valid_frames(ResetBLSTM(4, 5, num_layers=2, t_reset=4))
 
 
 def test_the_context_is_bounded_by_t_reset() -> None:
