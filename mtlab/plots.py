@@ -9,38 +9,41 @@ Owned ``Figure`` objects only (never pyplot), so nothing depends on a GUI backen
     save_plots(trainer.history, "runs/exp1")   # losses.png, grad_norms.png, clip_fraction.png, history.png
 
 Every figure gives a task the same colour (``task_colors``: the tasks' order, tab10), in every
-panel, live or saved; linked sets share their task's colour with their own dash pattern. Legends
-sit outside the axes. Changes of a weight or of the learning rate found in the history are marked
-with numbered triangles at the top of each panel (``events_from_frame`` lists them).
+panel, live or saved; linked sets share their task's colour with their own dash pattern. One panel per
+quantity (``panels_for``: the clipped share only when something was clipped, combine weights and task
+cosines when a method recorded them) on a shared step axis; legends sit outside the axes, laid out so
+that no two texts overlap; figures are sized in pixels of a notebook's width (shown 1:1). Changes of a
+weight or of the learning rate found in the history are dotted lines with numbers that merge rather
+than overprint (``events_from_frame`` lists them). The dashboard's live figure is
+``mtlab.ui.liveplot.LivePlot``, drawn with these helpers.
 """
 
 from __future__ import annotations
 
 import io
 import math
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.ticker import PercentFormatter
 
 MAX_POINTS = 2000
-LIVE_POINTS = 400  # per line in the live plot: a blitted redraw stays ~40 ms at 144 dpi
-DPI = 144  # sharp when a browser on a high-DPI screen shows the PNG at half its pixel size
-PANELS = ("loss", "grad_norm", "clip_fraction")
+DPI = 100  # figures are sized in pixels of the notebook's width at this dpi: shown 1:1, never downscaled
+WIDTH_PX = 830  # a notebook output's width in JupyterLab and Voila at 1280 px
+PANELS = ("loss", "grad_norm", "clip_fraction", "combine", "cosine")
 TITLES = {"loss": "normalized loss", "grad_norm": "gradient norm (dashed: clipped)",
-          "clip_fraction": "elements clipped"}
+          "clip_fraction": "elements clipped", "combine": "combine weights", "cosine": "task cosine"}
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
 SET_DASHES = ((4, 2), (1, 1.5), (5, 1.5, 1, 1.5), (2, 2), (6, 1))
-GHOST = "#b0b0b0"
+GHOST = "#c4c4c4"
+EVENT = "#666666"
 MAX_EVENT_MARKS = 30
+FONT = 8  # points: 11 px at DPI 100
 
 Series = tuple[Sequence[float], Sequence[float]]
 
@@ -49,8 +52,19 @@ def panel_of(column: str) -> tuple[str, str, dict[str, Any]] | None:
     """Which panel a history column goes to, its legend label and line style; None if not plotted.
 
     ``"a/loss"`` -> loss panel, label ``"a"``; ``"a/clean/loss"`` -> ``"a/clean"`` (thin, dashed);
-    ``"a/grad_norm_clipped"`` -> gradient panel, dashed.
+    ``"a/grad_norm_clipped"`` -> gradient panel, dashed; ``"direction_norm"`` -> gradient panel, black;
+    ``"combine/<group>/a"`` -> combine weights; ``"cos/<model>/a,b"`` -> task cosines.
     """
+    if column.startswith("combine/"):
+        group, _, task = column[len("combine/"):].rpartition("/")
+        return ("combine", f"{task} [{group}]" if group else task, {"lw": 1.5})
+    if column.startswith("cos/"):
+        model, _, pair = column[len("cos/"):].rpartition("/")
+        return ("cosine", f"{pair.replace(',', '~')} [{model}]" if model else pair.replace(",", "~"),
+                {"lw": 1.2, "pair": True})
+    if column == "direction_norm" or column.startswith("direction_norm/"):
+        rest = column[len("direction_norm/"):] if "/" in column else ""
+        return ("grad_norm", f"direction{' [' + rest + ']' if rest else ''}", {"lw": 1.0, "color": "#222222"})
     if column.endswith("/loss"):
         label = column[: -len("/loss")]
         return ("loss", label, {"lw": 1.8} if "/" not in label else {"lw": 1.0, "ls": "--"})
@@ -75,16 +89,22 @@ def tasks_in(columns: Iterable[str]) -> list[str]:
     tasks = [c[: -len("/weight")] for c in cols if c.endswith("/weight") and c.count("/") == 1]
     for c in cols:  # histories without weight columns: the order of first appearance
         where = panel_of(c)
-        if where is not None:
+        if where is not None and where[0] in ("loss", "grad_norm", "clip_fraction") \
+                and not c.startswith("direction_norm"):
             tasks.append(where[1].split(" ")[0].split("/")[0])
     return list(dict.fromkeys(tasks))
 
 
-def _style(label: str, base: dict[str, Any], colors: Mapping[str, str], set_index: dict[str, int]) -> dict[str, Any]:
-    """The task's colour; a linked set gets its own dash pattern (same colour as its task)."""
-    task, _, rest = label.split(" ")[0].partition("/")
+def line_style(label: str, base: dict[str, Any], colors: Mapping[str, str], set_index: dict[str, int]) -> dict[str, Any]:
+    """The task's colour; a linked set gets its own dash pattern (same colour as its task); a task pair
+    (cosines) a colour of its own."""
     style = dict(base)
-    style["color"] = colors.get(task, PALETTE[len(colors) % len(PALETTE)])
+    if style.pop("pair", False):
+        i = set_index.setdefault("pair:" + label, len([k for k in set_index if k.startswith("pair:")]))
+        style["color"] = PALETTE[(len(colors) + i) % len(PALETTE)]
+        return style
+    task, _, rest = label.split(" ")[0].partition("/")
+    style.setdefault("color", colors.get(task, PALETTE[len(colors) % len(PALETTE)]))
     if rest and style.get("ls") == "--":
         i = set_index.setdefault(label, len([k for k in set_index if k.startswith(task + "/")]))
         style.pop("ls")
@@ -199,27 +219,72 @@ def _relative_change(a: float, b: float) -> float:
     return abs(b - a) / max(abs(a), 1e-30)
 
 
-def _axes(ax: Axes | None, figsize: tuple[float, float] = (6.2, 3.2)) -> tuple[Figure, Axes]:
+def panels_for(series: Mapping[str, Series], ghost: Mapping[str, Series] | None = None) -> tuple[str, ...]:
+    """The panels worth a place: loss and gradient norm; the clipped share only when something was
+    clipped; combine weights and task cosines when a combination method recorded them."""
+    found: set[str] = {"loss"}
+    for source in (series, ghost or {}):
+        for col, (_, ys) in source.items():
+            where = panel_of(col)
+            if where is None:
+                continue
+            if where[0] == "clip_fraction" and not any(y > 0 for y in ys):
+                continue
+            found.add(where[0])
+    return tuple(p for p in PANELS if p in found)
+
+
+def grid(n: int) -> tuple[int, int]:
+    """Rows and columns for ``n`` panels: one row up to 3, else 2 rows."""
+    cols = n if n <= 3 else (2 if n == 4 else 3)
+    return math.ceil(n / cols), cols
+
+
+def new_figure(width_px: int = WIDTH_PX, height_px: int | None = None, dpi: int = DPI) -> Figure:
+    """A Figure of exactly ``width_px`` x ``height_px`` pixels at ``dpi``, laid out by constrained layout
+    (legends outside the axes get their room; nothing overlaps)."""
+    height_px = height_px if height_px is not None else int(width_px * 0.42)
+    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, layout="constrained")
+    fig.get_layout_engine().set(w_pad=3 / 72, h_pad=3 / 72, wspace=0.03, hspace=0.04)  # the live plot's PADS
+    return fig
+
+
+def panel_axes(fig: Figure, panels: Sequence[str], scale: str = "linear") -> dict[str, Axes]:
+    """One axes per panel on a shared step axis; x tick labels and "step" only where no panel is below."""
+    rows, cols = grid(len(panels))
+    out: dict[str, Axes] = {}
+    first: Axes | None = None
+    for i, panel in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1, sharex=first)
+        first = first or ax
+        _decorate(ax, panel, scale, bottom=i + cols >= len(panels))
+        out[panel] = ax
+    return out
+
+
+def _axes(ax: Axes | None, width_px: int = 560, height_px: int = 260) -> tuple[Figure, Axes]:
     if ax is not None:
         return ax.figure, ax  # type: ignore[return-value]
-    fig = Figure(figsize=figsize, dpi=DPI)
-    # Fixed margins (layout engines are slow); the right margin holds the legend.
-    fig.subplots_adjust(left=0.11, right=0.72, bottom=0.15, top=0.9)
+    fig = new_figure(width_px, height_px)
     return fig, fig.add_subplot()
 
 
-def _legend(ax: Axes) -> None:
-    """The legend outside the axes, to the right: it never covers a curve."""
-    handles, labels = ax.get_legend_handles_labels()
+def legend_outside(ax: Axes, handles: Sequence[Any] | None = None) -> None:
+    """The legend outside the axes, to the right: it never covers a curve (the layout makes room)."""
+    if handles is None:
+        handles, _ = ax.get_legend_handles_labels()
     if handles:
-        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
-                  frameon=False)
+        ax.legend(handles, [h.get_label() for h in handles], fontsize=FONT - 1, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False, handlelength=1.8)
 
 
-def _decorate(ax: Axes, panel: str, scale: str = "linear") -> None:
-    ax.set_title(TITLES[panel], fontsize=9)
-    ax.set_xlabel("step", fontsize=8)
-    ax.tick_params(which="both", labelsize=7)
+def _decorate(ax: Axes, panel: str, scale: str = "linear", bottom: bool = True) -> None:
+    ax.set_title(TITLES[panel], fontsize=FONT + 1)
+    if bottom:
+        ax.set_xlabel("step", fontsize=FONT)
+    else:
+        ax.tick_params(labelbottom=False)
+    ax.tick_params(which="both", labelsize=FONT - 1)
     ax.grid(alpha=0.3)
     if panel == "grad_norm" or (panel == "loss" and scale == "log"):
         ax.set_yscale("log")
@@ -227,44 +292,84 @@ def _decorate(ax: Axes, panel: str, scale: str = "linear") -> None:
         # A percentage, never "1e-5" offset labels: the axis starts at 0.
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=None))
         ax.set_ylim(bottom=0.0)
+    if panel == "cosine":
+        ax.set_ylim(-1.05, 1.05)
 
 
-def _mark_events(ax: Axes, events: Sequence[tuple[float, str]]) -> list[Any]:
-    """Numbered triangles at the top of the axes at each event's step (the last MAX_EVENT_MARKS);
-    the artists added."""
-    shown = list(enumerate(events, start=1))[-MAX_EVENT_MARKS:]
-    if not shown:
+def event_groups(events: Sequence[tuple[float, str]], xlim: tuple[float, float], axes_px: float,
+                 font_px: float = (FONT - 1) * DPI / 72) -> list[tuple[float, str]]:
+    """Numbered event labels that never overprint: events closer than their labels' width merge into
+    one label (``3-5``); ``(x, label)`` for the last ``MAX_EVENT_MARKS`` events inside ``xlim``."""
+    lo, hi = xlim
+    per_step = axes_px / max(hi - lo, 1e-9)
+    shown = [(n, s) for n, (s, _) in list(enumerate(events, start=1))[-MAX_EVENT_MARKS:] if lo <= s <= hi]
+    width = lambda label: 0.7 * font_px * len(label) + 4
+    groups: list[list[Any]] = []  # [x, first number, last number]
+    for n, s in sorted(shown, key=lambda p: (p[1], p[0])):
+        if groups:
+            x0, first, _ = groups[-1]
+            label = f"{first}-{n}"
+            if (s - x0) * per_step < width(label) / 2 + width(str(n)) / 2 + 3:
+                groups[-1][2] = n
+                continue
+        groups.append([s, n, n])
+    return [(x, str(a) if a == b else f"{a}-{b}") for x, a, b in groups]
+
+
+def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = True,
+                 axes_px: float | None = None) -> list[Any]:
+    """A dotted vertical line at each event's step; with ``labels``, the numbers (see ``event_groups``)
+    inside the top of the axes, clear of titles and legends. The artists added."""
+    if not events:
         return []
-    marks, = ax.plot([s for _, (s, _) in shown], [1.0] * len(shown), "v", ms=5, color="#444444", clip_on=False,
-                     transform=ax.get_xaxis_transform(), label="_events")
-    artists: list[Any] = [marks]
-    for n, (s, _) in shown:
-        artists.append(ax.annotate(str(n), (s, 1.0), xycoords=ax.get_xaxis_transform(), xytext=(0, 3),
-                                   textcoords="offset points", ha="center", fontsize=6, color="#444444"))
+    xlim = ax.get_xlim()
+    if axes_px is None:
+        fig = ax.figure
+        axes_px = fig.get_figwidth() * fig.dpi * ax.get_position().width * 0.9
+    artists: list[Any] = []
+    steps = sorted({s for s, _ in list(events)[-MAX_EVENT_MARKS:] if xlim[0] <= s <= xlim[1]})
+    for s in steps:
+        artists.append(ax.axvline(s, color=EVENT, lw=0.8, ls=":", zorder=1.5, label="_events"))
+    if labels:
+        for x, label in event_groups(events, xlim, axes_px):
+            frac = (x - xlim[0]) / max(xlim[1] - xlim[0], 1e-9)
+            ha = "left" if frac < 0.06 else "right" if frac > 0.94 else "center"
+            artists.append(ax.annotate(label, (x, 1.0), xycoords=ax.get_xaxis_transform(), xytext=(0, -2),
+                                       textcoords="offset points", ha=ha, va="top", fontsize=FONT - 1,
+                                       color=EVENT, annotation_clip=False))
     return artists
+
+
+def positive(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    pairs = [(x, y) for x, y in zip(xs, ys) if y > 0]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = None, max_points: int = MAX_POINTS,
                 scale: str = "linear", smoothing: float = 0.0, events: bool = True,
-                ghost: Mapping[str, Series] | None = None, colors: Mapping[str, str] | None = None) -> Figure:
+                ghost: Mapping[str, Series] | None = None, colors: Mapping[str, str] | None = None,
+                labels: bool = True) -> Figure:
     if scale not in ("linear", "log"):
         raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
+    own = ax is None
     fig, ax = _axes(ax)
+    if own:
+        _decorate(ax, panel, scale)
     df = as_frame(history)
     series = series_from_frame(df, panel)
     colors = dict(colors) if colors is not None else task_colors(tasks_in(df.columns))
     set_index: dict[str, int] = {}
-    _decorate(ax, panel, scale)
-    for col, (xs, ys) in (ghost or {}).items():
+    log = panel == "grad_norm" or (panel == "loss" and scale == "log")
+    for col, (xs, ys) in (ghost or {}).items():  # the abandoned branch first: under the live lines
         where = panel_of(col)
         if where is not None and where[0] == panel and xs:
-            ax.plot(*thin(xs, ys, max_points), color=GHOST, lw=1.0, label="_ghost", marker="o" if len(xs) == 1 else "")
+            ax.plot(*thin(xs, ys, max_points), color=GHOST, lw=1.2, label="_ghost", zorder=1,
+                    marker="o" if len(xs) == 1 else "")
     for col, (xs, ys) in series.items():
         _, label, base = panel_of(col)  # type: ignore[misc]
-        if panel == "grad_norm" or (panel == "loss" and scale == "log"):  # log axes: positive values only
-            pairs = [(x, y) for x, y in zip(xs, ys) if y > 0]
-            xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
-        style = _style(label, base, colors, set_index)
+        if log:  # log axes: positive values only
+            xs, ys = positive(xs, ys)
+        style = line_style(label, base, colors, set_index)
         marker = "o" if len(xs) == 1 else ""  # a single row draws a point, not empty axes
         if smoothing and panel == "loss" and len(ys) > 1:
             ax.plot(*thin(xs, ys, max_points), alpha=0.25, label="_raw", **{**style, "lw": 0.8})
@@ -275,9 +380,12 @@ def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = Non
             color = colors.get(key.split("/")[0], "#000000")
             ax.plot(*thin(xs, ys, max_points), ls="none", marker="o" if "/" not in key else "s", ms=5,
                     mfc="white", mec=color, mew=1.4, label=f"{key} (valid)")
+        ys_all = [y for ln in ax.lines for y in ln.get_ydata()]
+        if scale == "linear" and ys_all and min(ys_all) >= 0:
+            ax.set_ylim(bottom=0.0)  # a non-negative loss is never padded below 0
     if events:
-        _mark_events(ax, events_from_frame(df))
-    _legend(ax)
+        mark_events(ax, events_from_frame(df), labels=labels)
+    legend_outside(ax)
     return fig
 
 
@@ -289,7 +397,7 @@ def plot_losses(history: Any, ax: Axes | None = None, validation: Any = None, ma
     ``history``: ``trainer.history`` (or the trainer); ``validation``: evaluate events or the loop's
     validation records (see ``validation_series``); ``scale``: ``"linear"`` or ``"log"``;
     ``smoothing``: EMA factor in [0, 1) (raw curve kept faint); ``ghost``: ``column -> (steps, values)``
-    drawn grey (e.g. an abandoned branch).
+    drawn grey under the live lines (e.g. an abandoned branch).
     """
     return _plot_panel("loss", history, ax, validation, max_points, scale, smoothing, events, ghost)
 
@@ -306,14 +414,26 @@ def plot_clip_fraction(history: Any, ax: Axes | None = None, max_points: int = M
 
 
 def plot_history(history: Any, validation: Any = None, max_points: int = MAX_POINTS, scale: str = "linear",
-                 smoothing: float = 0.0, ghost: Mapping[str, Series] | None = None) -> Figure:
-    """The three panels side by side in one Figure (legends to the right of each panel)."""
-    fig = Figure(figsize=(15.0, 3.4), dpi=DPI)
-    fig.subplots_adjust(left=0.04, right=0.92, bottom=0.15, top=0.88, wspace=0.55)
-    axes = fig.subplots(1, 3)
-    plot_losses(history, axes[0], validation, max_points, scale, smoothing, ghost=ghost)
-    plot_grad_norms(history, axes[1], max_points)
-    plot_clip_fraction(history, axes[2], max_points)
+                 smoothing: float = 0.0, ghost: Mapping[str, Series] | None = None, width_px: int = WIDTH_PX,
+                 height_px: int | None = None) -> Figure:
+    """Every panel worth showing (``panels_for``) on one shared step axis, sized to ``width_px`` (a
+    notebook's width at 1280 px: shown 1:1); legends to the right of each panel."""
+    df = as_frame(history)
+    series = series_from_frame(df)
+    panels = panels_for(series, ghost)
+    rows, _ = grid(len(panels))
+    fig = new_figure(width_px, height_px if height_px is not None else (300 if rows == 1 else 480))
+    axes = panel_axes(fig, panels, scale)
+    xs = [x for xs_, _ in (*series.values(), *(ghost or {}).values()) for x in xs_]
+    if xs:
+        lo, hi = min(xs), max(xs)
+        pad = max(0.02 * (hi - lo), 0.5)
+        next(iter(axes.values())).set_xlim(lo - pad, hi + pad)  # shared by every panel
+    colors = task_colors(tasks_in(df.columns))
+    top = set(list(axes)[:grid(len(panels))[1]])
+    for panel, ax in axes.items():
+        _plot_panel(panel, df, ax, validation if panel == "loss" else None, max_points, scale, smoothing,
+                    ghost=ghost, colors=colors, labels=panel in top)
     return fig
 
 
@@ -343,209 +463,3 @@ def save_plots(history: Any, directory: str | Path, validation: Any = None, dpi:
         fig.savefig(path, dpi=dpi)
         paths.append(path)
     return paths
-
-
-def _padded(lo: float, hi: float, log: bool) -> tuple[float, float]:
-    """Limits around [lo, hi] with headroom, so that most redraws keep them (and blit)."""
-    if log:
-        llo, lhi = math.log10(lo), math.log10(hi)
-        span = max(lhi - llo, 0.2)
-        return 10 ** (llo - 0.35 * span), 10 ** (lhi + 0.35 * span)
-    span = hi - lo if hi > lo else max(abs(hi), 1e-3)
-    return lo - 0.35 * span, hi + 0.35 * span
-
-
-class LivePlot:
-    """Three panels whose lines are updated in place (``set_data``), rendered to PNG bytes.
-
-    ``update(series, validation, ...)`` takes ``column -> (steps, values)`` (history column names)
-    and validation points ``name -> (steps, losses)``; each line keeps at most ``max_points``
-    points. Colours come from ``task_colors(tasks)``, as in the saved figures.
-
-    Cheap redraws: axis limits keep headroom and change only when the data leave them (or fill
-    less than a third of them); while they hold, only the data lines and the "as of step" label
-    are drawn over a cached background (blitting), and the PNG is encoded at low compression.
-    ``full_draws`` and ``fast_draws`` count both kinds.
-    """
-
-    def __init__(self, tasks: Sequence[str], figsize: tuple[float, float] = (10.5, 2.7), dpi: int = DPI,
-                 max_points: int = LIVE_POINTS) -> None:
-        self.figure = Figure(figsize=figsize, dpi=dpi)
-        self.canvas = FigureCanvasAgg(self.figure)
-        self.figure.subplots_adjust(left=0.045, right=0.9, bottom=0.17, top=0.84, wspace=0.62)
-        axes = self.figure.subplots(1, 3)
-        self.axes: dict[str, Axes] = dict(zip(PANELS, axes))
-        self.lines: dict[str, Line2D] = {}
-        self.max_points = max_points
-        self.colors = task_colors(tasks)
-        self.scale = "linear"
-        self.smoothing = 0.0
-        self.full_draws = 0
-        self.fast_draws = 0
-        self._set_index: dict[str, int] = {}
-        self._event_artists: list[Any] = []
-        self._events_key: Any = None
-        self._legend_keys: dict[str, Any] = {}
-        self._background: Any = None
-        self._stale = True  # the background must be drawn again
-        self._last_full = -1e9  # when it was drawn last (monotonic seconds)
-        self.min_full_interval = 4.0  # limits move at most this often; in between, lines may leave the view
-        for panel, ax in self.axes.items():
-            _decorate(ax, panel)
-        self.as_of = self.figure.text(0.995, 0.97, "", ha="right", va="top", fontsize=8, color="#333333",
-                                      animated=True)
-
-    def _line(self, key: str, panel: str, label: str, style: dict[str, Any]) -> Line2D:
-        line = self.lines.get(key)
-        if line is None:
-            line, = self.axes[panel].plot([], [], label=label, animated=True, **style)
-            self.lines[key] = line
-            self._stale = True
-        return line
-
-    def set_scale(self, scale: str) -> None:
-        """``"linear"`` or ``"log"`` for the loss panel."""
-        if scale not in ("linear", "log"):
-            raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
-        self.scale = scale
-        self.axes["loss"].set_yscale(scale)
-        self._stale = True
-
-    def update(self, series: Mapping[str, Series], validation: Mapping[str, Series] | None = None,
-               step: int | None = None, events: Sequence[tuple[float, str]] = (),
-               ghost: Mapping[str, Series] | None = None) -> None:
-        """New data for every line; ``step`` sets the "as of step N" label; ``events`` are marked;
-        ``ghost`` lines (an abandoned branch) are drawn grey."""
-        wanted: set[str] = set()
-        for col, (xs, ys) in series.items():
-            where = panel_of(col)
-            if where is None:
-                continue
-            panel, label, base = where
-            if panel == "grad_norm" or (panel == "loss" and self.scale == "log"):
-                pairs = [(x, y) for x, y in zip(xs, ys) if y > 0]
-                xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
-            raw_key = f"raw:{col}"
-            if panel == "loss" and self.smoothing and len(ys) > 1:
-                style = _style(label, base, self.colors, self._set_index)
-                self._line(raw_key, panel, "_raw", {**style, "lw": 0.8, "alpha": 0.25}).set_data(
-                    *thin(xs, ys, self.max_points))
-                wanted.add(raw_key)
-                ys = smooth(ys, self.smoothing)
-            line = self._line(col, panel, label, _style(label, base, self.colors, self._set_index))
-            line.set_data(*thin(xs, ys, self.max_points))
-            line.set_marker("o" if len(xs) == 1 else "")  # a single row draws a point
-            line.set_markersize(4)
-            wanted.add(col)
-        for key, (xs, ys) in (validation or {}).items():
-            color = self.colors.get(key.split("/")[0], "#000000")
-            style = {"ls": "none", "marker": "o" if "/" not in key else "s", "ms": 5, "mfc": "white", "mec": color,
-                     "mew": 1.4}
-            self._line(f"valid:{key}", "loss", f"{key} (valid)", style).set_data(*thin(xs, ys, self.max_points))
-            wanted.add(f"valid:{key}")
-        for col, (xs, ys) in (ghost or {}).items():
-            where = panel_of(col)
-            if where is None:
-                continue
-            key = f"ghost:{col}"
-            line = self._line(key, where[0], "_ghost", {"color": GHOST, "lw": 1.0, "zorder": 0.5})
-            line.set_data(*thin(xs, ys, self.max_points))
-            line.set_marker("o" if len(xs) == 1 else "")
-            wanted.add(key)
-        for key, line in self.lines.items():
-            if key not in wanted:
-                line.set_data([], [])
-        events_key = tuple(events[-MAX_EVENT_MARKS:])
-        if events_key != self._events_key:
-            self._events_key = events_key
-            for artist in self._event_artists:
-                artist.remove()
-            self._event_artists = []
-            for ax in self.axes.values():
-                self._event_artists += _mark_events(ax, events)
-            self._stale = True
-        refit = self._stale or time.monotonic() - self._last_full >= self.min_full_interval
-        for panel, ax in self.axes.items():
-            keys = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:"))
-                         and self.lines[k].axes is ax)
-            if self._legend_keys.get(panel) != keys:  # rebuilding legends is slow: only on change
-                self._legend_keys[panel] = keys
-                handles = [self.lines[k] for k in keys]
-                if handles:
-                    ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="upper left",
-                              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
-                self._stale = True
-                refit = True
-            if refit or self._stale:
-                self._fit(panel, ax)
-        self.as_of.set_text("" if step is None else f"as of step {step}")
-
-    def _fit(self, panel: str, ax: Axes) -> None:
-        """Move the limits only when the data leave them or use less than a third of them."""
-        xs_all: list[float] = []
-        ys_all: list[float] = []
-        for line in ax.lines:
-            if line.get_label() == "_events":
-                continue
-            xs_all += list(line.get_xdata())
-            ys_all += list(line.get_ydata())
-        if not xs_all:
-            return
-        log = ax.get_yscale() == "log"
-        pairs = [(x, y) for x, y in zip(xs_all, ys_all) if math.isfinite(y) and (y > 0 or not log)]
-        if not pairs:
-            return
-        x0, x1 = min(p[0] for p in pairs), max(p[0] for p in pairs)
-        y0, y1 = min(p[1] for p in pairs), max(p[1] for p in pairs)
-        cx0, cx1 = ax.get_xlim()
-        if self._stale or x0 < cx0 or x1 > cx1 or 0 < (x1 - x0) < (cx1 - cx0) / 3:
-            span = max(x1 - x0, 1.0)
-            ax.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.5 * span, 50.0))
-            self._stale = True
-        if panel == "clip_fraction":
-            y0 = 0.0
-        cy0, cy1 = ax.get_ylim()
-        if log:
-            used = (math.log10(y1) - math.log10(y0)) / max(math.log10(cy1) - math.log10(max(cy0, 1e-300)), 1e-12)
-        else:
-            used = (y1 - y0) / max(cy1 - cy0, 1e-300)
-        if self._stale or y0 < cy0 or y1 > cy1 or 0 < used < 1 / 3:
-            lo, hi = _padded(y0, y1, log)
-            if panel == "clip_fraction":
-                lo, hi = 0.0, max(hi, 1e-4)
-            ax.set_ylim(lo, hi)
-            self._stale = True
-
-    def clear(self) -> None:
-        for line in self.lines.values():
-            line.set_data([], [])
-
-    def _render(self) -> None:
-        """Draw into the canvas: everything when stale (and cache the background), else blit."""
-        if self._stale or self._background is None:
-            self.canvas.draw()  # animated artists (data lines, the label) are left out
-            self._background = self.canvas.copy_from_bbox(self.figure.bbox)
-            self._stale = False
-            self._last_full = time.monotonic()
-            self.full_draws += 1
-        else:
-            self.canvas.restore_region(self._background)
-            self.fast_draws += 1
-        for ax in self.axes.values():
-            for line in ax.lines:
-                if line.get_animated():
-                    ax.draw_artist(line)
-        self.figure.draw_artist(self.as_of)
-
-    def png(self) -> bytes:
-        """The figure as PNG bytes (low compression: encoding time matters more than size here)."""
-        from PIL import Image
-
-        self._render()
-        buf = io.BytesIO()
-        Image.frombuffer("RGBA", self.canvas.get_width_height(), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1) \
-            .save(buf, format="png", compress_level=1)
-        return buf.getvalue()
-
-    def svg(self) -> bytes:
-        return figure_svg(self.figure)

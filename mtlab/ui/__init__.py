@@ -5,21 +5,37 @@
 >>> mtlab.ui.dashboard(exp)              # an experiment: its runs follow exp.schedule (lr decay, validation)
 >>> mtlab.ui.stop_all()                 # stop every background run (also: Kernel -> Interrupt)
 >>> mtlab.ui.plots.plot_losses(trainer.history).savefig("losses.png")
+
+The dashboard is a view of ``mtlab.ui.controller.Controller``, which needs no widgets: scripts and
+tests drive it without ipywidgets; the widgets (``Dashboard``) and the plots load on first use.
 """
 
 from __future__ import annotations
 
-try:
-    import ipywidgets  # noqa: F401
-    import matplotlib  # noqa: F401
-except ImportError as exc:  # pragma: no cover - exercised by a test that hides ipywidgets
-    raise ImportError(
-        f"mtlab.ui needs ipywidgets and matplotlib ({exc.name} is missing); "
-        'install them with: pip install "mtlab[notebook]"'
-    ) from exc
+from typing import Any
 
-from . import plots, runs
-from .dashboard import Dashboard, dashboard
+from . import runs
 from .runs import Run, current_run, stop_all
 
-__all__ = ["Dashboard", "Run", "current_run", "dashboard", "plots", "runs", "stop_all"]
+_LAZY = {"Dashboard": "view", "dashboard": "view", "plots": None, "Controller": "controller"}
+
+
+def __getattr__(name: str) -> Any:
+    """``Dashboard``, ``dashboard`` and ``plots`` import ipywidgets/matplotlib: only when asked for."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mtlab.ui' has no attribute {name!r}")
+    try:
+        import ipywidgets  # noqa: F401
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"mtlab.ui.{name} needs ipywidgets and matplotlib ({exc.name} is missing); "
+                          'install them with: pip install "mtlab[notebook]"') from exc
+    import importlib
+
+    module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
+    value = module if _LAZY[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["Controller", "Dashboard", "Run", "current_run", "dashboard", "plots", "runs", "stop_all"]

@@ -1,9 +1,36 @@
-"""The dashboard's plots: ``mtlab.plots`` (figures of a trainer's history and the ``LivePlot``), here under
-the name the notebooks use (``mtlab.ui.plots.plot_losses(trainer.history)``)."""
+"""The dashboard's plots: ``mtlab.plots`` (figures of a trainer's history) and the live figure
+(``liveplot.LivePlot``), here under the name the notebooks use (``mtlab.ui.plots.plot_history(trainer)``)."""
 
 from ..plots import (  # noqa: F401
-    MAX_POINTS, LIVE_POINTS, DPI, PANELS, TITLES, PALETTE, SET_DASHES, GHOST, MAX_EVENT_MARKS, panel_of,
-    task_colors, tasks_in, thin, smooth, as_frame, series_from_frame, validation_series, events_from_frame,
-    plot_losses, plot_grad_norms, plot_clip_fraction, plot_history, figure_png, figure_svg, save_plots,
-    LivePlot, Series
+    DPI,
+    GHOST,
+    MAX_EVENT_MARKS,
+    MAX_POINTS,
+    PALETTE,
+    PANELS,
+    SET_DASHES,
+    TITLES,
+    WIDTH_PX,
+    Series,
+    as_frame,
+    event_groups,
+    events_from_frame,
+    figure_png,
+    figure_svg,
+    grid,
+    new_figure,
+    panel_of,
+    panels_for,
+    plot_clip_fraction,
+    plot_grad_norms,
+    plot_history,
+    plot_losses,
+    save_plots,
+    series_from_frame,
+    smooth,
+    task_colors,
+    tasks_in,
+    thin,
+    validation_series,
 )
+from .liveplot import LIVE_POINTS, LivePlot  # noqa: F401

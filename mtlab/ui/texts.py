@@ -4,12 +4,12 @@ state table, the validation table and the event log (plain functions of the trai
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from ..trainer import Trainer
+from .state import DashState
 
 STEPWISE = ("minibatch", "normalize", "clip", "apply", "step", "reset")
 BUSY = ("accumulating", "normalized", "clipped")
@@ -31,8 +31,9 @@ TOOLTIPS = {
     "step": "step(): a whole cycle (every active linked set × K, normalize, clip, apply). If you processed "
             "minibatches by hand, it finishes that accumulation instead (normalize, clip, apply). Needs: no run going.",
     "reset": "reset(): discard what every task accumulated (phase back to empty). Needs: nothing.",
-    "run": "Train in the background through the training loop (lr decay, validation) for 'steps' steps "
-           "(0: until stopped or the schedule ends). Needs: no run of this trainer going, nothing accumulated by hand.",
+    "run": "Train in the background through the training loop (lr decay, validation) for 'steps' more steps, whatever "
+           "the schedule's state: a finished schedule is continued with its own rules (0: to the schedule's end, or "
+           "until stopped once it has ended). Needs: no run of this trainer going, nothing accumulated by hand.",
     "pause": "Pause the run after the current step (stepwise buttons work while paused); click again to resume. "
              "Needs: a run going.",
     "stop": "Stop the run of this trainer after the current step (whichever dashboard started it). Needs: a run going.",
@@ -75,17 +76,13 @@ def skipped_tasks(trainer: Trainer) -> dict[str, str]:
     return out
 
 
-def run_refusal(trainer: Trainer, schedule: Any = None) -> str | None:
-    """Why a background run would fail or end at once (checked before starting a thread), or None."""
-    if schedule is not None and (getattr(schedule, "stopped", None) or trainer.step_count >= schedule.num_steps):
-        why = f"validation stopped it ({schedule.stopped})" if getattr(schedule, "stopped", None) else \
-            f"step {trainer.step_count} of its {schedule.num_steps}"
-        return (f"the schedule is finished ({why}); set dash.schedule to a new mtlab.Schedule, or to None to "
-                "train at the current lr until stopped")
+def run_refusal(trainer: Trainer) -> str | None:
+    """Why a background run would fail or end at once (checked before starting a thread), or None.
+    Every reason names what to click; a finished schedule is no reason (the run continues it)."""
     skipped = skipped_tasks(trainer)
     if len(skipped) == len(trainer.tasks):
         listed = "; ".join(f"{n}: {r}" for n, r in skipped.items())
-        return f"every task is skipped ({listed}); raise a weight first"
+        return f"every task is skipped ({listed}); raise a weight slider first"
     busy = {n: trainer.state(n).minibatches for n, p in trainer.phase().items() if p in BUSY}
     if busy:
         parts = ", ".join(f"{n}: {k} minibatch(es), {trainer.phase()[n]}" for n, k in busy.items())
@@ -96,23 +93,56 @@ def run_refusal(trainer: Trainer, schedule: Any = None) -> str | None:
             continue
         for sname, ls in t.linkedsets.items():
             if ls.weight > 0 and ls.examples is None:
-                return (f"linked set {sname!r} of task {name!r} has no examples (explicit batches only); "
-                        "a run draws minibatches from examples: set its weight to 0 or give it examples")
+                return (f"linked set {sname!r} of task {name!r} has no training examples (explicit batches only); "
+                        f"a run draws minibatches: set the {name}/{sname} weight slider to 0 first")
     return None
 
 
-def counter_html(trainer: Trainer, run: Any = None) -> str:
-    """``step N · phases · run state (steps/s) · skipped tasks``."""
-    phases = ", ".join(f"{n}: <i>{getattr(p, 'value', p)}</i>" for n, p in trainer.phase().items())
-    state = ""
-    if run is not None and run.alive:
-        state = f" &middot; {run.state} ({run.rate():.2f} steps/s)"
-    skipped = skipped_tasks(trainer)
-    skip = ""
-    if skipped:
-        skip = (" &middot; <span style='color:#b35900'>skipped by step(): " +
-                "; ".join(f"{html.escape(n)} ({html.escape(w)})" for n, w in skipped.items()) + "</span>")
-    return f"<b>step {trainer.step_count}</b> &middot; {phases}{state}{skip}"
+def counter_html(state: DashState) -> str:
+    """``step N · phases · run state (steps/s) · skipped tasks`` of one state."""
+    phases = ", ".join(f"{html.escape(n)}: <i>{html.escape(p)}</i>" for n, p in state.phases.items())
+    run = state.run
+    text = f"<b>step {state.step}</b> &middot; {phases}"
+    if run is not None and run.state != "ended":
+        text += f" &middot; {run.state} ({run.rate:.2f} steps/s)"
+    if state.skipped:
+        text += (" &middot; <span style='color:#b35900'>skipped by step(): " +
+                 "; ".join(f"{html.escape(n)} ({html.escape(w)})" for n, w in state.skipped.items()) + "</span>")
+    return text
+
+
+def progress_html(state: DashState) -> str:
+    """``done/total steps · ETA · steps/s · elapsed`` of the run shown (``""`` before the first run)."""
+    run = state.run
+    if run is None:
+        return state.schedule
+    if run.total:
+        eta = (run.total - run.steps_done) / run.rate if run.rate > 0 and run.steps_done else float("nan")
+        text = f"{run.steps_done}/{run.total} steps"
+        text += f" &middot; ETA {clock(eta)}" if math.isfinite(eta) and run.state != "ended" else ""
+    else:  # no end known: no bar (a full bar would claim the run is done)
+        text = f"{run.steps_done} steps (until stopped)"
+    text += f" &middot; {run.rate:.2f} steps/s &middot; elapsed {clock(run.elapsed)}"
+    if run.state == "paused":
+        text += " &middot; paused"
+    elif run.state == "ended":
+        text += f" &middot; ended ({html.escape(str(run.reason))})"
+    return text + (f"<br>{state.schedule}" if state.schedule else "")
+
+
+def status_html(state: DashState) -> str:
+    color = "#b00020" if state.status_error else "#555"
+    return f"<span style='color:{color}'>{html.escape(state.status)}</span>"
+
+
+def error_html(state: DashState) -> str:
+    """One collapsible traceback (the latest), never a growing pile."""
+    if not state.error:
+        return ""
+    first = state.error.strip().splitlines()[-1].split(":")[0]
+    return (f"<details><summary style='color:#b00020;cursor:pointer'>error details: {html.escape(first)} "
+            f"(click to expand)</summary><pre style='font-size:11px;max-height:300px;overflow:auto'>"
+            f"{html.escape(state.error)}</pre></details>")
 
 
 def model_norms(st: Any) -> str:

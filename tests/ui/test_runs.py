@@ -51,7 +51,8 @@ def test_a_new_dashboard_adopts_the_run_and_its_stop_works():
     n = tr.step_count
     time.sleep(0.2)
     assert tr.step_count == n and not first.running and not second.running
-    assert "run ended" in second.status_text and "stopped" in first.status_text
+    assert "run ended" in second.status_text and "replaced by a newer dashboard" in first.status_text
+    assert first.controller._on_event not in tr.callbacks  # the replaced one let go of the trainer
     assert mtlab.ui.current_run(tr) is None
     assert second.start(2)  # and a new run can start from the new one
     second.wait(20)
@@ -65,7 +66,7 @@ def test_stop_all_stops_every_run_from_code():
     d1, d2 = mtlab.ui.dashboard(t1, plots=False), mtlab.ui.dashboard(t2, plots=False)
     assert d1.start(0) and d2.start(0)
     until(lambda: t1.step_count >= 1 and t2.step_count >= 1)
-    assert len(mtlab.ui.runs.runs()) == 2
+    assert len(mtlab.ui.runs.runs()) == 2, (d1.run.reason, d2.run.reason, d1.run.error, d1.status_text)
     assert mtlab.ui.stop_all() == 2
     assert not d1.running and not d2.running and mtlab.ui.runs.runs() == []
     assert d1.run.reason == "stopped"
@@ -211,7 +212,8 @@ def test_choose_the_snapshot_and_keep_the_abandoned_branch_grey():
     d.buttons["restore"].click()
     assert tr.step_count == 1 and "restored snapshot #1 (step 1)" in d.status_text
     ghost = d.live.lines["ghost:a/loss"]
-    assert list(ghost.get_xdata()) == [2, 3, 4, 5] and ghost.get_color() == "#b0b0b0"
+    assert list(ghost.get_xdata()) == [2, 3, 4, 5] and ghost.get_color() == mtlab.ui.plots.GHOST
+    assert ghost.get_zorder() < d.live.lines["a/loss"].get_zorder()  # the abandoned branch under the live one
     assert list(d.live.lines["a/loss"].get_xdata()) == [1]
     assert any("restored step 1" in t for _, t in d.events)
     d.close()
@@ -228,7 +230,7 @@ def test_progress_bar_and_validation_table():
               "action": "better"}
     for cb in list(tr.callbacks):
         cb("validation", {"step": 4, "record": record})
-    d.refresh(plot=False)
+    d.refresh()
     assert "<th>valid loss</th>" in d.validation_table.value and "better" in d.validation_table.value
     assert "2.3" in d.validation_table.value
     d.close()
@@ -317,35 +319,64 @@ def test_step_finishes_a_hand_accumulation_already_normalized():
     d.close()
 
 
-def test_a_finished_schedule_is_refused_before_a_thread():
-    tr = make_trainer()
-    d = mtlab.ui.dashboard(tr, plots=False, schedule=mtlab.Schedule(num_steps=1))
-    d.buttons["step"].click()
-    assert not d.start(0) and "the schedule is finished (step 1 of its 1)" in d.status_text and d.run is None
-    d.schedule = None
-    assert d.start(2)
-    d.wait(20)
-    assert tr.step_count == 3
+def test_run_continues_a_finished_schedule_with_its_rules():
+    ex = make_examples(24, 5)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], lr=1e-2, clip_grad_value=0.5, device="cpu")
+    schedule = mtlab.Schedule(num_steps=4, initial_learning_rate=1e-2, learning_rate_decay=0.1)
+    d = mtlab.ui.dashboard(tr, schedule=schedule, plots=False)
+    assert d.start(0)  # 0: to the schedule's end
+    d.wait(30)
+    assert tr.step_count == 4 and d.run.reason == "done"
+    planned = [schedule.lr_at(s) for s in range(4)]
+    d.steps_box.value = 3
+    d.buttons["run"].click()  # the schedule is spent: the run button continues it, no code needed
+    d.wait(30)
+    assert tr.step_count == 7 and d.run.reason == "done" and d.error is None
+    assert "set dash.schedule" not in d.status_text and "run ended after 3 step(s)" in d.status_text
+    assert schedule.num_steps == 7 and any("schedule extended: 4 -> 7" in t for _, t in d.events)
+    assert [schedule.lr_at(s) for s in range(4)] == pytest.approx(planned)  # the same decay per step
+    lrs = tr.history["lr"].tolist()
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] == pytest.approx(1e-2 * 0.1 ** (6 / 4))
+    assert "step 7 of 7" in d.progress_label.value and "3/3 steps" in d.progress_label.value
+    assert "<b>step 7</b>" in d.counter.value  # one state: the counter and the schedule agree
     d.close()
 
 
-def test_only_the_newest_dashboard_of_a_run_draws():
+def test_run_until_stopped_after_the_schedule_and_a_validation_stop_is_cleared():
+    tr = make_trainer()
+    schedule = mtlab.Schedule(num_steps=2)
+    d = mtlab.ui.dashboard(tr, schedule=schedule, plots=False)
+    d.buttons["step"].click()
+    d.buttons["step"].click()
+    schedule.stopped = "num_tries"  # as validation leaves it
+    schedule.tries = 3
+    assert d.start(0)  # spent: until stopped
+    until(lambda: tr.step_count >= 8)  # past the old end and past one more stage length
+    d.stop()
+    assert d.run.reason == "stopped" and schedule.stopped is None and schedule.tries == 0
+    assert schedule.num_steps >= tr.step_count
+    d.close()
+
+
+def test_only_the_newest_dashboard_of_a_trainer_stays_attached():
     tr = make_trainer()
     old = mtlab.ui.dashboard(tr, refresh_s=0.0, draw_interval=0.05, max_draw_share=1.0)
     assert old.start(0)
     until(lambda: old.redraws >= 2, 60)
-    new = mtlab.ui.dashboard(tr, refresh_s=0.0, draw_interval=0.05, max_draw_share=1.0)  # the cell re-run
+    before = len(tr.callbacks)
+    dashes = [mtlab.ui.dashboard(tr, plots=False) for _ in range(5)]  # the cell re-run five times
+    new = mtlab.ui.dashboard(tr, refresh_s=0.0, draw_interval=0.05, max_draw_share=1.0)
+    assert len(tr.callbacks) == before and len(old.run._listeners) == 1  # no listener piles up
+    assert all("replaced by a newer dashboard" in x.status_text for x in (old, *dashes))
     time.sleep(0.3)  # a draw in flight may finish
     n_old, n_new = old.redraws, new.redraws
     until(lambda: new.redraws >= n_new + 2, 60)
-    assert old.redraws == n_old  # the hidden one no longer spends time drawing
-    before = old.counter.value
-    until(lambda: old.counter.value != before, 60)  # its texts still follow the run
-    new.close(stop=False)  # closing the new one hands drawing back
-    until(lambda: old.redraws > n_old, 60)
-    old.stop()
-    assert "run ended" in old.status_text
-    old.close()
+    assert old.redraws == n_old  # the replaced one no longer spends time drawing
+    old.buttons["step"].click()  # and its controls do nothing
+    new.stop()
+    assert "run ended" in new.status_text and "replaced" in old.status_text
+    for x in (old, *dashes, new):
+        x.close()
 
 
 def test_inline_painter_draws_between_steps_in_the_run_thread():
@@ -354,7 +385,7 @@ def test_inline_painter_draws_between_steps_in_the_run_thread():
     assert d.start(0)
     until(lambda: d.redraws >= 3, 60)
     d.stop()
-    assert d._painter is None  # no drawing thread was started
+    assert d.painter._thread is None  # no drawing thread was started
     with pytest.raises(ValueError, match="painter"):
         mtlab.ui.dashboard(tr, painter="gpu")
     d.close()

@@ -1,0 +1,319 @@
+"""The dashboard without widgets: a ``Controller`` holds what a dashboard knows (the trainer, its
+run, snapshots, the event log, the last outcome), takes commands, refuses what cannot be done now
+(saying why and what to click instead), and after every change hands its views one ``DashState``
+from which every text on screen is derived::
+
+    c = Controller(trainer, schedule)
+    c.subscribe(lambda state: print(state.status))
+    c.step(); c.set_weight("a", "clean", 0.5)
+    c.start(100); c.wait()                    # a background run (mtlab.ui.runs.Run)
+    c.start(50)                               # 50 more, even after the schedule ended: it is extended
+
+Threads: commands come from the kernel's main thread; during a run the texts are rebuilt in the run's
+thread between steps (a consistent view), at most every ``refresh_s``, and at once after a change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..debug import next_call
+from .runcontrol import RunControl
+from .runs import Run, current_run
+from .schedules import schedule_text
+from .state import DashState, RunView, SeriesStore
+from .texts import BUSY, REASONS, STEPWISE, skipped_tasks, state_table_html
+
+View = Callable[[DashState], None]
+_BY_TRAINER: dict[int, list[Controller]] = {}  # id(trainer) -> its attached controllers (the newest last)
+_BY_TRAINER_LOCK = threading.Lock()
+
+
+class Controller(RunControl):
+    """Commands, refusals and run control of one dashboard; see the module docstring."""
+
+    def __init__(self, trainer: Any, schedule: Any = None, keep_snapshots: int = 5, refresh_s: float = 0.25) -> None:
+        self.trainer = trainer
+        self.schedule = schedule  # the experiment's schedule (lr decay, validation), None: the trainer's lr
+        self.keep_snapshots = keep_snapshots
+        self.refresh_s = float(refresh_s)
+        self.data = SeriesStore()
+        self.snapshots: list[dict[str, Any]] = []
+        self.run: Run | None = None
+        self.error: BaseException | None = None
+        self.closed = False
+        self.collect_cpu = 0.0  # CPU seconds spent collecting rows and building states (bench/ui_overhead.py)
+        self._views: list[View] = []
+        self._status, self._status_error = "", False
+        self._traceback: str | None = None
+        self._last: DashState | None = None
+        self._last_emit = 0.0
+        self._dirty = False
+        self._skipped_seen = skipped_tasks(trainer)
+        self._until_stopped = False
+        self._in_command = False  # a command's own status line follows: trainer events need not show
+        trainer.add_callback(self._on_event)
+        with _BY_TRAINER_LOCK:  # one live dashboard per trainer: a re-run cell replaces the older one
+            older = _BY_TRAINER.setdefault(id(trainer), [])
+            replaced, older[:] = list(older), [self]
+        for c in replaced:
+            c.detach(f"replaced by a newer dashboard of this trainer (step {trainer.step_count}); use that one")
+        adopted = current_run(trainer)
+        if adopted is not None:
+            self._attach(adopted)
+            self._status = (f"this dashboard shows the run already in progress (step {trainer.step_count}); "
+                            "pause and stop work here")
+        else:
+            self._status = "ready: " + next_call(trainer)
+        self.data.collect(trainer)
+
+    # ------------------------------------------------------------------ state and views
+    def subscribe(self, view: View) -> None:
+        """Call ``view(state)`` after every change (from the thread that made it)."""
+        self._views.append(view)
+
+    def state(self) -> DashState:
+        """One consistent picture (call it between steps or while no run goes)."""
+        tr, run = self.trainer, self.run
+        view = None
+        if run is not None:
+            total = run.steps
+            if not total and self.schedule is not None and not self._until_stopped:
+                total = max(int(self.schedule.num_steps) - (tr.step_count - run.steps_done), 0)
+            view = RunView(run.state, run.steps_done, total, run.rate(), run.active_seconds(),
+                           REASONS.get(str(run.reason), run.reason) if run.reason else None, run.error is not None)
+        clip = tr.clip_grad_value
+        with self.data.lock:
+            events, records = tuple(self.data.events), tuple(dict(r) for r in self.data.records)
+        return DashState(
+            step=tr.step_count, phases={n: str(getattr(p, "value", p)) for n, p in tr.phase().items()},
+            next_call=next_call(tr), skipped=skipped_tasks(tr), weights=dict(tr.weights()), lr=float(tr.lr),
+            clip=None if clip is None else float(clip), combine=str(getattr(tr.update, "method", None) or "sum"),
+            run=view, status=self._status, status_error=self._status_error, error=self._traceback,
+            events=events, records=records, snapshots=tuple(f"#{i + 1}: step {s['step']}"
+                                                            for i, s in enumerate(self.snapshots)),
+            schedule=schedule_text(self.schedule, tr), run_refusal=self._run_refusal(),
+            table_html=state_table_html(tr))
+
+    def refresh(self) -> DashState:
+        """Read new history rows, rebuild the state and show it (between steps or while idle)."""
+        c0 = time.thread_time()
+        self.data.collect(self.trainer)
+        self._last = self.state()
+        self._last_emit, self._dirty = time.monotonic(), False
+        self.collect_cpu += time.thread_time() - c0
+        for view in list(self._views):
+            view(self._last)
+        return self._last
+
+    def _changed(self) -> None:
+        """After a change: rebuild at once, or during a run (a step in flight) show the new status on the
+        last consistent state and rebuild at the end of the current step."""
+        if self.closed:
+            return
+        run = self.run
+        if run is not None and run.alive and run.state not in ("paused",) and not run.in_thread \
+                and self._last is not None:
+            self._dirty = True
+            shown = dataclasses.replace(self._last, status=self._status, status_error=self._status_error,
+                                        error=self._traceback)
+            for view in list(self._views):
+                view(shown)
+        else:
+            self.refresh()
+
+    def say(self, message: str, error: bool = False) -> None:
+        """Set the status line (the outcome of the latest change) and show it."""
+        self._status, self._status_error = message, error
+        self._changed()
+
+    # ------------------------------------------------------------------ commands
+    def _command(self, name: str, fn: Callable[[], Any], stepwise: bool = False) -> bool:
+        """Run a command now; a refusal or an error becomes the status line. True when it ran."""
+        if self.closed:
+            return False
+        if stepwise and self.running:
+            self.say(f"{name}: refused while a run is going; pause (or stop) the run first", error=True)
+            return False
+        self._in_command = True
+        try:
+            message = fn()
+        except Exception as exc:  # noqa: BLE001 (a rejected value or call: said; the state shows what holds now)
+            self.say(f"{name}: {type(exc).__name__}: {exc}", error=True)
+            return False
+        finally:
+            self._in_command = False
+        self.say(message if isinstance(message, str) else f"{name}: done. next: {next_call(self.trainer)}")
+        return True
+
+    def set_weight(self, task: str, linkedset: str, value: float) -> bool:
+        """A linked set's weight, used from the next minibatch on (also during a run)."""
+        return self._command("weight", lambda: self._weight_message(
+            self.trainer.set_weight(task, linkedset, value), f"{task}/{linkedset}", value))
+
+    def set_task_weight(self, task: str, value: float) -> bool:
+        return self._command("task weight", lambda: self._weight_message(
+            self.trainer.set_task_weight(task, value), f"task {task}", value))
+
+    def _weight_message(self, _: Any, what: str, value: float) -> str:
+        skipped = skipped_tasks(self.trainer)
+        tail = "; skipped by step(): " + ", ".join(f"{n} ({w})" for n, w in skipped.items()) if skipped else ""
+        return f"{what} weight -> {value:.3g}{tail}"
+
+    def set_lr(self, value: float) -> bool:
+        def set_it() -> str:
+            self.trainer.lr = float(value)
+            self.data.event(self.trainer.step_count, f"lr -> {value:.3g}")
+            note = " (the schedule sets it again at each step)" if self.running and self.schedule is not None else ""
+            return f"lr -> {value:.3g}{note}"
+        return self._command("lr", set_it)
+
+    def set_clip(self, value: float | None) -> bool:
+        """Clipping on (a value) or off (None); during a run at the end of the current step."""
+        def set_it() -> None:
+            self.trainer.clip_grad_value = value
+            self.data.event(self.trainer.step_count, "clip off" if value is None else f"clip value -> {value:.3g}")
+        return self._between_steps("clip setting", set_it)
+
+    def set_combine(self, method: str) -> bool:
+        def set_it() -> None:
+            self.trainer.set_combine(method)
+            self.data.event(self.trainer.step_count, f"combine -> {method}")
+        return self._between_steps("combine method", set_it)
+
+    def minibatch(self, task: str, linkedset: str) -> bool:
+        def do() -> str:
+            self.trainer.process_minibatch(task, linkedset)
+            n = self.trainer.state(task).minibatches
+            return (f"minibatch: done ({task!r} has {n} minibatch(es) accumulated; the step button will finish "
+                    f"this accumulation: normalize, clip, apply). next: {next_call(self.trainer)}")
+        return self._command("minibatch", do, stepwise=True)
+
+    def call(self, name: str) -> bool:
+        """A stepwise call of the trainer by name: normalize, clip, apply, reset (step: ``step()``)."""
+        if name == "step":
+            return self._command("step", self._step, stepwise=True)
+        if name not in ("normalize", "clip", "apply", "reset"):
+            raise ValueError(f"call(): {name!r} is not a stepwise call; choose one of {list(STEPWISE)}")
+        return self._command(name, getattr(self.trainer, name), stepwise=True)
+
+    def _step(self) -> str:
+        """step(), or, after minibatches processed by hand, finish that accumulation (step() would start a
+        fresh one and drop them). When the step core gains ``Trainer.finish()``, the second branch is that call."""
+        tr = self.trainer
+        busy = {n: tr.state(n).minibatches for n, p in tr.phase().items() if p in BUSY}
+        if not busy:
+            tr.step()
+            skipped = skipped_tasks(tr)
+            extra = "; skipped " + ", ".join(f"{n} ({r})" for n, r in skipped.items()) if skipped else ""
+            return f"step: done (a whole cycle, step {tr.step_count}){extra}"
+        calls = []
+        for call in tr.chain.calls():  # the trainer's own chain (normalize, clip by value / norm), in order
+            if any(nxt == call for name, nxt in tr.next_calls().items() if name in busy):
+                getattr(tr, call)()
+                calls.append(call)
+        tr.apply()
+        parts = ", ".join(f"{n}: {k} minibatch(es)" for n, k in busy.items())
+        return (f"step: finished the accumulation started by hand ({parts}) with {', '.join([*calls, 'apply'])} "
+                f"instead of a fresh step(), which would have discarded it; now step {tr.step_count}")
+
+    def take_snapshot(self) -> bool:
+        def take() -> str:
+            snap = self.trainer.state_dict()
+            self.snapshots.append(snap)
+            del self.snapshots[:-self.keep_snapshots]
+            return f"snapshot taken at step {snap['step']} ({len(self.snapshots)} kept)"
+        return self._between_steps("snapshot", take)
+
+    def restore(self, index: int | None = None) -> bool:
+        """Go back to snapshot ``index`` (default: the latest); the abandoned branch stays grey on the plot."""
+        if not self.snapshots:
+            self.say("restore: no snapshot yet; click snapshot first", error=True)
+            return False
+        i = len(self.snapshots) - 1 if index is None else int(index)
+        snap = self.snapshots[i]
+
+        def back() -> str:
+            self.trainer.load_state_dict(snap)
+            return f"restored snapshot #{i + 1} (step {snap['step']}); the abandoned branch stays grey on the plot"
+        return self._between_steps("restore", back)
+
+    def _between_steps(self, what: str, fn: Callable[[], Any]) -> bool:
+        """Run ``fn`` now, or, during an active run, in the training thread before its next step."""
+        run = self.run
+        if run is not None and run.alive and run.state != "paused" and not run.in_thread:
+            def queued() -> None:
+                message = fn()
+                self._status, self._status_error = (message if isinstance(message, str) else f"{what}: done"), False
+                self._dirty = True
+            run.submit(what, queued)
+            self.say(f"{what}: will happen at the end of the current step")
+            return True
+        return self._command(what, fn)
+
+    def clear_error(self) -> None:
+        self._traceback = None
+        self.say("error details cleared")
+
+    # ------------------------------------------------------------------ trainer events
+    def _on_event(self, event: str, info: dict[str, Any]) -> None:
+        data = self.data
+        if event == "evaluate":
+            with data.lock:
+                data.validation.append({k: info[k] for k in ("step", "task", "linkedset", "loss")})
+        elif event == "validation":
+            record = dict(info.get("record") or {})
+            record.setdefault("step", info.get("step"))
+            with data.lock:
+                data.records.append(record)
+                data.validation.append(record)
+        elif event in ("weight", "task_weight"):
+            what = f"{info['task']}/{info['linkedset']}" if event == "weight" else f"task {info['task']}"
+            data.event(self.trainer.step_count, f"{what} weight -> {info['weight']:.3g}")
+            skipped = skipped_tasks(self.trainer)
+            for name, why in skipped.items():
+                if self._skipped_seen.get(name) != why:
+                    data.event(self.trainer.step_count, f"task {name} skipped by step(): {why}")
+            for name in set(self._skipped_seen) - set(skipped):
+                data.event(self.trainer.step_count, f"task {name} trains again")
+            self._skipped_seen = skipped
+            self._dirty = True
+            if not self._in_command and threading.current_thread() is threading.main_thread():  # from code
+                self._changed()
+        elif event == "restore":
+            step = int(info.get("step", self.trainer.step_count))
+            data.restored(step)
+            data.event(step, f"restored step {step}")
+            self._dirty = True
+
+    # ------------------------------------------------------------------ lifecycle
+    def detach(self, why: str = "closed") -> None:
+        """Stop listening to the trainer and its run (the run goes on); views get a last state saying ``why``."""
+        if self.closed:
+            return
+        self._status, self._status_error = why, False
+        self.closed = True  # first: the views see a closed controller in their last state
+        if self._last is not None:
+            last = dataclasses.replace(self._last, status=why, status_error=False)
+            for view in list(self._views):
+                view(last)
+        if self.run is not None:
+            self.run.unlisten(self._on_run)
+        self.trainer.remove_callback(self._on_event)
+        with _BY_TRAINER_LOCK:
+            mine = _BY_TRAINER.get(id(self.trainer), [])
+            if self in mine:
+                mine.remove(self)
+            if not mine:
+                _BY_TRAINER.pop(id(self.trainer), None)
+        self._views.clear()
+
+    def close(self, stop: bool = True) -> None:
+        """Stop the trainer's run (unless ``stop=False``) and detach."""
+        if stop and not self.closed:
+            self.stop(wait=True)
+        self.detach()

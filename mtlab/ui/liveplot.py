@@ -1,0 +1,288 @@
+"""The dashboard's live figure: ``LivePlot`` draws the panels of ``mtlab.plots`` (one per quantity,
+shared step axis, legends outside, event numbers that never overprint) and updates its lines in place,
+blitting over a cached background, into PNG bytes of exactly the width the dashboard shows."""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.lines import Line2D
+
+from ..plots import (
+    DPI,
+    GHOST,
+    MAX_EVENT_MARKS,
+    Series,
+    figure_svg,
+    grid,
+    legend_outside,
+    line_style,
+    mark_events,
+    new_figure,
+    panel_axes,
+    panel_of,
+    panels_for,
+    positive,
+    smooth,
+    task_colors,
+    thin,
+)
+
+LIVE_POINTS = 400  # per line in the live plot: a blitted redraw stays ~40 ms
+LAYOUT = "constrained"  # room for the legends outside the axes, no text over another
+PADS = {"w_pad": 3 / 72, "h_pad": 3 / 72, "wspace": 0.03, "hspace": 0.04}
+RELAYOUT_S = 20.0  # s: the layout is redone at least this often (tick labels change width as limits move)
+
+
+def _padded(lo: float, hi: float, log: bool, headroom: float = 0.35) -> tuple[float, float]:
+    """Limits around [lo, hi] with headroom, so that most redraws keep them (and blit)."""
+    if log:
+        llo, lhi = math.log10(lo), math.log10(hi)
+        span = max(lhi - llo, 0.2)
+        return 10 ** (llo - headroom * span), 10 ** (lhi + headroom * span)
+    span = hi - lo if hi > lo else max(abs(hi), 1e-3)
+    return lo - headroom * span, hi + headroom * span
+
+
+class LivePlot:
+    """The dashboard's figure: one panel per quantity (``panels_for``) on a shared step axis, lines
+    updated in place (``set_data``), rendered to PNG bytes of exactly ``width_px`` pixels.
+
+    ``update(series, validation, ...)`` takes ``column -> (steps, values)`` (history column names) and
+    validation points ``name -> (steps, losses)``; each line keeps at most ``max_points`` points.
+    ``set_xrange((lo, hi))`` zooms to a step range (None: follow the run); ``set_marker(step)`` draws the
+    read-out step. Cheap redraws: limits keep headroom and change only when the data leave them; while
+    they hold, only the data lines are drawn over a cached background (``full_draws``, ``fast_draws``).
+    """
+
+    def __init__(self, tasks: Sequence[str], width_px: int = 720, height_px: int | None = None, dpi: int = DPI,
+                 max_points: int = LIVE_POINTS) -> None:
+        self.width_px = int(width_px)
+        self.figure = new_figure(self.width_px, height_px if height_px is not None else int(width_px * 0.47), dpi)
+        self.canvas = FigureCanvasAgg(self.figure)
+        self.max_points = max_points
+        self.colors = task_colors(tasks)
+        self.scale = "linear"
+        self.smoothing = 0.0
+        self.xrange: tuple[float, float] | None = None
+        self.marker: float | None = None
+        self.full_draws = 0
+        self.fast_draws = 0
+        self.min_full_interval = 4.0  # limits move at most this often; in between, lines may leave the view
+        self.panels: tuple[str, ...] = ()
+        self._build(("loss", "grad_norm"))
+
+    def _build(self, panels: tuple[str, ...]) -> None:
+        """(Re)make the axes for ``panels`` (when a panel appears: the first clipped element, a method)."""
+        self.figure.clear()
+        self.panels = panels
+        self.axes: dict[str, Axes] = panel_axes(self.figure, panels, self.scale)
+        self.lines: dict[str, Line2D] = {}
+        self._set_index: dict[str, int] = {}
+        self._event_artists: list[Any] = []
+        self._events_key: Any = None
+        self.legend_outside_keys: dict[str, Any] = {}
+        self._background: Any = None
+        self._stale = True  # the background must be drawn again
+        self._last_full = -1e9
+        self._laid_out = False
+        self._relayout, self._last_layout = True, -1e9
+        self.figure.set_layout_engine(LAYOUT)
+        self.figure.get_layout_engine().set(**PADS)
+        self._markers = {p: ax.axvline(0, color="#000000", lw=0.9, ls=(0, (1, 1)), animated=True, visible=False,
+                                       label="_marker") for p, ax in self.axes.items()}
+
+    def _line(self, key: str, panel: str, label: str, style: dict[str, Any]) -> Line2D:
+        line = self.lines.get(key)
+        if line is None:
+            line, = self.axes[panel].plot([], [], label=label, animated=True, **style)
+            self.lines[key] = line
+            self._stale = True
+        return line
+
+    def set_scale(self, scale: str) -> None:
+        """``"linear"`` or ``"log"`` for the loss panel."""
+        if scale not in ("linear", "log"):
+            raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
+        self.scale = scale
+        self.axes["loss"].set_yscale(scale)
+        self._stale = self._relayout = True
+
+    def set_xrange(self, xrange: tuple[float, float] | None) -> None:
+        """Show only steps ``lo..hi`` (every panel; the y limits follow what is shown); None: everything."""
+        self.xrange = None if xrange is None else (float(xrange[0]), float(max(xrange[1], xrange[0] + 1)))
+        self._stale = self._relayout = True
+
+    def set_marker(self, step: float | None) -> None:
+        """A dotted line at the read-out step in every panel (None: none)."""
+        self.marker = step
+        for line in self._markers.values():
+            line.set_visible(step is not None)
+            if step is not None:
+                line.set_xdata([step, step])
+
+    def update(self, series: Mapping[str, Series], validation: Mapping[str, Series] | None = None,
+               step: int | None = None, events: Sequence[tuple[float, str]] = (),
+               ghost: Mapping[str, Series] | None = None) -> None:
+        """New data for every line; ``events`` are marked; ``ghost`` lines (an abandoned branch) are drawn
+        grey, under the live ones. ``step`` is the step the data reach (the dashboard's label says it)."""
+        panels = panels_for(series, ghost)
+        if panels != self.panels:
+            self._build(panels)
+            self.set_marker(self.marker)
+        wanted: set[str] = set()
+        for col, (xs, ys) in series.items():
+            where = panel_of(col)
+            if where is None or where[0] not in self.axes:
+                continue
+            panel, label, base = where
+            if panel == "grad_norm" or (panel == "loss" and self.scale == "log"):
+                xs, ys = positive(xs, ys)
+            style = line_style(label, base, self.colors, self._set_index)
+            if panel == "loss" and self.smoothing and len(ys) > 1:
+                self._line(f"raw:{col}", panel, "_raw", {**style, "lw": 0.8, "alpha": 0.25}).set_data(
+                    *thin(xs, ys, self.max_points))
+                wanted.add(f"raw:{col}")
+                ys = smooth(ys, self.smoothing)
+            line = self._line(col, panel, label, style)
+            line.set_data(*thin(xs, ys, self.max_points))
+            line.set_marker("o" if len(xs) == 1 else "")  # a single row draws a point
+            line.set_markersize(4)
+            wanted.add(col)
+        for key, (xs, ys) in (validation or {}).items():
+            color = self.colors.get(key.split("/")[0], "#000000")
+            style = {"ls": "none", "marker": "o" if "/" not in key else "s", "ms": 5, "mfc": "white", "mec": color,
+                     "mew": 1.4, "zorder": 3}
+            self._line(f"valid:{key}", "loss", f"{key} (valid)", style).set_data(*thin(xs, ys, self.max_points))
+            wanted.add(f"valid:{key}")
+        for col, (xs, ys) in (ghost or {}).items():
+            where = panel_of(col)
+            if where is None or where[0] not in self.axes:
+                continue
+            line = self._line(f"ghost:{col}", where[0], "_ghost", {"color": GHOST, "lw": 1.2, "zorder": 1})
+            line.set_data(*thin(xs, ys, self.max_points))
+            line.set_marker("o" if len(xs) == 1 else "")
+            wanted.add(f"ghost:{col}")
+        for key, line in self.lines.items():
+            if key not in wanted:
+                line.set_data([], [])
+        for panel, ax in self.axes.items():
+            keys = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:"))
+                         and self.lines[k].axes is ax)
+            if self.legend_outside_keys.get(panel) != keys:  # rebuilding legends is slow: only on change
+                self.legend_outside_keys[panel] = keys
+                legend_outside(ax, [self.lines[k] for k in keys])
+                self._stale = self._relayout = True
+        self._events = list(events)
+        if self._stale or time.monotonic() - self._last_full >= self.min_full_interval:
+            self._fit()
+        if tuple(self._events[-MAX_EVENT_MARKS:]) != self._events_key:
+            self._stale = True
+        if self._stale:
+            self._mark()
+
+    def _mark(self) -> None:
+        """Event marks for the current limits (labels in the top row only: they never meet a title)."""
+        self._events_key = tuple(self._events[-MAX_EVENT_MARKS:])
+        for artist in self._event_artists:
+            artist.remove()
+        self._event_artists = []
+        cols = grid(len(self.panels))[1]
+        for i, ax in enumerate(self.axes.values()):
+            px = ax.get_window_extent().width * 0.95 if self._laid_out else None
+            self._event_artists += mark_events(ax, self._events, labels=i < cols, axes_px=px)
+
+    def _fit(self) -> None:
+        """Shared x limits (the zoom, or the data with headroom); y limits per panel from what is shown,
+        moved only when the data leave them or use less than a third of them."""
+        data = {p: [(x, y) for ln in ax.lines if ln.get_animated() and not ln.get_label().startswith("_marker")
+                    for x, y in zip(ln.get_xdata(), ln.get_ydata())] for p, ax in self.axes.items()}
+        xs_all = [x for pts in data.values() for x, _ in pts]
+        if not xs_all:
+            return
+        first = next(iter(self.axes.values()))
+        x0, x1 = min(xs_all), max(xs_all)
+        if self.xrange is not None:
+            lo, hi = self.xrange
+            if first.get_xlim() != (lo, hi):
+                first.set_xlim(lo, hi)
+                self._stale = True
+        else:
+            cx0, cx1 = first.get_xlim()
+            if self._stale or x0 < cx0 or x1 > cx1 or 0 < (x1 - x0) < (cx1 - cx0) / 3:
+                span = max(x1 - x0, 1.0)
+                first.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.25 * span, 5.0))
+                self._stale = True
+        shown = first.get_xlim()
+        for panel, ax in self.axes.items():
+            log = ax.get_yscale() == "log"
+            ys = [y for x, y in data[panel] if shown[0] <= x <= shown[1] and math.isfinite(y) and (y > 0 or not log)]
+            if not ys or panel == "cosine":
+                continue
+            y0, y1 = min(ys), max(ys)
+            if panel in ("clip_fraction", "combine"):
+                y0 = min(y0, 0.0)
+            cy0, cy1 = ax.get_ylim()
+            if log:
+                used = (math.log10(y1) - math.log10(y0)) / max(math.log10(cy1) - math.log10(max(cy0, 1e-300)), 1e-12)
+            else:
+                used = (y1 - y0) / max(cy1 - cy0, 1e-300)
+            if self._stale or y0 < cy0 or y1 > cy1 or 0 < used < 1 / 3:
+                lo, hi = _padded(y0, y1, log, 0.08 if self.xrange is not None else 0.3)
+                if not log and y0 >= 0:
+                    lo = max(lo, 0.0)  # a non-negative quantity is never padded below 0
+                if panel == "clip_fraction":
+                    hi = max(hi, 1e-4)
+                ax.set_ylim(lo, hi)
+                self._stale = True
+
+    def clear(self) -> None:
+        for line in self.lines.values():
+            line.set_data([], [])
+
+    def _render(self) -> None:
+        """Draw into the canvas: everything when stale (and cache the background), else blit."""
+        if self._stale or self._background is None:
+            relayout = self._relayout or time.monotonic() - self._last_layout > RELAYOUT_S
+            if relayout:  # the layout engine costs as much as the drawing: only when the structure changed
+                self.figure.set_layout_engine(LAYOUT)
+                self.figure.get_layout_engine().set(**PADS)
+            self.canvas.draw()  # animated artists (data lines, markers) are left out
+            if relayout:
+                self.figure.set_layout_engine("none")  # keep the positions just computed
+                self._relayout, self._last_layout = False, time.monotonic()
+            if not self._laid_out:  # the first layout gives the axes' real widths: place the labels again
+                self._laid_out = True
+                self._mark()
+                self.canvas.draw()
+            self._background = self.canvas.copy_from_bbox(self.figure.bbox)
+            self._stale = False
+            self._last_full = time.monotonic()
+            self.full_draws += 1
+        else:
+            self.canvas.restore_region(self._background)
+            self.fast_draws += 1
+        for ax in self.axes.values():
+            artists = sorted((ln for ln in ax.lines if ln.get_animated() and ln.get_visible()),
+                             key=lambda a: a.get_zorder())  # the ghost (zorder 1) under the live lines
+            for line in artists:
+                ax.draw_artist(line)
+
+    def png(self) -> bytes:
+        """The figure as PNG bytes (low compression: encoding time matters more than size here)."""
+        from PIL import Image
+
+        self._render()
+        buf = io.BytesIO()
+        Image.frombuffer("RGBA", self.canvas.get_width_height(), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1) \
+            .save(buf, format="png", compress_level=1)
+        return buf.getvalue()
+
+    def svg(self) -> bytes:
+        return figure_svg(self.figure)

@@ -1,0 +1,175 @@
+"""The run half of the dashboard's controller (``controller.Controller`` builds on it): start a
+background run of N more steps whatever the schedule's state, pause, resume, stop, wait, and what the
+run tells between steps. Kept apart so that each half reads on its own."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from .runs import Run, current_run
+from .schedules import continue_schedule, extend_before_end, schedule_over
+from .state import DashState, SeriesStore
+from .texts import REASONS, run_refusal
+
+
+class RunControl:
+    """Run control over the attributes a ``Controller`` sets up (trainer, schedule, run, data, status)."""
+
+    trainer: Any
+    schedule: Any
+    run: Run | None
+    data: SeriesStore
+    error: BaseException | None
+    closed: bool
+    refresh_s: float
+    _status: str
+    _status_error: bool
+    _traceback: str | None
+    _dirty: bool
+    _last_emit: float
+    _until_stopped: bool
+
+    if TYPE_CHECKING:  # the Controller's, used here
+        def say(self, message: str, error: bool = False) -> None: ...
+
+        def refresh(self) -> DashState: ...
+
+        def _changed(self) -> None: ...
+
+    @property
+    def running(self) -> bool:
+        """A run of this trainer is in progress and not paused."""
+        run = self._current()
+        return run is not None and run.alive and run.state not in ("paused", "stopping")
+
+    @property
+    def alive(self) -> bool:
+        """A run of this trainer is in progress (possibly paused)."""
+        run = self._current()
+        return run is not None and run.alive and run.state != "stopping"
+
+    def _current(self) -> Run | None:
+        run = current_run(self.trainer)
+        if run is not None and run is not self.run and not self.closed:
+            self._attach(run)
+        return run if run is not None else (self.run if self.run is not None and self.run.alive else None)
+
+    def _run_refusal(self) -> str | None:
+        run = current_run(self.trainer)
+        if run is not None and run.alive:
+            return f"a run of this trainer is already in progress (step {self.trainer.step_count}); stop it first"
+        return run_refusal(self.trainer)
+
+    def start(self, steps: int = 0) -> bool:
+        """Train in a background thread through the training loop: ``steps`` more steps (0: to the schedule's
+        end, or until stopped once it has ended). A finished schedule is continued (its lr decay and validation
+        go on); False when refused."""
+        if self.closed:
+            return False
+        why = self._run_refusal()
+        if why is not None:
+            self.say(f"run refused: {why}", error=True)
+            return False
+        steps = int(steps)
+        # 0 steps: to the schedule's end; once it has ended (or without one), until stopped.
+        self._until_stopped = steps == 0 and (self.schedule is None or schedule_over(self.schedule, self.trainer))
+        note = ""
+        if self.schedule is not None:
+            note = continue_schedule(self.schedule, self.trainer, steps)
+            if note:
+                self.data.event(self.trainer.step_count, note)
+        run = Run(self.trainer, steps=steps, schedule=self.schedule)
+        self._attach(run)
+        self.error, self._traceback = None, None
+        try:
+            run.start()
+        except RuntimeError as exc:
+            self.say(f"run refused: {exc}", error=True)
+            return False
+        self.say(("running" + (f" {steps} more steps" if steps else " until stopped")) + (f"; {note}" if note else ""))
+        return True
+
+    def _attach(self, run: Run) -> None:
+        if self.run is not None and self.run is not run:
+            self.run.unlisten(self._on_run)
+        self.run = run
+        run.listen(self._on_run)
+
+    def pause(self) -> None:
+        """Pause after the current step (stepwise buttons work while paused)."""
+        run = self._current()
+        if run is None:
+            self.say("pause: no run in progress", error=True)
+        else:
+            run.pause()
+
+    def resume(self) -> None:
+        run = self._current()
+        if run is not None:
+            run.resume()
+
+    def toggle_pause(self) -> None:
+        run = self._current()
+        if run is not None and run.state in ("paused", "pausing"):
+            self.resume()
+        else:
+            self.pause()
+
+    def stop(self, wait: bool = True, timeout: float | None = 30.0) -> bool:
+        """Stop the trainer's run after the current step (whoever started it); False when none was going."""
+        run = self._current()
+        if run is None:
+            return False
+        run.stop("stop", wait=wait, timeout=timeout)
+        return True
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the run ends. Kernel -> Interrupt here stops the run and says so in one line."""
+        run = self._current() or self.run
+        if run is None:
+            return
+        try:
+            run.wait(timeout)
+        except KeyboardInterrupt:  # the run is stopping (Run.wait asked it); one line instead of a traceback
+            run.wait(30.0)
+            print(f"Interrupted: the run stopped at step {self.trainer.step_count}; the trainer can continue")
+
+    def _on_run(self, run: Run, what: str) -> None:
+        """Told by the run: ``between`` (its thread), ``state``, ``end``, ``command-error:...``."""
+        if self.closed:
+            run.unlisten(self._on_run)
+            return
+        if what == "between":
+            if self._until_stopped and self.schedule is not None:
+                note = extend_before_end(self.schedule, self.trainer)
+                if note:
+                    self.data.event(self.trainer.step_count, note)
+            if self._dirty or time.monotonic() - self._last_emit >= self.refresh_s:
+                self.refresh()
+        elif what == "state":
+            messages = {"pausing": "pausing after the current step...",
+                        "paused": f"paused at step {self.trainer.step_count}; stepwise buttons work while paused",
+                        "running": "running", "stopping": "stopping after the current step..."}
+            if run.state in messages:
+                self._status, self._status_error = messages[run.state], False
+            if run.state == "paused" or run.in_thread:
+                self.refresh()
+            else:
+                self._changed()
+        elif what.startswith("command-error:"):
+            self._status, self._status_error = what[len("command-error:"):], True
+            self._dirty = True
+        elif what == "end":
+            message = (f"run ended after {run.steps_done} step(s) (now at step {self.trainer.step_count}): "
+                       f"{REASONS.get(str(run.reason), str(run.reason))}")
+            if run.error is not None:
+                self.error = run.error
+                self._traceback = "".join(traceback.format_exception(type(run.error), run.error,
+                                                                     run.error.__traceback__))
+                message = (f"error in the training thread at step {self.trainer.step_count}, run stopped: "
+                           f"{type(run.error).__name__}: {run.error}")
+            self._status, self._status_error = message, run.error is not None
+            self.refresh()
+

@@ -1,0 +1,154 @@
+"""What a dashboard shows, as data: the plotted series collected from the history (``SeriesStore``) and
+one immutable ``DashState`` from which every text on screen is derived (``texts.py`` renders it).
+
+Both are plain Python: no widgets, so the controller and its tests run without ipywidgets.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..plots import panel_of
+
+Series = tuple[list[float], list[float]]
+
+
+class SeriesStore:
+    """The history as ``column -> (steps, values)`` for every plotted column, grown row by row; the
+    branch abandoned by a restore kept apart as the ghost; the event log and validation points.
+
+    ``collect(trainer)`` reads only the rows added since the last call (cheap between steps);
+    ``restored(step)`` marks a go-back so that the next collect moves what lies after ``step`` to
+    the ghost. ``copy()`` gives a consistent copy for a drawing thread.
+    """
+
+    def __init__(self) -> None:
+        self.series: dict[str, Series] = {}
+        self.ghost: dict[str, Series] = {}
+        self.events: list[tuple[int, str]] = []  # (step, what changed): the event log and plot marks
+        self.validation: list[dict[str, Any]] = []  # evaluate events and the loop's validation records
+        self.records: list[dict[str, Any]] = []  # the loop's validation records (the validation table)
+        self.step = 0  # the step the collected data reach
+        self.lock = threading.Lock()
+        self._seen = 0
+        self._reload: int | None = None
+
+    def event(self, step: int, text: str) -> None:
+        with self.lock:
+            self.events.append((int(step), text))
+
+    def restored(self, step: int) -> None:
+        """A restore went back to ``step``: the next collect keeps what lies after it as the ghost."""
+        with self.lock:
+            self._reload = int(step)
+
+    def collect(self, trainer: Any) -> int:
+        """Add the history rows written since the last call; returns how many."""
+        rows = trainer.log.rows()
+        with self.lock:
+            if self._reload is not None or len(rows) < self._seen:
+                back = self._reload if self._reload is not None else (rows[-1]["step"] if rows else 0)
+                ghost = {k: ([x for x in xs if x > back], [y for x, y in zip(xs, ys) if x > back])
+                         for k, (xs, ys) in self.series.items()}
+                self.ghost = {k: v for k, v in ghost.items() if v[0]}
+                self.series, self._seen, self._reload = {}, 0, None
+                self.validation = [v for v in self.validation if v["step"] <= trainer.step_count]
+                self.records = [r for r in self.records if r["step"] <= trainer.step_count]
+            new = rows[self._seen:]
+            self._seen = len(rows)
+            for row in new:
+                step = row.get("step")
+                for key, value in row.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                            and panel_of(key) is not None and math.isfinite(value):
+                        xs, ys = self.series.setdefault(key, ([], []))
+                        xs.append(step)
+                        ys.append(value)
+            self.step = trainer.step_count
+            return len(new)
+
+    def copy(self) -> SeriesStore:
+        """A consistent copy (lists copied under the lock) for a drawing thread."""
+        out = SeriesStore()
+        with self.lock:
+            out.series = {k: (list(xs), list(ys)) for k, (xs, ys) in self.series.items()}
+            out.ghost = dict(self.ghost)
+            out.events = list(self.events)
+            out.validation = list(self.validation)
+            out.records = list(self.records)
+            out.step = self.step
+        return out
+
+    def values_at(self, step: float) -> dict[str, tuple[int, float]]:
+        """Every series' value at ``step`` (the last point at or before it): ``column -> (its step, value)``."""
+        out: dict[str, tuple[int, float]] = {}
+        with self.lock:
+            for key, (xs, ys) in self.series.items():
+                i = _last_at_or_before(xs, step)
+                if i is not None:
+                    out[key] = (int(xs[i]), float(ys[i]))
+        return out
+
+    def step_range(self) -> tuple[int, int]:
+        """The first and last plotted step (ghost included); ``(0, 0)`` before the first row."""
+        with self.lock:
+            xs = [x for s in (self.series, self.ghost) for v in s.values() for x in (v[0][:1] + v[0][-1:])]
+        return (int(min(xs)), int(max(xs))) if xs else (0, 0)
+
+
+def _last_at_or_before(xs: list[float], step: float) -> int | None:
+    """Index of the last x <= step in the sorted ``xs`` (binary search), or None."""
+    lo, hi = 0, len(xs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if xs[mid] <= step:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1 if lo else None
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A background run as the screen shows it."""
+
+    state: str  # running, pausing, paused, stopping, ended
+    steps_done: int
+    total: int  # steps this run aims at (0: until stopped)
+    rate: float  # steps per second
+    elapsed: float  # seconds running, paused time excluded
+    reason: str | None  # why it ended
+    failed: bool
+
+
+@dataclass(frozen=True)
+class DashState:
+    """Everything a dashboard shows, taken at one moment between steps (or while idle)."""
+
+    step: int
+    phases: Mapping[str, str]
+    next_call: str
+    skipped: Mapping[str, str]  # task -> why step() leaves it out
+    weights: Mapping[str, float]  # "a" task weight, "a/clean" linked-set weight
+    lr: float
+    clip: float | None
+    combine: str
+    run: RunView | None
+    status: str
+    status_error: bool
+    error: str | None  # the latest traceback (collapsible on screen), None when cleared
+    events: tuple[tuple[int, str], ...]
+    records: tuple[Mapping[str, Any], ...]
+    snapshots: tuple[str, ...]
+    schedule: str  # "schedule: step 154 of 251, lr 1.2e-03" or "" without one
+    run_refusal: str | None  # why the run button would be refused now, None when it would start
+    table_html: str = field(default="", repr=False)  # the per-task state table (needs the accumulators)
+
+    @property
+    def running(self) -> bool:
+        """A run is in progress and not paused."""
+        return self.run is not None and self.run.state in ("running", "pausing", "stopping")

@@ -1,0 +1,344 @@
+"""The dashboard widget: a thin view of a ``Controller`` (``controller.py``). Every control calls one
+controller command; after every change the controller hands over one ``DashState`` and ``render``
+derives every text from it (counter, status, progress, table, event log, validation table), idle or
+running, so the texts never contradict each other. The plot is drawn by a ``Painter`` from the
+controller's ``SeriesStore``; zoom (a step range) and a read-out of every series at a chosen step
+work on the same data.
+
+One screen at 1280x800: the texts on top, the controls in tabs on the left, the plot on the right.
+A dashboard built while the trainer's run goes adopts the run; a newer dashboard of the same trainer
+(the cell re-run) replaces this one, which then detaches from the trainer and says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as widgets
+
+from ..trainer import Trainer
+from .controller import Controller
+from .controls import PLOT_WIDTH, Controls
+from .painter import Painter
+from .plots import LIVE_POINTS, LivePlot, figure_png, figure_svg, panel_of, plot_history
+from .state import DashState
+from .texts import (
+    counter_html,
+    error_html,
+    events_html,
+    progress_html,
+    status_html,
+    validation_html,
+)
+
+
+class Dashboard(widgets.VBox):
+    """The dashboard widget; build it with ``mtlab.ui.dashboard(trainer)``.
+
+    ``controller`` holds the state and takes the commands (scripts and tests can drive it directly);
+    the widgets are attributes too: ``sliders`` ("a" task weight, "a/clean" linked-set weight),
+    ``lr_slider``, ``clip_slider``, ``clip_toggle``, ``combine_dropdown``, ``buttons`` (by name),
+    ``task_dropdown``, ``set_dropdown``, ``steps_box``, ``snapshot_dropdown``, ``status``, ``counter``,
+    ``progress``, ``progress_label``, ``table``, ``validation_table``, ``event_log``, ``image``,
+    ``plot_label``, ``scale_toggle``, ``smoothing_slider``, ``zoom``, ``read_step``, ``readout``,
+    ``error_box``, ``export_links``.
+    """
+
+    def __init__(self, trainer: Trainer, schedule: Any = None, refresh_s: float = 0.25, draw_interval: float = 0.7,
+                 max_draw_share: float = 0.1, max_points: int = LIVE_POINTS, plots: bool = True,
+                 keep_snapshots: int = 5, painter: str = "thread", export_dir: str | Path = "mtlab_export") -> None:
+        controls = Controls(trainer)  # first: a bad argument below leaves nothing attached to the trainer
+        live = LivePlot(list(trainer.tasks), max_points=max_points, width_px=PLOT_WIDTH) if plots else None
+        self.controls = controls
+        self.export_dir = Path(export_dir)
+        self.state: DashState | None = None
+        self._syncing = False
+        self._zoomed = False
+        self._drawn_key: Any = None
+        self.controller = Controller(trainer, schedule, keep_snapshots=keep_snapshots, refresh_s=refresh_s)
+        self.painter = (Painter(live, self.controller.data, self._show_png, draw_interval, max_draw_share, painter,
+                                on_error=lambda m: self.controller.say(m, error=True)) if live is not None else None)
+        super().__init__(controls.layout(plots))
+        self._wire()
+        self.controller.subscribe(self.render)
+        self.controller.refresh()
+
+    def __getattr__(self, name: str) -> Any:  # the widgets: dash.sliders, dash.buttons, dash.status, ...
+        controls = self.__dict__.get("controls")
+        if controls is not None and name in vars(controls):
+            return getattr(controls, name)
+        raise AttributeError(f"{type(self).__name__!r} has no attribute {name!r}")
+
+    # ------------------------------------------------------------------ wiring: one command per control
+    def _wire(self) -> None:
+        c, w = self.controller, self.controls
+        for key, slider in w.sliders.items():
+            task, _, lset = key.partition("/")
+            if lset:
+                slider.observe(lambda ch, t=task, s=lset: self._user(c.set_weight, t, s, ch["new"]), "value")
+            else:
+                slider.observe(lambda ch, t=task: self._user(c.set_task_weight, t, ch["new"]), "value")
+        w.lr_slider.observe(lambda ch: self._user(c.set_lr, ch["new"]), "value")
+        for part in (w.clip_toggle, w.clip_slider):
+            part.observe(lambda ch: self._user(c.set_clip, w.clip_slider.value if w.clip_toggle.value else None),
+                         "value")
+        w.combine_dropdown.observe(lambda ch: self._user(c.set_combine, ch["new"]), "value")
+        w.task_dropdown.observe(self._on_task_choice, "value")
+        actions = {"minibatch": lambda: c.minibatch(w.task_dropdown.value, w.set_dropdown.value),
+                   "step": lambda: c.call("step"), "run": lambda: c.start(w.steps_box.value),
+                   "pause": c.toggle_pause, "stop": self._click_stop, "snapshot": c.take_snapshot,
+                   "restore": lambda: c.restore(w.snapshot_dropdown.value), "clear_error": c.clear_error,
+                   "export_png": lambda: self._export("png"), "export_svg": lambda: self._export("svg"),
+                   "export_csv": lambda: self._export("csv")}
+        for name in ("normalize", "clip", "apply", "reset"):
+            actions[name] = lambda n=name: c.call(n)
+        for name, fn in actions.items():
+            w.buttons[name].on_click(lambda _b, f=fn: f())
+        for part in (w.scale_toggle, w.smoothing_slider):
+            part.observe(self._on_plot_option, "value")
+        w.zoom.observe(self._on_zoom, "value")
+        w.read_step.observe(lambda ch: self._on_plot_option(ch), "value")
+
+    def _user(self, fn: Any, *args: Any) -> None:
+        if not self._syncing:  # a value put there by render() is no user's change
+            fn(*args)
+
+    def _on_task_choice(self, change: dict[str, Any]) -> None:
+        self.controls.set_dropdown.options = list(self.controller.trainer.tasks[change["new"]].linkedsets)
+
+    def _click_stop(self) -> None:
+        if not self.controller.stop(wait=False):
+            self.controller.say("stop: no run in progress (nothing to stop)")
+
+    def _export(self, kind: str) -> None:
+        try:
+            self.controller.say(self.export(kind))
+        except Exception as exc:  # noqa: BLE001 (a full disk, a figure that fails: said, never lost)
+            self.controller.say(f"export: {type(exc).__name__}: {exc}", error=True)
+
+    # ------------------------------------------------------------------ rendering one state
+    def render(self, state: DashState) -> None:
+        """Every text and control value from ``state`` (any thread); the plot when its data changed."""
+        w = self.controls
+        self.state = state
+        if self.controller.closed and self.painter is not None:  # replaced or closed: no more drawing
+            self.painter.close()
+        w.counter.value = counter_html(state)
+        w.status.value = status_html(state)
+        w.table.value = state.table_html
+        w.progress_label.value = progress_html(state)
+        w.event_log.value = events_html(state.events)
+        w.validation_table.value = validation_html(state.records)
+        w.error_box.value = error_html(state)
+        w.buttons["clear_error"].layout.display = "" if state.error else "none"
+        run = state.run
+        w.buttons["pause"].description = "resume" if run is not None and run.state in ("paused", "pausing") else "pause"
+        w.progress.layout.visibility = "visible" if run is not None and run.total else "hidden"
+        if run is not None and run.total:
+            w.progress.max, w.progress.value = max(run.total, 1), min(run.steps_done, run.total)
+            w.progress.bar_style = ("danger" if run.failed else "success") if run.state == "ended" else ""
+        self._sync_controls(state)
+        self._plot_if_changed(state)
+
+    def _sync_controls(self, state: DashState) -> None:
+        """Controls show the trainer's values (after a restore, a schedule's lr, a change from code)."""
+        w = self.controls
+        self._syncing = True
+        try:
+            for key, value in state.weights.items():
+                s = w.sliders.get(key)
+                if s is not None and s.value != value:
+                    s.max = max(s.max, value)
+                    s.value = value
+            if w.lr_slider.value != state.lr:
+                w.lr_slider.value = state.lr
+            w.clip_toggle.value = state.clip is not None
+            w.clip_slider.disabled = state.clip is None
+            if state.clip is not None and w.clip_slider.value != state.clip:
+                w.clip_slider.value = state.clip
+            if state.combine in w.combine_dropdown.options:
+                w.combine_dropdown.value = state.combine
+            options = [(label, i) for i, label in enumerate(state.snapshots)]
+            if list(w.snapshot_dropdown.options) != options:
+                w.snapshot_dropdown.options = options
+                w.snapshot_dropdown.value = options[-1][1] if options else None
+            first, last = self.controller.data.step_range()
+            if last > w.zoom.max or first < w.zoom.min or not self._zoomed:
+                w.zoom.max, w.zoom.min = max(last, first + 1), first
+                if not self._zoomed:
+                    w.zoom.value = (first, max(last, first + 1))
+        finally:
+            self._syncing = False
+
+    def _plot_if_changed(self, state: DashState, force: bool = False) -> None:
+        painter = self.painter
+        data = self.controller.data
+        key = (state.step, len(state.events), len(data.validation), id(data.ghost), len(data.series))
+        if painter is not None and (force or key != self._drawn_key):
+            self._drawn_key = key
+            self._update_readout()
+            run = self.controller.run
+            if run is not None and run.in_thread:
+                painter.between_steps()
+            elif self.controller.running:
+                painter.request()
+            else:
+                painter.draw()
+        elif painter is None:
+            self._update_readout()
+
+    def _show_png(self, png: bytes, step: int) -> None:
+        self.controls.image.value = png
+        self.controls.plot_label.value = f"<span class='mtlab-asof' style='font-size:12px'>plot as of step {step}</span>"
+
+    def _update_readout(self) -> None:
+        step = self.controls.read_step.value
+        values = self.controller.data.values_at(step)
+        rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{s}</td><td>{v:.4g}</td></tr>"
+                       for k, (s, v) in sorted(values.items(), key=lambda kv: (panel_of(kv[0]) or ("",))[0]))
+        self.controls.readout.value = (f"<table class='mtlab-readout' style='font-size:12px'><tr><th>series</th>"
+                                       f"<th>step</th><th>value</th></tr>{rows}</table>" if rows else
+                                       "<i>no rows at or before this step yet</i>")
+
+    def _on_plot_option(self, change: dict[str, Any]) -> None:
+        live = self.live
+        if live is not None:
+            live.set_scale(self.controls.scale_toggle.value)
+            live.smoothing = float(self.controls.smoothing_slider.value)
+            live.set_marker(self.controls.read_step.value if self.controls.read_step.value else None)
+        if self.state is not None:
+            self._plot_if_changed(self.state, force=True)
+
+    def _on_zoom(self, change: dict[str, Any]) -> None:
+        if self._syncing:
+            return
+        w = self.controls
+        lo, hi = w.zoom.value
+        self._zoomed = (lo, hi) != (w.zoom.min, w.zoom.max)
+        if self.live is not None:
+            self.live.set_xrange((lo, hi) if self._zoomed else None)
+        if self.state is not None:
+            self._plot_if_changed(self.state, force=True)
+
+    # ------------------------------------------------------------------ for scripts and tests
+    @property
+    def trainer(self) -> Trainer:
+        return self.controller.trainer
+
+    @property
+    def live(self) -> LivePlot | None:
+        """The live figure (None with ``plots=False``)."""
+        return self.painter.plot if self.painter is not None else None
+
+    @property
+    def schedule(self) -> Any:
+        return self.controller.schedule
+
+    @schedule.setter
+    def schedule(self, value: Any) -> None:
+        self.controller.schedule = value
+        self.controller.refresh()
+
+    run = property(lambda self: self.controller.run, doc="the trainer's run shown here (None when none)")
+    running = property(lambda self: self.controller.alive, doc="a run of this trainer is in progress (maybe paused)")
+    paused = property(lambda self: self.controller.run is not None and self.controller.run.state == "paused")
+    error = property(lambda self: self.controller.error, doc="the exception that ended the last run, if any")
+    status_text = property(lambda self: self.state.status if self.state is not None else "")
+    validation = property(lambda self: self.controller.data.validation, doc="evaluate events and validation records")
+    records = property(lambda self: self.controller.data.records, doc="the loop's validation records")
+    events = property(lambda self: self.controller.data.events, doc="(step, what changed): the event log")
+    snapshots = property(lambda self: self.controller.snapshots)
+    drawn_step = property(lambda self: self.painter.drawn_step if self.painter is not None else None)
+    redraws = property(lambda self: self.painter.redraws if self.painter is not None else 0)
+
+    def start(self, steps: int = 0) -> bool:
+        """Train ``steps`` more steps in the background (0: until stopped); False (said why) when refused."""
+        return self.controller.start(steps)
+
+    def pause(self) -> None:
+        self.controller.pause()
+
+    def resume(self) -> None:
+        self.controller.resume()
+
+    def stop(self, wait: bool = True, timeout: float | None = 30.0) -> bool:
+        return self.controller.stop(wait=wait, timeout=timeout)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the run ends (scripts, tests); Kernel -> Interrupt stops it with one line."""
+        self.controller.wait(timeout)
+        if self.painter is not None and not self.controller.alive:
+            self.painter.flush()
+
+    def refresh(self) -> None:
+        """Read new rows, update every text and draw the plot now (no step in flight)."""
+        self._drawn_key = None
+        self.controller.refresh()
+        if self.painter is not None:
+            self.painter.flush()
+
+    def figure(self) -> Any:
+        """A fresh Figure of the whole history (every panel, validation, grey abandoned branch)."""
+        data = self.controller.data.copy()
+        return plot_history(self.trainer.history, validation=data.validation, scale=self.controls.scale_toggle.value,
+                            smoothing=self.controls.smoothing_slider.value, ghost=data.ghost or None)
+
+    def export(self, kind: str) -> str:
+        """Write the figure (``png``/``svg``) or the history (``csv``) into ``export_dir``; a download link
+        appears next to the buttons. Returns the status message."""
+        if kind not in ("png", "svg", "csv"):
+            raise ValueError(f"export kind must be 'png', 'svg' or 'csv', got {kind!r}")
+        self.export_dir.mkdir(parents=True, exist_ok=True)
+        stamp, step = datetime.now().strftime("%Y%m%d-%H%M%S"), self.trainer.step_count
+        if kind == "csv":
+            data, name, mime = self.trainer.history.to_csv(index=False).encode(), f"history-step{step}-{stamp}.csv", \
+                "text/csv"
+        else:
+            fig = self.figure()
+            data = figure_png(fig) if kind == "png" else figure_svg(fig)
+            name, mime = f"plot-step{step}-{stamp}.{kind}", "image/png" if kind == "png" else "image/svg+xml"
+        path = self.export_dir / name
+        path.write_bytes(data)
+        self.controls.export_links.value = (f"<a download='{html.escape(name)}' href='data:{mime};base64,"
+                                            f"{base64.b64encode(data).decode()}'>download {html.escape(name)}</a>")
+        return f"exported {kind.upper()} to {path}"
+
+    def close(self, stop: bool = True) -> None:
+        """Stop the trainer's run (unless ``stop=False``: it goes on, other dashboards and
+        ``mtlab.ui.stop_all()`` still reach it), detach from the trainer and close the widgets."""
+        controller = self.__dict__.get("controller")
+        if controller is None:  # __init__ raised (bad argument): nothing to undo
+            return
+        controller.close(stop=stop)
+        if self.painter is not None:
+            self.painter.close()
+        for child in self.controls.every():
+            child.close()
+        super().close()
+
+
+def dashboard(trainer: Any, schedule: Any = None, **kwargs: Any) -> Dashboard:
+    """A live dashboard widget for a trainer (or an experiment from ``mtlab.from_recipe``); display it
+    as a cell's last expression. A dashboard built while the trainer's run goes shows (adopts) that run.
+    Its runs go through ``mtlab.loop.run`` with ``schedule`` (default: the experiment's; none: the
+    trainer's lr until stopped), so lr decay, validation and go_back happen as in a script; run after the
+    schedule's end continues it.
+
+    >>> d = mtlab.ui.dashboard(trainer)
+    >>> d            # sliders, stepwise buttons, run/pause/stop, state table, live plots
+    >>> d.start(100); d.wait()
+    """
+    if not isinstance(trainer, Trainer) and isinstance(getattr(trainer, "trainer", None), Trainer):
+        schedule = schedule if schedule is not None else getattr(trainer, "schedule", None)
+        trainer = trainer.trainer
+    if not isinstance(trainer, Trainer):
+        raise TypeError("dashboard() takes an mtlab.Trainer (or an experiment with .trainer), "
+                        f"got {type(trainer).__name__}")
+    return Dashboard(trainer, schedule=schedule, **kwargs)
+
+
+__all__ = ["Dashboard", "dashboard"]
