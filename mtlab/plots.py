@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import PercentFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
 
 MAX_POINTS = 2000
 DPI = 100  # figures are sized in pixels of the notebook's width at this dpi: shown 1:1, never downscaled
@@ -287,13 +287,32 @@ def _decorate(ax: Axes, panel: str, scale: str = "linear", bottom: bool = True) 
     ax.tick_params(which="both", labelsize=FONT - 1)
     ax.grid(alpha=0.3)
     if panel == "grad_norm" or (panel == "loss" and scale == "log"):
-        ax.set_yscale("log")
+        log_axis(ax)
     if panel == "clip_fraction":
         # A percentage, never "1e-5" offset labels: the axis starts at 0.
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=None))
         ax.set_ylim(bottom=0.0)
     if panel == "cosine":
         ax.set_ylim(-1.05, 1.05)
+
+
+class _FewLogTicks(LogLocator):
+    """Decades; 1, 2 and 5 of each decade only when the range spans under 1.5 decades (few labels either way)."""
+
+    def tick_values(self, vmin: float, vmax: float) -> Any:
+        lo, hi = sorted((vmin, vmax))
+        short = lo > 0 and math.log10(hi / lo) < 1.5
+        self.set_params(subs=(1.0, 2.0, 5.0) if short else (1.0,))
+        return super().tick_values(vmin, vmax)
+
+
+def log_axis(ax: Axes) -> None:
+    """A log y axis labelled at 1, 2 and 5 of each decade in plain numbers (``0.2``), minor ticks unlabelled:
+    matplotlib's default labels every minor tick of a short range, and they overprint in a small panel."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(_FewLogTicks(base=10, numticks=5))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def event_groups(events: Sequence[tuple[float, str]], xlim: tuple[float, float], axes_px: float,

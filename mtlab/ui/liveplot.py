@@ -23,6 +23,7 @@ from ..plots import (
     grid,
     legend_outside,
     line_style,
+    log_axis,
     mark_events,
     new_figure,
     panel_axes,
@@ -87,6 +88,7 @@ class LivePlot:
         self._set_index: dict[str, int] = {}
         self._event_artists: list[Any] = []
         self._events_key: Any = None
+        self._events: list[tuple[float, str]] = []
         self.legend_outside_keys: dict[str, Any] = {}
         self._background: Any = None
         self._stale = True  # the background must be drawn again
@@ -111,7 +113,10 @@ class LivePlot:
         if scale not in ("linear", "log"):
             raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
         self.scale = scale
-        self.axes["loss"].set_yscale(scale)
+        if scale == "log":
+            log_axis(self.axes["loss"])
+        else:
+            self.axes["loss"].set_yscale("linear")
         self._stale = self._relayout = True
 
     def set_xrange(self, xrange: tuple[float, float] | None) -> None:
@@ -217,7 +222,7 @@ class LivePlot:
             cx0, cx1 = first.get_xlim()
             if self._stale or x0 < cx0 or x1 > cx1 or 0 < (x1 - x0) < (cx1 - cx0) / 3:
                 span = max(x1 - x0, 1.0)
-                first.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.25 * span, 5.0))
+                first.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.15 * span, 5.0))
                 self._stale = True
         shown = first.get_xlim()
         for panel, ax in self.axes.items():

@@ -1,0 +1,143 @@
+"""The figures read at a glance: no two texts overlap (matplotlib's renderer gives every text's box),
+no legend over another panel, one step axis, the clipped share only when something was clipped,
+panels for combine weights and task cosines, a loss axis never padded below 0, zoom and read-out.
+Headless (Agg), no kernel: fast."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("matplotlib", reason="plots need matplotlib: pip install 'mtlab[notebook]'")
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from mtlab import plots  # noqa: E402
+from mtlab.ui.liveplot import LivePlot  # noqa: E402
+
+STEPS = list(range(1, 301))
+
+
+def history(clipped: bool = True, method: bool = True) -> pd.DataFrame:
+    """A history with everything a panel can show and events crowded at a few steps."""
+    rows = []
+    for s in STEPS:
+        w = 0.5 if 10 <= s < 13 else 1.0  # weight changes at steps 10, 11 (lr) and 13, 14: crowded events
+        rows.append({
+            "step": s, "lr": 1e-2 if s < 11 or s >= 14 else 5e-3, "a/weight": w, "b/weight": 1.0,
+            "a/clean/weight": 1.0 if s < 150 else 0.25, "a/loss": 2.0 / math.sqrt(s), "a/clean/loss": 2.1 / math.sqrt(s),
+            "a/noisy/loss": 2.3 / math.sqrt(s), "b/loss": 1.0 + 0.5 / s, "a/grad_norm": 1.0 / s, "b/grad_norm": 0.5,
+            "a/grad_norm_clipped": 0.8 / s, "b/grad_norm_clipped": 0.4, "direction_norm": 0.7,
+            "a/clip_fraction": (0.1 if s % 7 == 0 else 0.0) if clipped else 0.0, "b/clip_fraction": 0.0,
+            **({"combine/enc/a": 0.4 + 0.001 * s, "combine/enc/b": 0.6, "cos/enc/a,b": math.cos(s / 30)}
+               if method else {}),
+        })
+    return pd.DataFrame(rows)
+
+
+def drawn_texts(fig: Figure) -> list:
+    """Every text the renderer draws: titles, axis labels, tick labels in view, legends, annotations."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    texts = list(fig.texts)
+    for ax in fig.axes:
+        texts += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label,
+                  ax.xaxis.get_offset_text(), ax.yaxis.get_offset_text(), *ax.texts]
+        for axis in (ax.xaxis, ax.yaxis):
+            for tick in axis._update_ticks():  # the ticks drawn (inside the view), not every located one
+                texts += [tick.label1, tick.label2]
+        legend = ax.get_legend()
+        if legend is not None:
+            texts += legend.get_texts()
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in texts
+            if t.get_visible() and t.get_text().strip() and t.figure is not None]
+
+
+def overlaps(fig: Figure) -> list[tuple[str, str]]:
+    boxes = drawn_texts(fig)
+    found = []
+    for i, (ta, a) in enumerate(boxes):
+        for tb, b in boxes[i + 1:]:
+            w = min(a.x1, b.x1) - max(a.x0, b.x0)
+            h = min(a.y1, b.y1) - max(a.y0, b.y0)
+            if w > 0.5 and h > 0.5:
+                found.append((ta, tb))
+    return found
+
+
+def legends_over_other_panels(fig: Figure) -> list[str]:
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    bad = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer)
+        for other in fig.axes:
+            o = other.get_tightbbox(renderer) if other is not ax else ax.get_window_extent(renderer)
+            if other is not ax:
+                o = other.get_window_extent(renderer)
+            if min(box.x1, o.x1) - max(box.x0, o.x0) > 0.5 and min(box.y1, o.y1) - max(box.y0, o.y0) > 0.5:
+                bad.append(f"{ax.get_title()} legend over {other.get_title()}")
+    return bad
+
+
+def test_overlap_check_catches_overlapping_texts():
+    fig = Figure(figsize=(3, 2))
+    ax = fig.add_subplot()
+    ax.set_title("a title")
+    ax.text(0.5, 1.02, "over the title", transform=ax.transAxes, ha="center")
+    assert overlaps(fig)
+
+
+@pytest.mark.parametrize("clipped,method", [(True, True), (False, False), (True, False)])
+def test_history_figure_has_no_overlapping_text(clipped, method):
+    fig = plots.plot_history(history(clipped, method), validation=[{"step": 100, "a": 0.3, "b": 1.1, "loss": 1.4}])
+    assert overlaps(fig) == []
+    assert legends_over_other_panels(fig) == []
+    assert len({ax.get_xlim() for ax in fig.axes}) == 1  # one shared step axis
+    titles = [ax.get_title() for ax in fig.axes]
+    assert ("elements clipped" in titles) == clipped  # the clipped panel only when something was clipped
+    assert ("combine weights" in titles and "task cosine" in titles) == method
+
+
+def test_live_plot_has_no_overlapping_text_running_and_zoomed():
+    df = history()
+    series = plots.series_from_frame(df)
+    events = plots.events_from_frame(df)
+    live = LivePlot(["a", "b"], width_px=720)
+    live.update(series, {"a": ([100], [0.3])}, step=300, events=events)
+    live.png()
+    assert live.panels == ("loss", "grad_norm", "clip_fraction", "combine", "cosine")
+    assert overlaps(live.figure) == [] and legends_over_other_panels(live.figure) == []
+    live.set_xrange((5, 20))  # zoomed onto the crowded events
+    live.update(series, {}, step=300, events=events)
+    live.png()
+    assert overlaps(live.figure) == []
+    assert all(ax.get_xlim() == (5.0, 20.0) for ax in live.axes.values())
+    lo, hi = live.axes["loss"].get_ylim()  # the y limits follow what is shown
+    shown = [v for s, v in zip(STEPS, df["a/noisy/loss"]) if 5 <= s <= 20]
+    assert hi < max(df["a/noisy/loss"]) and hi >= max(shown)
+
+
+def test_event_numbers_merge_instead_of_overprinting():
+    events = [(10, "x"), (10, "y"), (11, "z"), (200, "w")]
+    groups = plots.event_groups(events, (0, 300), axes_px=300)
+    assert groups == [(10, "1-3"), (200, "4")]
+    assert plots.event_groups(events, (9, 12), axes_px=300) == [(10, "1-2"), (11, "3")]  # zoomed: apart again
+
+
+def test_a_non_negative_loss_axis_is_not_padded_below_zero():
+    fig = plots.plot_history(history())
+    loss = next(ax for ax in fig.axes if ax.get_title() == "normalized loss")
+    assert loss.get_ylim()[0] >= 0.0
+    live = LivePlot(["a", "b"])
+    live.update(plots.series_from_frame(history()), step=300)
+    live.png()
+    assert live.axes["loss"].get_ylim()[0] >= 0.0
