@@ -15,8 +15,8 @@ BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",
            "restore": "restore", "export_png": "PNG", "export_svg": "SVG", "export_csv": "history CSV",
            "clear_error": "clear"}
-LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
-PLOT_WIDTH = 720  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
+LEFT_WIDTH = 340  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
+PLOT_WIDTH = 700  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
 
 
 def _layout(**kw: Any) -> widgets.Layout:

@@ -231,3 +231,39 @@ def test_without_ipywidgets_the_controller_works_and_the_dashboard_names_the_ext
     c.close()
     with pytest.raises(ImportError, match=r'pip install "mtlab\[notebook\]"'):
         ui.dashboard(make_trainer())
+
+
+def walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from walk(child)
+
+
+def test_every_control_has_a_tooltip_and_the_layout_fits_one_screen(one_thread):
+    import ipywidgets as widgets
+
+    tr = make_trainer()
+    tr.set_combine("sum")
+    d = mtlab.ui.dashboard(tr)
+    shown = list(walk(d))
+    controls = [w for w in shown if isinstance(w, (widgets.ValueWidget, widgets.Button))
+                and not isinstance(w, (widgets.HTML, widgets.Label, widgets.Image))]
+    assert len(controls) >= 30  # sliders, dropdowns, checkboxes, buttons, zoom, read-out, steps box
+    missing = [f"{type(w).__name__}({getattr(w, 'description', '')!r})" for w in controls if not w.tooltip]
+    assert missing == []
+    assert all(w in shown for w in (d.counter, d.status, d.image, d.buttons["run"], d.sliders["a"], d.zoom))
+    # One screen at 1280x800: controls and plot side by side, fixed widths that fit a notebook's width.
+    px = lambda w: int(w.layout.width.rstrip("px"))  # noqa: E731
+    body = next(w for w in shown if isinstance(w, widgets.HBox) and len(w.children) == 2
+                and w.children[0].layout.width and w.children[1].layout.width)
+    assert sum(px(c) for c in body.children) <= 1100
+    assert px(d.image) == png_size_of(d.image.value)
+    d.close()
+
+
+def png_size_of(data: bytes) -> int:
+    import io
+
+    from PIL import Image
+
+    return Image.open(io.BytesIO(bytes(data))).size[0]
