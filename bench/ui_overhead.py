@@ -11,9 +11,10 @@ long the dashboard redrew, and the plot's lag behind the counter (aim: <= ~1 s),
     python bench/ui_overhead.py --quick         # shorter windows
     python bench/ui_overhead.py --case overhead # tiny model: per-step costs dominate
 
-The dashboard collects new history rows and the state table in the training thread every
-``refresh_s`` (0.25 s); a painter thread draws the plot at most every ``draw_interval`` (0.7 s),
-moving the axis limits (a full redraw) at most every 2 s and otherwise redrawing only the data lines.
+The dashboard's controller collects new history rows and builds its state (every text) in the training
+thread every ``refresh_s`` (0.25 s); a painter thread draws the plot at most every ``draw_interval``
+(0.7 s), moving the axis limits (a full redraw, the layout only when panels or legends change) at most
+every 4 s and otherwise redrawing only the data lines.
 On a shared machine windows vary by +-25%: rerun, or raise --rounds, before reading a ratio a
 few percent off 1.
 """
@@ -104,8 +105,8 @@ def main() -> None:
 
     for s, tr in ((headless, head_tr), (DashSystem, dash_tr)):  # warm up
         window(s, tr, 1.0)
-    dash.redraws, dash.redraw_seconds = 0, 0.0  # (redraws at the end of each window are counted too)
-    dash.redraw_cpu, dash.collect_cpu = 0.0, 0.0
+    dash.painter.reset_counters()  # (redraws at the end of each window are counted too)
+    dash.controller.collect_cpu = 0.0
     rates: dict[str, list[float]] = {"headless": [], "dashboard": []}
     lags: list[float] = []
     for r in range(rounds):
@@ -120,13 +121,14 @@ def main() -> None:
     print(f"{'system':<12}{'steps/s':>10}{'ms/step':>10}")
     for k, v in med.items():
         print(f"{k:<12}{v:>10.2f}{1e3 / v:>10.1f}")
-    print(f"dashboard redraws: {dash.redraws} in {total:.0f}s of dashboard runs "
-          f"({dash.redraws / total:.2f}/s, {1e3 * dash.redraw_seconds / max(dash.redraws, 1):.0f} ms each, "
-          f"{100 * dash.redraw_seconds / total:.1f}% of the time; {dash.live.full_draws} full, "
+    painter = dash.painter
+    print(f"dashboard redraws: {painter.redraws} in {total:.0f}s of dashboard runs "
+          f"({painter.redraws / total:.2f}/s, {1e3 * painter.redraw_seconds / max(painter.redraws, 1):.0f} ms each, "
+          f"{100 * painter.redraw_seconds / total:.1f}% of the time; {dash.live.full_draws} full, "
           f"{dash.live.fast_draws} blitted)")
     print(f"dashboard CPU per second of run (thread time, load-independent): drawing "
-          f"{1e3 * dash.redraw_cpu / total:.0f} ms/s, collecting rows and texts "
-          f"{1e3 * dash.collect_cpu / total:.0f} ms/s")
+          f"{1e3 * painter.redraw_cpu / total:.0f} ms/s, collecting rows and building states "
+          f"{1e3 * dash.controller.collect_cpu / total:.0f} ms/s")
     if lags:
         lags.sort()
         p95 = lags[min(int(0.95 * len(lags)), len(lags) - 1)]

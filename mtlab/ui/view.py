@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import html
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,11 @@ class Dashboard(widgets.VBox):
         self.controls = controls
         self.export_dir = Path(export_dir)
         self.state: DashState | None = None
-        self._syncing = False
+        self._syncing = 0  # the thread putting the trainer's values into the controls (0: none)
         self._zoomed = False
         self._drawn_key: Any = None
+        self._render_lock = threading.RLock()
+        self._final = False
         self.controller = Controller(trainer, schedule, keep_snapshots=keep_snapshots, refresh_s=refresh_s)
         self.painter = (Painter(live, self.controller.data, self._show_png, draw_interval, max_draw_share, painter,
                                 on_error=lambda m: self.controller.say(m, error=True)) if live is not None else None)
@@ -104,7 +107,7 @@ class Dashboard(widgets.VBox):
         w.read_step.observe(lambda ch: self._on_plot_option(ch), "value")
 
     def _user(self, fn: Any, *args: Any) -> None:
-        if not self._syncing:  # a value put there by render() is no user's change
+        if self._syncing != threading.get_ident():  # a value put there by render() (this thread) is no user's
             fn(*args)
 
     def _on_task_choice(self, change: dict[str, Any]) -> None:
@@ -123,9 +126,16 @@ class Dashboard(widgets.VBox):
     # ------------------------------------------------------------------ rendering one state
     def render(self, state: DashState) -> None:
         """Every text and control value from ``state`` (any thread); the plot when its data changed."""
+        with self._render_lock:  # one render at a time (the run's thread and the kernel's both render)
+            if self._final:
+                return  # replaced or closed: the last state shown says so and stays
+            self._final = self.controller.closed
+            self._render(state)
+
+    def _render(self, state: DashState) -> None:
         w = self.controls
         self.state = state
-        if self.controller.closed and self.painter is not None:  # replaced or closed: no more drawing
+        if self._final and self.painter is not None:  # no more drawing
             self.painter.close()
         w.counter.value = counter_html(state)
         w.status.value = status_html(state)
@@ -147,19 +157,23 @@ class Dashboard(widgets.VBox):
     def _sync_controls(self, state: DashState) -> None:
         """Controls show the trainer's values (after a restore, a schedule's lr, a change from code)."""
         w = self.controls
-        self._syncing = True
+        self._syncing = threading.get_ident()
         try:
-            for key, value in state.weights.items():
+            # The trainer's values now, not the state's: a slider the user moved since the state was taken
+            # (from the run's thread) is not put back.
+            tr = self.controller.trainer
+            weights, lr, clip = tr.weights(), float(tr.lr), tr.clip_grad_value
+            for key, value in weights.items():
                 s = w.sliders.get(key)
                 if s is not None and s.value != value:
                     s.max = max(s.max, value)
                     s.value = value
-            if w.lr_slider.value != state.lr:
-                w.lr_slider.value = state.lr
-            w.clip_toggle.value = state.clip is not None
-            w.clip_slider.disabled = state.clip is None
-            if state.clip is not None and w.clip_slider.value != state.clip:
-                w.clip_slider.value = state.clip
+            if w.lr_slider.value != lr:
+                w.lr_slider.value = lr
+            w.clip_toggle.value = clip is not None
+            w.clip_slider.disabled = clip is None
+            if clip is not None and w.clip_slider.value != clip:
+                w.clip_slider.value = clip
             if state.combine in w.combine_dropdown.options:
                 w.combine_dropdown.value = state.combine
             options = [(label, i) for i, label in enumerate(state.snapshots)]
@@ -172,7 +186,7 @@ class Dashboard(widgets.VBox):
                 if not self._zoomed:
                     w.zoom.value = (first, max(last, first + 1))
         finally:
-            self._syncing = False
+            self._syncing = 0
 
     def _plot_if_changed(self, state: DashState, force: bool = False) -> None:
         painter = self.painter
@@ -214,7 +228,7 @@ class Dashboard(widgets.VBox):
             self._plot_if_changed(self.state, force=True)
 
     def _on_zoom(self, change: dict[str, Any]) -> None:
-        if self._syncing:
+        if self._syncing == threading.get_ident():
             return
         w = self.controls
         lo, hi = w.zoom.value

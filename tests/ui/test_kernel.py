@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # kernels and notebooks: not in the fast tier
+
 pytest.importorskip("ipykernel", reason="the real-kernel test needs ipykernel (pip install ipykernel)")
 jupyter_client = pytest.importorskip("jupyter_client", reason="the real-kernel test needs jupyter_client")
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # kernels and notebooks: not in the fast tier
+
 nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
 nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
 pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
