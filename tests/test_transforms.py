@@ -8,7 +8,7 @@ from torch import nn
 
 import mtlab
 from helpers import clone_models, make_examples, make_models, task_a, task_b
-from mtlab.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
+from mtlab.core.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
 
 
 def test_chain_from_settings_gives_the_calls_in_order() -> None:

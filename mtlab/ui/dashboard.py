@@ -30,9 +30,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .. import combine, weighting
-from ..debug import next_call
-from ..trainer import Trainer
+from ..core import combine, weighting
+from ..training.debug import next_call
+from ..core.trainer import Trainer
 from .plots import LIVE_POINTS, LivePlot, figure_png, figure_svg, panel_of, plot_history, validation_series
 from .runs import Run, current_run
 from .texts import (BUSY, REASONS, STEPWISE, TOOLTIPS, clock, counter_html, events_html, run_refusal, skipped_tasks,

@@ -223,7 +223,7 @@ def test_progress_bar_and_validation_table():
     assert d.start(4)
     d.wait(20)
     assert d.progress.max == 4 and d.progress.value == 4 and "4/4 steps" in d.progress_label.value
-    # The loop's validation event, as mtlab.loop emits it to the trainer's callbacks.
+    # The loop's validation event, as mtlab.training.loop emits it to the trainer's callbacks.
     record = {"step": 4, "a/clean": 1.5, "a": 1.4, "b/clean": 0.9, "b": 0.9, "loss": 2.3, "lr": 0.01,
               "action": "better"}
     for cb in list(tr.callbacks):

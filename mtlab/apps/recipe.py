@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
-from .graph import Node
-from .report import say
-from .task import LinkedSet, Task
-from .distributed import attach_if_distributed
-from .loop import STAGE_KEYS, Schedule, check_stage, run, save_checkpoint
-from .trainer import Trainer
+from ..base.errors import ConfigError
+from ..tasks.graph import Node
+from ..base.report import say
+from ..tasks.task import LinkedSet, Task
+from ..training.distributed import attach_if_distributed
+from ..training.loop import STAGE_KEYS, Schedule, check_stage, run, save_checkpoint
+from ..core.trainer import Trainer
 
 DEFAULT_ORIGIN = "<recipe dict>"
 
@@ -254,7 +254,7 @@ def load_recipe(path: str | Path, data_root: str | Path | None = None) -> dict[s
     data paths re-rooted under ``data_root`` (default: ``data`` in the current folder)."""
     path = Path(path)
     if path.is_dir() and (path / "trainer.cfg").is_file():
-        from .nabu import import_nabu
+        from ..nabu import import_nabu
 
         return resolve_recipe(import_nabu(path, data_root if data_root is not None else "data"), origin=str(path))
     if not path.is_file():
@@ -330,7 +330,7 @@ def trainer_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
     if out["normalize_weights_acc_steps"] and not out["acc_steps"]:
         raise ConfigError(f"{origin}: [trainer] normalize_weights_acc_steps = true needs acc_steps = true")
     if out["log"] is not None:
-        from .loggers import NAMES
+        from ..training.loggers import NAMES
 
         for name in out["log"]:
             if name.lower() not in NAMES:
@@ -340,7 +340,7 @@ def trainer_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _model_spec(name: str, spec: Any, origin: str) -> tuple[str, dict[str, Any]]:
-    from .models import MODELS
+    from ..models import MODELS
 
     spec = _table(spec, origin, f"[models.{name}]")
     if "." in name:
@@ -354,8 +354,8 @@ def _model_spec(name: str, spec: Any, origin: str) -> tuple[str, dict[str, Any]]
 
 
 def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], origin: str, base: Path) -> dict[str, Any]:
-    from .data import TARGET_KEYS
-    from .losses import LOSSES
+    from ..data import TARGET_KEYS
+    from ..losses import LOSSES
 
     where = f"[tasks.{name}]"
     for key in spec:
@@ -436,16 +436,16 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             raise _unknown(origin, where, key, DATA_KEYS)
     for key, value in spec.items():
         if key == "spectral":  # the STFT settings (mtlab.data.features.Spectral), e.g. the original's
-            from .data.errors import DataError
-            from .data.features import Spectral
+            from ..data.errors import DataError
+            from ..data.features import Spectral
 
             try:
                 Spectral(**_table(value, origin, f"{where} spectral"))
             except (TypeError, DataError) as exc:
                 raise ConfigError(f"{origin}: {where} spectral: {exc}") from None
         elif key == "ivec":  # the per-utterance vectors (mtlab.data.vectors.VectorList)
-            from .data.errors import DataError
-            from .data.vectors import VectorList
+            from ..data.errors import DataError
+            from ..data.vectors import VectorList
 
             try:
                 vectors = VectorList.from_dict(_table(value, origin, f"{where} ivec"), origin=f"{where} ivec")
@@ -454,7 +454,7 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             paths = {k: str((base / p).resolve()) for k in ("list", "stats_list") if (p := getattr(vectors, k))}
             spec[key] = {**vectors.to_dict(), **paths}
         elif key == "mvn":  # feature normalization: the training set's stats, per utterance, or none
-            from .data.features import MVN_TYPES
+            from ..data.features import MVN_TYPES
 
             if value not in MVN_TYPES:
                 raise _unknown(origin, f"{where} mvn", value, MVN_TYPES, what="mvn")
@@ -479,7 +479,7 @@ Datasets = dict  # (root, split, linked set, targets, stats fingerprint) -> data
 
 
 def _root(data: Mapping[str, Any]) -> Path:
-    from .data import data_samples_dir
+    from ..data import data_samples_dir
 
     return Path(data["root"]) if "root" in data else data_samples_dir()
 
@@ -490,12 +490,12 @@ def stats_key(data: Mapping[str, Any], linkedset: str) -> str:
 
 
 def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], stats: Any, cache: Datasets) -> Any:
-    from .data import load_split
-    from .data.corpus import NUM_SOURCES
+    from ..data import load_split
+    from ..data.corpus import NUM_SOURCES
 
-    from .data.features import MTLAB, Spectral
+    from ..data.features import MTLAB, Spectral
 
-    from .data.vectors import VectorList
+    from ..data.vectors import VectorList
 
     fingerprint = hashlib.sha1(json.dumps(stats.to_dict()).encode()).hexdigest() if stats is not None else None
     spectral = Spectral(**data["spectral"]) if "spectral" in data else MTLAB
@@ -545,10 +545,10 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
     shared between experiments built from the same corpora (loaded once). ``init_weights=False`` skips the
     recipe's ``init_file`` (``load`` does: the checkpoint's weights replace them anyway). An original Nabu-MSSS
     recipe folder is imported with its data under ``data_root`` (see ``load_recipe``)."""
-    from .data import FeatureStats, TARGET_KEYS
-    from .losses import get_loss
-    from .models import build_model
-    from .sampling import trainset_fraction
+    from ..data import FeatureStats, TARGET_KEYS
+    from ..losses import get_loss
+    from ..models import build_model
+    from ..tasks.sampling import trainset_fraction
 
     cache: Datasets = datasets if datasets is not None else {}
 
@@ -618,7 +618,7 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
     the original bootstraps from ``init_file``: weights only (optimizer, step and data start afresh). Every
     model of the trainer must be in the file; models the file has beyond them are left out (and named).
     Returns the names of the models loaded."""
-    from .checkpoint import CheckpointError, load_safe
+    from ..core.checkpoint import CheckpointError, load_safe
 
     path = Path(path)
     if not path.is_file():
@@ -656,7 +656,7 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
 
 def load(path: str | Path, datasets: Datasets | None = None) -> Experiment:
     """Rebuild the experiment of a checkpoint from the recipe it carries, then load its state and schedule."""
-    from .checkpoint import CheckpointError, load_safe
+    from ..core.checkpoint import CheckpointError, load_safe
 
     state = load_safe(path)
     if not isinstance(state.get("recipe"), Mapping):
@@ -674,7 +674,7 @@ def load(path: str | Path, datasets: Datasets | None = None) -> Experiment:
 
 def load_split_for(exp: Experiment, task: str, linkedset: str, split: str) -> Any:
     """Another split of a linked set's corpus, normalized with the stats the experiment was built with."""
-    from .data import FeatureStats, TARGET_KEYS
+    from ..data import FeatureStats, TARGET_KEYS
 
     recipe, trainer = exp.recipe, exp.trainer
     spec = recipe["tasks"][task]["linkedsets"][linkedset]

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .errors import BatchError
-from .registry import Registry, build
+from ..base.errors import BatchError
+from ..base.registry import Registry, build
 
 LossResult = tuple[Tensor, Tensor]
 IGNORE_INDEX = -100  # target value of padded frames in the frame cross-entropy (torch's default ignore_index)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError, MtlabError
+from ..base.errors import ConfigError, MtlabError
 
 logger = logging.getLogger("mtlab")
 VERSION = 2  # of the trainer state: 2 = accumulators with flat buffers and an update piece

@@ -16,10 +16,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from . import gradops
+from ..base import gradops
 from .accumulator import Accumulator, Phase
-from .errors import PhaseError
-from .task import check_positive
+from ..base.errors import PhaseError
+from ..tasks.task import check_positive
 
 
 class Transform:

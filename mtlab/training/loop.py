@@ -63,11 +63,11 @@ from typing import Any, Mapping
 import torch
 
 from . import expdir as expdir_
-from .errors import ConfigError
-from .report import say
-from .sampling import SegmentedExamples
-from .task import check_count, check_positive
-from .trainer import Trainer
+from ..base.errors import ConfigError
+from ..base.report import say
+from ..tasks.sampling import SegmentedExamples
+from ..tasks.task import check_count, check_positive
+from ..core.trainer import Trainer
 
 SETTINGS = ("num_steps", "initial_learning_rate", "learning_rate_decay", "valid_frequency", "valid_batches",
             "valid_adapt", "go_back", "num_tries", "reset_tries", "best_model_final", "validate_at_step_0",

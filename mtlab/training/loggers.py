@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..base.errors import ConfigError
 
 EXTRA_HINT = 'pip install "mtlab[loggers]"'
 _MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")  # characters MLflow refuses in a metric name (e.g. "," of "a,b")

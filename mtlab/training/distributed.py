@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .accumulator import Accumulator
-from .errors import ConfigError, MtlabError
-from .trainer import Trainer
+from ..core.accumulator import Accumulator
+from ..base.errors import ConfigError, MtlabError
+from ..core.trainer import Trainer
 
 
 class DistributedError(MtlabError, RuntimeError):
@@ -215,7 +215,7 @@ def attach(trainer: Trainer) -> Trainer:
     """Make ``trainer`` data parallel over the default process group: each rank reads its own shard of every
     linked set, and ``normalize`` sums the accumulators over the ranks. Every rank must build the same trainer."""
     if not active():
-        raise ConfigError("mtlab.distributed.attach() needs torch.distributed.init_process_group() first "
+        raise ConfigError("mtlab.training.distributed.attach() needs torch.distributed.init_process_group() first "
                           "(torchrun does it for `python -m mtlab train`)")
     rank, world_size = world()
     trainer.set_shard(rank, world_size)

@@ -22,14 +22,14 @@ from torch import Tensor, nn
 
 from . import checkpoint
 from .accumulator import Accumulator, Phase, Reducer
-from .batching import Batch, resolve_device
-from .errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError
+from ..base.batching import Batch, resolve_device
+from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError
 from .events import Events, Listener
-from .forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
+from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
-from .report import trainer_html
-from .sampling import BatchStream, Streams
-from .task import LinkedSet, Task, check_count, check_models, check_positive, check_tasks, check_weight
+from ..base.report import trainer_html
+from ..tasks.sampling import BatchStream, Streams
+from ..tasks.task import LinkedSet, Task, check_count, check_models, check_positive, check_tasks, check_weight
 from .transforms import Chain
 from .update import OptimizerFactory, PerTaskUpdate, Update, make_adam
 

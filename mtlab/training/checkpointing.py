@@ -13,9 +13,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .checkpoint import load_safe, rng_state, set_rng_state
+from ..core.checkpoint import load_safe, rng_state, set_rng_state
 from .distributed import active
-from .errors import ConfigError
+from ..base.errors import ConfigError
 
 LATEST = "latest.pt"
 
