@@ -19,16 +19,16 @@ from .tasks.task import LinkedSet, Task
 from .core.trainer import Trainer
 from .core.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _LAZY = {"from_recipe": ("apps.recipe", "from_recipe"), "run": ("training.loop", "run"),
-         "Schedule": ("training.loop", "Schedule"), "Experiment": ("apps.recipe", "Experiment")}
+         "Schedule": ("training.schedule", "Schedule"), "Experiment": ("apps.recipe", "Experiment")}
 # Packages and modules reachable as attributes of ``mtlab`` (imported on first use). The short names are
 # the ones a notebook writes (``mtlab.debug.explain(trainer)``, ``mtlab.distributed.attach(trainer)``).
 _SUBMODULES = {"data": "data", "separation": "separation", "ui": "ui", "nabu": "nabu",
                "base": "base", "tasks": "tasks", "core": "core", "training": "training", "apps": "apps",
                "distributed": "training.distributed", "debug": "training.debug", "loop": "training.loop",
-               "loggers": "training.loggers", "plots": "training.plots", "checkpoint": "core.checkpoint",
+               "loggers": "training.loggers", "plots": "training.plots", "checkpoint": "training.checkpoint", "state": "core.state",
                "recipe": "apps.recipe", "launch": "apps.launch", "cli": "apps.cli", "combine": "core.combine",
                "weighting": "core.weighting", "sampling": "tasks.sampling"}
 

@@ -141,7 +141,7 @@ def test_the_readme_two_node_command_on_one_machine_equals_one_process(workdir) 
 
 def test_periodic_checkpoints_and_the_resume_point(tmp_path) -> None:
     from helpers import make_examples, make_models, task_a
-    from mtlab.training.checkpointing import LATEST, Periodic, resume_point
+    from mtlab.training.checkpoint import LATEST, Periodic, resume_point
 
     ex = make_examples(12, 4)
     tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], lr=1e-2, device="cpu", distributed=False)

@@ -13,7 +13,7 @@ import torch
 import mtlab
 from campaign import record
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab.core.checkpoint import load_safe
+from mtlab.core.state import load_safe
 from mtlab.training.loop import Schedule, run
 
 STEPS = 6

@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from mtlab._layers import LAYERS, layer_of
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mtlab"
@@ -159,12 +161,68 @@ def test_no_module_reads_private_attributes_of_other_objects() -> None:
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_the_core_imports_without_jupyter_or_the_data_package() -> None:
     import subprocess
     import sys
 
     code = ("import sys, mtlab; t = mtlab.Trainer; "
             "bad = [m for m in ('ipywidgets', 'matplotlib', 'IPython', 'mtlab.data', 'mtlab.separation', 'mtlab.training.loop', "
-            "'mtlab.apps.recipe', 'mtlab.ui') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+            "'mtlab.apps.recipe', 'mtlab.ui', 'pandas') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def load_time_edges() -> dict[str, set[str]]:
+    """Module -> the mtlab modules it imports when it is loaded (module body; not inside a function or an
+    ``if TYPE_CHECKING:`` block)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        current = module_name(path)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        body = []
+        for node in tree.body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            body.extend(n for n in ast.walk(node) if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        targets = graph.setdefault(current, set())
+        for node in body:
+            if isinstance(node, ast.ImportFrom):
+                target = resolve(current, node, path.name == "__init__.py")
+                if target is None:
+                    continue
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}" if target else alias.name
+                    is_module = (PACKAGE / (sub.replace(".", "/") + ".py")).exists() or \
+                        (PACKAGE / sub.replace(".", "/") / "__init__.py").exists()
+                    targets.add(sub if is_module else target)
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    seen: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:  # depth first; 1 = on the stack, 2 = done
+        seen[node] = 1
+        for nxt in sorted(graph.get(node, set())):
+            if seen.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt not in seen:
+                visit(nxt, [*stack, nxt])
+        seen[node] = 2
+
+    for module in sorted(graph):
+        if module not in seen:
+            visit(module, [module])
+    return cycles
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": set(), "c": {"b"}}) == []
+
+
+def test_no_import_cycles() -> None:
+    cycles = find_cycles(load_time_edges())
+    assert not cycles, "import cycles at load time:\n" + "\n".join(" -> ".join(c) for c in cycles)

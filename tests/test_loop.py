@@ -15,7 +15,7 @@ from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 import mtlab
-from mtlab.core.checkpoint import load_safe
+from mtlab.core.state import load_safe
 from mtlab.training.loop import Schedule, run
 from mtlab.apps.recipe import from_recipe, load
 

@@ -11,7 +11,7 @@ import torch
 from test_loop import assert_same, plain, script
 
 import mtlab
-from mtlab.core.checkpoint import load_safe
+from mtlab.core.state import load_safe
 from mtlab.base.errors import ConfigError
 from mtlab.training.loop import Schedule, run
 

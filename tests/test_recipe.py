@@ -15,7 +15,7 @@ import torch
 from helpers import script_validations
 
 import mtlab
-from mtlab.core.checkpoint import CheckpointError, load_safe, save_atomic
+from mtlab.core.state import CheckpointError, load_safe, save_atomic
 from mtlab.apps.recipe import from_recipe, load, load_recipe, load_trainer_cfg, trainer_settings
 
 REPO = Path(__file__).resolve().parents[1]

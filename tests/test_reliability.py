@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import mtlab
 from campaign import record
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab.core.checkpoint import CheckpointError, load_safe
+from mtlab.core.state import CheckpointError, load_safe
 
 EX = make_examples(16, 31)
 
@@ -158,7 +158,7 @@ def test_disk_full_while_saving_keeps_the_old_checkpoint(tmp_path, monkeypatch):
         f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(mtlab.core.checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(mtlab.core.state.torch, "save", full_disk)
     with pytest.raises(CheckpointError, match="No space left.*previous checkpoint .* intact"):
         tr.save(path)
     monkeypatch.undo()

@@ -202,7 +202,7 @@ def _score(args: argparse.Namespace) -> int:
 
 def _periodic(exp: Any, expdir: Path) -> Any:
     """``latest.pt`` every ``checkpoint_frequency`` steps of the recipe (None when 0)."""
-    from ..training.checkpointing import Periodic
+    from ..training.checkpoint import Periodic
     from .recipe import trainer_settings
 
     every = trainer_settings(exp.recipe)["checkpoint_frequency"]
@@ -219,7 +219,7 @@ def _restarts() -> int:
 def _elastic_train(args: argparse.Namespace) -> int:
     """``mtlab train``; restarted by torchrun, it continues from the experiment folder's last checkpoint
     (``latest.pt`` of ``checkpoint_frequency``) with each rank's own RNG and data positions."""
-    from ..training.checkpointing import restore_rank_state, resume_point
+    from ..training.checkpoint import restore_rank_state, resume_point
     from ..training.distributed import check_same_start
     from .recipe import from_recipe, load
 

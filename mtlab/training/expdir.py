@@ -26,7 +26,7 @@ from typing import Any
 from ..base.report import say
 from ..core.trainer import Trainer
 
-# ``schedule`` below is a mtlab.loop.Schedule (duck-typed here: the loop imports this module, not the reverse).
+# ``schedule`` below is a mtlab.Schedule (duck-typed here: the loop imports this module, not the reverse).
 Schedule = Any
 
 

@@ -29,7 +29,7 @@ Listener = Callable[["Run", str], None]
 
 
 def _loop_run() -> Callable[..., Any] | None:
-    """``mtlab.loop.run`` where the training loop module exists, else None."""
+    """``mtlab.run`` where the training loop module exists, else None."""
     try:
         from ..training.loop import run  # type: ignore[import-not-found, attr-defined]
     except ImportError:

@@ -235,7 +235,7 @@ def test_progress_bar_and_validation_table():
 
 
 def fake_loop(validate_every: int = 2):
-    """The training loop's contract (``mtlab.loop.run``): between_steps before each step (True
+    """The training loop's contract (``mtlab.run``): between_steps before each step (True
     stops), "validation" events to the trainer's callbacks."""
     def run(trainer, schedule=None, steps=None, progress=True, expdir=None, between_steps=None):
         done = 0

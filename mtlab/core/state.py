@@ -9,11 +9,14 @@ import pickle
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..base.errors import ConfigError, MtlabError
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
 
 logger = logging.getLogger("mtlab")
 VERSION = 2  # of the trainer state: 2 = accumulators with flat buffers and an update piece
@@ -170,7 +173,7 @@ def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(rng["cuda"], device)
 
 
-def trainer_state(trainer: Any) -> dict[str, Any]:
+def trainer_state(trainer: "Trainer") -> dict[str, Any]:
     """``Trainer.state_dict()``: weights, optimizer, accumulators, data positions, RNG, step, settings,
     weights and history, as plain containers (loadable with ``weights_only=True``)."""
     tr = trainer
@@ -189,7 +192,7 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
     })
 
 
-def load_trainer_state(trainer: Any, state: Any, history: bool = True) -> None:
+def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True) -> None:
     """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
     tr = trainer
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps)
