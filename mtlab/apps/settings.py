@@ -37,6 +37,9 @@ TRAINER_KEYS: dict[str, Key] = {
     "initial_learning_rate": Key("float", 1e-3, "Adam learning rate at step 0", 0, True),
     "learning_rate_decay": Key("float", 1.0, "lr = initial_learning_rate x decay^(step / num_steps)", 0, True),
     "clip_grad_value": Key("clip", False, "clip gradients element-wise to +-value (false: no clipping)", 0, True),
+    "clip_grad_norm": Key("clip", False, "mtlab: clip each task's global gradient norm to this (false: off)", 0, True),
+    "clip_grad_percentile": Key("clip", False, "mtlab: AutoClip, each task's norm clipped to this percentile of its "
+                                "norm history, e.g. 10 (false: off)", 0, True),
     "normalize_gradients": Key("bool", True, "divide accumulated gradients by the accumulated norm"),
     "batch_size": Key("int", 8, "utterances per minibatch", 1),
     "numbatches_to_aggregate": Key("int", 1, "minibatch rounds (every linked set once) per step", 1),

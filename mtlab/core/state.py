@@ -185,7 +185,8 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
         "models": {k: m.state_dict() for k, m in tr.models.items()},
         "update": tr.update.state_dict(), "tasks": tasks, "streams": tr.streams.state_dict(),
         "rng": rng_state(tr.device), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
-        "clip_grad_norm": tr.clip_grad_norm, "history": tr.log.state_dict(),
+        "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
+        "chain": tr.chain.state_dict(), "history": tr.log.state_dict(),
         "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,
                      "numbatches_to_aggregate": tr.numbatches_to_aggregate, "seed": tr.seed,
                      "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps},
@@ -210,5 +211,7 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True) -> 
     tr.step_count = int(state["step"])
     tr.lr = state["lr"]
     tr.clip_grad_value, tr.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")
+    tr.clip_grad_percentile = state.get("clip_grad_percentile")
+    tr.chain.load_state_dict(state.get("chain", []))
     if history:
         tr.log.load_state_dict(state["history"])

@@ -51,7 +51,7 @@ class Trainer:
                  nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
                  clip_grad_norm: float | None = None, optimizer: OptimizerFactory | None = None,
-                 combine: Any = None) -> None:
+                 combine: Any = None, clip_grad_percentile: float | None = None) -> None:
         check_models(models)
         tasks = check_tasks(tasks)
         check_count(numbatches_to_aggregate, "numbatches_to_aggregate", "minibatch rounds per step")
@@ -66,7 +66,9 @@ class Trainer:
         self.plans: dict[str, TaskPlan] = {t.name: TaskPlan(t, self.models, self.device) for t in tasks}
         self.numbatches_to_aggregate = numbatches_to_aggregate
         self.normalize_gradients = bool(normalize_gradients)
-        self._set_clip(clip_grad_value, clip_grad_norm)
+        self._clip: tuple[float | None, float | None, float | None] = (None, None, None)
+        self.chain = Chain()
+        self._set_clip(clip_grad_value, clip_grad_norm, clip_grad_percentile)
         self.lr = lr
         self.nonfinite = nonfinite
         self.seed = int(seed)
@@ -118,7 +120,7 @@ class Trainer:
 
     @clip_grad_value.setter
     def clip_grad_value(self, value: float | None) -> None:
-        self._set_clip(value, self._clip[1])
+        self._set_clip(value, *self._clip[1:])
 
     @property
     def clip_grad_norm(self) -> float | None:
@@ -127,11 +129,23 @@ class Trainer:
 
     @clip_grad_norm.setter
     def clip_grad_norm(self, value: float | None) -> None:
-        self._set_clip(self._clip[0], value)
+        self._set_clip(self._clip[0], value, self._clip[2])
 
-    def _set_clip(self, value: float | None, norm: float | None) -> None:
-        self.chain = Chain.from_settings(self.normalize_gradients, value, norm)  # checks both
-        self._clip = (None if value is None else float(value), None if norm is None else float(norm))
+    @property
+    def clip_grad_percentile(self) -> float | None:
+        """AutoClip: each task's global norm clipped to this percentile of its norm history
+        (``ClipByHistory`` in the chain), or None."""
+        return self._clip[2]
+
+    @clip_grad_percentile.setter
+    def clip_grad_percentile(self, value: float | None) -> None:
+        self._set_clip(*self._clip[:2], value)
+
+    def _set_clip(self, value: float | None, norm: float | None, percentile: float | None = None) -> None:
+        chain = Chain.from_settings(self.normalize_gradients, value, norm, percentile)  # checks each
+        chain.load_state_dict(self.chain.state_dict())  # a norm history survives a change of the clip value
+        self.chain = chain
+        self._clip = tuple(None if v is None else float(v) for v in (value, norm, percentile))  # type: ignore[assignment]
 
     def set_weight(self, task: str, linkedset: str, weight: float) -> None:
         """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""
