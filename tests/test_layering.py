@@ -45,27 +45,48 @@ def resolve(current: str, node: ast.ImportFrom, is_package: bool) -> str | None:
     return ".".join([*base, node.module] if node.module else base)
 
 
+def load_time_nodes(tree: ast.Module) -> list[ast.AST]:
+    """The nodes that run when a module is loaded: not inside a function, nor under ``if TYPE_CHECKING:``."""
+    out: list[ast.AST] = []
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def module_imports(path: Path, load_time: bool = False) -> list[tuple[str, str, str, int]]:
+    """(importer, imported mtlab module, imported name or '', line) for each import in one file; only those
+    that run when it is loaded with ``load_time``."""
+    current = module_name(path)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in (load_time_nodes(tree) if load_time else ast.walk(tree)):
+        if isinstance(node, ast.ImportFrom):
+            target = resolve(current, node, path.name == "__init__.py")
+            if target is None:
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}" if target else alias.name
+                is_module = (PACKAGE / (sub.replace(".", "/") + ".py")).exists() or \
+                    (PACKAGE / sub.replace(".", "/") / "__init__.py").exists()
+                out.append((current, sub if is_module else target, alias.name, node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("mtlab."):
+                    out.append((current, alias.name[len("mtlab."):], "", node.lineno))
+    return out
+
+
 def edges() -> list[tuple[str, str, str, int]]:
     """(importer, imported mtlab module, imported name or '', line) for every import in mtlab/."""
-    out = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        current = module_name(path)
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                target = resolve(current, node, path.name == "__init__.py")
-                if target is None:
-                    continue
-                for alias in node.names:
-                    sub = f"{target}.{alias.name}" if target else alias.name
-                    named = sub if layer(sub) is not None and (PACKAGE / sub.replace(".", "/")).exists() \
-                        or (PACKAGE / (sub.replace(".", "/") + ".py")).exists() else target
-                    out.append((current, named, alias.name, node.lineno))
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.startswith("mtlab."):
-                        out.append((current, alias.name[len("mtlab."):], "", node.lineno))
-    return out
+    return [edge for path in sorted(PACKAGE.rglob("*.py")) for edge in module_imports(path)]
 
 
 def test_every_folder_is_a_layer_and_every_module_is_in_a_folder() -> None:
@@ -174,28 +195,10 @@ def test_the_core_imports_without_jupyter_or_the_data_package() -> None:
 
 
 def load_time_edges() -> dict[str, set[str]]:
-    """Module -> the mtlab modules it imports when it is loaded (module body; not inside a function or an
-    ``if TYPE_CHECKING:`` block)."""
+    """Module -> the mtlab modules it imports when it is loaded."""
     graph: dict[str, set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        current = module_name(path)
-        tree = ast.parse(path.read_text(), filename=str(path))
-        body = []
-        for node in tree.body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                continue
-            body.extend(n for n in ast.walk(node) if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-        targets = graph.setdefault(current, set())
-        for node in body:
-            if isinstance(node, ast.ImportFrom):
-                target = resolve(current, node, path.name == "__init__.py")
-                if target is None:
-                    continue
-                for alias in node.names:
-                    sub = f"{target}.{alias.name}" if target else alias.name
-                    is_module = (PACKAGE / (sub.replace(".", "/") + ".py")).exists() or \
-                        (PACKAGE / sub.replace(".", "/") / "__init__.py").exists()
-                    targets.add(sub if is_module else target)
+        graph[module_name(path)] = {imported for _, imported, _, _ in module_imports(path, load_time=True)}
     return graph
 
 

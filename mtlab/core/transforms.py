@@ -81,6 +81,23 @@ class ClipByValue(Transform):
         return f"ClipByValue({self.value:g})"
 
 
+def norm_before(acc: Accumulator) -> Tensor:
+    """The task's global gradient norm before this clip (recorded as ``grad_norm`` by the first clip)."""
+    if acc.grad_norm is None:
+        acc.record_norms(clipped=False)
+        return acc.grad_norm  # type: ignore[return-value]
+    return acc.norms()[1]
+
+
+def scale_to_norm(acc: Accumulator, ratio: Tensor) -> None:
+    """Scale the task's gradient by ``min(1, ratio)`` (a device tensor: no host sync) and record the norms."""
+    coef = torch.clamp(ratio, max=1.0)
+    gradops.mul_(acc.buffers, coef)
+    if acc.clip_fraction is None:
+        acc.clip_fraction = (coef < 1.0).to(torch.float64)
+    acc.record_norms(clipped=True)
+
+
 class ClipByGlobalNorm(Transform):
     """Scale the task's whole gradient so its L2 norm is at most ``max_norm``, as
     ``torch.nn.utils.clip_grad_norm_`` (same ``1e-6`` guard, no host sync)."""
@@ -92,16 +109,8 @@ class ClipByGlobalNorm(Transform):
         self.max_norm = check_positive(max_norm, "clip_grad_norm", " (or None to turn it off)")
 
     def __call__(self, acc: Accumulator) -> None:
-        if acc.grad_norm is None:
-            acc.record_norms(clipped=False)
-            total = acc.grad_norm
-        else:
-            total = acc.norms()[1]
-        coef = torch.clamp(self.max_norm / (total + 1e-6), max=1.0)
-        gradops.mul_(acc.buffers, coef)
-        if acc.clip_fraction is None:
-            acc.clip_fraction = (coef < 1.0).to(torch.float64)
-        acc.record_norms(clipped=True)
+        total = norm_before(acc)
+        scale_to_norm(acc, self.max_norm / (total + 1e-6))
 
     def __repr__(self) -> str:
         return f"ClipByGlobalNorm({self.max_norm:g})"
@@ -127,21 +136,13 @@ class ClipByHistory(Transform):
         self.history: dict[str, Tensor] = {}  # task -> norms before clipping, one per step (float64)
 
     def __call__(self, acc: Accumulator) -> None:
-        if acc.grad_norm is None:
-            acc.record_norms(clipped=False)
-            total = acc.grad_norm
-        else:
-            total = acc.norms()[1]
+        total = norm_before(acc)
         norm = total.detach().to(torch.float64).reshape(1)
         norm = torch.where(torch.isfinite(norm), norm, torch.full_like(norm, float("nan")))
         past = self.history.get(acc.task)
         self.history[acc.task] = norm if past is None else torch.cat([past.to(norm.device), norm])
         bound = torch.nanquantile(self.history[acc.task], self.percentile / 100.0)
-        coef = torch.clamp(bound / (total.to(torch.float64) + 1e-6), max=1.0)
-        gradops.mul_(acc.buffers, coef)
-        if acc.clip_fraction is None:
-            acc.clip_fraction = (coef < 1.0).to(torch.float64)
-        acc.record_norms(clipped=True)
+        scale_to_norm(acc, bound / (total.to(torch.float64) + 1e-6))
 
     def state_dict(self) -> dict[str, Any]:
         return {"history": {task: h.detach().cpu().clone() for task, h in self.history.items()}}
