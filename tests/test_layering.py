@@ -229,3 +229,22 @@ def test_cycle_finder_finds_a_cycle() -> None:
 def test_no_import_cycles() -> None:
     cycles = find_cycles(load_time_edges())
     assert not cycles, "import cycles at load time:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_only_the_accumulator_assigns_its_fields() -> None:
+    """Whoever holds state owns it: other modules change an accumulator through its methods (``advance``,
+    ``set_clip_fraction``, ``mark_applied``, ``take_reduced``...), never by assigning its fields."""
+    source = (PACKAGE / "core" / "accumulator.py").read_text()
+    fields = {node.attr for node in ast.walk(ast.parse(source))
+              if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name) and node.value.id == "self"}
+    assert {"phase", "position", "clip_fraction", "totals", "set_totals", "minibatches"} <= fields
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "core" / "accumulator.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in fields \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno} assigns {ast.unparse(node)}")
+    assert not bad, "\n".join(bad)

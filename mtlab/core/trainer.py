@@ -372,7 +372,7 @@ class Trainer:
             try:
                 self.update.step(self._accs, weights, self.lr, found_inf if self.nonfinite == "skip" else None)
                 for acc in accs:
-                    acc.phase = Phase.APPLIED
+                    acc.mark_applied()
                 self.step_count += 1
                 row = step_row(self.step_count, self.lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
                                self.update.stats)

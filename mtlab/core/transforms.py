@@ -73,7 +73,7 @@ class ClipByValue(Transform):
         if acc.grad_norm is None:
             acc.record_norms(clipped=False)
         numel = sum(b.numel() for b in acc.buffers)
-        acc.clip_fraction = gradops.count_above(acc.buffers, self.value).to(torch.float64) / max(numel, 1)
+        acc.set_clip_fraction(gradops.count_above(acc.buffers, self.value).to(torch.float64) / max(numel, 1))
         gradops.clamp_(acc.buffers, self.value)
         acc.record_norms(clipped=True)
 
@@ -93,8 +93,7 @@ def scale_to_norm(acc: Accumulator, ratio: Tensor) -> None:
     """Scale the task's gradient by ``min(1, ratio)`` (a device tensor: no host sync) and record the norms."""
     coef = torch.clamp(ratio, max=1.0)
     gradops.mul_(acc.buffers, coef)
-    if acc.clip_fraction is None:
-        acc.clip_fraction = (coef < 1.0).to(torch.float64)
+    acc.set_clip_fraction((coef < 1.0).to(torch.float64), first=True)
     acc.record_norms(clipped=True)
 
 
@@ -218,8 +217,7 @@ class Chain:
         """Apply the transforms of ``call`` at ``acc``'s position and move it on."""
         for t in self.pending(acc, call):
             t(acc)
-            acc.position += 1
-            acc.phase = t.phase
+            acc.advance(t.phase)
 
     def phase_error(self, task: str, acc: Accumulator, call: str) -> PhaseError:
         """The error for ``call`` made on ``acc`` out of order, naming the call that should come instead."""

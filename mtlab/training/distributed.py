@@ -204,11 +204,8 @@ class AllReduce:
                     f"rank {self.rank}: the all-reduce of task {name!r} at {call} failed "
                     f"({str(exc).splitlines()[0]}); another rank probably stopped or died: see its log. "
                     "The run cannot continue; resume from the last checkpoint") from exc
-            acc.totals.copy_(packed[:2])
             summed = {s: packed[2 + 2 * j:4 + 2 * j].clone() for j, s in enumerate(sets) if s in present}
-            acc.set_totals = {**{s: v for s, v in acc.set_totals.items() if s not in sets}, **summed}
-            if name in self._counts:
-                acc.minibatches = self._counts.pop(name)
+            acc.take_reduced(packed[:2], summed, sets, self._counts.pop(name, None))
 
 
 def attach(trainer: Trainer) -> Trainer:
