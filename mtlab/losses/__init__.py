@@ -119,7 +119,7 @@ class MSE:
 
 # Loss computers by name. The core holds the generic ones; domain packages register theirs on
 # import (``mtlab.separation.losses``: pit, direct, deepclustering, ...), and a lookup of a missing
-# name imports them (see ``mtlab.registry``). ``ORIGINAL_LOSS_TYPES`` lists the names that are the
+# name imports them (see ``mtlab.base.registry``). ``ORIGINAL_LOSS_TYPES`` lists the names that are the
 # original's ``loss_type`` strings with the same math; ``mse`` is mtlab's own (the original has none).
 LOSSES: Registry = Registry("loss", {"crossentropy": CrossEntropy, "mse": MSE})
 ORIGINAL_LOSS_TYPES: set[str] = {"crossentropy"}
