@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from mtlab.errors import ConfigError  # noqa: E402
+from mtlab.base.errors import ConfigError  # noqa: E402
 from mtlab.nabu import import_nabu, make_sample_root, plain_recipe  # noqa: E402
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..debug import next_call
+from ..training.debug import next_call
 from .runcontrol import RunControl
 from .runs import Run, current_run
 from .schedules import schedule_text
@@ -202,8 +202,8 @@ class Controller(RunControl):
         return self._command(name, getattr(self.trainer, name), stepwise=True)
 
     def _step(self) -> str:
-        """step(), or, after minibatches processed by hand, finish that accumulation (step() would start a
-        fresh one and drop them). When the step core gains ``Trainer.finish()``, the second branch is that call."""
+        """step(), or, after minibatches processed by hand, ``Trainer.finish()`` on that accumulation (step()
+        would start a fresh one and drop them)."""
         tr = self.trainer
         busy = {n: tr.state(n).minibatches for n, p in tr.phase().items() if p in BUSY}
         if not busy:
@@ -211,14 +211,9 @@ class Controller(RunControl):
             skipped = skipped_tasks(tr)
             extra = "; skipped " + ", ".join(f"{n} ({r})" for n, r in skipped.items()) if skipped else ""
             return f"step: done (a whole cycle, step {tr.step_count}){extra}"
-        calls = []
-        for call in tr.chain.calls():  # the trainer's own chain (normalize, clip by value / norm), in order
-            if any(nxt == call for name, nxt in tr.next_calls().items() if name in busy):
-                getattr(tr, call)()
-                calls.append(call)
-        tr.apply()
+        calls = tr.finish()
         parts = ", ".join(f"{n}: {k} minibatch(es)" for n, k in busy.items())
-        return (f"step: finished the accumulation started by hand ({parts}) with {', '.join([*calls, 'apply'])} "
+        return (f"step: finished the accumulation started by hand ({parts}) with {', '.join(calls)} "
                 f"instead of a fresh step(), which would have discarded it; now step {tr.step_count}")
 
     def take_snapshot(self) -> bool:
@@ -289,6 +284,10 @@ class Controller(RunControl):
             data.restored(step)
             data.event(step, f"restored step {step}")
             self._dirty = True
+            if not self._in_command and threading.current_thread() is threading.main_thread():  # from code
+                self._changed()
+        elif event == "combine" and not self._in_command and threading.current_thread() is threading.main_thread():
+            self._changed()
 
     # ------------------------------------------------------------------ lifecycle
     def detach(self, why: str = "closed") -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .. import combine, weighting
+from ..core import combine, weighting
 from .texts import TOOLTIPS
 
 BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "clip", "apply": "apply",

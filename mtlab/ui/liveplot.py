@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.lines import Line2D
 
-from ..plots import (
+from ..training.plots import (
     DPI,
     GHOST,
     MAX_EVENT_MARKS,

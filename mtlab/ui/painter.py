@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..plots import validation_series
+from ..training.plots import validation_series
 from .liveplot import LivePlot
 from .state import SeriesStore
 

@@ -1,7 +1,7 @@
 """The dashboard's plots: ``mtlab.plots`` (figures of a trainer's history) and the live figure
 (``liveplot.LivePlot``), here under the name the notebooks use (``mtlab.ui.plots.plot_history(trainer)``)."""
 
-from ..plots import (  # noqa: F401
+from ..training.plots import (  # noqa: F401
     DPI,
     GHOST,
     MAX_EVENT_MARKS,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..plots import panel_of
+from ..training.plots import panel_of
 
 Series = tuple[list[float], list[float]]
 
@@ -26,13 +26,15 @@ class SeriesStore:
     the ghost. ``copy()`` gives a consistent copy for a drawing thread.
     """
 
-    def __init__(self) -> None:
-        self.series: dict[str, Series] = {}
-        self.ghost: dict[str, Series] = {}
-        self.events: list[tuple[int, str]] = []  # (step, what changed): the event log and plot marks
-        self.validation: list[dict[str, Any]] = []  # evaluate events and the loop's validation records
-        self.records: list[dict[str, Any]] = []  # the loop's validation records (the validation table)
-        self.step = 0  # the step the collected data reach
+    def __init__(self, series: dict[str, Series] | None = None, ghost: dict[str, Series] | None = None,
+                 events: list[tuple[int, str]] | None = None, validation: list[dict[str, Any]] | None = None,
+                 records: list[dict[str, Any]] | None = None, step: int = 0) -> None:
+        self.series: dict[str, Series] = series or {}
+        self.ghost: dict[str, Series] = ghost or {}
+        self.events: list[tuple[int, str]] = events or []  # (step, what changed): the event log and plot marks
+        self.validation: list[dict[str, Any]] = validation or []  # evaluate events and the loop's validation records
+        self.records: list[dict[str, Any]] = records or []  # the loop's validation records (the validation table)
+        self.step = step  # the step the collected data reach
         self.lock = threading.Lock()
         self._seen = 0
         self._reload: int | None = None
@@ -73,15 +75,9 @@ class SeriesStore:
 
     def copy(self) -> SeriesStore:
         """A consistent copy (lists copied under the lock) for a drawing thread."""
-        out = SeriesStore()
         with self.lock:
-            out.series = {k: (list(xs), list(ys)) for k, (xs, ys) in self.series.items()}
-            out.ghost = dict(self.ghost)
-            out.events = list(self.events)
-            out.validation = list(self.validation)
-            out.records = list(self.records)
-            out.step = self.step
-        return out
+            return SeriesStore({k: (list(xs), list(ys)) for k, (xs, ys) in self.series.items()}, dict(self.ghost),
+                               list(self.events), list(self.validation), list(self.records), self.step)
 
     def values_at(self, step: float) -> dict[str, tuple[int, float]]:
         """Every series' value at ``step`` (the last point at or before it): ``column -> (its step, value)``."""

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..trainer import Trainer
+from ..core.trainer import Trainer
 from .state import DashState
 
 STEPWISE = ("minibatch", "normalize", "clip", "apply", "step", "reset")

@@ -21,7 +21,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..trainer import Trainer
+from ..core.trainer import Trainer
 from .controller import Controller
 from .controls import PLOT_WIDTH, Controls
 from .painter import Painter
