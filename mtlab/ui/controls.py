@@ -15,8 +15,8 @@ BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",
            "restore": "restore", "export_png": "PNG", "export_svg": "SVG", "export_csv": "history CSV",
            "clear_error": "clear"}
-LEFT_WIDTH = 340  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
-PLOT_WIDTH = 700  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
+LEFT_WIDTH = 320  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
+PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
 
 
 def _layout(**kw: Any) -> widgets.Layout:
@@ -95,10 +95,10 @@ class Controls:
         self.scale_toggle = widgets.ToggleButtons(options=["linear", "log"], value="linear",
                                                   tooltips=["loss axis linear", "loss axis logarithmic"],
                                                   tooltip="the loss panel's y axis: linear or logarithmic",
-                                                  style={"button_width": "52px"}, layout=_layout(width="auto"))
+                                                  style={"button_width": "64px"}, layout=_layout(width="auto"))
         self.smoothing_slider = widgets.FloatSlider(
             value=0.0, min=0.0, max=0.99, step=0.01, description="smooth", readout_format=".2f",
-            continuous_update=False, style={"description_width": "48px"}, layout=_layout(width="200px"),
+            continuous_update=False, style={"description_width": "56px"}, layout=_layout(width="210px"),
             tooltip="EMA smoothing of the loss curves (TensorBoard's); the raw curve stays faint behind")
         self.zoom = widgets.IntRangeSlider(
             value=(0, 1), min=0, max=1, description="steps", continuous_update=False,

@@ -65,7 +65,7 @@ class LivePlot:
     def __init__(self, tasks: Sequence[str], width_px: int = 720, height_px: int | None = None, dpi: int = DPI,
                  max_points: int = LIVE_POINTS) -> None:
         self.width_px = int(width_px)
-        self.figure = new_figure(self.width_px, height_px if height_px is not None else int(width_px * 0.47), dpi)
+        self.figure = new_figure(self.width_px, height_px if height_px is not None else int(width_px * 0.5), dpi)
         self.canvas = FigureCanvasAgg(self.figure)
         self.max_points = max_points
         self.colors = task_colors(tasks)

@@ -146,6 +146,9 @@ def test_quickstart_dashboard_step_in_jupyterlab(lab: str, tmp_path: Path) -> No
         open_and_run_all(page, lab, NOTEBOOK.name)
 
         output = page.locator(".jp-OutputArea")
+        tab = output.locator(".lm-TabBar-tab", has_text="step by step").first  # the stepwise calls' tab
+        tab.wait_for(timeout=120_000)
+        tab.click()
         step = output.get_by_role("button", name="step", exact=True)
         step.wait_for(timeout=60_000)
         counter = output.locator(".widget-html-content", has_text="step ").first
@@ -176,6 +179,7 @@ def test_quickstart_dashboard_step_in_jupyterlab(lab: str, tmp_path: Path) -> No
         read = output.locator(".widget-inline-hbox", has_text="read").locator("input").first
         read.fill("3")
         read.press("Enter")
+        output.locator(".lm-TabBar-tab", has_text="read-out").first.click()
         page.wait_for_function("() => [...document.querySelectorAll('.jp-OutputArea table.mtlab-readout td')]"
                                ".some(e => e.textContent === 'tag/loss')", timeout=60_000)
         save_screenshot(page, "01_quickstart_dashboard.png")
@@ -208,7 +212,11 @@ def test_rerun_dashboard_cell_during_a_run_adopts_and_stops_it(lab: str, tmp_pat
         assert wrapped == [], f"table headers wrap: {wrapped}"
 
         # One screen: no horizontal scrollbar; with the dashboard's top at the top, the counter, the status
-        # line, the run button and the plot are all inside the 800-px viewport.
+        # line, the run button and the plot are all inside the 800-px viewport (the file browser closed,
+        # as when teaching: with it open, the plot goes below the controls, still without a scrollbar).
+        page.evaluate("() => { if (!window.jupyterapp.shell.leftCollapsed)"
+                      " window.jupyterapp.commands.execute('application:toggle-left-area'); }")
+        page.wait_for_function("() => window.jupyterapp.shell.leftCollapsed", timeout=30_000)
         page.evaluate("() => document.querySelector('.jp-OutputArea .widget-html-content').scrollIntoView()")
         fits = page.evaluate(
             "() => { const out = document.querySelector('.jp-OutputArea-output .widget-vbox');"

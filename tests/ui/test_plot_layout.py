@@ -107,11 +107,12 @@ def test_history_figure_has_no_overlapping_text(clipped, method):
     assert ("combine weights" in titles and "task cosine" in titles) == method
 
 
-def test_live_plot_has_no_overlapping_text_running_and_zoomed():
+@pytest.mark.parametrize("width", [620, 830])  # the dashboard's plot; a notebook's full width
+def test_live_plot_has_no_overlapping_text_running_and_zoomed(width):
     df = history()
     series = plots.series_from_frame(df)
     events = plots.events_from_frame(df)
-    live = LivePlot(["a", "b"], width_px=720)
+    live = LivePlot(["a", "b"], width_px=width)
     live.update(series, {"a": ([100], [0.3])}, step=300, events=events)
     live.png()
     assert live.panels == ("loss", "grad_norm", "clip_fraction", "combine", "cosine")
