@@ -26,7 +26,7 @@ def _layout(**kw: Any) -> widgets.Layout:
 def weight_slider(label: str, value: float, width: str, tip: str) -> widgets.FloatSlider:
     return widgets.FloatSlider(value=value, min=0.0, max=max(2.0, 2 * value), step=0.01, description=label,
                                readout_format=".2f", continuous_update=False, tooltip=tip,
-                               style={"description_width": width}, layout=_layout(width=f"{LEFT_WIDTH - 20}px"))
+                               style={"description_width": width}, layout=_layout(width=f"{LEFT_WIDTH - 44}px"))
 
 
 class Controls:
@@ -50,7 +50,7 @@ class Controls:
         self.lr_slider = widgets.FloatLogSlider(
             value=lr, base=10, min=math.log10(lr) - 3, max=math.log10(lr) + 2, step=0.05, description="lr",
             readout_format=".2e", continuous_update=False, style={"description_width": width},
-            layout=_layout(width=f"{LEFT_WIDTH - 20}px"),
+            layout=_layout(width=f"{LEFT_WIDTH - 44}px"),
             tooltip="trainer.lr: learning rate of the next apply(); a run's schedule sets it again at each step "
                     "(lr decay)")
         clip = trainer.clip_grad_value
@@ -62,7 +62,7 @@ class Controls:
         self.clip_slider = widgets.FloatLogSlider(
             value=c0, base=10, min=math.log10(c0) - 3, max=math.log10(c0) + 2, step=0.05, description="value",
             readout_format=".3g", continuous_update=False, disabled=clip is None,
-            style={"description_width": "40px"}, layout=_layout(width=f"{LEFT_WIDTH - 90}px"),
+            style={"description_width": "40px"}, layout=_layout(width=f"{LEFT_WIDTH - 110}px"),
             tooltip="trainer.clip_grad_value: clip() clamps every gradient element to ± this value. Needs: clip ticked")
         methods = ["sum", *combine.AGGREGATORS, *weighting.WEIGHTINGS]
         current = str(getattr(trainer.update, "method", None) or "sum")
@@ -130,7 +130,7 @@ class Controls:
         snaps = widgets.VBox([widgets.HBox([self.snapshot_dropdown, B["snapshot"], B["restore"]], layout=wrap),
                               widgets.HBox([B["export_png"], B["export_svg"], B["export_csv"]], layout=wrap),
                               self.export_links])
-        tabs = widgets.Tab([weights, stepwise, snaps], titles=("weights", "step by step", "snapshots & export"),
+        tabs = widgets.Tab([weights, stepwise, snaps], titles=("weights", "step by step", "snapshots"),
                            layout=_layout(width=f"{LEFT_WIDTH}px"))
         left = widgets.VBox([run_row, tabs], layout=_layout(width=f"{LEFT_WIDTH}px", flex="0 0 auto"))
         lower = widgets.Tab([self.readout, self.event_log, self.validation_table],
