@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mtlab
@@ -26,7 +26,7 @@ def build(nonfinite="skip", **kw):
                          clip_grad_value=1.0, numbatches_to_aggregate=2, device="cpu", nonfinite=nonfinite, **kw)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=settings.default.max_examples)
 @given(plan=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["input_nan", "input_inf", "grad_enc", "grad_head_b"])),
                      min_size=1, max_size=3))
 def test_nonfinite_values_never_reach_the_parameters_under_skip(plan):

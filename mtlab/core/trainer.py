@@ -369,25 +369,52 @@ class Trainer:
 
     def step(self) -> dict[str, Accumulator]:
         """The whole cycle: reset, ``numbatches_to_aggregate`` rounds of every (task, linked set), then the
-        chain's calls (normalize, clip) and apply. Linked sets and tasks of weight 0 are left out."""
+        chain's calls (normalize, clip) and apply. Linked sets and tasks of weight 0 are left out.
+
+        Refused (nothing changed) while a task holds minibatches processed by hand. A refusal inside the cycle
+        leaves the trainer where the same calls by hand would: the minibatches drawn so far stay accumulated
+        for inspection (the error says so), parameters and optimizer untouched; ``reset()`` discards them."""
         with self.lock:
             active = self.active_tasks()
             if not active:
                 raise ConfigError("step(): every task (or every linked set) has weight 0; raise a weight first")
+            self._refuse_hand_work()
             self.reset()
-            for name, sets in active.items():
-                for _ in range(self.numbatches_to_aggregate):
-                    for s in sets:
-                        self.process_minibatch(name, s)
-            self._agree(self.reducing_call(), None, within="step")  # data parallel: one agreement per cycle
-            self._agreed = self.reducer is not None
+            before = self.step_count
             try:
-                for call in self.chain.calls():
-                    self._transform(call, None)
-                self.apply()
-            finally:
-                self._agreed = False
+                for name, sets in active.items():
+                    for _ in range(self.numbatches_to_aggregate):
+                        for s in sets:
+                            self.process_minibatch(name, s)
+                self._agree(self.reducing_call(), None, within="step")  # data parallel: one agreement per cycle
+                self._agreed = self.reducer is not None
+                try:
+                    for call in self.chain.calls():
+                        self._transform(call, None)
+                    self.apply()
+                finally:
+                    self._agreed = False
+            except BaseException as exc:
+                if self.step_count == before:
+                    kept = ", ".join(f"{n}: {a.minibatches} minibatch(es), {a.phase}" for n, a in self._accs.items()
+                                     if a.minibatches)
+                    exc.add_note(f"mtlab: step() stopped before its update; what it accumulated is kept for inspection "
+                                 f"({kept or 'nothing'}; see trainer.state(task)) and parameters and optimizer are "
+                                 "untouched. reset() discards it; the next step() draws fresh minibatches")
+                raise
             return {n: self._accs[n] for n in active}
+
+    def _refuse_hand_work(self) -> None:
+        """step() starts a fresh cycle: refuse rather than silently discard minibatches processed by hand."""
+        busy = {n: a for n, a in self._accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)}
+        if not busy:
+            return
+        parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
+        calls = [*self.chain.calls(), "apply"]
+        first = min(calls.index(c) if c in calls else 0 for c in (self.chain.next_call(a) for a in busy.values()))
+        raise PhaseError(f"step(): tasks hold minibatches processed by hand ({parts}), which a fresh step would "
+                         f"discard; finish them with {', '.join(c + '()' for c in calls[first:])} or discard them "
+                         "with reset(), then step()")
 
     @property
     def history(self) -> "pandas.DataFrame":  # noqa: F821

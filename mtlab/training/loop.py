@@ -67,6 +67,7 @@ from ..base.errors import ConfigError
 from ..base.report import say
 from ..tasks.sampling import SegmentedExamples
 from ..tasks.task import check_count, check_positive
+from ..core.accumulator import Phase
 from ..core.trainer import Trainer
 
 SETTINGS = ("num_steps", "initial_learning_rate", "learning_rate_decay", "valid_frequency", "valid_batches",
@@ -508,15 +509,18 @@ def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
     """``trainer.step()``, or, if it raises before applying, nothing at all (accumulation, data
     positions and RNG state as before the call)."""
     before = trainer.step_count
+    fresh = all(p in (Phase.EMPTY, Phase.APPLIED) for p in trainer.phase().values())  # else step() refuses as is
     streams = {key: stream.state_dict() for key, stream in trainer.streams.items()}
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None
     guard.abortable = True
     try:
         trainer.step()
-    except BaseException:
+    except BaseException as exc:
         guard.abortable = False
-        if trainer.step_count == before:
+        if trainer.step_count == before and fresh:
+            exc.add_note("mtlab.run: the refused step was rolled back: its accumulation discarded, data positions "
+                         "and RNG as before it, parameters and optimizer untouched (a resume draws the same data)")
             trainer.reset()
             for key in list(trainer.streams):
                 if key in streams:
