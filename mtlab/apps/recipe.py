@@ -618,7 +618,7 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
     the original bootstraps from ``init_file``: weights only (optimizer, step and data start afresh). Every
     model of the trainer must be in the file; models the file has beyond them are left out (and named).
     Returns the names of the models loaded."""
-    from ..core.checkpoint import CheckpointError, load_safe
+    from ..core.checkpoint import CheckpointError, check_weights, load_safe
 
     path = Path(path)
     if not path.is_file():
@@ -643,6 +643,7 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
     if missing:
         raise ConfigError(f"{origin}: {path} has no weights for models {missing} (it has {sorted(models)}); "
                           "initialize from a checkpoint of a recipe with the same model names")
+    check_weights(trainer.models, models, f"{origin}: {path}")  # every shape first: a refusal changes nothing
     for name, model in trainer.models.items():
         try:
             model.load_state_dict(models[name])

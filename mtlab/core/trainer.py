@@ -474,7 +474,10 @@ class Trainer:
 
     def load_checkpoint(self, path: Any) -> None:
         """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""
-        self.load_state_dict(checkpoint.load_safe(path))
+        state = checkpoint.load_safe(path)
+        with self.lock:
+            checkpoint.load_trainer_state(self, state, source=f"checkpoint {path}")  # names the file if refused
+            self.events.emit("restore", {"step": self.step_count})
 
     # ------------------------------------------------------------------ introspection
     def __repr__(self) -> str:
