@@ -27,6 +27,11 @@ if PROFILE == "ci":
         _engine.MAX_SHRINKING_SECONDS = 30
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: starts a subprocess, kernel, browser, wheel build or survey "
+                            "(the fast tier is `pytest -m 'not slow'`)")
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models: one torch thread is fastest and avoids oversubscribing shared CI cores."""
