@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,25 @@ def _demo_recipe() -> Path:
     return path
 
 
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_threads() -> tuple[int, str]:
+    """torch CPU threads that do not oversubscribe the machine, and why: the CPUs this process may use less
+    the machine's load (other programs' busy threads), shared among the local ranks; at least 1, at most
+    torch's own choice. On a shared 2-core machine under load, more threads made steps 10-15x slower."""
+    import torch
+
+    cpus = _usable_cpus()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    free = max(1, round(cpus - load)) // ranks
+    n = max(1, min(torch.get_num_threads(), free))
+    shared = f", {ranks} local ranks" if ranks > 1 else ""
+    return n, f"{n} torch thread{'s' if n > 1 else ''} ({cpus} CPUs, load {load:.1f}{shared}; --threads N to choose)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtlab", description="Multi-task training with explicit gradient accumulation.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=int, default=None, help="run at most this many steps now (default: to the end)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar; log lines instead")
         p.add_argument("--threads", type=int, default=None,
-                       help="torch CPU threads (default: 1 for demo, else torch's choice)")
+                       help="torch CPU threads (default: 1 for demo, else the CPUs not busy with other work)")
         p.add_argument("--log", default=None, metavar="NAMES",
                        help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder; "
                             "default: the recipe's [trainer] log)")
@@ -297,12 +317,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("mtlab").setLevel(logging.INFO)
     try:
         # The demo's model is small: one thread is fastest, and several threads on busy cores were
-        # 15x slower per step in our measurements (oversubscription). Other commands keep torch's choice.
-        threads = args.threads or (1 if args.command == "demo" else None)
-        if threads:
+        # 15x slower per step in our measurements (oversubscription). Training commands use the free CPUs.
+        if args.command in ("train", "demo", "resume", "evaluate"):
             import torch
 
+            if args.threads:
+                threads, why = args.threads, f"{args.threads} torch thread{'s' if args.threads > 1 else ''} (--threads {args.threads})"
+            elif args.command == "demo":
+                threads, why = 1, "1 torch thread (the demo's small model runs fastest on one; --threads N to choose)"
+            else:
+                threads, why = default_threads()
             torch.set_num_threads(threads)
+            print(f"threads: {why}")
         _init_distributed()
         if args.command == "train" and args.recipe.is_dir():  # an original Nabu-MSSS recipe folder
             from .recipe import load_recipe

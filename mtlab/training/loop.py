@@ -549,8 +549,11 @@ def _postfix(trainer: Trainer) -> dict[str, str]:
     rows = trainer.log.rows()
     if not rows:
         return {}
-    return {k.split("/")[0]: f"{v:.4g}" for k, v in rows[-1].items()
-            if k.endswith("/loss") and k.count("/") == 1 and isinstance(v, float)}
+    out = {k.split("/")[0]: f"{v:.4g}" for k, v in rows[-1].items()
+           if k.endswith("/loss") and k.count("/") == 1 and isinstance(v, float)}
+    if trainer.device.type == "cpu":  # the thread count decides the speed on a shared CPU: show it
+        out["threads"] = str(torch.get_num_threads())
+    return out
 
 
 def _target(target: Any) -> tuple[Trainer, Any, Mapping[str, Any] | None]:
