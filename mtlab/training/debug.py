@@ -65,7 +65,8 @@ def next_call(trainer: Trainer) -> str:
 def explain(trainer: Trainer) -> str:
     """The cycle ``trainer.step()`` runs, each task's current phase, and what the next call will do."""
     k = trainer.numbatches_to_aggregate
-    lines = ["mtlab cycle, one trainer.step():", "  1. reset()              discard every task's accumulators"]
+    lines = ["mtlab cycle, one trainer.step():", "  1. reset()              discard the last step's accumulators (refused while minibatches "
+                                                 "processed by hand wait for apply)"]
     lines.append(f"  2. {k} round(s) of process_minibatch(task, linked set) for every linked set of weight > 0:")
     for name, t in trainer.tasks.items():
         sets = _active_sets(trainer, name)
