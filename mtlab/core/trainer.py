@@ -36,6 +36,27 @@ from .update import OptimizerFactory, PerTaskUpdate, Update, make_adam
 NONFINITE_POLICIES = ("raise", "skip")
 
 
+def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
+    """step() starts a fresh cycle: refuse rather than silently discard minibatches processed by hand."""
+    busy = {n: a for n, a in accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)}
+    if not busy:
+        return
+    parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
+    calls = [*chain.calls(), "apply"]
+    first = min(calls.index(c) if c in calls else 0 for c in (chain.next_call(a) for a in busy.values()))
+    raise PhaseError(f"step(): tasks hold minibatches processed by hand ({parts}), which a fresh step would "
+                     f"discard; finish them with {', '.join(c + '()' for c in calls[first:])} or discard them "
+                     "with reset(), then step()")
+
+
+def kept_note(accs: Mapping[str, Accumulator]) -> str:
+    """What a step() refused inside its cycle leaves behind, for the error's note."""
+    kept = ", ".join(f"{n}: {a.minibatches} minibatch(es), {a.phase}" for n, a in accs.items() if a.minibatches)
+    return (f"mtlab: step() stopped before its update; what it accumulated is kept for inspection ({kept or 'nothing'}; "
+            "see trainer.state(task)) and parameters and optimizer are untouched. reset() discards it; the next "
+            "step() draws fresh minibatches")
+
+
 class Trainer:
     """Multi-task trainer whose step can be run one call at a time.
 
@@ -378,7 +399,7 @@ class Trainer:
             active = self.active_tasks()
             if not active:
                 raise ConfigError("step(): every task (or every linked set) has weight 0; raise a weight first")
-            self._refuse_hand_work()
+            refuse_hand_work(self._accs, self.chain)
             self.reset()
             before = self.step_count
             try:
@@ -396,25 +417,9 @@ class Trainer:
                     self._agreed = False
             except BaseException as exc:
                 if self.step_count == before:
-                    kept = ", ".join(f"{n}: {a.minibatches} minibatch(es), {a.phase}" for n, a in self._accs.items()
-                                     if a.minibatches)
-                    exc.add_note(f"mtlab: step() stopped before its update; what it accumulated is kept for inspection "
-                                 f"({kept or 'nothing'}; see trainer.state(task)) and parameters and optimizer are "
-                                 "untouched. reset() discards it; the next step() draws fresh minibatches")
+                    exc.add_note(kept_note(self._accs))
                 raise
             return {n: self._accs[n] for n in active}
-
-    def _refuse_hand_work(self) -> None:
-        """step() starts a fresh cycle: refuse rather than silently discard minibatches processed by hand."""
-        busy = {n: a for n, a in self._accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)}
-        if not busy:
-            return
-        parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
-        calls = [*self.chain.calls(), "apply"]
-        first = min(calls.index(c) if c in calls else 0 for c in (self.chain.next_call(a) for a in busy.values()))
-        raise PhaseError(f"step(): tasks hold minibatches processed by hand ({parts}), which a fresh step would "
-                         f"discard; finish them with {', '.join(c + '()' for c in calls[first:])} or discard them "
-                         "with reset(), then step()")
 
     @property
     def history(self) -> "pandas.DataFrame":  # noqa: F821
