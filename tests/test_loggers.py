@@ -343,6 +343,7 @@ def test_a_buffering_logger_adds_no_host_read_to_the_step(tmp_path: Path) -> Non
     assert len(history) == 4
 
 
+@pytest.mark.slow  # MLflow creates its SQLite store: tens of seconds
 def test_mlflow_resume_continues_the_same_run(corpus: Path, tmp_path: Path) -> None:
     pytest.importorskip("mlflow", reason="mlflow comes with the loggers extra")
     from mlflow.tracking import MlflowClient
