@@ -24,7 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from typing import Sequence
@@ -45,6 +48,68 @@ def _demo_recipe() -> Path:
     return path
 
 
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_threads() -> tuple[int, str]:
+    """torch CPU threads that do not oversubscribe the machine, and why: the CPUs this process may use less
+    the machine's load (other programs' busy threads), shared among the local ranks; at least 1, at most
+    torch's own choice. On a shared 2-core machine under load, more threads made steps 10-15x slower."""
+    import torch
+
+    cpus = _usable_cpus()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    free = max(1, round(cpus - load)) // ranks
+    n = max(1, min(torch.get_num_threads(), free))
+    shared = f", {ranks} local ranks" if ranks > 1 else ""
+    return n, f"{n} torch thread{'s' if n > 1 else ''} ({cpus} CPUs, load {load:.1f}{shared}; --threads N to choose)"
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of units, got {text!r}")
+    return int(text)
+
+
+LARGE_ON_CPU = 2_000_000  # parameters above which a CPU run is told its cost before it starts
+
+
+def _cost_note(exp: Any) -> Callable[[str, dict[str, Any]], None] | None:
+    """A large model about to train on the CPU: say its size and what it costs before the first step, and
+    return a listener that reports the first step's time and the schedule's at that pace."""
+    import torch
+
+    trainer = exp.trainer
+    params = sum(p.numel() for p in trainer.params.values())
+    if trainer.device.type != "cpu" or params < LARGE_ON_CPU:
+        return None
+    size = sum(p.numel() * p.element_size() for p in trainer.params.values())
+    # weights, a gradient buffer per task, Adam's two moments and the update's direction; activations come on top
+    gb = size * (3 + len(trainer.tasks) + 1) / 1e9
+    threads = torch.get_num_threads()
+    print(f"large model: {params / 1e6:.1f} M parameters on the CPU ({threads} torch thread{'s' if threads > 1 else ''}):"
+          f" at least {gb:.1f} GB for weights, gradients and Adam, more for activations; a full-size "
+          "recipe can take minutes per step on a few cores. For a quick look train with --shrink 32 (hidden sizes capped at 32), "
+          'or on a GPU (device = "cuda" in [trainer]); the first step\'s time follows', flush=True)
+    start = time.monotonic()
+
+    def first_step(event: str, info: dict[str, Any]) -> None:
+        nonlocal start
+        if event == "run_start":
+            start = time.monotonic()
+        elif event == "apply":
+            trainer.remove_callback(first_step)
+            took = time.monotonic() - start
+            left = max(0, exp.schedule.num_steps - trainer.step_count)
+            print(f"step {trainer.step_count} took {took:.0f} s: the {left} steps left would take about "
+                  f"{took * left / 3600:.1f} h at this pace", flush=True)
+
+    trainer.add_callback(first_step)
+    return first_step
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtlab", description="Multi-task training with explicit gradient accumulation.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=int, default=None, help="run at most this many steps now (default: to the end)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar; log lines instead")
         p.add_argument("--threads", type=int, default=None,
-                       help="torch CPU threads (default: 1 for demo, else torch's choice)")
+                       help="torch CPU threads (default: 1 for demo, else the CPUs not busy with other work)")
         p.add_argument("--log", default=None, metavar="NAMES",
                        help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder; "
                             "default: the recipe's [trainer] log)")
@@ -63,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", type=Path, default=None,
                    help="an original Nabu-MSSS recipe folder: its database.conf paths go below this (default: data)")
     p.add_argument("--expdir", type=Path, required=True, help="experiment folder (must not hold an experiment yet)")
+    p.add_argument("--shrink", type=_positive, default=0, metavar="N",
+                   help="cap the hidden sizes of an original Nabu-MSSS recipe at N units: a quick look on a CPU")
     common(p)
     p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus")
     p.add_argument("--expdir", type=Path, default=None, help="experiment folder (default: exp/demo, exp/demo-2, ...)")
@@ -127,6 +194,7 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
 
         logger = make(loggers, expdir).attach(exp.trainer)
     periodic = _periodic(exp, expdir)
+    cost = _cost_note(exp) if rank == 0 else None
     try:
         schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
     finally:
@@ -134,6 +202,8 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
             logger.close()
         if periodic is not None:
             periodic.detach()
+        if cost is not None and cost in exp.trainer.callbacks:
+            exp.trainer.remove_callback(cost)
     if rank != 0:
         return 0
     print((expdir / "summary.txt").read_text(), end="")
@@ -297,17 +367,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("mtlab").setLevel(logging.INFO)
     try:
         # The demo's model is small: one thread is fastest, and several threads on busy cores were
-        # 15x slower per step in our measurements (oversubscription). Other commands keep torch's choice.
-        threads = args.threads or (1 if args.command == "demo" else None)
-        if threads:
+        # 15x slower per step in our measurements (oversubscription). Training commands use the free CPUs.
+        if args.command in ("train", "demo", "resume", "evaluate"):
             import torch
 
+            if args.threads:
+                threads, why = args.threads, f"{args.threads} torch thread{'s' if args.threads > 1 else ''} (--threads {args.threads})"
+            elif args.command == "demo":
+                threads, why = 1, "1 torch thread (the demo's small model runs fastest on one; --threads N to choose)"
+            else:
+                threads, why = default_threads()
             torch.set_num_threads(threads)
+            print(f"threads: {why}")
         _init_distributed()
-        if args.command == "train" and args.recipe.is_dir():  # an original Nabu-MSSS recipe folder
+        if args.command == "train" and (args.recipe.is_dir() or args.shrink):  # an original Nabu-MSSS recipe folder
             from .recipe import load_recipe
 
             args.recipe = load_recipe(args.recipe, args.data_root)
+            if args.shrink:
+                from ..nabu.shrink import shrink
+
+                shrink(args.recipe, args.shrink)
+                print(f"--shrink {args.shrink}: hidden sizes capped at {args.shrink} units (a quick look, not the "
+                      "recipe's model)")
         if args.command == "import-nabu":
             return _import_nabu(args)
         if args.command == "train":

@@ -37,6 +37,27 @@ from .update import OptimizerFactory, PerTaskUpdate, Update, make_adam
 NONFINITE_POLICIES = ("raise", "skip")
 
 
+def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
+    """step() starts a fresh cycle: refuse rather than silently discard minibatches processed by hand."""
+    busy = {n: a for n, a in accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)}
+    if not busy:
+        return
+    parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
+    calls = [*chain.calls(), "apply"]
+    first = min(calls.index(c) if c in calls else 0 for c in (chain.next_call(a) for a in busy.values()))
+    raise PhaseError(f"step(): tasks hold minibatches processed by hand ({parts}), which a fresh step would "
+                     f"discard; finish them with finish() (it makes {', '.join(c + '()' for c in calls[first:])}) "
+                     "or discard them with reset(), then step()")
+
+
+def kept_note(accs: Mapping[str, Accumulator]) -> str:
+    """What a step() refused inside its cycle leaves behind, for the error's note."""
+    kept = ", ".join(f"{n}: {a.minibatches} minibatch(es), {a.phase}" for n, a in accs.items() if a.minibatches)
+    return (f"mtlab: step() stopped before its update; what it accumulated is kept for inspection ({kept or 'nothing'}; "
+            "see trainer.state(task)) and parameters and optimizer are untouched. reset() discards it, after which "
+            "step() draws fresh minibatches")
+
+
 class Trainer:
     """Multi-task trainer whose step can be run one call at a time.
 
@@ -388,18 +409,29 @@ class Trainer:
 
     def step(self) -> dict[str, Accumulator]:
         """The whole cycle: reset, ``numbatches_to_aggregate`` rounds of every (task, linked set), then the
-        chain's calls (normalize, clip) and apply. Linked sets and tasks of weight 0 are left out."""
+        chain's calls (normalize, clip) and apply. Linked sets and tasks of weight 0 are left out.
+
+        Refused (nothing changed) while a task holds minibatches processed by hand. A refusal inside the cycle
+        leaves the trainer where the same calls by hand would: the minibatches drawn so far stay accumulated
+        for inspection (the error says so), parameters and optimizer untouched; ``reset()`` discards them."""
         with self.lock:
             active = self.active_tasks()
             if not active:
                 raise ConfigError("step(): every task (or every linked set) has weight 0; raise a weight first")
+            refuse_hand_work(self._accs, self.chain)
             self.reset()
-            for name, sets in active.items():
-                for _ in range(self.numbatches_to_aggregate):
-                    for s in sets:
-                        self.process_minibatch(name, s)
-            with self.parallel.one_agreement(self.reducing_call(), self._accs, self.next_calls()):
-                self.finish()
+            before = self.step_count
+            try:
+                for name, sets in active.items():
+                    for _ in range(self.numbatches_to_aggregate):
+                        for s in sets:
+                            self.process_minibatch(name, s)
+                with self.parallel.one_agreement(self.reducing_call(), self._accs, self.next_calls()):
+                    self.finish()
+            except BaseException as exc:
+                if self.step_count == before:
+                    exc.add_note(kept_note(self._accs))
+                raise
             return {n: self._accs[n] for n in active}
 
     def finish(self) -> list[str]:
@@ -477,7 +509,10 @@ class Trainer:
 
     def load_checkpoint(self, path: Any) -> None:
         """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""
-        self.load_state_dict(checkpoint.load_safe(path))
+        state = checkpoint.load_safe(path)
+        with self.lock:
+            checkpoint.load_trainer_state(self, state, source=f"checkpoint {path}")  # names the file if refused
+            self.events.emit("restore", {"step": self.step_count})
 
     # ------------------------------------------------------------------ introspection
     def __repr__(self) -> str:

@@ -568,6 +568,8 @@ class Dashboard(widgets.VBox):
                 self._draw_or_request()
         elif what.startswith("command-error:"):
             self._say(what[len("command-error:"):], error=True)
+        elif what.startswith("note:"):
+            self._say(what[len("note:"):])
         elif what == "end":
             self.buttons["pause"].description = "pause"
             why = REASONS.get(str(run.reason), str(run.reason))
