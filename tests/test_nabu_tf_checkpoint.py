@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mtlab.apps.cli import main
+from mtlab.apps.recipe import from_recipe, load_initial_weights
 from mtlab.base.errors import ConfigError
 from mtlab.models import build_model
 from mtlab.nabu import import_nabu, make_sample_root
@@ -311,19 +312,16 @@ def test_the_command_writes_weights_that_init_file_loads(ckpt: TFCheckpoint, sma
     out = tmp_path / "model.pt"
     assert main(["import-nabu-checkpoint", str(FIXTURE_PREFIX), "--recipe", str(small_recipe), "-o", str(out)]) == 0
     assert "5 model(s)" in capsys.readouterr().out
-    replace_in(small_recipe, "trainer.cfg", "init_file = /models/previous/network.ckpt", f"init_file = {out}")
     make_sample_root(import_nabu(small_recipe, data_root=tmp_path / "data"), limit=4)
-    exp = mtlab_from_recipe(small_recipe, tmp_path / "data")
+    replace_in(small_recipe, "trainer.cfg", "init_file = /models/previous/network.ckpt", f"init_file = {out}")
+    exp = from_recipe(small_recipe, data_root=tmp_path / "data")
     converted = convert_checkpoint(ckpt, small_recipe)
     for name, model in exp.trainer.models.items():
         for key, value in model.state_dict().items():
             assert torch.equal(value, converted[name][key]), (name, key)
-
-
-def mtlab_from_recipe(folder: Path, data_root: Path):  # noqa: ANN201 (an Experiment)
-    from mtlab.apps.recipe import from_recipe
-
-    return from_recipe(folder, data_root=data_root)
+    # the original's checkpoint itself as init_file: the error says how to convert it
+    with pytest.raises(ConfigError, match="is a TensorFlow checkpoint.*convert it with `mtlab import-nabu-checkpoint"):
+        load_initial_weights(exp.trainer, FIXTURE_PREFIX)
 
 
 # ------------------------------------------------------------------ a checkpoint that does not fit the recipe
@@ -360,6 +358,7 @@ def test_layer_normalization_weights_are_refused(ckpt: TFCheckpoint) -> None:
 
 
 # ------------------------------------------------------------------ against TensorFlow itself, where installed
+@pytest.mark.slow  # importing TensorFlow takes seconds and starts a subprocess
 def test_the_reader_agrees_with_tensorflow_on_fresh_checkpoints(tmp_path: Path) -> None:
     tf = pytest.importorskip("tensorflow", reason="TensorFlow writes the checkpoint: pip install -e .[tensorflow]")
     rng = np.random.default_rng(3)
