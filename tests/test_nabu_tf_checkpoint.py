@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_nabu_import import replace_in, write_recipe
 
 from mtlab.apps.cli import main
 from mtlab.apps.recipe import from_recipe, load_initial_weights
@@ -20,7 +21,6 @@ from mtlab.models import build_model
 from mtlab.nabu import import_nabu, make_sample_root
 from mtlab.nabu.tf_checkpoint import CheckpointFormatError, TFCheckpoint
 from mtlab.nabu.tf_convert import convert_checkpoint, convert_models
-from test_nabu_import import replace_in, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -216,10 +216,14 @@ def test_a_corrupted_or_missing_checkpoint_is_an_error_naming_the_file(tmp_path:
 
 
 # ------------------------------------------------------------------ converted models against the oracles
+@pytest.mark.parametrize("keep", ["1.0", "0.9"])  # 0.9: BLSTM keeps one nn.LSTM per layer (dropout after each)
 def test_the_converted_blstm_matches_the_original_cell_per_frame_in_both_directions(ckpt: TFCheckpoint,
-                                                                                       small_recipe: Path) -> None:
+                                                                                       small_recipe: Path,
+                                                                                       keep: str) -> None:
+    replace_in(small_recipe, "model.cfg", "dropout = 1.0\nrecurrent_dropout", f"dropout = {keep}\nrecurrent_dropout")
     states = convert_checkpoint(ckpt, small_recipe)
     spec = dict(import_nabu(small_recipe)["models"]["main"])
+    assert (spec["layer_dropout"] > 0) == (keep != "1.0")
     model = build_model(spec.pop("type"), **spec).double().eval()
     model.load_state_dict(states["main"])
     x, lengths = batch()

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 here = Path(__file__).resolve().parent
 sys.path.insert(0, str(here.parent))
-from test_nabu_tf_checkpoint import FIXTURE, fixture_values  # noqa: E402
+from test_nabu_tf_checkpoint import FIXTURE, fixture_values
 
 if __name__ == "__main__":
     values = fixture_values()
