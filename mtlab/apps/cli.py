@@ -9,6 +9,8 @@
                                                                  separation metrics of WAV lists, with the
                                                                  mixture baseline and the improvements
     mtlab import-nabu RECIPE_DIR -o recipe.toml [--data-root DIR] an original Nabu-MSSS recipe as a TOML recipe
+    mtlab import-nabu-checkpoint CKPT --recipe DIR -o model.pt    an original trained model (TensorFlow checkpoint)
+                                                                 as mtlab weights, for init_file
 
 ``mtlab train`` also takes an original Nabu-MSSS recipe folder, with ``--data-root DIR`` (where its
 database.conf paths are re-rooted).
@@ -169,6 +171,13 @@ def _parser() -> argparse.ArgumentParser:
                                                         "the TOML file)")
     p.add_argument("--lenient", action="store_true", help="list the settings mtlab cannot honour under [nabu] "
                                                           "unsupported instead of stopping at the first")
+    p.set_defaults(threads=None)
+    p = sub.add_parser("import-nabu-checkpoint", help="convert an original Nabu-MSSS TensorFlow checkpoint to mtlab "
+                                                      "weights ({model: state_dict}, loadable as init_file)")
+    p.add_argument("checkpoint", type=Path, help="the checkpoint prefix (e.g. model/network.ckpt), a file of it or "
+                                                 "its folder")
+    p.add_argument("--recipe", type=Path, required=True, help="the original recipe folder the model was trained with")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the torch file to write")
     p.set_defaults(threads=None)
     return parser
 
@@ -392,6 +401,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "recipe's model)")
         if args.command == "import-nabu":
             return _import_nabu(args)
+        if args.command == "import-nabu-checkpoint":
+            from ..nabu.tf_convert import write_converted
+
+            counts = write_converted(args.checkpoint, args.recipe, args.output)
+            print(f"{args.output}: {len(counts)} model(s), {sum(counts.values())} tensors; set init_file to it")
+            return 0
         if args.command == "train":
             return _elastic_train(args)
         if args.command == "demo":

@@ -415,7 +415,8 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
     if not path.is_file():
         tf = Path(f"{path}.index").is_file()
         raise ConfigError(f"{origin}: {path} " + ("is a TensorFlow checkpoint; mtlab loads its own checkpoints "
-                          "(final.pt, best.pt) or a torch file of {model name: state_dict}" if tf else
+                          "(final.pt, best.pt) or a torch file of {model name: state_dict}; convert it with `mtlab "
+                          "import-nabu-checkpoint CKPT --recipe RECIPE_DIR -o model.pt`" if tf else
                           "not found; give an mtlab checkpoint (e.g. exp/other/final.pt) or a {model: state_dict} file"))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain containers only
