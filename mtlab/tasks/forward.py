@@ -90,7 +90,10 @@ class TaskPlan:
         outputs = {k: result.outputs[k] for k in self.outputs}
         targets = {k: data[k] for k in self.targets}
         try:
-            out = t.loss(targets, outputs, lengths)
+            if torch.is_autocast_enabled(self.device.type):
+                out = loss_in_fp32(t.loss, targets, outputs, lengths, self.device.type)
+            else:
+                out = t.loss(targets, outputs, lengths)
         except MtlabError:
             raise
         except Exception as exc:
@@ -114,6 +117,18 @@ class TaskPlan:
         num_examples = int(next(iter(data.values())).shape[0])
         keep = (not require_grad) if keep_outputs is None else keep_outputs
         return LossResult(loss_sum, normalizer, result.outputs if keep else {}, lengths, num_examples)
+
+
+def _fp32(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def loss_in_fp32(loss: Any, targets: dict[str, Tensor], outputs: dict[str, Tensor], lengths: dict[str, Tensor],
+                 device_type: str) -> Any:
+    """The loss computer outside autocast, on float32 outputs: mtlab's losses are SUMS over a minibatch
+    (and take logs, softmaxes over speakers, affinities), which half precision would round away."""
+    with torch.autocast(device_type, enabled=False):
+        return loss({k: _fp32(v) for k, v in targets.items()}, {k: _fp32(v) for k, v in outputs.items()}, lengths)
 
 
 def evaluate_totals(plan: TaskPlan, source: Any, batch_size: int, num_batches: int | None = None) -> tuple[float, float]:

@@ -1,0 +1,146 @@
+"""Mixed precision for the stepwise trainer: autocast settings and one ``torch.amp.GradScaler``.
+
+``Precision("32" | "bf16-mixed" | "16-mixed")`` is what the trainer calls at four points of a step:
+
+- ``autocast()`` around each minibatch's forward and loss (the loss computer itself runs in float32, see
+  ``mtlab.tasks.forward``: mtlab's losses are SUMS over a minibatch, which half precision would round away);
+- ``scale(loss)`` before each backward (``16-mixed`` only: the scaler's ``scale``);
+- ``unscale_(acc)`` once per task and step, in the first call after the minibatches (``normalize``, or
+  ``clip`` / ``apply`` when the chain has no Normalize), with the scaler's own kernel;
+- ``update(found_inf)`` in ``apply``, with the scaler's own kernel, from the device-side ``found_inf`` of
+  every task (a step with a non-finite gradient in any task is skipped and the scale backs off).
+
+Parameters, gradients, accumulators and optimizer state stay float32 (the master copy). Under ``16-mixed``
+a task's accumulated gradient is readable as the SCALED sum while the task is ``accumulating`` (its
+``acc.buffers`` hold ``scale × Σ grad``) and as the true gradient from the next call on; its ``loss`` and
+``normalizer`` are never scaled.
+
+>>> p = Precision("16-mixed", "cpu", init_scale=2.0**10)
+>>> p.mode, p.dtype, p.state_dict()["scaler"]["scale"]
+('16-mixed', torch.float16, 1024.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..base import gradops
+from ..base.errors import ConfigError
+
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+_ALIASES = {"32": "32", "fp32": "32", "32-true": "32", "bf16": "bf16-mixed", "bf16-mixed": "bf16-mixed",
+            "16": "16-mixed", "fp16": "16-mixed", "16-mixed": "16-mixed"}
+_DTYPES = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+SCALER_OPTIONS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+def check_precision(value: Any) -> str:
+    """The canonical name of a precision setting (``"bf16"`` -> ``"bf16-mixed"``); a ConfigError otherwise."""
+    key = str(value).strip().lower() if isinstance(value, (str, int)) else None
+    if key not in _ALIASES:
+        raise ConfigError(f"precision {value!r} is not one of {list(PRECISIONS)} "
+                          "(also accepted: 'bf16', '16', 'fp16', 'fp32')")
+    return _ALIASES[key]
+
+
+class Precision:
+    """Autocast settings and, for ``16-mixed``, the trainer's one GradScaler (its state in checkpoints).
+
+    ``scaler_options`` go to ``torch.amp.GradScaler`` (``init_scale``, ``growth_factor``, ``backoff_factor``,
+    ``growth_interval``)."""
+
+    def __init__(self, mode: str = "32", device: str | torch.device = "cpu", **scaler_options: Any) -> None:
+        self.mode = check_precision(mode)
+        self.device = torch.device(device)
+        self.dtype: torch.dtype | None = _DTYPES[self.mode]
+        unknown = set(scaler_options) - set(SCALER_OPTIONS)
+        if unknown:
+            raise ConfigError(f"precision: unknown GradScaler option(s) {sorted(unknown)}; valid: {list(SCALER_OPTIONS)}")
+        if scaler_options and self.mode != "16-mixed":
+            raise ConfigError(f"precision {self.mode!r} has no loss scaling; GradScaler options "
+                              f"{sorted(scaler_options)} need precision = \"16-mixed\"")
+        self.scaler: torch.amp.GradScaler | None = (
+            torch.amp.GradScaler(self.device.type, **scaler_options) if self.mode == "16-mixed" else None)
+
+    @classmethod
+    def build(cls, spec: "Precision | str | Mapping[str, Any] | None", device: torch.device) -> "Precision":
+        """From a Trainer's ``precision=``: a name, ``{"type": name, **scaler options}``, or a Precision."""
+        if isinstance(spec, Precision):
+            if spec.device.type != device.type:
+                raise ConfigError(f"precision object built for {spec.device}, trainer on {device}; "
+                                  "pass the precision by name instead")
+            return spec
+        if isinstance(spec, Mapping):
+            opts = dict(spec)
+            return cls(opts.pop("type", "32"), device, **opts)
+        return cls("32" if spec is None else spec, device)
+
+    @property
+    def scaling(self) -> bool:
+        """Whether losses are scaled (``16-mixed``)."""
+        return self.scaler is not None
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The forward's autocast region (nothing under ``"32"``)."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    # ------------------------------------------------------------------ loss scaling (16-mixed)
+    def scale(self, loss: Tensor) -> Tensor:
+        """``loss × scale`` before a backward (the loss itself under ``"32"`` and ``"bf16-mixed"``)."""
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
+    def _state(self) -> tuple[Tensor, Tensor]:
+        # The scaler's scale and growth-tracker tensors: GradScaler keeps them per optimizer-free step in
+        # private fields; mtlab unscales per task, not per optimizer, so it drives the same kernels itself.
+        assert self.scaler is not None
+        if self.scaler._scale is None:  # noqa: SLF001  (lazily created by the first scale())
+            self.scaler._lazy_init_scale_growth_tracker(self.device)  # noqa: SLF001
+        return self.scaler._scale, self.scaler._growth_tracker  # type: ignore[return-value]  # noqa: SLF001
+
+    def unscale_(self, buffers: list[Tensor]) -> Tensor | None:
+        """Divide a task's accumulated buffers by the scale, in place, with GradScaler's own kernel
+        (``inv_scale`` in float64 then float32, as ``GradScaler.unscale_``); returns the task's 0-d
+        ``found_inf`` (float32), or None when not scaling. No host read."""
+        if self.scaler is None:
+            return None
+        scale, _ = self._state()
+        inv_scale = scale.double().reciprocal().float()
+        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
+        for g in gradops.group(buffers):
+            here = found_inf if g[0].device == found_inf.device else torch.zeros_like(found_inf, device=g[0].device)
+            torch._amp_foreach_non_finite_check_and_unscale_(g, here, inv_scale.to(g[0].device))
+            if here is not found_inf:
+                found_inf += here.to(found_inf.device)
+        return found_inf
+
+    def update(self, found_inf: Tensor) -> dict[str, Tensor]:
+        """After a step: back off (``found_inf`` true) or grow the scale, on the device, as
+        ``GradScaler.update``; returns the history's ``grad_scale`` (the scale this step used)."""
+        if self.scaler is None:
+            return {}
+        scale, tracker = self._state()
+        used = scale.clone()
+        torch._amp_update_scale_(scale, tracker, found_inf.to(device=scale.device, dtype=torch.float32),
+                                 self.scaler.get_growth_factor(), self.scaler.get_backoff_factor(),
+                                 self.scaler.get_growth_interval())
+        return {"grad_scale": used}
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """``{"mode": ..., "scaler": GradScaler.state_dict() or None}`` (reads the scale: one host read)."""
+        return {"mode": self.mode, "scaler": None if self.scaler is None else self.scaler.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the scaler's state (a state without one leaves the scaler as it is)."""
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(dict(state["scaler"]))
+
+    def __repr__(self) -> str:
+        return f"Precision({self.mode!r}, device={str(self.device)!r})"
