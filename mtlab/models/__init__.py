@@ -8,6 +8,12 @@ import torch
 from torch import Tensor, nn
 
 
+def packing_lengths(seq_lengths: Tensor, host_lengths: Tensor | None) -> Tensor:
+    """The lengths ``pack_padded_sequence`` needs on the CPU: the batch's host copy when the graph passes one
+    (no sync), else ``seq_lengths`` copied back (a host sync on a GPU: B ints, but the GPU waits for it)."""
+    return host_lengths if host_lengths is not None else seq_lengths.cpu()
+
+
 class BLSTM(nn.Module):
     """Stacked bidirectional LSTM over padded ``[B, T, D]`` input, honouring ``seq_lengths``
     (packed sequences, so padding never leaks into valid frames). Output ``[B, T, 2*hidden]``,
@@ -30,11 +36,11 @@ class BLSTM(nn.Module):
         self.layer_dropout = layer_dropout
         self.output_dim = 2 * hidden
 
-    def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seq_lengths: Tensor, host_lengths: Tensor | None = None) -> Tensor:
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
         lstms = list(self.layers) if self.layer_dropout > 0 else [self.lstm]
-        lengths = seq_lengths.cpu()  # pack_padded_sequence needs lengths on the CPU: a small host copy of B ints
+        lengths = packing_lengths(seq_lengths, host_lengths)
         out = x
         for lstm in lstms:
             packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
@@ -358,10 +364,10 @@ class BRNN(nn.Module):
         self.input_noise, self.layer_dropout = input_noise, layer_dropout
         self.output_dim = 2 * hidden
 
-    def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seq_lengths: Tensor, host_lengths: Tensor | None = None) -> Tensor:
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
-        lengths = seq_lengths.cpu()  # pack_padded_sequence needs lengths on the CPU: a small host copy of B ints
+        lengths = packing_lengths(seq_lengths, host_lengths)
         out = x
         for rnn in self.layers:
             packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)

@@ -75,7 +75,7 @@ class TaskPlan:
     def forward(self, batch: Batch) -> GraphResult:
         """Run the graph on the batch's inputs (no targets needed, no loss)."""
         data, seq_lengths = self.prepare(batch, targets=False)
-        return self.graph.run(self.models, data, seq_lengths)
+        return self.graph.run(self.models, data, seq_lengths, host_lengths(batch))
 
     def loss(self, batch: Batch, require_grad: bool = False, keep_outputs: bool | None = None) -> LossResult:
         """Forward and loss; every failure names the task, the loss computer and the shapes.
@@ -85,7 +85,7 @@ class TaskPlan:
         the backward has no use for (the encoder's output, the logits) alive through it."""
         t = self.task
         data, seq_lengths = self.prepare(batch)
-        result = self.graph.run(self.models, data, seq_lengths)  # the graph reads its inputs by name
+        result = self.graph.run(self.models, data, seq_lengths, host_lengths(batch))  # inputs by name
         lengths = {**seq_lengths, **result.seq_lengths}
         outputs = {k: result.outputs[k] for k in self.outputs}
         targets = {k: data[k] for k in self.targets}
@@ -117,6 +117,13 @@ class TaskPlan:
         num_examples = int(next(iter(data.values())).shape[0])
         keep = (not require_grad) if keep_outputs is None else keep_outputs
         return LossResult(loss_sum, normalizer, result.outputs if keep else {}, lengths, num_examples)
+
+
+def host_lengths(batch: Batch) -> dict[str, Tensor]:
+    """The batch's lengths that are on the CPU (collate makes them there): models that pack sequences read
+    these instead of copying the device's lengths back (a host sync per forward)."""
+    lengths = batch[1]
+    return {k: v for k, v in lengths.items() if isinstance(v, Tensor) and v.device.type == "cpu"}
 
 
 def _fp32(x: Tensor) -> Tensor:
