@@ -260,3 +260,39 @@ def test_precision_settings_are_checked():
         trainer(make_models(), {"type": "bf16-mixed", "init_scale": 2.0})
     with pytest.raises(ConfigError, match="valid: \\['init_scale'"):
         Precision("16-mixed", "cpu", init_sacle=2.0)
+
+
+# ---------------------------------------------------------------- recipe key and command-line flag
+from pathlib import Path  # noqa: E402
+
+from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: E402,F401 (fixture)
+
+from mtlab.apps.cli import main  # noqa: E402
+from mtlab.apps.recipe import from_recipe, load_recipe  # noqa: E402
+from mtlab.core.checkpoint import load_safe  # noqa: E402
+
+
+def test_the_recipe_key_sets_precision(tiny_corpus: Path, tmp_path: Path) -> None:
+    recipe = load_recipe(write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=0))
+    recipe["trainer"]["precision"] = "bf16-mixed"
+    tr = from_recipe(recipe).trainer
+    assert tr.precision.mode == "bf16-mixed" and tr.precision.scaler is None and not tr.compiled
+    assert from_recipe(load_recipe(tmp_path / "tiny.toml")).trainer.precision.mode == "32"
+    recipe["trainer"]["precision"] = "half"
+    with pytest.raises(ConfigError, match="precision = 'half'; valid: 32, bf16-mixed, 16-mixed"):
+        from_recipe(recipe)
+
+
+def test_the_precision_flag_is_written_into_the_recipe_the_checkpoint_carries(tiny_corpus: Path, tmp_path: Path,
+                                                                              capsys) -> None:
+    path = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=2, valid_frequency=0)
+    assert main(["train", str(path), "--expdir", str(tmp_path / "exp"), "--steps", "2", "--no-progress",
+                 "--precision", "16-mixed"]) == 0
+    state = load_safe(tmp_path / "exp" / "final.pt")
+    assert state["recipe"]["trainer"]["precision"] == "16-mixed" and "compile" not in state["recipe"]["trainer"]
+    assert state["precision"]["mode"] == "16-mixed" and state["precision"]["scaler"]["scale"] > 0
+    assert len(state["history"]) == 2 and all("grad_scale" in row for row in state["history"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["train", str(path), "--expdir", str(tmp_path / "exp2"), "--precision", "half"])
+    assert "invalid choice: 'half'" in capsys.readouterr().err

@@ -35,6 +35,7 @@ from ..base.report import say
 from ..tasks.task import LinkedSet, Task
 from ..training.distributed import attach_if_distributed
 from ..training.loop import STAGE_KEYS, Schedule, check_stage, run, save_checkpoint
+from ..core.precision import PRECISIONS
 from ..core.trainer import Trainer
 
 DEFAULT_ORIGIN = "<recipe dict>"
@@ -92,6 +93,9 @@ TRAINER_KEYS: dict[str, Key] = {
     "device": Key("str", "auto", "mtlab: auto, cpu, cuda or cuda:N"),
     "log": Key("names", None, "mtlab: loggers of mtlab train/demo/resume, e.g. [\"tensorboard\", \"mlflow\"] "
                 "(csv, tensorboard, mlflow, trackio; files in the experiment folder; --log overrides)"),
+    "precision": Key("str", "32", "mtlab: 32, bf16-mixed (autocast) or 16-mixed (autocast + loss scaling); "
+                     "weights, gradients and optimizer stay float32", choices=PRECISIONS),
+    "compile": Key("bool", False, "mtlab: torch.compile each model (dynamic shapes: no recompile per length)"),
     "combine": Key("str", "sum", "mtlab: how tasks' gradients become one direction: sum, an aggregator (upgrad, "
                    "mgda, pcgrad, ...), a loss weighting (uncertainty, dwa, famo, random_loss) or both (dwa+upgrad)"),
 }
@@ -604,7 +608,8 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                           numbatches_to_aggregate=settings["numbatches_to_aggregate"], device=settings["device"],
                           seed=settings["seed"], nonfinite=settings["nonfinite"], acc_steps=settings["acc_steps"],
                           normalize_weights_acc_steps=settings["normalize_weights_acc_steps"],
-                          combine=settings["combine"])
+                          combine=settings["combine"], precision=settings["precision"],
+                          compile=settings["compile"])
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
     if settings["init_file"] and init_weights:

@@ -39,6 +39,14 @@ _DTYPES = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 SCALER_OPTIONS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
 
 
+def compile_models(models: Mapping[str, torch.nn.Module]) -> None:
+    """``torch.compile`` each model in place with dynamic shapes (``Module.compile``: names, state dicts and
+    parameters stay the module's own), so variable lengths do not recompile per length. What dynamo cannot
+    trace (nn.LSTM, nn.RNN, packing) runs eagerly between compiled pieces."""
+    for model in models.values():
+        model.compile(dynamic=True)
+
+
 def check_precision(value: Any) -> str:
     """The canonical name of a precision setting (``"bf16"`` -> ``"bf16-mixed"``); a ConfigError otherwise."""
     key = str(value).strip().lower() if isinstance(value, (str, int)) else None

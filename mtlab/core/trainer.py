@@ -27,7 +27,7 @@ from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError
 from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
-from .precision import Precision
+from .precision import Precision, compile_models
 from ..base.report import trainer_html
 from ..tasks.sampling import BatchStream, Streams
 from ..tasks.task import LinkedSet, Task, check_count, check_models, check_positive, check_tasks, check_weight
@@ -51,7 +51,7 @@ class Trainer:
                  nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
                  clip_grad_norm: float | None = None, optimizer: OptimizerFactory | None = None,
-                 combine: Any = None, precision: Any = "32") -> None:
+                 combine: Any = None, precision: Any = "32", compile: bool = False) -> None:
         check_models(models)
         tasks = check_tasks(tasks)
         check_count(numbatches_to_aggregate, "numbatches_to_aggregate", "minibatch rounds per step")
@@ -63,6 +63,9 @@ class Trainer:
         self.device = resolve_device(device)
         self.precision = Precision.build(precision, self.device)  # autocast and, for "16-mixed", the GradScaler
         self.models: dict[str, nn.Module] = {k: m.to(self.device) for k, m in models.items()}
+        self.compiled = bool(compile)
+        if self.compiled:
+            compile_models(self.models)
         self.tasks: dict[str, Task] = {t.name: t for t in tasks}
         self.plans: dict[str, TaskPlan] = {t.name: TaskPlan(t, self.models, self.device) for t in tasks}
         self.numbatches_to_aggregate = numbatches_to_aggregate

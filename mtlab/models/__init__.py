@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def rnn_precision(x: Tensor) -> tuple[contextlib.AbstractContextManager[Any], Tensor]:
+    """Autocast off (and ``x`` in float32) around nn.LSTM / nn.RNN on the CPU: oneDNN's bf16/fp16 recurrent
+    kernels need AVX512-BF16 or AMX and fail elsewhere ("could not create a primitive descriptor"). On a
+    GPU the recurrent layers run under autocast as everything else."""
+    if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        return torch.autocast("cpu", enabled=False), (x.float() if x.dtype in _HALF else x)
+    return contextlib.nullcontext(), x
 
 
 def packing_lengths(seq_lengths: Tensor, host_lengths: Tensor | None) -> Tensor:
@@ -41,13 +53,14 @@ class BLSTM(nn.Module):
             x = x + self.input_noise * torch.randn_like(x)
         lstms = list(self.layers) if self.layer_dropout > 0 else [self.lstm]
         lengths = packing_lengths(seq_lengths, host_lengths)
-        out = x
-        for lstm in lstms:
-            packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
-            out, _ = lstm(packed)
-            out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-            if self.layer_dropout > 0:
-                out = nn.functional.dropout(out, self.layer_dropout, self.training)
+        region, out = rnn_precision(x)
+        with region:
+            for lstm in lstms:
+                packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
+                out, _ = lstm(packed)
+                out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+                if self.layer_dropout > 0:
+                    out = nn.functional.dropout(out, self.layer_dropout, self.training)
         return out
 
 
@@ -103,7 +116,9 @@ class ResetBLSTM(nn.Module):
         self.output_dim = 2 * hidden
 
     def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
-        return self._run(x, seq_lengths)
+        region, x = rnn_precision(x)
+        with region:
+            return self._run(x, seq_lengths)
 
     def _run(self, x: Tensor, seq_lengths: Tensor, extra: Tensor | None = None, at: int = -1) -> Tensor:
         """The layers over ``x``; layer ``at`` (0-based) also reads the per-utterance vector ``extra``."""
@@ -166,7 +181,9 @@ class ResetBLSTMInsert(ResetBLSTM):
 
             raise BatchError(f"ResetBLSTMInsert: the additional input must be one vector per utterance [B, D], got "
                              f"{tuple(extra.shape)} for input {tuple(x.shape)}")
-        return self._run(x, seq_lengths, extra, self.combine_layer - 1)
+        region, x = rnn_precision(x)
+        with region:
+            return self._run(x, seq_lengths, extra.to(x.dtype) if extra.dtype in _HALF else extra, self.combine_layer - 1)
 
 
 def _reverse(x: Tensor, lengths: Tensor) -> Tensor:
@@ -368,13 +385,14 @@ class BRNN(nn.Module):
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
         lengths = packing_lengths(seq_lengths, host_lengths)
-        out = x
-        for rnn in self.layers:
-            packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
-            out, _ = rnn(packed)
-            out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-            if self.layer_dropout > 0:
-                out = nn.functional.dropout(out, self.layer_dropout, self.training)
+        region, out = rnn_precision(x)
+        with region:
+            for rnn in self.layers:
+                packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
+                out, _ = rnn(packed)
+                out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+                if self.layer_dropout > 0:
+                    out = nn.functional.dropout(out, self.layer_dropout, self.training)
         return out
 
 
