@@ -5,10 +5,10 @@
 - ``autocast()`` around each minibatch's forward and loss (the loss computer itself runs in float32, see
   ``mtlab.tasks.forward``: mtlab's losses are SUMS over a minibatch, which half precision would round away);
 - ``scale(loss)`` before each backward (``16-mixed`` only: the scaler's ``scale``);
-- ``unscale_(acc)`` once per task and step, in the first call after the minibatches (``normalize``, or
-  ``clip`` / ``apply`` when the chain has no Normalize), with the scaler's own kernel;
-- ``update(found_inf)`` in ``apply``, with the scaler's own kernel, from the device-side ``found_inf`` of
-  every task (a step with a non-finite gradient in any task is skipped and the scale backs off).
+- ``unscale_(acc.buffers)`` once per task and step, in the first call after the minibatches (``normalize``,
+  or ``clip`` / ``apply`` when the chain has no Normalize): ``GradScaler.unscale_`` on the task's buffers;
+- ``update(found_inf)`` in ``apply``: ``GradScaler.update()``; a step skipped because a loss or gradient of
+  any task was not finite (``found_inf``, on the device) backs the scale off.
 
 Parameters, gradients, accumulators and optimizer state stay float32 (the master copy). Under ``16-mixed``
 a task's accumulated gradient is readable as the SCALED sum while the task is ``accumulating`` (its
@@ -23,13 +23,12 @@ a task's accumulated gradient is readable as the SCALED sum while the task is ``
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..base import gradops
 from ..base.errors import ConfigError
 
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
@@ -37,6 +36,19 @@ _ALIASES = {"32": "32", "fp32": "32", "32-true": "32", "bf16": "bf16-mixed", "bf
             "16": "16-mixed", "fp16": "16-mixed", "16-mixed": "16-mixed"}
 _DTYPES = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 SCALER_OPTIONS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+class _Carrier:
+    """What ``GradScaler.unscale_`` reads of an optimizer: ``param_groups`` whose tensors' ``.grad`` are a
+    task's flat buffers (each carried by a 0-byte expanded tensor of the buffer's shape)."""
+
+    def __init__(self, buffers: list[Tensor]) -> None:
+        holders = []
+        for buf in buffers:
+            holder = buf.new_zeros(()).expand(buf.shape)
+            holder.grad = buf
+            holders.append(holder)
+        self.param_groups = [{"params": holders}]
 
 
 def compile_models(models: Mapping[str, torch.nn.Module]) -> None:
@@ -74,6 +86,7 @@ class Precision:
                               f"{sorted(scaler_options)} need precision = \"16-mixed\"")
         self.scaler: torch.amp.GradScaler | None = (
             torch.amp.GradScaler(self.device.type, **scaler_options) if self.mode == "16-mixed" else None)
+        self._carriers: list[_Carrier] = []
 
     @classmethod
     def build(cls, spec: "Precision | str | Mapping[str, Any] | None", device: torch.device) -> "Precision":
@@ -104,40 +117,30 @@ class Precision:
         """``loss × scale`` before a backward (the loss itself under ``"32"`` and ``"bf16-mixed"``)."""
         return loss if self.scaler is None else self.scaler.scale(loss)
 
-    def _state(self) -> tuple[Tensor, Tensor]:
-        # The scaler's scale and growth-tracker tensors: GradScaler keeps them per optimizer-free step in
-        # private fields; mtlab unscales per task, not per optimizer, so it drives the same kernels itself.
-        assert self.scaler is not None
-        if self.scaler._scale is None:  # noqa: SLF001  (lazily created by the first scale())
-            self.scaler._lazy_init_scale_growth_tracker(self.device)  # noqa: SLF001
-        return self.scaler._scale, self.scaler._growth_tracker  # type: ignore[return-value]  # noqa: SLF001
-
-    def unscale_(self, buffers: list[Tensor]) -> Tensor | None:
-        """Divide a task's accumulated buffers by the scale, in place, with GradScaler's own kernel
-        (``inv_scale`` in float64 then float32, as ``GradScaler.unscale_``); returns the task's 0-d
-        ``found_inf`` (float32), or None when not scaling. No host read."""
+    def unscale_(self, buffers: list[Tensor]) -> None:
+        """Divide a task's accumulated buffers by the scale, in place, with ``GradScaler.unscale_`` itself
+        (its kernel also records whether they hold an inf or NaN, for ``update``). No host read."""
         if self.scaler is None:
-            return None
-        scale, _ = self._state()
-        inv_scale = scale.double().reciprocal().float()
-        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
-        for g in gradops.group(buffers):
-            here = found_inf if g[0].device == found_inf.device else torch.zeros_like(found_inf, device=g[0].device)
-            torch._amp_foreach_non_finite_check_and_unscale_(g, here, inv_scale.to(g[0].device))
-            if here is not found_inf:
-                found_inf += here.to(found_inf.device)
-        return found_inf
+            return
+        # unscale_ takes an optimizer, but reads only its param_groups' ``.grad``: a carrier per call (one per
+        # task and step; a task reset and accumulated again gets a new one) points them at the buffers.
+        carrier = _Carrier(buffers)
+        self._carriers.append(carrier)  # alive until update(): the scaler keys its records by id()
+        self.scaler.unscale_(carrier)  # type: ignore[arg-type]
 
     def update(self, found_inf: Tensor) -> dict[str, Tensor]:
-        """After a step: back off (``found_inf`` true) or grow the scale, on the device, as
-        ``GradScaler.update``; returns the history's ``grad_scale`` (the scale this step used)."""
+        """After a step: ``GradScaler.update()``, on the device. A skipped step (``found_inf``: any task's loss
+        or gradient not finite) backs the scale off, an applied one counts towards growth; returns the
+        history's ``grad_scale`` (the scale this step used)."""
         if self.scaler is None:
             return {}
-        scale, tracker = self._state()
-        used = scale.clone()
-        torch._amp_update_scale_(scale, tracker, found_inf.to(device=scale.device, dtype=torch.float32),
-                                 self.scaler.get_growth_factor(), self.scaler.get_backoff_factor(),
-                                 self.scaler.get_growth_interval())
+        used = self.scaler.scale(torch.ones((), device=found_inf.device))  # the scale as a tensor, no host read
+        # The step's own verdict, as one more "gradient" the scaler checks: inf where the step was skipped. It
+        # agrees with the tasks' carriers (the same buffers, checked again) and also covers a step whose
+        # buffers were unscaled before a checkpoint was loaded.
+        self.unscale_([torch.where(found_inf, float("inf"), 0.0).to(torch.float32).reshape(1)])
+        self.scaler.update()
+        self._carriers = []
         return {"grad_scale": used}
 
     # ------------------------------------------------------------------ state

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def rnn_precision(x: Tensor) -> tuple[contextlib.AbstractContextManager[Any], Tensor]:
-    """Autocast off (and ``x`` in float32) around nn.LSTM / nn.RNN on the CPU: oneDNN's bf16/fp16 recurrent
-    kernels need AVX512-BF16 or AMX and fail elsewhere ("could not create a primitive descriptor"). On a
-    GPU the recurrent layers run under autocast as everything else."""
-    if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        return torch.autocast("cpu", enabled=False), (x.float() if x.dtype in _HALF else x)
-    return contextlib.nullcontext(), x
-
-
-def packing_lengths(seq_lengths: Tensor, host_lengths: Tensor | None) -> Tensor:
-    """The lengths ``pack_padded_sequence`` needs on the CPU: the batch's host copy when the graph passes one
-    (no sync), else ``seq_lengths`` copied back (a host sync on a GPU: B ints, but the GPU waits for it)."""
-    return host_lengths if host_lengths is not None else seq_lengths.cpu()
+from .device import HALF as _HALF, packing_lengths, rnn_precision
 
 
 class BLSTM(nn.Module):
