@@ -214,8 +214,12 @@ class Trainer:
             self.events.emit("reset", {"task": task})
 
     def _set_mode(self, training: bool) -> None:
-        if self._training_mode is training and all(m.training == training for m in self.models.values()):
-            return
+        if self._training_mode is training:  # per minibatch: a plain loop, no generator
+            for m in self.models.values():
+                if m.training != training:
+                    break
+            else:
+                return
         for m in self.models.values():
             m.train(training)
         self._training_mode = training
@@ -229,7 +233,10 @@ class Trainer:
         half-kept) and says so.
         """
         with self.lock:
-            ls = self.linkedset(task, linkedset)
+            t = self.tasks.get(task)
+            ls = t.linkedsets.get(linkedset) if t is not None else None
+            if ls is None:
+                ls = self.linkedset(task, linkedset)  # raises, naming the tasks or linked sets there are
             acc = self._accs[task]
             if acc.position > 0 and acc.phase is not Phase.APPLIED:
                 raise PhaseError(f"task {task!r} is {acc.phase}; call apply() to finish this step "
@@ -237,7 +244,7 @@ class Trainer:
             weight = ls.weight  # read once: a slider may move it while we run
             stream_state = None
             if batch is None:
-                stream = self.stream(task, linkedset)
+                stream = self.streams.get_stream(t, linkedset)
                 stream_state = (stream.epoch, stream.position)
                 batch = next(stream)
             try:

@@ -56,8 +56,9 @@ class TaskPlan:
     def prepare(self, batch: Batch, targets: bool = True) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """Check the batch's form and keys and move what the task needs (inputs, and targets unless
         ``targets=False``) to the device; the batch's own dicts are left as they are."""
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], Mapping)
-                and isinstance(batch[1], Mapping)):
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+                and (type(batch[0]) is dict or isinstance(batch[0], Mapping))  # dict first: ABC checks cost
+                and (type(batch[1]) is dict or isinstance(batch[1], Mapping))):
             raise BatchError("batch must be (data: dict[str, Tensor], seq_lengths: dict[str, LongTensor]) "
                              "as mtlab.collate returns")
         data, seq_lengths = batch
@@ -70,7 +71,7 @@ class TaskPlan:
                 f"task {t.name!r}: the batch lacks {[k for k in keys if k not in data]}; it has {sorted(data)} "
                 f"(task inputs {list(t.inputs)}, targets {list(t.targets)})"
             ) from None
-        return to_device((picked, seq_lengths if isinstance(seq_lengths, dict) else dict(seq_lengths)), self.device)
+        return to_device((picked, seq_lengths if type(seq_lengths) is dict else dict(seq_lengths)), self.device)
 
     def forward(self, batch: Batch) -> GraphResult:
         """Run the graph on the batch's inputs (no targets needed, no loss)."""
@@ -85,7 +86,8 @@ class TaskPlan:
         the backward has no use for (the encoder's output, the logits) alive through it."""
         t = self.task
         data, seq_lengths = self.prepare(batch)
-        result = self.graph.run(self.models, data, seq_lengths, host_lengths(batch))  # inputs by name
+        hosts = seq_lengths if self.device.type == "cpu" else host_lengths(batch)  # on the CPU: the same tensors
+        result = self.graph.run(self.models, data, seq_lengths, hosts)  # inputs by name
         lengths = {**seq_lengths, **result.seq_lengths}
         outputs = {k: result.outputs[k] for k in self.outputs}
         targets = {k: data[k] for k in self.targets}

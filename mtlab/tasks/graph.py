@@ -196,7 +196,7 @@ class ModelGraph:
                         f"{len(result)} values; name them with Node(..., outputs=[...])"
                     )
                 parts = [result]
-            for out_name, value in zip(node.produces, parts):
+            for out_name, value in zip(node.outputs or (node.name,), parts):
                 values[out_name] = value
                 if first_len is not None:
                     lengths[out_name] = first_len
