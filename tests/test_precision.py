@@ -296,3 +296,15 @@ def test_the_precision_flag_is_written_into_the_recipe_the_checkpoint_carries(ti
     with pytest.raises(SystemExit):
         main(["train", str(path), "--expdir", str(tmp_path / "exp2"), "--precision", "half"])
     assert "invalid choice: 'half'" in capsys.readouterr().err
+
+
+def test_mixed_precision_changes_the_forward_so_the_comparisons_above_mean_something():
+    grads = {}
+    for precision in ("32", "bf16-mixed", "16-mixed"):
+        tr = trainer(make_models(), {"type": precision, "init_scale": 1.0} if precision == "16-mixed" else precision)
+        tr.process_minibatch("a", "train", batch=step_batches(0)["a"][0])
+        tr.normalize()
+        grads[precision] = tr.state("a").grads["enc.lin.weight"].clone()
+    assert not torch.equal(grads["32"], grads["bf16-mixed"]) and not torch.equal(grads["32"], grads["16-mixed"])
+    torch.testing.assert_close(grads["bf16-mixed"], grads["32"], rtol=0.1, atol=1e-2)
+    torch.testing.assert_close(grads["16-mixed"], grads["32"], rtol=1e-2, atol=1e-3)
