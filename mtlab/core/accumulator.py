@@ -113,7 +113,8 @@ class Accumulator:
     @property
     def grads(self) -> Mapping[str, Tensor]:
         """Parameter name -> this task's gradient (views into ``buffers``; a read-only mapping, no copy);
-        empty when nothing is accumulated."""
+        empty when nothing is accumulated. Under ``precision="16-mixed"`` it is ``scale × Σ gradients`` while
+        the phase is ``accumulating`` and the true gradient from the next call on (``mtlab.core.precision``)."""
         return self._readonly if self.minibatches else _EMPTY
 
     def begin(self) -> None:

@@ -43,6 +43,9 @@ class Trainer:
     >>> trainer = Trainer(models, [task_a, task_b], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=2)
     >>> trainer.process_minibatch("a", "noisy"); trainer.normalize(); trainer.clip(); trainer.apply()
     >>> trainer.step()  # the whole cycle for every task
+
+    ``precision`` ("32", "bf16-mixed", "16-mixed" or ``{"type": ..., **GradScaler options}``) and ``compile``
+    are described in ``mtlab.core.precision``.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], tasks: Sequence[Task] | Task, lr: float = 1e-3,
