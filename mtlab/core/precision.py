@@ -45,7 +45,7 @@ class _Carrier:
     def __init__(self, buffers: list[Tensor]) -> None:
         holders = []
         for buf in buffers:
-            holder = buf.new_zeros(()).expand(buf.shape)
+            holder = buf.new_empty(()).expand(buf.shape)  # never read: no fill kernel
             holder.grad = buf
             holders.append(holder)
         self.param_groups = [{"params": holders}]
