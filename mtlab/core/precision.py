@@ -40,7 +40,7 @@ SCALER_OPTIONS = ("init_scale", "growth_factor", "backoff_factor", "growth_inter
 
 class _Carrier:
     """What ``GradScaler.unscale_`` reads of an optimizer: ``param_groups`` whose tensors' ``.grad`` are a
-    task's flat buffers (each carried by a 0-byte expanded tensor of the buffer's shape)."""
+    task's flat buffers (each carried by one element expanded to the buffer's shape)."""
 
     def __init__(self, buffers: list[Tensor]) -> None:
         holders = []
