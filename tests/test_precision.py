@@ -308,3 +308,17 @@ def test_mixed_precision_changes_the_forward_so_the_comparisons_above_mean_somet
     assert not torch.equal(grads["32"], grads["bf16-mixed"]) and not torch.equal(grads["32"], grads["16-mixed"])
     torch.testing.assert_close(grads["bf16-mixed"], grads["32"], rtol=0.1, atol=1e-2)
     torch.testing.assert_close(grads["16-mixed"], grads["32"], rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_recurrent_models_run_under_cpu_autocast_in_float32(dtype):
+    from mtlab.models import BLSTM, BRNN, ResetBLSTM
+
+    x, lengths = torch.randn(1, 6, 4), torch.tensor([6])  # batch 1: oneDNN's half-precision LSTM path
+    for model in (BLSTM(4, 3), BRNN(4, 3), ResetBLSTM(4, 3, t_reset=2)):
+        expected = model(x, lengths)
+        with torch.autocast("cpu", dtype=dtype):
+            got = model(x.to(dtype), lengths)  # a half-precision input, as from a layer under autocast
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, model(x.to(dtype).float(), lengths))
+        assert expected.shape == got.shape
