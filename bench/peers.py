@@ -27,6 +27,8 @@ a GPU). One torch thread unless MTLAB_BENCH_THREADS is set.
     python bench/peers.py                 # all cases
     python bench/peers.py --case overhead --rounds 9
     python bench/peers.py --device cuda   # on a GPU (bench/gpu_check.py runs this)
+    python bench/peers.py --precision bf16   # every system in bf16-mixed: mtlab's precision=, the AMP loop
+                                             # (autocast), Lightning's precision=, Accelerate's mixed_precision=
 """
 
 from __future__ import annotations
