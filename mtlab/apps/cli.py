@@ -125,8 +125,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder; "
                             "default: the recipe's [trainer] log)")
 
+    def device_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--precision", default=None, choices=["32", "bf16-mixed", "16-mixed"],
+                       help="override the recipe's [trainer] precision (default: the recipe's, else 32)")
+        p.add_argument("--compile", action="store_true", default=None,
+                       help="torch.compile each model (dynamic shapes); overrides the recipe's [trainer] compile")
+
     p = sub.add_parser("train", help="train a recipe into an experiment folder")
     p.add_argument("recipe", type=Path)
+    device_flags(p)
     p.add_argument("--data-root", type=Path, default=None,
                    help="an original Nabu-MSSS recipe folder: its database.conf paths go below this (default: data)")
     p.add_argument("--expdir", type=Path, required=True, help="experiment folder (must not hold an experiment yet)")
@@ -134,6 +141,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="cap the hidden sizes of an original Nabu-MSSS recipe at N units: a quick look on a CPU")
     common(p)
     p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus")
+    device_flags(p)
     p.add_argument("--expdir", type=Path, default=None, help="experiment folder (default: exp/demo, exp/demo-2, ...)")
     common(p)
     p = sub.add_parser("resume", help="continue an experiment from its final.pt")
@@ -180,6 +188,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="the torch file to write")
     p.set_defaults(threads=None)
     return parser
+
+
+def _with_flags(recipe: Any, args: argparse.Namespace) -> Any:
+    """The recipe (a path or a dict) with ``--precision`` / ``--compile`` written into its [trainer] table, so
+    the checkpoints carry them and ``mtlab resume`` continues the same way."""
+    over = {k: v for k, v in (("precision", getattr(args, "precision", None)),
+                              ("compile", getattr(args, "compile", None))) if v is not None}
+    if not over:
+        return recipe
+    from .recipe import load_recipe
+
+    loaded = dict(load_recipe(recipe) if isinstance(recipe, (str, Path)) else recipe)
+    loaded["trainer"] = {**loaded.get("trainer", {}), **over}
+    return loaded
 
 
 def _fresh_expdir(path: Path) -> None:
@@ -307,7 +329,7 @@ def _elastic_train(args: argparse.Namespace) -> int:
     if point is None:
         if not restarts:
             _fresh_expdir(args.expdir)
-        exp = from_recipe(args.recipe)
+        exp = from_recipe(_with_flags(args.recipe, args))
     else:
         exp = load(point)
         restore_rank_state(exp.trainer, point)
@@ -419,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     n += 1
                     expdir = Path(f"exp/demo-{n}")
             _fresh_expdir(expdir)
-            return _train(from_recipe(_demo_recipe()), expdir, args)
+            return _train(from_recipe(_with_flags(_demo_recipe(), args)), expdir, args)
         if args.command == "resume":
             return _resume(args)
         if args.command == "prepare":

@@ -395,7 +395,8 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                           seed=settings["seed"], nonfinite=settings["nonfinite"], acc_steps=settings["acc_steps"],
                           normalize_weights_acc_steps=settings["normalize_weights_acc_steps"],
                           combine=settings["combine"], clip_grad_norm=settings["clip_grad_norm"] or None,
-                          clip_grad_percentile=settings["clip_grad_percentile"] or None)
+                          clip_grad_percentile=settings["clip_grad_percentile"] or None,
+                          precision=settings["precision"], compile=settings["compile"])
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
     if settings["init_file"] and init_weights:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import ConfigError
+from ..core.precision import PRECISIONS
 from ..training.schedule import STAGE_KEYS, check_stage
 
 DEFAULT_ORIGIN = "<recipe dict>"
@@ -73,6 +74,9 @@ TRAINER_KEYS: dict[str, Key] = {
     "device": Key("str", "auto", "mtlab: auto, cpu, cuda or cuda:N"),
     "log": Key("names", None, "mtlab: loggers of mtlab train/demo/resume, e.g. [\"tensorboard\", \"mlflow\"] "
                 "(csv, tensorboard, mlflow, trackio; files in the experiment folder; --log overrides)"),
+    "precision": Key("str", "32", "mtlab: 32, bf16-mixed (autocast) or 16-mixed (autocast + loss scaling); "
+                     "weights, gradients and optimizer stay float32", choices=PRECISIONS),
+    "compile": Key("bool", False, "mtlab: torch.compile each model (dynamic shapes: no recompile per length)"),
     "combine": Key("str", "sum", "mtlab: how tasks' gradients become one direction: sum, an aggregator (upgrad, "
                    "mgda, pcgrad, ...), a loss weighting (uncertainty, dwa, famo, random_loss) or both (dwa+upgrad)"),
 }

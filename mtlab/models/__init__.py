@@ -7,6 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .device import HALF as _HALF, packing_lengths, rnn_precision
+
 
 class BLSTM(nn.Module):
     """Stacked bidirectional LSTM over padded ``[B, T, D]`` input, honouring ``seq_lengths``
@@ -30,18 +32,19 @@ class BLSTM(nn.Module):
         self.layer_dropout = layer_dropout
         self.output_dim = 2 * hidden
 
-    def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seq_lengths: Tensor, host_lengths: Tensor | None = None) -> Tensor:
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
         lstms = list(self.layers) if self.layer_dropout > 0 else [self.lstm]
-        lengths = seq_lengths.cpu()  # pack_padded_sequence needs lengths on the CPU: a small host copy of B ints
-        out = x
-        for lstm in lstms:
-            packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
-            out, _ = lstm(packed)
-            out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-            if self.layer_dropout > 0:
-                out = nn.functional.dropout(out, self.layer_dropout, self.training)
+        lengths = packing_lengths(seq_lengths, host_lengths)
+        region, out = rnn_precision(x)
+        with region:
+            for lstm in lstms:
+                packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
+                out, _ = lstm(packed)
+                out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+                if self.layer_dropout > 0:
+                    out = nn.functional.dropout(out, self.layer_dropout, self.training)
         return out
 
 
@@ -97,7 +100,9 @@ class ResetBLSTM(nn.Module):
         self.output_dim = 2 * hidden
 
     def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
-        return self._run(x, seq_lengths)
+        region, x = rnn_precision(x)
+        with region:
+            return self._run(x, seq_lengths)
 
     def _run(self, x: Tensor, seq_lengths: Tensor, extra: Tensor | None = None, at: int = -1) -> Tensor:
         """The layers over ``x``; layer ``at`` (0-based) also reads the per-utterance vector ``extra``."""
@@ -160,7 +165,9 @@ class ResetBLSTMInsert(ResetBLSTM):
 
             raise BatchError(f"ResetBLSTMInsert: the additional input must be one vector per utterance [B, D], got "
                              f"{tuple(extra.shape)} for input {tuple(x.shape)}")
-        return self._run(x, seq_lengths, extra, self.combine_layer - 1)
+        region, x = rnn_precision(x)
+        with region:
+            return self._run(x, seq_lengths, extra.to(x.dtype) if extra.dtype in _HALF else extra, self.combine_layer - 1)
 
 
 def _reverse(x: Tensor, lengths: Tensor) -> Tensor:
@@ -358,17 +365,18 @@ class BRNN(nn.Module):
         self.input_noise, self.layer_dropout = input_noise, layer_dropout
         self.output_dim = 2 * hidden
 
-    def forward(self, x: Tensor, seq_lengths: Tensor) -> Tensor:
+    def forward(self, x: Tensor, seq_lengths: Tensor, host_lengths: Tensor | None = None) -> Tensor:
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
-        lengths = seq_lengths.cpu()  # pack_padded_sequence needs lengths on the CPU: a small host copy of B ints
-        out = x
-        for rnn in self.layers:
-            packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
-            out, _ = rnn(packed)
-            out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-            if self.layer_dropout > 0:
-                out = nn.functional.dropout(out, self.layer_dropout, self.training)
+        lengths = packing_lengths(seq_lengths, host_lengths)
+        region, out = rnn_precision(x)
+        with region:
+            for rnn in self.layers:
+                packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
+                out, _ = rnn(packed)
+                out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+                if self.layer_dropout > 0:
+                    out = nn.functional.dropout(out, self.layer_dropout, self.training)
         return out
 
 
