@@ -65,7 +65,7 @@ import torch
 from . import expdir as expdir_
 from .errors import ConfigError
 from .report import say
-from .sampling import SegmentedExamples
+from .sampling import HeadExamples, SegmentedExamples, trainset_fraction
 from .task import check_count, check_positive
 from .trainer import Trainer
 
@@ -329,7 +329,12 @@ def check_stage(stage: Any, where: str) -> None:
 
 def stage_view(source: Any, segment_length: int | str) -> Any:
     """``source`` (or the data a ``SegmentedExamples`` was cut from) as a stage reads it: whole for
-    ``"full"``, else cut into segments (the same view object when it is already cut that way)."""
+    ``"full"``, else cut into segments (the same view object when it is already cut that way). A
+    ``trainset_frac`` head keeps its fraction of the stage's view: the first segments, as the original's
+    task trainer lists one entry per segment and keeps the head of that list."""
+    if isinstance(source, HeadExamples) and source.frac is not None:
+        inner = stage_view(source.source, segment_length)
+        return source if inner is source.source else trainset_fraction(inner, source.frac)
     if isinstance(source, SegmentedExamples):
         if source.segment_length == segment_length:
             return source

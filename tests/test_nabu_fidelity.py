@@ -41,3 +41,22 @@ def test_every_original_trainer_cfg_is_read() -> None:
     for path in files:
         cfg = load_trainer_cfg(path)
         assert cfg["tasks"] and cfg["relative_improvement_threshold"] == 0.004, path  # the original's stop rule
+
+
+def test_trainset_frac_under_a_segment_stage_keeps_the_first_segments() -> None:
+    """The original's task_trainer lists one entry per segment and keeps the first int(n x frac) of them."""
+    import torch
+
+    from mtlab.loop import stage_view
+    from mtlab.sampling import trainset_fraction
+
+    lengths = [250, 90, 430, 120]  # frames: 2 + 1 (short, kept whole) + 4 + 1 = 8 segments of 100
+    utts = [{"features": torch.full((n, 1), float(i))} for i, n in enumerate(lengths)]
+    head = trainset_fraction(utts, 0.5)
+    assert len(head) == 2  # utterances in a "full" stage: the first 2 of 4
+    segs = stage_view(head, 100)
+    assert len(segs) == 4  # the first half of the 8 segments: 2 of utterance 0, 1 of 1, the first of 2
+    assert [int(segs[j]["features"][0, 0]) for j in range(4)] == [0, 0, 1, 2]
+    assert [segs[j]["features"].shape[0] for j in range(4)] == [100, 100, 90, 100]
+    again = stage_view(segs, "full")  # the next stage reads whole utterances again: the first half of them
+    assert len(again) == 2 and again[1]["features"].shape[0] == 90
