@@ -265,8 +265,10 @@ class Schedule:
 
     def next_stage(self, trainer: Trainer, progress: bool = False) -> None:
         """End the current stage and begin the next: its data and settings, a fresh optimizer state and
-        validation state, from the model the trainer holds now (as the original's next stage, initialized
-        with the previous stage's final model)."""
+        validation state, from the model the trainer holds now. The original's next stage starts from the
+        previous stage's saved model, which exists only after a validation stop; a stage that ran to its
+        ``num_steps`` left none, so the next began from fresh weights. mtlab always carries the model over
+        (README, "Differences from Nabu-MSSS")."""
         if self.last_stage:
             raise ConfigError("next_stage(): this is the last stage")
         ended = self.stages[self.stage]["segment_length"]

@@ -60,3 +60,52 @@ def test_trainset_frac_under_a_segment_stage_keeps_the_first_segments() -> None:
     assert [segs[j]["features"].shape[0] for j in range(4)] == [100, 100, 90, 100]
     again = stage_view(segs, "full")  # the next stage reads whole utterances again: the first half of them
     assert len(again) == 2 and again[1]["features"].shape[0] == 90
+
+
+def test_linked_set_weights_act_as_ratios() -> None:
+    """The importer divides the weights by the first set's (as the original); a hand-built Trainer keeps them
+    raw. Loss and norm both carry the weight, so the step (sum over sets / summed norm) is the same."""
+    import torch
+
+    import mtlab
+    from tests.helpers import clone_models, make_examples, make_models, task_a
+
+    data = (make_examples(6, 1), make_examples(6, 2))
+    models = make_models()
+    params = []
+    for weights in ((2.0, 1.0), (1.0, 0.5), (1.0, 1.0)):
+        trainer = mtlab.Trainer(clone_models(models), [task_a(data, weights=weights)], lr=1e-2, seed=0)
+        for _ in range(2):
+            trainer.step()
+        params.append({k: p.detach().clone() for k, p in trainer.params.items()})
+    assert params[0].keys() == params[1].keys()
+    for key in params[0]:
+        torch.testing.assert_close(params[0][key], params[1][key], rtol=1e-12, atol=1e-12)
+    # another ratio is another step: the weights are used, and only their ratios matter
+    assert not torch.allclose(params[0]["enc.lin.weight"], params[2]["enc.lin.weight"])
+
+
+def test_mask_head_then_pit_softmax_is_refused() -> None:
+    import tomllib
+
+    from mtlab.models import build_model
+    from mtlab.separation.checks import check_mask_activation
+
+    recipe = tomllib.loads((Path(__file__).resolve().parents[1] / "recipes" / "separation_pit.toml").read_text())
+    models = {name: build_model(spec.pop("type"), **spec) for name, spec in recipe["models"].items()}
+    check_mask_activation(models, recipe["tasks"])  # as shipped: the loss's activation is "none"
+    recipe["tasks"]["separation"]["loss"].pop("activation")  # the loss's default: softmax
+    with pytest.raises(ConfigError, match=r"\[tasks.separation\] loss 'pit' applies activation = 'softmax'.*"
+                                          r"model 'head' \(MaskHead, activation 'sigmoid'\).*activation = \"none\""):
+        check_mask_activation(models, recipe["tasks"])
+
+
+def test_from_recipe_refuses_mask_head_then_pit_softmax() -> None:
+    import tomllib
+
+    from mtlab.recipe import from_recipe
+
+    recipe = tomllib.loads((Path(__file__).resolve().parents[1] / "recipes" / "separation_pit.toml").read_text())
+    recipe["tasks"]["separation"]["loss"]["activation"] = "softmax"
+    with pytest.raises(ConfigError, match="two activations"):
+        from_recipe(recipe)
