@@ -9,6 +9,7 @@
                                                                  separation metrics of WAV lists, with the
                                                                  mixture baseline and the improvements
     mtlab import-nabu RECIPE_DIR -o recipe.toml [--data-root DIR] an original Nabu-MSSS recipe as a TOML recipe
+    mtlab test DIR [--limit N] [--pesq] [--out DIR]              an imported recipe's test: loss, separation, SDR
 
 ``mtlab train`` also takes an original Nabu-MSSS recipe folder, with ``--data-root DIR`` (where its
 database.conf paths are re-rooted).
@@ -102,6 +103,18 @@ def _parser() -> argparse.ArgumentParser:
                                                         "the TOML file)")
     p.add_argument("--lenient", action="store_true", help="list the settings mtlab cannot honour under [nabu] "
                                                           "unsupported instead of stopping at the first")
+    p.set_defaults(threads=None)
+    p = sub.add_parser("test", help="an experiment of an original recipe: test loss (test_evaluator.cfg), separated "
+                                    "WAVs (reconstructor.cfg) and their scores (scorer.cfg)")
+    p.add_argument("expdir", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: EXPDIR/test)")
+    p.add_argument("--checkpoint", default="final", help="final, best or a path (default: final)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many utterances per task")
+    p.add_argument("--pesq", action="store_true", help="add PESQ (pip install \"mtlab[metrics]\")")
+    p.add_argument("--recipe", type=Path, default=None, help="the original recipe folder (default: the one the "
+                                                              "experiment was imported from)")
+    p.add_argument("--data-root", type=Path, default=None, help="default: the experiment's")
+    p.add_argument("--seed", type=int, default=0, help="k-means initialization seed")
     p.set_defaults(threads=None)
     return parser
 
@@ -310,6 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.recipe = load_recipe(args.recipe, args.data_root)
         if args.command == "import-nabu":
             return _import_nabu(args)
+        if args.command == "test":
+            from .nabu.evaluation import cli
+
+            return cli(args.expdir, args.out, args.checkpoint, args.limit, args.pesq, args.recipe, args.data_root,
+                       args.seed)
         if args.command == "train":
             return _elastic_train(args)
         if args.command == "demo":
