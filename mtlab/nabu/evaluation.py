@@ -236,10 +236,25 @@ def _write_wav(path: Path, signal: np.ndarray) -> None:
 
 def recipe_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask]) -> dict[str, Any]:
     """An mtlab recipe of the test tasks over the experiment's models and feature statistics."""
+    from ..recipe import stats_key
+
     trainer = {k: recipe["trainer"][k] for k in ("seed", "device") if k in recipe.get("trainer", {})}
+    stats = dict(recipe.get("stats", {}))
+    trained = recipe.get("tasks", {})
+    for name, test in tests.items():
+        # the original normalizes test features with the training features' statistics (meanandvar_dir): a
+        # test folder of its own gets those of the training task of the same name (else the first one)
+        source = trained.get(name) or next(iter(trained.values()), None)
+        if source is None:
+            continue
+        sname, sspec = next(iter(source["linkedsets"].items()))
+        train_key = stats_key(sspec["data"], sname)
+        for lname, lset in test.task["linkedsets"].items():
+            key = stats_key(lset["data"], lname)
+            if key not in stats and train_key in stats:
+                stats[key] = stats[train_key]
     return {"name": f"{recipe.get('name', 'experiment')} (test)", "trainer": {**trainer, "tasks": list(tests)},
-            "models": recipe["models"], "tasks": {n: t.task for n, t in tests.items()},
-            "stats": dict(recipe.get("stats", {}))}
+            "models": recipe["models"], "tasks": {n: t.task for n, t in tests.items()}, "stats": stats}
 
 
 def run_test(expdir: str | Path, out: str | Path | None = None, checkpoint: str = "final",
