@@ -109,3 +109,34 @@ def test_from_recipe_refuses_mask_head_then_pit_softmax() -> None:
     recipe["tasks"]["separation"]["loss"]["activation"] = "softmax"
     with pytest.raises(ConfigError, match="two activations"):
         from_recipe(recipe)
+
+
+def test_a_missing_mixtomask_processor_cfg_takes_the_documented_default(tmp_path: Path) -> None:
+    """Three DANet recipes name a mixtomask_processor.cfg the repository lacks; every one it has is the same."""
+    from mtlab.nabu import import_nabu
+    from mtlab.nabu.importer import DEFAULT_PROCESSORS
+    from test_nabu_import import write_recipe
+
+    folder = write_recipe(tmp_path / "MERL_TEST", **{"mixtomask_processor.cfg": None})
+    recipe = import_nabu(folder, data_root="/data")
+    lset = recipe["tasks"]["task_pit"]["linkedsets"]["clean"]
+    assert recipe["tasks"]["task_pit"]["loss"]["mixture"] == "mix_mag"
+    assert lset["data"]["spectral"]["window"] == "sine" and lset["data"]["spectral"]["n_fft"] == 256
+    assert DEFAULT_PROCESSORS["mixtomask_processor.cfg"]["processor"] == "audio_signal_processor"
+    assert any("mixtomask_processor.cfg" in note for note in recipe["nabu"]["defaults"])
+    (folder / "feature_processor.cfg").unlink()  # other processors have no default
+    with pytest.raises(ConfigError, match="feature_processor.cfg' is neither in the recipe folder"):
+        import_nabu(folder, data_root="/data")
+
+
+@needs_recipes
+def test_the_danet_recipes_without_their_mixtomask_processor_import() -> None:
+    from mtlab.nabu import import_nabu
+
+    folder = RECIPES / "papers" / "Journal_paper_reset_LSTM_2020"
+    for name in ("MERL_DANet_statereset_2spk", "MERL_DANet_statereset_ivec10_2spk"):
+        recipe = import_nabu(folder / name, data_root="/data")
+        assert recipe["tasks"] and recipe["nabu"]["defaults"], name
+    # the third is refused next for its model (an attractor layer), no longer for the processor config
+    with pytest.raises(ConfigError, match=r"\[attractor_layer\] architecture: 'attractor'"):
+        import_nabu(folder / "MERL_DANet_Drude2018_statereset_2spk", data_root="/data")
