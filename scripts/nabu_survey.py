@@ -64,7 +64,7 @@ def shrink(recipe: dict, cap: int) -> None:
 
 
 def survey(folder: Path, top: Path, root: Path, train: bool, test: bool, shrink_to: int,
-           test_utts: int) -> tuple[str, str, str, float, list[str]]:
+           test_utts: int, utts: int | None) -> tuple[str, str, str, float, list[str]]:
     """(name, status, detail, seconds, unsupported settings) of one recipe folder."""
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -87,7 +87,7 @@ def survey(folder: Path, top: Path, root: Path, train: bool, test: bool, shrink_
 
         stage = "train"
         try:
-            make_sample_root(recipe)
+            make_sample_root(recipe, limit=utts)
             if shrink_to:
                 shrink(recipe, shrink_to)
             # init_file names a checkpoint of an earlier original experiment, absent here: start afresh
@@ -102,9 +102,12 @@ def survey(folder: Path, top: Path, root: Path, train: bool, test: bool, shrink_
                 tests = read_test(folder, root)
                 make_test_root(tests, limit=test_utts)
                 result = run_test(root / "exp", limit=test_utts, recipe_dir=folder, data_root=root)
-                cells = [f"{r['task']}: loss {r['loss']:.3g}" + (f", SDRi {r['sdri']:.2f}" if "sdri" in r else "")
+                cells = [f"{r['task']}: " + (f"error: {r['error']}" if "error" in r else f"loss {r['loss']:.3g}"
+                                              + (f", SDRi {r['sdri']:.2f}" if "sdri" in r else ""))
                          for r in result.summary]
-                status, detail = "tested", "; ".join(cells) + detail.replace("one step", "")
+                failed = any("error" in r for r in result.summary)
+                status = "failed:test" if failed else "tested"
+                detail = "; ".join(sorted(cells, key=lambda c: "error:" not in c)) + detail.replace("one step", "")
         except Exception as exc:  # noqa: BLE001 - the survey reports every failure
             status, detail = f"failed:{stage}", f"{type(exc).__name__}: {exc}"
     return name, status, detail, time.perf_counter() - start, reasons
@@ -118,6 +121,8 @@ def main() -> int:
     ap.add_argument("--shrink", type=int, default=0, help="cap hidden sizes at this many units (0: as written)")
     ap.add_argument("--jobs", type=int, default=1, help="recipes surveyed at once, in separate processes")
     ap.add_argument("--test-utts", type=int, default=2, help="utterances per test task with --test (default 2)")
+    ap.add_argument("--utts", type=int, default=16, help="utterances per training and validation folder made from "
+                                                         "the samples (default 16; 0: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     folders = sorted(p.parent for p in args.folder.rglob("trainer.cfg"))
@@ -134,7 +139,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         work: list[tuple[Any, ...]] = [(f, args.folder, Path(tmp) / f"r{i}", args.train, args.test, args.shrink,
-                                        args.test_utts) for i, f in enumerate(folders)]
+                                        args.test_utts, args.utts or None) for i, f in enumerate(folders)]
         if args.jobs > 1:
             with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
                 for future in concurrent.futures.as_completed([pool.submit(survey, *w) for w in work]):
@@ -146,7 +151,8 @@ def main() -> int:
     imported = counts["imported"] + counts["ran"] + counts["tested"] + counts["failed"]
     print(f"\n{len(folders)} recipes in {time.perf_counter() - began:.0f} s: read {len(folders) - counts['unreadable']}, "
           f"imported {imported}, refused {counts['refused']}"
-          + (f", ran {counts['ran'] + counts['tested']}" if args.train or args.test else "")
+          + (f", ran {sum(1 for r in rows if r[1] in ('ran', 'tested', 'failed:test'))}" if args.train or args.test
+             else "")
           + (f", tested {counts['tested']}" if args.test else "")
           + (f", failed {counts['failed']}" if args.train or args.test else ""))
     print("\nsettings mtlab cannot honour (lenient read, occurrences over all recipes):")

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MtlabError
 from .importer import SAMPLE_RATE, Importer, build_task
 from .ini import read_ini, section, words
 
@@ -264,10 +264,7 @@ def run_test(expdir: str | Path, out: str | Path | None = None, checkpoint: str 
     """Test an experiment trained from an original recipe; see the module doc. ``limit`` caps the utterances
     per task (after ``requested_utts``); ``pesq`` adds PESQ; ``seed`` seeds the k-means runs."""
     from ..checkpoint import load_safe
-    from ..forward import eval_mode
     from ..recipe import from_recipe, load_initial_weights
-    from ..batching import collate
-    from ..separation.reconstruct import RECONSTRUCTORS, apply_and_resynthesize, reconstruct
 
     expdir = Path(expdir)
     ckpt = Path(checkpoint) if checkpoint not in ("final", "best") else expdir / f"{checkpoint}.pt"
@@ -292,46 +289,65 @@ def run_test(expdir: str | Path, out: str | Path | None = None, checkpoint: str 
     rng = np.random.RandomState(seed)
     trainer = exp.trainer
     for tname, test in tests.items():
-        plan, task = trainer.plans[tname], trainer.tasks[tname]
-        rows: list[dict[str, Any]] = []
-        sums = [0.0, 0.0]
-        rec = test.reconstructor
-        for lset in task.linkedsets.values():
-            ds = lset.examples
-            n = len(ds) if test.requested_utts is None else min(len(ds), test.requested_utts)
-            n = n if limit is None else min(n, limit)
-            names = getattr(ds, "names", None)
-            if rec is not None and names is None:
-                raise ConfigError(f"test task {tname!r}: its data gives no utterance names to find the audio by")
-            for start in range(0, n, test.batch_size):
-                index = list(range(start, min(n, start + test.batch_size)))
-                with eval_mode(trainer.models), torch.no_grad():
-                    r = plan.loss(collate([ds[i] for i in index]), keep_outputs=True)
-                sums[0] += float(r.loss_sum)
-                sums[1] += float(r.normalizer)
-                if rec is None:
-                    continue
-                for j, i in enumerate(index):
-                    outputs = {k: r.outputs[k][j, :ds.lengths[i]].double().cpu().numpy()
-                               for k in RECONSTRUCTORS[rec["type"]]}
-                    rows.append(_separate(tname, test, names[i], outputs, rng, metrics, out,
-                                          apply_and_resynthesize, reconstruct))
-        loss = sums[0] / sums[1] if sums[1] else math.nan
-        summary: dict[str, Any] = {"task": tname, "utterances": len(rows) if rec is not None else None, "loss": loss}
-        if rows:
-            for key in rows[0]:
-                if key not in ("utterance", "perm"):
-                    summary[key] = float(np.mean([row[key] for row in rows]))
-            _write_csv(out / tname / "scores.csv", rows)
+        try:
+            summary, rows = _test_task(trainer, tname, test, limit, rng, metrics, out)
+        except MtlabError as exc:  # a test task the model cannot run (the original stopped there) is reported
+            summary, rows = {"task": tname, "error": str(exc)}, []
+            result.notes.append(f"{tname}: failed: {exc}")
+            say(f"{tname}: failed: {exc}")
+            result.summary.append(summary)
+            continue
         if test.scorer is not None and test.scorer["type"] == "sdr_snr":
             result.notes.append(f"{tname}: score_type sdr_snr scored as sdr (its noise terms are not computed)")
-        if rec is None:
+        if test.reconstructor is None:
             result.notes.append(f"{tname}: no [{tname}] in reconstructor.cfg: test loss only")
         result.summary.append(summary)
         result.utterances[tname] = rows
-        say(f"{tname}: test loss {loss:.4g}" + (f", {len(rows)} utterances separated and scored" if rows else ""))
+        say(f"{tname}: test loss {summary['loss']:.4g}" + (f", {len(rows)} utterances separated and scored"
+                                                          if rows else ""))
     _write_csv(out / "summary.csv", result.summary)
     return result
+
+
+def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng: np.random.RandomState,
+               metrics: tuple[str, ...], out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One test task: its summary row and its utterance rows (see :func:`run_test`)."""
+    from ..batching import collate
+    from ..forward import eval_mode
+    from ..separation.reconstruct import RECONSTRUCTORS, apply_and_resynthesize, reconstruct
+
+    plan, task = trainer.plans[tname], trainer.tasks[tname]
+    rows: list[dict[str, Any]] = []
+    sums = [0.0, 0.0]
+    rec = test.reconstructor
+    for lset in task.linkedsets.values():
+        ds = lset.examples
+        n = len(ds) if test.requested_utts is None else min(len(ds), test.requested_utts)
+        n = n if limit is None else min(n, limit)
+        names = getattr(ds, "names", None)
+        if rec is not None and names is None:
+            raise ConfigError(f"test task {tname!r}: its data gives no utterance names to find the audio by")
+        for start in range(0, n, test.batch_size):
+            index = list(range(start, min(n, start + test.batch_size)))
+            with eval_mode(trainer.models), torch.no_grad():
+                r = plan.loss(collate([ds[i] for i in index]), keep_outputs=True)
+            sums[0] += float(r.loss_sum)
+            sums[1] += float(r.normalizer)
+            if rec is None:
+                continue
+            for j, i in enumerate(index):
+                outputs = {k: r.outputs[k][j, :ds.lengths[i]].double().cpu().numpy()
+                           for k in RECONSTRUCTORS[rec["type"]]}
+                rows.append(_separate(tname, test, names[i], outputs, rng, metrics, out,
+                                      apply_and_resynthesize, reconstruct))
+    loss = sums[0] / sums[1] if sums[1] else math.nan
+    summary: dict[str, Any] = {"task": tname, "utterances": len(rows) if rec is not None else None, "loss": loss}
+    if rows:
+        for key in rows[0]:
+            if key not in ("utterance", "perm"):
+                summary[key] = float(np.mean([row[key] for row in rows]))
+        _write_csv(out / tname / "scores.csv", rows)
+    return summary, rows
 
 
 def _separate(tname: str, test: EvalTask, name: str, outputs: dict[str, np.ndarray], rng: np.random.RandomState,
@@ -426,4 +442,4 @@ def cli(expdir: Path, out: Path | None, checkpoint: str, limit: int | None, pesq
     for note in result.notes:
         print(f"note: {note}")
     print(f"\nper-utterance scores: {result.out}/<task>/scores.csv; summary: {result.out / 'summary.csv'}")
-    return 0
+    return 1 if any("error" in row for row in result.summary) else 0
