@@ -187,3 +187,15 @@ def test_train_then_test_writes_wavs_and_scores(tmp_path: Path, capsys: pytest.C
         mix = torch.from_numpy(mixture[:written.shape[1]] / 32768).expand(2, -1)
         assert float(row["sdr_mix"]) == pytest.approx(float(sdr(mix, torch.from_numpy(refs)).mean()), abs=1e-3)
     assert len(list((expdir / "test" / "task_dc" / "s1").glob("*.wav"))) == 3
+
+
+def test_postprocessors_are_noted_and_a_filled_folder_is_kept(tmp_path: Path) -> None:
+    folder = write_test_recipe(tmp_path / "MERL_TEST")
+    replace_in(folder, "test_evaluator.cfg", "requested_utts = 3\n", "requested_utts = 3\npostprocessors_names = ivec\n")
+    tests = read_test(folder, tmp_path / "data")
+    assert "postprocessors_names" in tests["task_dc"].notes[0] and not tests["task_pit"].notes
+    tt = Path(tests["task_dc"].task["linkedsets"]["set0"]["data"]["root"]) / "tt"
+    assert make_test_root(tests, limit=3) == [tt] and len((tt / "mix_wav.scp").read_text().splitlines()) == 3
+    (tt / "mix_wav.scp").write_text((tt / "mix_wav.scp").read_text().splitlines()[0] + "\n")
+    assert make_test_root(tests, limit=3) == []  # a folder holding its list (e.g. the training one) is kept
+    assert len((tt / "mix_wav.scp").read_text().splitlines()) == 1

@@ -58,6 +58,7 @@ class EvalTask:
     requested_utts: int | None
     reconstructor: dict[str, Any] | None = None
     scorer: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -102,6 +103,7 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
     out: dict[str, EvalTask] = {}
     for tname in words(ev.get("tasks", "")):
         conf = section(parser, tname, path)
+        post = conf.pop("postprocessors_names", None)  # i-vector extraction after the test: not run here
         if conf.get("evaluator", "task_loss_evaluator") != "task_loss_evaluator":
             raise ConfigError(f"{path}: [{tname}] evaluator = {conf['evaluator']!r}: mtlab evaluates a test task "
                               "with its loss (task_loss_evaluator)")
@@ -110,6 +112,9 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
         batch = orig.get("batch_size") or int(ev.get("batch_size", "1"))
         requested = orig.get("requested_utts") or (int(ev["requested_utts"]) if "requested_utts" in ev else None)
         test = EvalTask(tname, table, batch, requested)
+        if post:
+            test.notes.append(f"postprocessors {post!r} (test_evaluator.cfg [{tname}] postprocessors_names) are not "
+                              "run: mtlab extracts no i-vectors")
         raw = (rparser, sparser)
         if raw[0] is not None and raw[0].has_section(tname):
             test.reconstructor = _reconstructor(imp, folder / "reconstructor.cfg", tname,
@@ -203,9 +208,10 @@ def _scorer(imp: Importer, file: Path, tname: str, conf: Mapping[str, str], db: 
 # ---------------------------------------------------------------------------------- test data from the samples
 def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = None,
                    limit: int | None = None) -> list[Path]:
-    """Fill each test task's data folders from the sample corpus's ``test`` split (see ``make_sample_root``)."""
+    """Fill each test task's data folders from the sample corpus's ``test`` split (see ``make_sample_root``), with
+    the vector lists of tasks that read i-vectors; a folder that holds its mixture list already is left as it is."""
     from ..data import data_samples_dir
-    from .samples import SAMPLE_SOURCES, _fill
+    from .samples import SAMPLE_SOURCES, _fill, write_vectors
 
     source = Path(samples) if samples is not None else data_samples_dir()
     made = []
@@ -213,8 +219,13 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
         for lset in test.task["linkedsets"].values():
             data = lset["data"]
             folder = Path(data["root"]) / data["split"]
-            _fill(folder, source / "test", data.get("linkedset", "wav"), limit, data.get("num_sources", SAMPLE_SOURCES))
+            name = data.get("linkedset", "wav")
+            if (folder / f"mix_{name}.scp").is_file():  # a folder the training data fills already (a recipe may
+                continue                                # test on its training folder): used as it is
+            _fill(folder, source / "test", name, limit, data.get("num_sources", SAMPLE_SOURCES))
             made.append(folder)
+            if "ivec" in data:  # the test task's per-utterance vectors (the original's test i-vector list)
+                made.append(write_vectors(folder, data.get("linkedset", "wav"), data["ivec"]))
     return made
 
 
@@ -289,6 +300,7 @@ def run_test(expdir: str | Path, out: str | Path | None = None, checkpoint: str 
     rng = np.random.RandomState(seed)
     trainer = exp.trainer
     for tname, test in tests.items():
+        result.notes.extend(f"{tname}: {note}" for note in test.notes)
         try:
             summary, rows = _test_task(trainer, tname, test, limit, rng, metrics, out)
         except MtlabError as exc:  # a test task the model cannot run (the original stopped there) is reported
