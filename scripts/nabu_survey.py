@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from mtlab.errors import ConfigError  # noqa: E402
+from mtlab.base.errors import ConfigError  # noqa: E402
 from mtlab.nabu import import_nabu, make_sample_root, plain_recipe  # noqa: E402
 
 
@@ -82,8 +82,9 @@ def survey(folder: Path, top: Path, root: Path, train: bool, test: bool, shrink_
     status, detail = "imported", ""
     if train or test:
         import mtlab
-        from mtlab.loop import save_checkpoint
-        from mtlab.nabu.evaluation import make_test_root, read_test, run_test
+        from mtlab.training.checkpoint import save_checkpoint
+        from mtlab.apps.nabu_test import run_test
+        from mtlab.nabu.evaluation import make_test_root, read_test
 
         stage = "train"
         try:

@@ -8,7 +8,7 @@ from torch import nn
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab.accumulator import Accumulator, Phase
+from mtlab.core.accumulator import Accumulator, Phase
 
 
 def trainer(**kw) -> mtlab.Trainer:
@@ -77,10 +77,10 @@ def test_flat_buffer_path_equals_the_per_tensor_reference() -> None:
     ref = {k: v.clone() for k, v in acc.grads.items()}
     tr.normalize("a"); tr.clip("a")
     refs = list(ref.values())
-    mtlab.gradops.div_(refs, acc.normalizer, foreach=False)
+    mtlab.base.gradops.div_(refs, acc.normalizer, foreach=False)
     pre = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in refs]))
     above = sum(int((t.abs() > 1.0).sum()) for t in refs)
-    mtlab.gradops.clamp_(refs, 1.0, foreach=False)
+    mtlab.base.gradops.clamp_(refs, 1.0, foreach=False)
     for (k, v), r in zip(acc.grads.items(), refs):
         assert torch.equal(v, r), k
     torch.testing.assert_close(acc.grad_norm.double(), pre.double())
@@ -113,7 +113,7 @@ def test_views_survive_the_all_reduce(tmp_path) -> None:
     dist = torch.distributed
     if not dist.is_available() or dist.is_initialized():
         pytest.skip("needs torch.distributed and no process group already up")
-    import mtlab.distributed
+    import mtlab.training.distributed
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:

@@ -9,7 +9,7 @@ import torch
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab import checkpoint
+from mtlab.core import state as checkpoint
 
 
 def trainer() -> mtlab.Trainer:

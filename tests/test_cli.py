@@ -13,7 +13,7 @@ from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from mtlab.cli import main
+from mtlab.apps.cli import main
 
 
 def mtlab_cmd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

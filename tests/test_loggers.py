@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import mtlab
-from mtlab.errors import ConfigError
-from mtlab.loggers import CSVLogger, LoggerGroup, make
+from mtlab.base.errors import ConfigError
+from mtlab.training.loggers import CSVLogger, LoggerGroup, make
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data_samples"
@@ -67,7 +67,7 @@ def build(spec: dict):  # noqa: ANN201 (a Trainer)
     """The trainer of a recipe dict (``mtlab.from_recipe`` once the shell offers it)."""
     if hasattr(mtlab, "from_recipe"):
         return mtlab.from_recipe(spec).trainer
-    from mtlab.recipe import build_trainer
+    from mtlab.apps.recipe import build_trainer
 
     return build_trainer(spec)
 
@@ -213,7 +213,7 @@ def test_trackio_local_store_reads_back(corpus: Path, tmp_path: Path) -> None:
         torch.set_num_threads(1)
         from pathlib import Path
         from test_loggers import build, recipe
-        from mtlab.loggers import make
+        from mtlab.training.loggers import make
         trainer = build(recipe(Path({str(corpus)!r})))
         logger = make({{"type": "trackio", "project": "sep", "run_name": "r1"}}, {str(tmp_path)!r}).attach(trainer)
         trainer.step(); trainer.step()
@@ -284,7 +284,7 @@ valid = {{ split = "dev" }}
 
 def test_cli_log_option_writes_train_and_validation_scalars(corpus: Path, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="tensorboard comes with the loggers extra")
-    from mtlab.cli import main
+    from mtlab.apps.cli import main
 
     path = tmp_path / "r.toml"
     path.write_text(TOML.format(root=corpus))
@@ -303,7 +303,7 @@ def test_cli_log_option_writes_train_and_validation_scalars(corpus: Path, tmp_pa
 
 
 def test_recipe_log_key_chooses_the_loggers_and_names_a_bad_one(corpus: Path, tmp_path: Path) -> None:
-    from mtlab.cli import main
+    from mtlab.apps.cli import main
 
     path = tmp_path / "r.toml"
     path.write_text(TOML.format(root=corpus).replace('device = "cpu"', 'device = "cpu"\nlog = ["csv"]'))

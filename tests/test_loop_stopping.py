@@ -11,9 +11,9 @@ import torch
 from test_loop import assert_same, plain, script
 
 import mtlab
-from mtlab.checkpoint import load_safe
-from mtlab.errors import ConfigError
-from mtlab.loop import Schedule, run
+from mtlab.core.state import load_safe
+from mtlab.base.errors import ConfigError
+from mtlab.training.loop import Schedule, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mtlab.data import data_samples_dir, read_list, read_wav
-from mtlab.errors import BatchError, ConfigError
+from mtlab.base.errors import BatchError, ConfigError
 from mtlab.separation import metrics as M
 
 mir_eval_separation = pytest.importorskip("mir_eval.separation", reason="mir_eval is a dev dependency")
@@ -190,7 +190,7 @@ def test_evaluate_lists_reads_kaldi_lists(tmp_path) -> None:
 def test_cli_score_writes_the_tables_of_evaluate_lists(tmp_path, capsys) -> None:
     import wave
 
-    from mtlab.cli import main
+    from mtlab.apps.cli import main
 
     folder = data_samples_dir() / "test"
     names = sorted(read_list(folder / "mix_clean.scp"))[:2]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mtlab.cli import main
+from mtlab.apps.cli import main
 from mtlab.nabu import import_nabu, make_sample_root
 from test_nabu_import import replace_in, write_recipe
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mtlab.errors import ConfigError
-from mtlab.recipe import load_trainer_cfg
+from mtlab.base.errors import ConfigError
+from mtlab.apps.settings import load_trainer_cfg
 
 RECIPES = Path("/work/shared/nabu/config/recipes")
 if not RECIPES.is_dir():  # the original's recipes next to the repository (CI checks them out there)
@@ -47,8 +47,8 @@ def test_trainset_frac_under_a_segment_stage_keeps_the_first_segments() -> None:
     """The original's task_trainer lists one entry per segment and keeps the first int(n x frac) of them."""
     import torch
 
-    from mtlab.loop import stage_view
-    from mtlab.sampling import trainset_fraction
+    from mtlab.training.schedule import stage_view
+    from mtlab.tasks.sampling import trainset_fraction
 
     lengths = [250, 90, 430, 120]  # frames: 2 + 1 (short, kept whole) + 4 + 1 = 8 segments of 100
     utts = [{"features": torch.full((n, 1), float(i))} for i, n in enumerate(lengths)]
@@ -103,7 +103,7 @@ def test_mask_head_then_pit_softmax_is_refused() -> None:
 def test_from_recipe_refuses_mask_head_then_pit_softmax() -> None:
     import tomllib
 
-    from mtlab.recipe import from_recipe
+    from mtlab.apps.recipe import from_recipe
 
     recipe = tomllib.loads((Path(__file__).resolve().parents[1] / "recipes" / "separation_pit.toml").read_text())
     recipe["tasks"]["separation"]["loss"]["activation"] = "softmax"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from mtlab.cli import main
-from mtlab.errors import ConfigError
+from mtlab.apps.cli import main
+from mtlab.base.errors import ConfigError
 from mtlab.nabu import import_nabu, make_sample_root
 from mtlab.nabu.evaluation import make_test_root, read_test
 from test_nabu_import import SECTIONS, replace_in, write_recipe

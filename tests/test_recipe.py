@@ -15,8 +15,8 @@ import torch
 from helpers import script_validations
 
 import mtlab
-from mtlab.checkpoint import CheckpointError, load_safe, save_atomic
-from mtlab.recipe import from_recipe, load, load_recipe, load_trainer_cfg, trainer_settings
+from mtlab.core.state import CheckpointError, load_safe, save_atomic
+from mtlab.apps.recipe import from_recipe, load, load_recipe, load_trainer_cfg, trainer_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data_samples"
@@ -311,7 +311,7 @@ def test_crafted_pickle_is_not_executed(tmp_path: Path) -> None:
 
 def test_resume_names_the_rule_that_stopped_the_run(monkeypatch: pytest.MonkeyPatch, tiny_corpus: Path,
                                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from mtlab.cli import main
+    from mtlab.apps.cli import main
 
     values = [1.0, 0.999, 0.998, 0.9985, 0.999, 0.9975]  # slow, then worse: the relative-improvement rule stops
     script_validations(monkeypatch, values)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import mtlab
 from campaign import record
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab.checkpoint import CheckpointError, load_safe
+from mtlab.core.state import CheckpointError, load_safe
 
 EX = make_examples(16, 31)
 
@@ -82,9 +82,9 @@ def test_an_exception_inside_a_call_leaves_the_state_before_it(where, monkeypatc
     if where == "process_minibatch":
         monkeypatch.setattr(tr.tasks["a"], "loss", fail)
     elif where == "normalize":
-        monkeypatch.setattr(mtlab.gradops, "div_", fail)
+        monkeypatch.setattr(mtlab.base.gradops, "div_", fail)
     elif where == "clip":
-        monkeypatch.setattr(mtlab.gradops, "clamp_", fail)
+        monkeypatch.setattr(mtlab.base.gradops, "clamp_", fail)
     else:
         monkeypatch.setattr(tr.optimizer, "step", fail)
     with pytest.raises((Injected, mtlab.BatchError)):
@@ -158,7 +158,7 @@ def test_disk_full_while_saving_keeps_the_old_checkpoint(tmp_path, monkeypatch):
         f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(mtlab.checkpoint.torch, "save", full_disk)
+    monkeypatch.setattr(mtlab.core.state.torch, "save", full_disk)
     with pytest.raises(CheckpointError, match="No space left.*previous checkpoint .* intact"):
         tr.save(path)
     monkeypatch.undo()

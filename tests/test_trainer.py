@@ -12,7 +12,7 @@ from torch import nn
 
 import mtlab
 from helpers import clone_models, make_examples, make_models, task_a, task_b
-from mtlab.batching import collate
+from mtlab.base.batching import collate
 
 
 def batches(seed: int, sizes=(3, 2, 4), lengths=((2, 5), (9, 14), (3, 8))):

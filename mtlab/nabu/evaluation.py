@@ -1,6 +1,6 @@
 """An imported recipe's test, as the original's ``run test`` does it: the test loss, separation, scores.
 
->>> result = run_test("exp/dc")      # an experiment trained from an original recipe folder
+>>> result = mtlab.apps.nabu_test.run_test("exp/dc")   # an experiment trained from an original recipe
 >>> result.summary                          # per task: utterances, test loss, SDR, SDR improvement, ...
 
 ``test_evaluator.cfg`` names the test tasks (their graphs, losses and test data); each task's loss is summed
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigError, MtlabError
+from ..base.errors import ConfigError, MtlabError
 from .importer import SAMPLE_RATE, Importer, build_task
 from .ini import read_ini, section, words
 
@@ -63,7 +63,7 @@ class EvalTask:
 
 @dataclass
 class EvalResult:
-    """What :func:`run_test` gives: per-task summary rows, per-task utterance rows, the output folder."""
+    """What :func:`evaluate_tests` gives: per-task summary rows, per-task utterance rows, the output folder."""
 
     summary: list[dict[str, Any]]
     utterances: dict[str, list[dict[str, Any]]]
@@ -245,60 +245,56 @@ def _write_wav(path: Path, signal: np.ndarray) -> None:
         w.writeframes(np.clip(np.round(signal * 32767.0), -32768, 32767).astype("<i2").tobytes())
 
 
-def recipe_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask]) -> dict[str, Any]:
-    """An mtlab recipe of the test tasks over the experiment's models and feature statistics."""
-    from ..recipe import stats_key
-
-    trainer = {k: recipe["trainer"][k] for k in ("seed", "device") if k in recipe.get("trainer", {})}
-    stats = dict(recipe.get("stats", {}))
-    trained = recipe.get("tasks", {})
-    for name, test in tests.items():
-        # the original normalizes test features with the training features' statistics (meanandvar_dir): a
-        # test folder of its own gets those of the training task of the same name (else the first one)
-        source = trained.get(name) or next(iter(trained.values()), None)
-        if source is None:
-            continue
-        sname, sspec = next(iter(source["linkedsets"].items()))
-        train_key = stats_key(sspec["data"], sname)
-        for lname, lset in test.task["linkedsets"].items():
-            key = stats_key(lset["data"], lname)
-            if key not in stats and train_key in stats:
-                stats[key] = stats[train_key]
-    return {"name": f"{recipe.get('name', 'experiment')} (test)", "trainer": {**trainer, "tasks": list(tests)},
-            "models": recipe["models"], "tasks": {n: t.task for n, t in tests.items()}, "stats": stats}
-
-
-def run_test(expdir: str | Path, out: str | Path | None = None, checkpoint: str = "final",
-                    limit: int | None = None, pesq: bool = False, recipe_dir: str | Path | None = None,
-                    data_root: str | Path | None = None, seed: int = 0,
-                    echo: Callable[[str], None] | None = None) -> EvalResult:
-    """Test an experiment trained from an original recipe; see the module doc. ``limit`` caps the utterances
-    per task (after ``requested_utts``); ``pesq`` adds PESQ; ``seed`` seeds the k-means runs."""
-    from ..checkpoint import load_safe
-    from ..recipe import from_recipe, load_initial_weights
+def open_test(expdir: str | Path, checkpoint: str = "final", recipe_dir: str | Path | None = None,
+              data_root: str | Path | None = None) -> tuple[Path, dict[str, Any], dict[str, EvalTask]]:
+    """(checkpoint path, the recipe it carries, the test tasks of its original recipe folder)."""
+    from ..training.checkpoint import load_safe
 
     expdir = Path(expdir)
     ckpt = Path(checkpoint) if checkpoint not in ("final", "best") else expdir / f"{checkpoint}.pt"
     if not ckpt.is_file():
         raise ConfigError(f"{ckpt}: no checkpoint; train first (mtlab train RECIPE_DIR --expdir {expdir})")
-    state = load_safe(ckpt)
-    recipe = state.get("recipe")
-    nabu = recipe.get("nabu") if isinstance(recipe, Mapping) else None
+    recipe = load_safe(ckpt).get("recipe")
+    if not isinstance(recipe, Mapping):
+        raise ConfigError(f"{ckpt} carries no recipe; test a checkpoint that mtlab train wrote")
+    nabu = recipe.get("nabu")
     if nabu is None and recipe_dir is None:
         raise ConfigError(f"{ckpt}: its recipe was not imported from an original recipe folder; give the folder "
                           "whose test_evaluator.cfg to run (--recipe DIR)")
-    recipe_dir = Path(recipe_dir or nabu["recipe_dir"])  # type: ignore[index]
-    data_root = Path(data_root or nabu["data_root"])  # type: ignore[index]
-    tests = read_test(recipe_dir, data_root)
-    exp = from_recipe(recipe_for_test(recipe, tests), init_weights=False)  # type: ignore[arg-type]
-    load_initial_weights(exp.trainer, ckpt, origin=str(ckpt))
-    out = Path(out) if out is not None else expdir / "test"
+    folder = Path(recipe_dir or nabu["recipe_dir"])  # type: ignore[index]
+    root = Path(data_root or nabu["data_root"])  # type: ignore[index]
+    return ckpt, dict(recipe), read_test(folder, root)
+
+
+def stats_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask],
+               key: Callable[[Mapping[str, Any], str], str]) -> dict[str, Any]:
+    """The experiment's feature statistics, with each test linked set's under ``key(data, linkedset)``: the
+    original normalizes test features with the training features' (meanandvar_dir), so a test folder of its
+    own gets those of the training task of the same name (else the first one)."""
+    stats = dict(recipe.get("stats", {}))
+    trained = recipe.get("tasks", {})
+    for name, test in tests.items():
+        source = trained.get(name) or next(iter(trained.values()), None)
+        if source is None:
+            continue
+        sname, sspec = next(iter(source["linkedsets"].items()))
+        train_key = key(sspec["data"], sname)
+        for lname, lset in test.task["linkedsets"].items():
+            if key(lset["data"], lname) not in stats and train_key in stats:
+                stats[key(lset["data"], lname)] = stats[train_key]
+    return stats
+
+
+def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit: int | None = None,
+                   pesq: bool = False, seed: int = 0, echo: Callable[[str], None] | None = None) -> EvalResult:
+    """Run the test tasks on ``trainer`` (built from their recipe, holding the trained weights); see the module
+    doc. ``limit`` caps the utterances per task (after ``requested_utts``); ``pesq`` adds PESQ; ``seed`` seeds
+    the k-means runs."""
     out.mkdir(parents=True, exist_ok=True)
     metrics = (*METRICS, "pesq") if pesq else METRICS
     result = EvalResult([], {}, out)
     say = echo or (lambda _: None)
     rng = np.random.RandomState(seed)
-    trainer = exp.trainer
     for tname, test in tests.items():
         result.notes.extend(f"{tname}: {note}" for note in test.notes)
         try:
@@ -323,9 +319,9 @@ def run_test(expdir: str | Path, out: str | Path | None = None, checkpoint: str 
 
 def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng: np.random.RandomState,
                metrics: tuple[str, ...], out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One test task: its summary row and its utterance rows (see :func:`run_test`)."""
-    from ..batching import collate
-    from ..forward import eval_mode
+    """One test task: its summary row and its utterance rows (see :func:`evaluate_tests`)."""
+    from ..base.batching import collate
+    from ..tasks.forward import eval_mode
     from ..separation.reconstruct import RECONSTRUCTORS, apply_and_resynthesize, reconstruct
 
     plan, task = trainer.plans[tname], trainer.tasks[tname]
@@ -444,14 +440,3 @@ def format_table(rows: list[dict[str, Any]], header: bool = True) -> str:
         lines.append("  ".join(cells))
     return "\n".join(lines)
 
-
-def cli(expdir: Path, out: Path | None, checkpoint: str, limit: int | None, pesq: bool, recipe_dir: Path | None,
-        data_root: Path | None, seed: int) -> int:
-    """``mtlab test EXPDIR``: run the test, print the table and where the files went."""
-    result = run_test(expdir, out, checkpoint, limit, pesq, recipe_dir, data_root, seed, echo=print)
-    print()
-    print(format_table(result.summary))
-    for note in result.notes:
-        print(f"note: {note}")
-    print(f"\nper-utterance scores: {result.out}/<task>/scores.csv; summary: {result.out / 'summary.csv'}")
-    return 1 if any("error" in row for row in result.summary) else 0

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 
 MASK_LOSSES = ("pit", "direct")  # the losses that apply a mask activation to their output
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import BatchError, ConfigError
+from ..base.errors import BatchError, ConfigError
 
 EPS = 1e-8
 BSS_FILTER_LENGTH = 512  # BSS-eval's distortion filter (taps), as in mir_eval and the papers that cite it

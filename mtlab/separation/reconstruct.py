@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..data.features import Spectral, window
-from ..errors import BatchError, ConfigError
+from ..base.errors import BatchError, ConfigError
 
 KMEANS_N_INIT = 10  # the original's KMeans(n_init=10, max_iter=100) with scikit-learn's default tol
 KMEANS_MAX_ITER = 100

@@ -29,9 +29,9 @@ Listener = Callable[["Run", str], None]
 
 
 def _loop_run() -> Callable[..., Any] | None:
-    """``mtlab.loop.run`` where the training loop module exists, else None."""
+    """``mtlab.run`` where the training loop module exists, else None."""
     try:
-        from ..loop import run  # type: ignore[import-not-found, attr-defined]
+        from ..training.loop import run  # type: ignore[import-not-found, attr-defined]
     except ImportError:
         return None
     return run

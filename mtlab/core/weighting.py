@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import ConfigError
-from .task import check_positive
+from ..base.errors import ConfigError
+from ..tasks.task import check_positive
 from .update import METHODS, make_adam, optimizer_step
 
 FAMO_EPS = 1e-8  # as FAMO's reference implementation: keeps log(L - b) finite

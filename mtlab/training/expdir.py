@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .report import say
-from .trainer import Trainer
+from ..base.report import say
+from ..core.trainer import Trainer
 
-# ``schedule`` below is a mtlab.loop.Schedule (duck-typed here: the loop imports this module, not the reverse).
+# ``schedule`` below is a mtlab.Schedule (duck-typed here: the loop imports this module, not the reverse).
 Schedule = Any
 
 

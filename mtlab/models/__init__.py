@@ -67,7 +67,7 @@ class ResetBLSTM(nn.Module):
                  group_size: int | list[int] = 1, forward_reset: bool = True, backward_reset: bool = True,
                  separate_directions: bool = False, input_noise: float = 0.0) -> None:
         super().__init__()
-        from .errors import ConfigError
+        from ..base.errors import ConfigError
 
         t_resets = [t_reset] * num_layers if isinstance(t_reset, int) else list(t_reset)
         groups = [group_size] * num_layers if isinstance(group_size, int) else list(group_size)
@@ -141,7 +141,7 @@ class ResetBLSTMInsert(ResetBLSTM):
     def __init__(self, input_dim: int, hidden: int, extra_dim: int, combine_layer: int = 1, num_layers: int = 1,
                  **settings: Any) -> None:
         super().__init__(input_dim, hidden, num_layers=num_layers, **settings)
-        from .errors import ConfigError
+        from ..base.errors import ConfigError
 
         if not 1 <= combine_layer <= num_layers:
             raise ConfigError(f"ResetBLSTMInsert combine_layer = {combine_layer}: a layer from 1 to num_layers "
@@ -156,7 +156,7 @@ class ResetBLSTMInsert(ResetBLSTM):
 
     def forward(self, x: Tensor, extra: Tensor, seq_lengths: Tensor) -> Tensor:  # type: ignore[override]
         if extra.dim() != 2 or extra.shape[0] != x.shape[0]:
-            from .errors import BatchError
+            from ..base.errors import BatchError
 
             raise BatchError(f"ResetBLSTMInsert: the additional input must be one vector per utterance [B, D], got "
                              f"{tuple(extra.shape)} for input {tuple(x.shape)}")
@@ -270,7 +270,7 @@ class LeakyBLSTM(nn.Module):
                  dropout: float = 0.0) -> None:
         super().__init__()
         if recurrent not in self.RECURRENT:
-            from .errors import ConfigError
+            from ..base.errors import ConfigError
 
             raise ConfigError(f"LeakyBLSTM recurrent = {recurrent!r}; valid: {list(self.RECURRENT)}")
         n = self.RECURRENT[recurrent]
@@ -409,7 +409,7 @@ class Dense(nn.Module):
                  dropout: float = 0.0, bias: bool = True, output_shape: list[int] | None = None) -> None:
         super().__init__()
         if activation not in self.ACTIVATIONS:
-            from .errors import ConfigError
+            from ..base.errors import ConfigError
 
             raise ConfigError(f"Dense activation {activation!r}; valid: {list(self.ACTIVATIONS)}")
         dims = [input_dim, *units]
@@ -453,7 +453,7 @@ class Concat(nn.Module):
         super().__init__()
         self.expand = [bool(e) for e in expand] if expand else []
         if self.expand and self.expand[0]:
-            from .errors import ConfigError
+            from ..base.errors import ConfigError
 
             raise ConfigError("Concat expand: the first input cannot be expanded (the others are repeated over "
                               "its frames); give False first")
@@ -462,7 +462,7 @@ class Concat(nn.Module):
     def forward(self, *xs: Tensor, seq_lengths: Tensor | None = None) -> Tensor:
         for flags, what in ((self.expand, "expand"), (self.input_noise, "input_noise")):
             if flags and len(flags) != len(xs):
-                from .errors import ConfigError
+                from ..base.errors import ConfigError
 
                 raise ConfigError(f"Concat {what} has {len(flags)} entries for {len(xs)} inputs; give one per input")
         if self.training and any(self.input_noise):
@@ -471,7 +471,7 @@ class Concat(nn.Module):
             return torch.cat(xs, dim=-1)
         first = xs[0]
         if first.dim() != 3:
-            from .errors import BatchError
+            from ..base.errors import BatchError
 
             raise BatchError(f"Concat expand: the first input must be a sequence [B, T, F], got {tuple(first.shape)}")
         frames = first.shape[1]
@@ -482,7 +482,7 @@ class Concat(nn.Module):
         for x, flag in zip(xs, self.expand):
             if flag:
                 if x.dim() != 2 or x.shape[0] != first.shape[0]:
-                    from .errors import BatchError
+                    from ..base.errors import BatchError
 
                     raise BatchError(f"Concat expand: an expanded input must be [B, D] per utterance to repeat over "
                                      f"the frames of {tuple(first.shape)}, got {tuple(x.shape)}")
@@ -519,7 +519,7 @@ MODELS: dict[str, type[nn.Module]] = {
 
 def build_model(type_name: str, **settings: object) -> nn.Module:
     """``build_model("BLSTM", input_dim=129, hidden=64)``; unknown types list the valid ones."""
-    from .registry import build
+    from ..base.registry import build
 
     return build("model", MODELS, type_name, settings)
 
@@ -535,7 +535,7 @@ class DeepClusteringHead(nn.Module):
         super().__init__()
         acts = {"none": nn.Identity, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
         if activation not in acts:
-            from .errors import ConfigError
+            from ..base.errors import ConfigError
 
             raise ConfigError(f"DeepClusteringHead activation {activation!r}; valid: {sorted(acts)}")
         self.linear = nn.Linear(input_dim, num_bins * emb_dim)
@@ -563,7 +563,7 @@ class MaskHead(nn.Module):
                  dropout: float = 0.0) -> None:
         super().__init__()
         if activation not in ("sigmoid", "softmax"):
-            from .errors import ConfigError
+            from ..base.errors import ConfigError
 
             raise ConfigError(f"MaskHead activation {activation!r}; valid: ['sigmoid', 'softmax']")
         self.linear = nn.Linear(input_dim, num_bins * num_sources)

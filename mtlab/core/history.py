@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _host(value: Any) -> Any:
@@ -61,6 +63,8 @@ class History:
             return self._rows[: self._ready]
 
     def frame(self) -> pd.DataFrame:
+        import pandas as pd  # imported here: `import mtlab` stays light until a frame is asked for
+
         rows = self.rows()
         if not rows:
             return pd.DataFrame(columns=["step", "lr", "skipped"])

@@ -184,6 +184,31 @@ class Accumulator:
         self.phase = Phase.ACCUMULATING
         self.restore_grads()
 
+    def advance(self, phase: Phase) -> None:
+        """A transform of the chain has processed the gradients: one position further, now ``phase``."""
+        self.position += 1
+        self.phase = phase
+
+    def set_clip_fraction(self, fraction: Tensor, first: bool = False) -> None:
+        """The share of the gradient that clipping changed (a device tensor); ``first``: only if no clip of
+        this step has recorded one yet."""
+        if not (first and self.clip_fraction is not None):
+            self.clip_fraction = fraction
+
+    def mark_applied(self) -> None:
+        """The optimizer stepped with this accumulation: it stays readable until the next minibatch."""
+        self.phase = Phase.APPLIED
+
+    def take_reduced(self, totals: Tensor, set_totals: Mapping[str, Tensor], replaced: Collection[str],
+                     minibatches: int | None = None) -> None:
+        """After the buffers were summed over processes in place: the summed totals, the summed per-set totals
+        of the linked sets in ``replaced`` (one absent from ``set_totals`` no process drew from) and the
+        minibatch count (None keeps this process's count)."""
+        self.totals.copy_(totals)
+        self.set_totals = {**{s: v for s, v in self.set_totals.items() if s not in replaced}, **set_totals}
+        if minibatches is not None:
+            self.minibatches = int(minibatches)
+
     def restore_grads(self) -> None:
         """Owned parameters' ``.grad`` show this task's gradient again (after an optimizer step used others)."""
         have = bool(self.minibatches)

@@ -30,11 +30,11 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from . import gradops
+from ..base import gradops
 from .accumulator import Accumulator
-from .errors import ConfigError
-from .registry import Registry, add_plugin, build
-from .sampling import derived_seed
+from ..base.errors import ConfigError
+from ..base.registry import Registry, add_plugin, build
+from ..tasks.sampling import derived_seed
 
 logger = logging.getLogger("mtlab")
 
@@ -151,8 +151,8 @@ class Weighting(Protocol):
 
 # Combination methods and loss weightings by name; mtlab.combine and mtlab.weighting register theirs on import.
 METHODS = Registry("combine", {"sum": WeightedSum})
-add_plugin("combine", "mtlab.combine")
-add_plugin("combine", "mtlab.weighting")
+add_plugin("combine", "mtlab.core.combine")
+add_plugin("combine", "mtlab.core.weighting")
 
 
 def resolve_method(spec: Any) -> tuple[Any, Weighting | None]:

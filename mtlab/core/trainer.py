@@ -18,18 +18,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from . import checkpoint
+from . import state as checkpoint
 from .accumulator import Accumulator, Phase, Reducer
-from .batching import Batch, resolve_device
-from .errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError
+from .parallel import Parallel
+from ..base.batching import Batch, resolve_device
+from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError
 from .events import Events, Listener
-from .forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
+from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
-from .report import trainer_html
-from .sampling import BatchStream, Streams
-from .task import LinkedSet, Task, check_count, check_models, check_positive, check_tasks, check_weight
+from ..base.report import trainer_html
+from ..tasks.sampling import BatchStream, Streams
+from ..tasks.task import LinkedSet, Task, check_count, check_models, check_positive, check_tasks, check_weight
 from .transforms import Chain
 from .update import OptimizerFactory, PerTaskUpdate, Update, make_adam
 
@@ -50,7 +51,7 @@ class Trainer:
                  nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
                  clip_grad_norm: float | None = None, optimizer: OptimizerFactory | None = None,
-                 combine: Any = None) -> None:
+                 combine: Any = None, clip_grad_percentile: float | None = None) -> None:
         check_models(models)
         tasks = check_tasks(tasks)
         check_count(numbatches_to_aggregate, "numbatches_to_aggregate", "minibatch rounds per step")
@@ -65,7 +66,9 @@ class Trainer:
         self.plans: dict[str, TaskPlan] = {t.name: TaskPlan(t, self.models, self.device) for t in tasks}
         self.numbatches_to_aggregate = numbatches_to_aggregate
         self.normalize_gradients = bool(normalize_gradients)
-        self._set_clip(clip_grad_value, clip_grad_norm)
+        self._clip: tuple[float | None, float | None, float | None] = (None, None, None)
+        self.chain = Chain()
+        self._set_clip(clip_grad_value, clip_grad_norm, clip_grad_percentile)
         self.lr = lr
         self.nonfinite = nonfinite
         self.seed = int(seed)
@@ -75,10 +78,7 @@ class Trainer:
         self.events = Events()
         self.lock = threading.RLock()  # one call at a time (a UI thread may read while a run trains)
         self.atomic = False  # True while apply() changes parameters: a loop defers a hard stop until it is False
-        self.reducer: Reducer | None = None
-        self._agreed = False  # inside step(): the ranks agreed on the whole cycle once, at its start
-        self.local_only = distributed is False
-        self.rank, self.world_size = 0, 1
+        self.parallel = Parallel(local_only=distributed is False)
 
         self.params, self.task_params, users = parameter_users(self.models, self.plans)
         self.param_users = users
@@ -120,7 +120,7 @@ class Trainer:
 
     @clip_grad_value.setter
     def clip_grad_value(self, value: float | None) -> None:
-        self._set_clip(value, self._clip[1])
+        self._set_clip(value, *self._clip[1:])
 
     @property
     def clip_grad_norm(self) -> float | None:
@@ -129,11 +129,23 @@ class Trainer:
 
     @clip_grad_norm.setter
     def clip_grad_norm(self, value: float | None) -> None:
-        self._set_clip(self._clip[0], value)
+        self._set_clip(self._clip[0], value, self._clip[2])
 
-    def _set_clip(self, value: float | None, norm: float | None) -> None:
-        self.chain = Chain.from_settings(self.normalize_gradients, value, norm)  # checks both
-        self._clip = (None if value is None else float(value), None if norm is None else float(norm))
+    @property
+    def clip_grad_percentile(self) -> float | None:
+        """AutoClip: each task's global norm clipped to this percentile of its norm history
+        (``ClipByHistory`` in the chain), or None."""
+        return self._clip[2]
+
+    @clip_grad_percentile.setter
+    def clip_grad_percentile(self, value: float | None) -> None:
+        self._set_clip(*self._clip[:2], value)
+
+    def _set_clip(self, value: float | None, norm: float | None, percentile: float | None = None) -> None:
+        chain = Chain.from_settings(self.normalize_gradients, value, norm, percentile)  # checks each
+        chain.load_state_dict(self.chain.state_dict())  # a norm history survives a change of the clip value
+        self.chain = chain
+        self._clip = tuple(None if v is None else float(v) for v in (value, norm, percentile))  # type: ignore[assignment]
 
     def set_weight(self, task: str, linkedset: str, weight: float) -> None:
         """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""
@@ -176,11 +188,28 @@ class Trainer:
         self.task(task)
         return self._accs[task]
 
+    @property
+    def rank(self) -> int:
+        return self.parallel.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @property
+    def reducer(self) -> Reducer | None:
+        """The data-parallel reduction hook (``mtlab.distributed.attach`` installs it), or None."""
+        return self.parallel.reducer
+
+    @reducer.setter
+    def reducer(self, reducer: Reducer | None) -> None:
+        self.parallel.reducer = reducer
+
     def set_shard(self, rank: int, world_size: int) -> None:
         """Read shard ``rank`` of ``world_size`` of every linked set (data parallel); before any stream is used."""
         if self.streams:
             raise ConfigError("set_shard() must come before the first minibatch is drawn")
-        self.rank, self.world_size = self.streams.shard = (int(rank), int(world_size))
+        self.parallel.rank, self.parallel.world_size = self.streams.shard = (int(rank), int(world_size))
 
     def stream(self, task: str, linkedset: str) -> BatchStream:
         """The endless minibatch stream of a linked set (created on first use)."""
@@ -278,13 +307,8 @@ class Trainer:
         calls = self.chain.calls()
         return calls[0] if calls else "apply"
 
-    def _agree(self, call: str, task: str | None, within: str | None = None) -> None:
-        # Data parallel: the ranks agree on the call and its tasks before any local check or collective, so a
-        # mismatch fails on every rank at once instead of leaving one waiting; the reducer may adopt a task
-        # that only other ranks accumulated. step() agrees once for its whole cycle (``within="step"``).
-        agree = getattr(self.reducer, "agree", None)
-        if agree is not None and not self._agreed:
-            agree(call, task, self._accs, self.next_calls(), reduces=call == self.reducing_call(), within=within)
+    def _agree(self, call: str, task: str | None) -> None:
+        self.parallel.agree(call, task, self._accs, self.next_calls(), reduces=call == self.reducing_call())
 
     def _transform(self, call: str, task: str | None) -> None:
         with self.lock:
@@ -298,12 +322,7 @@ class Trainer:
                 self.events.emit(call, {"task": name, "state": acc})
 
     def _reduce(self, accs: Mapping[str, Accumulator]) -> None:
-        if self.reducer is not None:
-            self.reducer.reduce("normalize", accs)
-        elif not self.local_only and torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1:
-            raise ConfigError("a torch.distributed process group is up but this trainer would train each rank alone: "
-                              "call mtlab.distributed.attach(trainer) first, or build it with distributed=False")
+        self.parallel.reduce(accs)
         if self.normalize_gradients and self.nonfinite == "raise":
             # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
             zero = [n for n, v in zip(accs, torch.stack([a.normalizer for a in accs.values()]).tolist()) if v == 0.0]
@@ -353,7 +372,7 @@ class Trainer:
             try:
                 self.update.step(self._accs, weights, self.lr, found_inf if self.nonfinite == "skip" else None)
                 for acc in accs:
-                    acc.phase = Phase.APPLIED
+                    acc.mark_applied()
                 self.step_count += 1
                 row = step_row(self.step_count, self.lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
                                self.update.stats)
@@ -379,15 +398,26 @@ class Trainer:
                 for _ in range(self.numbatches_to_aggregate):
                     for s in sets:
                         self.process_minibatch(name, s)
-            self._agree(self.reducing_call(), None, within="step")  # data parallel: one agreement per cycle
-            self._agreed = self.reducer is not None
-            try:
-                for call in self.chain.calls():
-                    self._transform(call, None)
-                self.apply()
-            finally:
-                self._agreed = False
+            with self.parallel.one_agreement(self.reducing_call(), self._accs, self.next_calls()):
+                self.finish()
             return {n: self._accs[n] for n in active}
+
+    def finish(self) -> list[str]:
+        """Complete the accumulation in progress: each call of the chain still due (normalize, clip), then apply.
+
+        For minibatches processed by hand as for ``step()``'s own; returns the calls it made. Refuses, changing
+        nothing, when nothing is accumulated.
+        """
+        with self.lock:
+            if all(a.phase in (Phase.EMPTY, Phase.APPLIED) for a in self._accs.values()):
+                raise PhaseError("finish(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
+            made = []
+            for call in self.chain.calls():
+                if any(self.chain.next_call(a) == call for a in self._accs.values()):
+                    self._transform(call, None)
+                    made.append(call)
+            self.apply()
+            return [*made, "apply"]
 
     @property
     def history(self) -> "pandas.DataFrame":  # noqa: F821

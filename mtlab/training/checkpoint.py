@@ -1,21 +1,28 @@
-"""Periodic checkpoints: ``latest.pt`` in the experiment folder every N steps, written at a step boundary, so a
+"""A run's checkpoints: the trainer's state (``mtlab.core.state``) with the schedule and the recipe, and periodic
+``latest.pt`` files.
+
+Periodic checkpoints: ``latest.pt`` in the experiment folder every N steps, written at a step boundary, so a
 killed run (or a torchrun group restarting after a worker died) continues exactly from there.
 
->>> periodic = mtlab.checkpointing.Periodic(exp, "exp/run", every=50).attach()
+>>> periodic = mtlab.checkpoint.Periodic(exp, "exp/run", every=50).attach()
 >>> mtlab.run(exp, expdir="exp/run")          # latest.pt at steps 50, 100, ...
->>> mtlab.checkpointing.resume_point("exp/run")  # the checkpoint a restart continues from
+>>> mtlab.checkpoint.resume_point("exp/run")  # the checkpoint a restart continues from
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch.distributed as dist
 
-from .checkpoint import load_safe, rng_state, set_rng_state
+from ..core.state import load_safe, rng_state, set_rng_state
 from .distributed import active
-from .errors import ConfigError
+from ..base.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
+    from .schedule import Schedule
 
 LATEST = "latest.pt"
 
@@ -80,7 +87,7 @@ class Periodic:
             self.save()
 
 
-def rank_states(trainer: Any) -> list[dict[str, Any]]:
+def rank_states(trainer: "Trainer") -> list[dict[str, Any]]:
     """Each rank's RNG state and data positions, in rank order (one all-gather when data parallel): ranks draw
     different noise and, with the stepwise API, may draw different numbers of minibatches."""
     mine = {"rng": rng_state(trainer.device), "streams": trainer.streams.state_dict()}
@@ -91,7 +98,7 @@ def rank_states(trainer: Any) -> list[dict[str, Any]]:
     return everyone
 
 
-def restore_rank_state(trainer: Any, path: str | Path) -> bool:
+def restore_rank_state(trainer: "Trainer", path: str | Path) -> bool:
     """Give this rank back its own RNG and data positions from a checkpoint ``Periodic`` wrote; False (nothing
     changed) when the checkpoint has none or was written by another number of ranks."""
     ranks = load_safe(path).get("ranks")
@@ -120,3 +127,15 @@ def resume_point(expdir: str | Path) -> Path | None:
             if name == LATEST or _at_boundary(state):
                 found.append((int(state["step"]), -rank, path))
     return max(found)[2] if found else None
+
+
+def save_checkpoint(trainer: "Trainer", schedule: "Schedule | None", path: str | Path, include_best: bool = True,
+                    recipe: Mapping[str, Any] | None = None) -> Path | None:
+    """Atomic checkpoint of the trainer state plus its recipe and schedule (``mtlab.recipe.load`` reads it).
+    Data parallel: rank 0 writes it (every rank holds the same state); other ranks return None."""
+    extra: dict[str, Any] = {}
+    if recipe is not None:
+        extra["recipe"] = dict(recipe)
+    if schedule is not None:
+        extra["schedule"] = schedule.state_dict(include_best=include_best and schedule.keeps_best)
+    return trainer.save(path, extra=extra)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .errors import BatchError, GraphError, MtlabError
+from ..base.errors import BatchError, GraphError, MtlabError
 
 
 @dataclass(frozen=True)

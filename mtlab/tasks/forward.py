@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .batching import Batch, to_device
-from .errors import BatchError, ConfigError, GraphError, MtlabError
+from ..base.batching import Batch, to_device
+from ..base.errors import BatchError, ConfigError, GraphError, MtlabError
 from .graph import GraphResult
 from .sampling import BatchStream
 from .task import Task

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .errors import BatchError
-from .registry import Registry, build
+from ..base.errors import BatchError
+from ..base.registry import Registry, build
 
 LossResult = tuple[Tensor, Tensor]
 IGNORE_INDEX = -100  # target value of padded frames in the frame cross-entropy (torch's default ignore_index)
@@ -119,7 +119,7 @@ class MSE:
 
 # Loss computers by name. The core holds the generic ones; domain packages register theirs on
 # import (``mtlab.separation.losses``: pit, direct, deepclustering, ...), and a lookup of a missing
-# name imports them (see ``mtlab.registry``). ``ORIGINAL_LOSS_TYPES`` lists the names that are the
+# name imports them (see ``mtlab.base.registry``). ``ORIGINAL_LOSS_TYPES`` lists the names that are the
 # original's ``loss_type`` strings with the same math; ``mse`` is mtlab's own (the original has none).
 LOSSES: Registry = Registry("loss", {"crossentropy": CrossEntropy, "mse": MSE})
 ORIGINAL_LOSS_TYPES: set[str] = {"crossentropy"}

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from .batching import Batch, collate, example_length
-from .errors import ConfigError
+from ..base.batching import Batch, collate, example_length
+from ..base.errors import ConfigError
 
 
 class ExampleSource(Protocol):

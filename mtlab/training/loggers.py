@@ -28,9 +28,12 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from ..base.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
 
 EXTRA_HINT = 'pip install "mtlab[loggers]"'
 _MLFLOW_BAD = re.compile(r"[^A-Za-z0-9_\-. :/]")  # characters MLflow refuses in a metric name (e.g. "," of "a,b")
@@ -79,11 +82,11 @@ class Logger:
         if flush_every < 1:
             raise ConfigError(f"{type(self).__name__}: flush_every must be >= 1, got {flush_every}")
         self.flush_every = flush_every
-        self.trainer: Any = None
+        self.trainer: "Trainer | None" = None
         self._pending: list[Any] = []  # history rows, or their index in trainer.log when the event has no row
         self.closed = False
 
-    def attach(self, trainer: Any) -> "Logger":
+    def attach(self, trainer: "Trainer") -> "Logger":
         """Listen to ``trainer`` (``trainer.add_callback(self)``); returns self."""
         self.trainer = trainer
         trainer.add_callback(self)
@@ -294,7 +297,7 @@ class LoggerGroup(Logger):
         super().__init__(1)
         self.loggers = list(loggers)
 
-    def attach(self, trainer: Any) -> "LoggerGroup":
+    def attach(self, trainer: "Trainer") -> "LoggerGroup":
         self.trainer = trainer
         for lg in self.loggers:
             lg.trainer = trainer

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .errors import ConfigError
-from .loop import run
+from ..base.errors import ConfigError
+from ..training.loop import run
 from .recipe import from_recipe
 
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from .batching import Batch
-from .errors import ConfigError
-from .forward import TaskPlan
-from .trainer import Trainer
+from ..base.batching import Batch
+from ..base.errors import ConfigError
+from ..tasks.forward import TaskPlan
+from ..core.trainer import Trainer
 
 if TYPE_CHECKING:
     import pandas as pd

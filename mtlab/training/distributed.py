@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .accumulator import Accumulator
-from .errors import ConfigError, MtlabError
-from .trainer import Trainer
+from ..core.accumulator import Accumulator
+from ..base.errors import ConfigError, MtlabError
+from ..core.trainer import Trainer
 
 
 class DistributedError(MtlabError, RuntimeError):
@@ -204,18 +204,15 @@ class AllReduce:
                     f"rank {self.rank}: the all-reduce of task {name!r} at {call} failed "
                     f"({str(exc).splitlines()[0]}); another rank probably stopped or died: see its log. "
                     "The run cannot continue; resume from the last checkpoint") from exc
-            acc.totals.copy_(packed[:2])
             summed = {s: packed[2 + 2 * j:4 + 2 * j].clone() for j, s in enumerate(sets) if s in present}
-            acc.set_totals = {**{s: v for s, v in acc.set_totals.items() if s not in sets}, **summed}
-            if name in self._counts:
-                acc.minibatches = self._counts.pop(name)
+            acc.take_reduced(packed[:2], summed, sets, self._counts.pop(name, None))
 
 
 def attach(trainer: Trainer) -> Trainer:
     """Make ``trainer`` data parallel over the default process group: each rank reads its own shard of every
     linked set, and ``normalize`` sums the accumulators over the ranks. Every rank must build the same trainer."""
     if not active():
-        raise ConfigError("mtlab.distributed.attach() needs torch.distributed.init_process_group() first "
+        raise ConfigError("mtlab.training.distributed.attach() needs torch.distributed.init_process_group() first "
                           "(torchrun does it for `python -m mtlab train`)")
     rank, world_size = world()
     trainer.set_shard(rank, world_size)

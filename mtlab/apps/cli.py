@@ -39,7 +39,7 @@ def _demo_recipe() -> Path:
     path = next((p for p in (here.parent / "recipes" / "demo.toml", here / "recipes" / "demo.toml") if p.is_file()),
                 here.parent / "recipes" / "demo.toml")
     if not path.is_file():
-        from .errors import ConfigError
+        from ..base.errors import ConfigError
 
         raise ConfigError(f"{path}: the demo recipe is not here; run from a checkout of the mtlab repository "
                           "(pip install -e .) or give a recipe to `mtlab train`")
@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fresh_expdir(path: Path) -> None:
-    from .errors import ConfigError
+    from ..base.errors import ConfigError
 
     if (path / "final.pt").exists() or (path / "best.pt").exists():
         raise ConfigError(f"{path} already holds an experiment; `mtlab resume {path}` continues it, "
@@ -128,7 +128,7 @@ def _fresh_expdir(path: Path) -> None:
 
 
 def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
-    from .loop import run
+    from ..training.loop import run
 
     from .recipe import trainer_settings
 
@@ -136,7 +136,7 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
     logger = None
     loggers = args.log or trainer_settings(exp.recipe)["log"]  # --log overrides the recipe's [trainer] log
     if loggers and rank == 0:
-        from .loggers import make
+        from ..training.loggers import make
 
         logger = make(loggers, expdir).attach(exp.trainer)
     periodic = _periodic(exp, expdir)
@@ -175,7 +175,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from .errors import ConfigError
+    from ..base.errors import ConfigError
     from .recipe import load, load_split_for
 
     choice = {"best": args.expdir / "best.pt", "final": args.expdir / "final.pt"}.get(args.checkpoint, Path(args.checkpoint))
@@ -202,7 +202,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    from .separation.metrics import evaluate_lists
+    from ..separation.metrics import evaluate_lists
 
     metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())
     ev = evaluate_lists(args.mixture, args.references, args.estimates, metrics, args.sample_rate, args.out, args.prefix)
@@ -215,7 +215,7 @@ def _score(args: argparse.Namespace) -> int:
 
 def _periodic(exp: Any, expdir: Path) -> Any:
     """``latest.pt`` every ``checkpoint_frequency`` steps of the recipe (None when 0)."""
-    from .checkpointing import Periodic
+    from ..training.checkpoint import Periodic
     from .recipe import trainer_settings
 
     every = trainer_settings(exp.recipe)["checkpoint_frequency"]
@@ -232,8 +232,8 @@ def _restarts() -> int:
 def _elastic_train(args: argparse.Namespace) -> int:
     """``mtlab train``; restarted by torchrun, it continues from the experiment folder's last checkpoint
     (``latest.pt`` of ``checkpoint_frequency``) with each rank's own RNG and data positions."""
-    from .checkpointing import restore_rank_state, resume_point
-    from .distributed import check_same_start
+    from ..training.checkpoint import restore_rank_state, resume_point
+    from ..training.distributed import check_same_start
     from .recipe import from_recipe, load
 
     restarts = _restarts()
@@ -257,7 +257,7 @@ def _elastic_train(args: argparse.Namespace) -> int:
 
 def _import_nabu(args: argparse.Namespace) -> int:
     """``mtlab import-nabu``: an original recipe folder written as a TOML recipe."""
-    from .nabu import import_nabu, write_toml
+    from ..nabu import import_nabu, write_toml
 
     recipe = import_nabu(args.recipe_dir, data_root=args.data_root, strict=not args.lenient)
     path = write_toml(recipe, args.output)
@@ -301,7 +301,7 @@ def _init_distributed() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``mtlab`` and ``python -m mtlab``; returns the exit code."""
     args = _parser().parse_args(argv)
-    from .errors import MtlabError
+    from ..base.errors import MtlabError
 
     if getattr(args, "no_progress", True):
         handler = logging.StreamHandler(sys.stdout)
@@ -324,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "import-nabu":
             return _import_nabu(args)
         if args.command == "test":
-            from .nabu.evaluation import cli
+            from .nabu_test import cli
 
             return cli(args.expdir, args.out, args.checkpoint, args.limit, args.pesq, args.recipe, args.data_root,
                        args.seed)
@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "resume":
             return _resume(args)
         if args.command == "prepare":
-            from .data.layouts import prepare
+            from ..data.layouts import prepare
 
             out = args.out or Path("lists") / args.layout
             print(prepare(args.layout, args.root, out, args.linkedsets, args.train))

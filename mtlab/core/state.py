@@ -9,11 +9,14 @@ import pickle
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import ConfigError, MtlabError
+from ..base.errors import ConfigError, MtlabError
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
 
 logger = logging.getLogger("mtlab")
 VERSION = 2  # of the trainer state: 2 = accumulators with flat buffers and an update piece
@@ -170,7 +173,7 @@ def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(rng["cuda"], device)
 
 
-def trainer_state(trainer: Any) -> dict[str, Any]:
+def trainer_state(trainer: "Trainer") -> dict[str, Any]:
     """``Trainer.state_dict()``: weights, optimizer, accumulators, data positions, RNG, step, settings,
     weights and history, as plain containers (loadable with ``weights_only=True``)."""
     tr = trainer
@@ -182,14 +185,15 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
         "models": {k: m.state_dict() for k, m in tr.models.items()},
         "update": tr.update.state_dict(), "tasks": tasks, "streams": tr.streams.state_dict(),
         "rng": rng_state(tr.device), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
-        "clip_grad_norm": tr.clip_grad_norm, "history": tr.log.state_dict(),
+        "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
+        "chain": tr.chain.state_dict(), "history": tr.log.state_dict(),
         "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,
                      "numbatches_to_aggregate": tr.numbatches_to_aggregate, "seed": tr.seed,
                      "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps},
     })
 
 
-def load_trainer_state(trainer: Any, state: Any, history: bool = True) -> None:
+def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True) -> None:
     """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
     tr = trainer
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps)
@@ -207,5 +211,7 @@ def load_trainer_state(trainer: Any, state: Any, history: bool = True) -> None:
     tr.step_count = int(state["step"])
     tr.lr = state["lr"]
     tr.clip_grad_value, tr.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")
+    tr.clip_grad_percentile = state.get("clip_grad_percentile")
+    tr.chain.load_state_dict(state.get("chain", []))
     if history:
         tr.log.load_state_dict(state["history"])

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .errors import ConfigError
+from ..base.errors import ConfigError
 from .graph import ModelGraph, Node
 
 
