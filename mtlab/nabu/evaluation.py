@@ -220,12 +220,13 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
             data = lset["data"]
             folder = Path(data["root"]) / data["split"]
             name = data.get("linkedset", "wav")
-            if (folder / f"mix_{name}.scp").is_file():  # a folder the training data fills already (a recipe may
-                continue                                # test on its training folder): used as it is
-            _fill(folder, source / "test", name, limit, data.get("num_sources", SAMPLE_SOURCES))
-            made.append(folder)
-            if "ivec" in data:  # the test task's per-utterance vectors (the original's test i-vector list)
-                made.append(write_vectors(folder, data.get("linkedset", "wav"), data["ivec"]))
+            # a folder filled already (by the training data: a recipe may test on its training folder, or by
+            # another test task) is used as it is
+            if not (folder / f"mix_{name}.scp").is_file():
+                _fill(folder, source / "test", name, limit, data.get("num_sources", SAMPLE_SOURCES))
+                made.append(folder)
+            if "ivec" in data and not Path(data["ivec"]["list"]).is_file():  # the task's test i-vector list
+                made.append(write_vectors(folder, name, data["ivec"]))
     return made
 
 
