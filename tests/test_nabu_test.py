@@ -199,3 +199,26 @@ def test_postprocessors_are_noted_and_a_filled_folder_is_kept(tmp_path: Path) ->
     (tt / "mix_wav.scp").write_text((tt / "mix_wav.scp").read_text().splitlines()[0] + "\n")
     assert make_test_root(tests, limit=3) == []  # a folder holding its list (e.g. the training one) is kept
     assert len((tt / "mix_wav.scp").read_text().splitlines()) == 1
+
+
+def test_each_test_task_gets_its_vector_list_in_a_shared_folder(tmp_path: Path) -> None:
+    """Two test tasks read i-vectors of the same test folder from two lists (given and estimated ones)."""
+    from test_nabu_ivectors import ROOT, SECTIONS, TASK, write_ivec_recipe
+
+    folder = write_ivec_recipe(tmp_path / "IVEC")
+    db = []
+    for name, (listing, proc) in SECTIONS.items():
+        db += [f"[test{name}]", f"datafiles = {ROOT}/tt/{listing}", f"processor_config = {proc}", ""]
+    db += ["[testestivec]", f"datafiles = {ROOT}/est/pointers.scp", "processor_config = ivec_processor.cfg", ""]
+    with (folder / "database.conf").open("a") as f:
+        f.write("\n" + "\n".join(db))
+    (folder / "test_evaluator.cfg").write_text(
+        "[evaluator]\nevaluator = multi_task\ntasks = given estimated\nsegment_length = full\n\n"
+        "[given]\nbatch_size = 2\n" + TASK.format(split="test") + "\n[estimated]\nbatch_size = 2\n"
+        + TASK.format(split="test").replace("ivecs = testivec", "ivecs = testestivec"))
+    tests = read_test(folder, tmp_path / "data")
+    lists = [Path(t.task["linkedsets"]["set0"]["data"]["ivec"]["list"]) for t in tests.values()]
+    assert lists[0] != lists[1]
+    make_test_root(tests, limit=3)
+    for path in lists:
+        assert len(path.read_text().splitlines()) == 3, path
