@@ -150,8 +150,8 @@ def main() -> int:
                 report(survey(*w))
     counts = collections.Counter(r[1].split(":")[0] for r in rows)
     imported = counts["imported"] + counts["ran"] + counts["tested"] + counts["failed"]
-    print(f"\n{len(folders)} recipes in {time.perf_counter() - began:.0f} s: read {len(folders) - counts['unreadable']}, "
-          f"imported {imported}, refused {counts['refused']}"
+    print(f"\n{len(folders)} recipes in {time.perf_counter() - began:.0f} s: "
+          f"read {len(folders) - counts['unreadable']}, imported {imported}, refused {counts['refused']}"
           + (f", ran {sum(1 for r in rows if r[1] in ('ran', 'tested', 'failed:test'))}" if args.train or args.test
              else "")
           + (f", tested {counts['tested']}" if args.test else "")

@@ -115,14 +115,13 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
         if post:
             test.notes.append(f"postprocessors {post!r} (test_evaluator.cfg [{tname}] postprocessors_names) are not "
                               "run: mtlab extracts no i-vectors")
-        raw = (rparser, sparser)
-        if raw[0] is not None and raw[0].has_section(tname):
-            test.reconstructor = _reconstructor(imp, folder / "reconstructor.cfg", tname,
-                                                section(raw[0], tname, folder / "reconstructor.cfg"), db, globalvars,
+        if rparser is not None and rparser.has_section(tname):
+            rpath = folder / "reconstructor.cfg"
+            test.reconstructor = _reconstructor(imp, rpath, tname, section(rparser, tname, rpath), db, globalvars,
                                                 reroot)
-        if raw[1] is not None and raw[1].has_section(tname):
-            test.scorer = _scorer(imp, folder / "scorer.cfg", tname, section(raw[1], tname, folder / "scorer.cfg"),
-                                  db, globalvars, reroot)
+        if sparser is not None and sparser.has_section(tname):
+            spath = folder / "scorer.cfg"
+            test.scorer = _scorer(imp, spath, tname, section(sparser, tname, spath), db, globalvars, reroot)
         out[tname] = test
     if not out:
         raise ConfigError(f"{path}: [evaluator] tasks names no task")
