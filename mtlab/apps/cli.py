@@ -11,6 +11,7 @@
     mtlab import-nabu RECIPE_DIR -o recipe.toml [--data-root DIR] an original Nabu-MSSS recipe as a TOML recipe
     mtlab import-nabu-checkpoint CKPT --recipe DIR -o model.pt    an original trained model (TensorFlow checkpoint)
                                                                  as mtlab weights, for init_file
+    mtlab test DIR [--limit N] [--pesq] [--out DIR]              an imported recipe's test: loss, separation, SDR
 
 ``mtlab train`` also takes an original Nabu-MSSS recipe folder, with ``--data-root DIR`` (where its
 database.conf paths are re-rooted).
@@ -186,6 +187,18 @@ def _parser() -> argparse.ArgumentParser:
                                                  "its folder")
     p.add_argument("--recipe", type=Path, required=True, help="the original recipe folder the model was trained with")
     p.add_argument("-o", "--output", type=Path, required=True, help="the torch file to write")
+    p.set_defaults(threads=None)
+    p = sub.add_parser("test", help="an experiment of an original recipe: test loss (test_evaluator.cfg), separated "
+                                    "WAVs (reconstructor.cfg) and their scores (scorer.cfg)")
+    p.add_argument("expdir", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: EXPDIR/test)")
+    p.add_argument("--checkpoint", default="final", help="final, best or a path (default: final)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many utterances per task")
+    p.add_argument("--pesq", action="store_true", help="add PESQ (pip install \"mtlab[metrics]\")")
+    p.add_argument("--recipe", type=Path, default=None, help="the original recipe folder (default: the one the "
+                                                              "experiment was imported from)")
+    p.add_argument("--data-root", type=Path, default=None, help="default: the experiment's")
+    p.add_argument("--seed", type=int, default=0, help="k-means initialization seed")
     p.set_defaults(threads=None)
     return parser
 
@@ -429,6 +442,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             counts = write_converted(args.checkpoint, args.recipe, args.output)
             print(f"{args.output}: {len(counts)} model(s), {sum(counts.values())} tensors; set init_file to it")
             return 0
+        if args.command == "test":
+            from .nabu_test import cli
+
+            return cli(args.expdir, args.out, args.checkpoint, args.limit, args.pesq, args.recipe, args.data_root,
+                       args.seed)
         if args.command == "train":
             return _elastic_train(args)
         if args.command == "demo":

@@ -212,7 +212,9 @@ def _from_string(key: str, spec: Key, text: str, origin: str) -> Any:
 
 
 def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
-    """The ``[trainer]`` section of the original's INI ``trainer.cfg`` as typed recipe settings."""
+    """The ``[trainer]`` section of an INI ``trainer.cfg`` as typed recipe settings: mtlab's keys, one value
+    each, or the original's file (``trainer = multi_task``, ``segment_lengths``, per-stage values), read as
+    ``mtlab.nabu`` imports it (``stages`` and the original's stopping rules)."""
     path = Path(path)
     parser = configparser.ConfigParser(interpolation=None)
     parser.optionxform = str  # keep key case as written
@@ -224,12 +226,30 @@ def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: trainer.cfg not found; give a path relative to the recipe file")
     if not parser.has_section("trainer"):
         raise ConfigError(f"{path}: no [trainer] section; sections: {parser.sections() or 'none'}")
+    conf = dict(parser.items("trainer"))
+    if _is_original(conf):
+        # the original's own file (trainer = multi_task, segment_lengths, one value per stage): read as the
+        # recipe importer reads it, so both give the same stages and stopping rules
+        from ..nabu.importer import Importer
+
+        plain, _, _ = Importer(path.parent, "data", strict=True).trainer(conf)
+        return plain
     out: dict[str, Any] = {}
-    for key, text in parser.items("trainer"):
+    for key, text in conf.items():
         if key not in TRAINER_KEYS:
             raise _unknown(str(path), "[trainer]", key, list(TRAINER_KEYS))
         out[key] = _from_string(key, TRAINER_KEYS[key], text, str(path))
     return out
+
+
+def _is_original(conf: Mapping[str, str]) -> bool:
+    """Whether a ``[trainer]`` section is the original's: its ``trainer`` or ``segment_lengths`` key, or a
+    per-stage list where mtlab's INI keys take one value."""
+    if "trainer" in conf or "segment_lengths" in conf:
+        return True
+    single = ("int", "float", "bool", "clip", "tries")
+    return any(key in TRAINER_KEYS and TRAINER_KEYS[key].kind in single and len(text.split()) > 1
+               for key, text in conf.items())
 
 
 
