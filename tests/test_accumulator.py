@@ -100,7 +100,6 @@ def test_totals_records_and_phase() -> None:
     loss = sum(float(r.loss) for r in acc.records)
     norm = sum(float(r.norm) for r in acc.records)
     assert abs(float(acc.loss) - loss) < 1e-12 and abs(float(acc.normalizer) - norm) < 1e-12
-    assert acc.batch_loss_norm is not None and float(acc.batch_loss_norm) == float(acc.normalizer)  # old name
     assert set(acc.set_loss) == {"clean", "noisy"}
     assert float(acc.records[1].weight) == 0.5
     assert "flat buffer" in repr(acc) and acc.summary()["minibatches"] == 2
@@ -186,6 +185,6 @@ def test_totals_are_the_weighted_sums_of_the_records() -> None:
     for s in ("clean", "noisy"):
         rs = [r for r in acc.records if r.linkedset == s]
         assert float(acc.set_loss[s]) == pytest.approx(sum(float(r.loss) for r in rs), rel=1e-12)
-        assert float(acc.set_norm[s]) == pytest.approx(sum(float(r.norm) for r in rs), rel=1e-12)
+        assert float(acc.set_normalizer[s]) == pytest.approx(sum(float(r.norm) for r in rs), rel=1e-12)
     assert float(acc.loss) == pytest.approx(float(acc.set_loss["clean"] + acc.set_loss["noisy"]), rel=1e-12)
-    assert float(acc.normalizer) == float(acc.set_norm["clean"] + acc.set_norm["noisy"])
+    assert float(acc.normalizer) == float(acc.set_normalizer["clean"] + acc.set_normalizer["noisy"])

@@ -341,3 +341,24 @@ def test_a_buffering_logger_adds_no_host_read_to_the_step(tmp_path: Path) -> Non
     history = trainer.log.rows()
     assert read_csv(tmp_path / "scalars.csv")["train/a/loss"] == [(r["step"], r["a/loss"]) for r in history]
     assert len(history) == 4
+
+
+@pytest.mark.slow  # MLflow creates its SQLite store: tens of seconds
+def test_mlflow_resume_continues_the_same_run(corpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("mlflow", reason="mlflow comes with the loggers extra")
+    from mlflow.tracking import MlflowClient
+
+    trainer = build(recipe(corpus))
+    first = make("mlflow", tmp_path).attach(trainer)
+    trainer.step()
+    trainer.step()
+    first.close()
+    second = make("mlflow", tmp_path).attach(trainer)  # what `mtlab resume --log mlflow` makes
+    trainer.step()
+    second.close()
+    assert second.run_id == first.run_id
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "mtlab"]
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [first.run_id]
+    assert [m.step for m in client.get_metric_history(first.run_id, "train/lr")] == [1, 2, 3]
+    assert client.get_run(first.run_id).info.status == "FINISHED"

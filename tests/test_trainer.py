@@ -204,7 +204,7 @@ def snapshot(tr: mtlab.Trainer, models):
            "opt": {id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for p, s in tr.optimizer.state.items()}}
     for t in tr.tasks:
         st = tr.state(t)
-        out[t] = (st.minibatches, float(st.batch_loss), float(st.batch_loss_norm),
+        out[t] = (st.minibatches, float(st.loss), float(st.normalizer),
                   {k: v.clone() for k, v in st.grads.items()})
     return out
 
@@ -322,6 +322,25 @@ def test_step_runs_the_whole_cycle_and_weights_change_what_is_drawn():
         tr.set_weight("a", "clean", -1)
     with pytest.raises(mtlab.ConfigError, match="linked sets: \\['clean', 'noisy'\\]"):
         tr.set_weight("a", "nope", 1)
+
+
+def test_step_after_minibatches_processed_by_hand_refuses_instead_of_discarding_them():
+    ex = make_examples(12, 42)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex)], clip_grad_value=1.0, device="cpu")
+    tr.process_minibatch("a", "clean")
+    tr.process_minibatch("a", "noisy")
+    grads = {k: v.clone() for k, v in tr.state("a").grads.items()}
+    positions = {k: (s.epoch, s.position) for k, s in tr.streams.items()}
+    with pytest.raises(mtlab.PhaseError, match=r"'a': 2 minibatch\(es\).*normalize\(\), clip\(\), apply\(\).*reset\(\)"):
+        tr.step()
+    assert tr.state("a").minibatches == 2 and tr.step_count == 0  # nothing discarded, nothing drawn
+    assert all(torch.equal(grads[k], v) for k, v in tr.state("a").grads.items())
+    assert {k: (s.epoch, s.position) for k, s in tr.streams.items()} == positions
+    tr.normalize(); tr.clip()
+    with pytest.raises(mtlab.PhaseError, match=r"phase clipped.*finish them with finish\(\) \(it makes apply\(\)\)"):
+        tr.step()
+    tr.apply()  # finished by hand; step() goes on from there
+    assert tr.step()["a"].minibatches == 2 and tr.step_count == 2
 
 
 def test_evaluate_uses_eval_mode_and_no_gradients():

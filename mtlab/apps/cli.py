@@ -9,6 +9,9 @@
                                                                  separation metrics of WAV lists, with the
                                                                  mixture baseline and the improvements
     mtlab import-nabu RECIPE_DIR -o recipe.toml [--data-root DIR] an original Nabu-MSSS recipe as a TOML recipe
+    mtlab import-nabu-checkpoint CKPT --recipe DIR -o model.pt    an original trained model (TensorFlow checkpoint)
+                                                                 as mtlab weights, for init_file
+    mtlab test DIR [--limit N] [--pesq] [--out DIR]              an imported recipe's test: loss, separation, SDR
 
 ``mtlab train`` also takes an original Nabu-MSSS recipe folder, with ``--data-root DIR`` (where its
 database.conf paths are re-rooted).
@@ -24,7 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from typing import Sequence
@@ -45,6 +51,68 @@ def _demo_recipe() -> Path:
     return path
 
 
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_threads() -> tuple[int, str]:
+    """torch CPU threads that do not oversubscribe the machine, and why: the CPUs this process may use less
+    the machine's load (other programs' busy threads), shared among the local ranks; at least 1, at most
+    torch's own choice. On a shared 2-core machine under load, more threads made steps 10-15x slower."""
+    import torch
+
+    cpus = _usable_cpus()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    free = max(1, round(cpus - load)) // ranks
+    n = max(1, min(torch.get_num_threads(), free))
+    shared = f", {ranks} local ranks" if ranks > 1 else ""
+    return n, f"{n} torch thread{'s' if n > 1 else ''} ({cpus} CPUs, load {load:.1f}{shared}; --threads N to choose)"
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of units, got {text!r}")
+    return int(text)
+
+
+LARGE_ON_CPU = 2_000_000  # parameters above which a CPU run is told its cost before it starts
+
+
+def _cost_note(exp: Any) -> Callable[[str, dict[str, Any]], None] | None:
+    """A large model about to train on the CPU: say its size and what it costs before the first step, and
+    return a listener that reports the first step's time and the schedule's at that pace."""
+    import torch
+
+    trainer = exp.trainer
+    params = sum(p.numel() for p in trainer.params.values())
+    if trainer.device.type != "cpu" or params < LARGE_ON_CPU:
+        return None
+    size = sum(p.numel() * p.element_size() for p in trainer.params.values())
+    # weights, a gradient buffer per task, Adam's two moments and the update's direction; activations come on top
+    gb = size * (3 + len(trainer.tasks) + 1) / 1e9
+    threads = torch.get_num_threads()
+    print(f"large model: {params / 1e6:.1f} M parameters on the CPU ({threads} torch thread{'s' if threads > 1 else ''}):"
+          f" at least {gb:.1f} GB for weights, gradients and Adam, more for activations; a full-size "
+          "recipe can take minutes per step on a few cores. For a quick look train with --shrink 32 (hidden sizes capped at 32), "
+          'or on a GPU (device = "cuda" in [trainer]); the first step\'s time follows', flush=True)
+    start = time.monotonic()
+
+    def first_step(event: str, info: dict[str, Any]) -> None:
+        nonlocal start
+        if event == "run_start":
+            start = time.monotonic()
+        elif event == "apply":
+            trainer.remove_callback(first_step)
+            took = time.monotonic() - start
+            left = max(0, exp.schedule.num_steps - trainer.step_count)
+            print(f"step {trainer.step_count} took {took:.0f} s: the {left} steps left would take about "
+                  f"{took * left / 3600:.1f} h at this pace", flush=True)
+
+    trainer.add_callback(first_step)
+    return first_step
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtlab", description="Multi-task training with explicit gradient accumulation.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,18 +121,28 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--steps", type=int, default=None, help="run at most this many steps now (default: to the end)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar; log lines instead")
         p.add_argument("--threads", type=int, default=None,
-                       help="torch CPU threads (default: 1 for demo, else torch's choice)")
+                       help="torch CPU threads (default: 1 for demo, else the CPUs not busy with other work)")
         p.add_argument("--log", default=None, metavar="NAMES",
                        help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder; "
                             "default: the recipe's [trainer] log)")
 
+    def device_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--precision", default=None, choices=["32", "bf16-mixed", "16-mixed"],
+                       help="override the recipe's [trainer] precision (default: the recipe's, else 32)")
+        p.add_argument("--compile", action="store_true", default=None,
+                       help="torch.compile each model (dynamic shapes); overrides the recipe's [trainer] compile")
+
     p = sub.add_parser("train", help="train a recipe into an experiment folder")
     p.add_argument("recipe", type=Path)
+    device_flags(p)
     p.add_argument("--data-root", type=Path, default=None,
                    help="an original Nabu-MSSS recipe folder: its database.conf paths go below this (default: data)")
     p.add_argument("--expdir", type=Path, required=True, help="experiment folder (must not hold an experiment yet)")
+    p.add_argument("--shrink", type=_positive, default=0, metavar="N",
+                   help="cap the hidden sizes of an original Nabu-MSSS recipe at N units: a quick look on a CPU")
     common(p)
     p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus")
+    device_flags(p)
     p.add_argument("--expdir", type=Path, default=None, help="experiment folder (default: exp/demo, exp/demo-2, ...)")
     common(p)
     p = sub.add_parser("resume", help="continue an experiment from its final.pt")
@@ -103,7 +181,40 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lenient", action="store_true", help="list the settings mtlab cannot honour under [nabu] "
                                                           "unsupported instead of stopping at the first")
     p.set_defaults(threads=None)
+    p = sub.add_parser("import-nabu-checkpoint", help="convert an original Nabu-MSSS TensorFlow checkpoint to mtlab "
+                                                      "weights ({model: state_dict}, loadable as init_file)")
+    p.add_argument("checkpoint", type=Path, help="the checkpoint prefix (e.g. model/network.ckpt), a file of it or "
+                                                 "its folder")
+    p.add_argument("--recipe", type=Path, required=True, help="the original recipe folder the model was trained with")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the torch file to write")
+    p.set_defaults(threads=None)
+    p = sub.add_parser("test", help="an experiment of an original recipe: test loss (test_evaluator.cfg), separated "
+                                    "WAVs (reconstructor.cfg) and their scores (scorer.cfg)")
+    p.add_argument("expdir", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: EXPDIR/test)")
+    p.add_argument("--checkpoint", default="final", help="final, best or a path (default: final)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many utterances per task")
+    p.add_argument("--pesq", action="store_true", help="add PESQ (pip install \"mtlab[metrics]\")")
+    p.add_argument("--recipe", type=Path, default=None, help="the original recipe folder (default: the one the "
+                                                              "experiment was imported from)")
+    p.add_argument("--data-root", type=Path, default=None, help="default: the experiment's")
+    p.add_argument("--seed", type=int, default=0, help="k-means initialization seed")
+    p.set_defaults(threads=None)
     return parser
+
+
+def _with_flags(recipe: Any, args: argparse.Namespace) -> Any:
+    """The recipe (a path or a dict) with ``--precision`` / ``--compile`` written into its [trainer] table, so
+    the checkpoints carry them and ``mtlab resume`` continues the same way."""
+    over = {k: v for k, v in (("precision", getattr(args, "precision", None)),
+                              ("compile", getattr(args, "compile", None))) if v is not None}
+    if not over:
+        return recipe
+    from .recipe import load_recipe
+
+    loaded = dict(load_recipe(recipe) if isinstance(recipe, (str, Path)) else recipe)
+    loaded["trainer"] = {**loaded.get("trainer", {}), **over}
+    return loaded
 
 
 def _fresh_expdir(path: Path) -> None:
@@ -127,6 +238,7 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
 
         logger = make(loggers, expdir).attach(exp.trainer)
     periodic = _periodic(exp, expdir)
+    cost = _cost_note(exp) if rank == 0 else None
     try:
         schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
     finally:
@@ -134,6 +246,8 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
             logger.close()
         if periodic is not None:
             periodic.detach()
+        if cost is not None and cost in exp.trainer.callbacks:
+            exp.trainer.remove_callback(cost)
     if rank != 0:
         return 0
     print((expdir / "summary.txt").read_text(), end="")
@@ -228,7 +342,7 @@ def _elastic_train(args: argparse.Namespace) -> int:
     if point is None:
         if not restarts:
             _fresh_expdir(args.expdir)
-        exp = from_recipe(args.recipe)
+        exp = from_recipe(_with_flags(args.recipe, args))
     else:
         exp = load(point)
         restore_rank_state(exp.trainer, point)
@@ -297,19 +411,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("mtlab").setLevel(logging.INFO)
     try:
         # The demo's model is small: one thread is fastest, and several threads on busy cores were
-        # 15x slower per step in our measurements (oversubscription). Other commands keep torch's choice.
-        threads = args.threads or (1 if args.command == "demo" else None)
-        if threads:
+        # 15x slower per step in our measurements (oversubscription). Training commands use the free CPUs.
+        if args.command in ("train", "demo", "resume", "evaluate"):
             import torch
 
+            if args.threads:
+                threads, why = args.threads, f"{args.threads} torch thread{'s' if args.threads > 1 else ''} (--threads {args.threads})"
+            elif args.command == "demo":
+                threads, why = 1, "1 torch thread (the demo's small model runs fastest on one; --threads N to choose)"
+            else:
+                threads, why = default_threads()
             torch.set_num_threads(threads)
+            print(f"threads: {why}")
         _init_distributed()
-        if args.command == "train" and args.recipe.is_dir():  # an original Nabu-MSSS recipe folder
+        if args.command == "train" and (args.recipe.is_dir() or args.shrink):  # an original Nabu-MSSS recipe folder
             from .recipe import load_recipe
 
             args.recipe = load_recipe(args.recipe, args.data_root)
+            if args.shrink:
+                from ..nabu.shrink import shrink
+
+                shrink(args.recipe, args.shrink)
+                print(f"--shrink {args.shrink}: hidden sizes capped at {args.shrink} units (a quick look, not the "
+                      "recipe's model)")
         if args.command == "import-nabu":
             return _import_nabu(args)
+        if args.command == "import-nabu-checkpoint":
+            from ..nabu.tf_convert import write_converted
+
+            counts = write_converted(args.checkpoint, args.recipe, args.output)
+            print(f"{args.output}: {len(counts)} model(s), {sum(counts.values())} tensors; set init_file to it")
+            return 0
+        if args.command == "test":
+            from .nabu_test import cli
+
+            return cli(args.expdir, args.out, args.checkpoint, args.limit, args.pesq, args.recipe, args.data_root,
+                       args.seed)
         if args.command == "train":
             return _elastic_train(args)
         if args.command == "demo":
@@ -322,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     n += 1
                     expdir = Path(f"exp/demo-{n}")
             _fresh_expdir(expdir)
-            return _train(from_recipe(_demo_recipe()), expdir, args)
+            return _train(from_recipe(_with_flags(_demo_recipe(), args)), expdir, args)
         if args.command == "resume":
             return _resume(args)
         if args.command == "prepare":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import tomllib
 from collections.abc import Mapping
@@ -119,6 +120,12 @@ def _model_spec(name: str, spec: Any, origin: str) -> tuple[str, dict[str, Any]]
         raise ConfigError(f"{origin}: [models.{name}] needs type = \"...\"; valid types: {', '.join(MODELS)}")
     if kind not in MODELS:
         raise _unknown(origin, f"[models.{name}] type", kind, list(MODELS), what="model type")
+    params = inspect.signature(MODELS[kind]).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in params):  # a typo gets the key's suggestion, as elsewhere
+        valid = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for key in spec:
+            if key not in valid:
+                raise _unknown(origin, f"[models.{name}] (type {kind})", key, valid, what="setting")
     return kind, spec
 
 
@@ -285,6 +292,18 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     return cache[key]
 
 
+def _named_dataset(origin: str, where: str, data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...],
+                   stats: Any, cache: Datasets) -> Any:
+    """``_dataset``, with a data error prefixed by the recipe file and the key that named the data."""
+    from ..data.errors import DataError
+
+    try:
+        return _dataset(data, linkedset, targets, stats, cache)
+    except DataError as exc:
+        shown = {k: v for k, v in data.items() if k in ("corpus", "root", "split", "linkedset")}
+        raise DataError(f"{origin}: {where} {shown}: {exc}") from None
+
+
 # ---------------------------------------------------------------------------------- building
 @dataclass
 class Experiment:
@@ -332,6 +351,9 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
             models[name] = build_model(kind, **kwargs)
         except ConfigError as exc:
             raise ConfigError(f"{origin}: [models.{name}]: {exc}") from None
+    from ..separation.checks import check_mask_activation
+
+    check_mask_activation(models, recipe["tasks"], origin)  # a MaskHead's masks squashed again by the loss
     chosen = settings["tasks"] or list(recipe["tasks"])
     weights = dict(zip(chosen, settings["task_weights"])) if settings["task_weights"] is not None else {}
     targets = tuple(sorted({k for t in chosen for k in (*recipe["tasks"][t]["targets"], *recipe["tasks"][t]["inputs"])}
@@ -345,11 +367,13 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
             key = stats_key(sspec["data"], sname)
             stats = FeatureStats.from_dict(recipe["stats"][key], origin=f"{origin}: stats {key!r}") \
                 if key in recipe["stats"] else None
-            train = _dataset(sspec["data"], sname, targets, stats, cache)
+            where = f"[tasks.{tname}.linkedsets.{sname}]"
+            train = _named_dataset(origin, f"{where} data", sspec["data"], sname, targets, stats, cache)
             if stats is None:
                 recipe["stats"][key] = train.stats.to_dict()
                 stats = train.stats
-            valid = _dataset(sspec["valid"], sname, targets, stats, cache) if sspec.get("valid", False) else None
+            valid = (_named_dataset(origin, f"{where} valid", sspec["valid"], sname, targets, stats, cache)
+                     if sspec.get("valid", False) else None)
             if "trainset_frac" in spec:  # the original: the head of the training list (stats stay the full set's)
                 try:
                     train = trainset_fraction(train, spec["trainset_frac"])
@@ -374,7 +398,8 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                           seed=settings["seed"], nonfinite=settings["nonfinite"], acc_steps=settings["acc_steps"],
                           normalize_weights_acc_steps=settings["normalize_weights_acc_steps"],
                           combine=settings["combine"], clip_grad_norm=settings["clip_grad_norm"] or None,
-                          clip_grad_percentile=settings["clip_grad_percentile"] or None)
+                          clip_grad_percentile=settings["clip_grad_percentile"] or None,
+                          precision=settings["precision"], compile=settings["compile"])
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
     if settings["init_file"] and init_weights:
@@ -388,13 +413,14 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
     the original bootstraps from ``init_file``: weights only (optimizer, step and data start afresh). Every
     model of the trainer must be in the file; models the file has beyond them are left out (and named).
     Returns the names of the models loaded."""
-    from ..core.state import CheckpointError, load_safe
+    from ..core.state import CheckpointError, check_weights, load_safe
 
     path = Path(path)
     if not path.is_file():
         tf = Path(f"{path}.index").is_file()
         raise ConfigError(f"{origin}: {path} " + ("is a TensorFlow checkpoint; mtlab loads its own checkpoints "
-                          "(final.pt, best.pt) or a torch file of {model name: state_dict}" if tf else
+                          "(final.pt, best.pt) or a torch file of {model name: state_dict}; convert it with `mtlab "
+                          "import-nabu-checkpoint CKPT --recipe RECIPE_DIR -o model.pt`" if tf else
                           "not found; give an mtlab checkpoint (e.g. exp/other/final.pt) or a {model: state_dict} file"))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain containers only
@@ -413,6 +439,7 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
     if missing:
         raise ConfigError(f"{origin}: {path} has no weights for models {missing} (it has {sorted(models)}); "
                           "initialize from a checkpoint of a recipe with the same model names")
+    check_weights(trainer.models, models, f"{origin}: {path}")  # every shape first: a refusal changes nothing
     for name, model in trainer.models.items():
         try:
             model.load_state_dict(models[name])

@@ -87,6 +87,24 @@ def count_above(tensors: Sequence[Tensor], value: float, foreach: bool = True) -
     return counts[0] if len(counts) == 1 else torch.stack(counts).sum()
 
 
+def grouped_norms(views: Sequence[Tensor], groups: Sequence[int], device: torch.device) -> tuple[list[Tensor], Tensor]:
+    """L2 norms of consecutive groups of ``views`` (``groups[i]`` views each) and over all of them: one grouped
+    kernel for every view's norm, then one per group and one for the total, whatever the number of tensors."""
+    if not views:
+        return [], torch.zeros((), device=device)
+    parts = torch._foreach_norm(list(views))
+    if len(parts) == 1:
+        return [parts[0]], parts[0]
+    stacked = torch.stack(parts)
+    if stacked.dtype not in (torch.float32, torch.float64):
+        stacked = stacked.float()  # half-precision gradients: their norms summed in float32
+    out, k = [], 0
+    for n in groups:
+        out.append(parts[k] if n == 1 else torch.linalg.vector_norm(stacked[k:k + n]))
+        k += n
+    return out, torch.linalg.vector_norm(stacked)
+
+
 def add_scaled_(dst: Tensor, srcs: Sequence[tuple[float, Tensor]]) -> Tensor:
     """``dst = Σ w·src`` written into ``dst`` (no new buffer)."""
     first = True

@@ -4,6 +4,7 @@ the trainer as an HTML table."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 logger = logging.getLogger("mtlab")
@@ -16,6 +17,13 @@ def say(message: str, progress: bool = False) -> None:
         from tqdm.auto import tqdm
 
         tqdm.write(message)
+
+
+def values_html(values: Mapping[str, Any], caption: str) -> str:
+    """A two-column HTML table of names and values (floats to 6 significant digits, None empty)."""
+    rows = "".join(f"<tr><td>{k}</td><td>{'' if v is None else (f'{v:.6g}' if isinstance(v, float) else v)}</td></tr>"
+                   for k, v in values.items())
+    return f"<table><caption>{caption}</caption>{rows}</table>"
 
 
 def trainer_html(trainer: Any) -> str:

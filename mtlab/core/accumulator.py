@@ -19,6 +19,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from ..base import gradops
+from ..base.report import values_html
+
 
 class Phase(StrEnum):
     """Where a task stands in the cycle (the values are the strings earlier versions used)."""
@@ -112,13 +115,12 @@ class Accumulator:
 
     @property
     def grads(self) -> Mapping[str, Tensor]:
-        """Parameter name -> this task's gradient (views into ``buffers``; a read-only mapping, no copy);
-        empty when nothing is accumulated."""
+        """Parameter name -> this task's gradient (read-only views into ``buffers``; empty before a minibatch).
+        Under ``precision="16-mixed"``: ``scale × Σ gradients`` while ``accumulating``, true ones after."""
         return self._readonly if self.minibatches else _EMPTY
 
     def begin(self) -> None:
-        """Before a backward: start afresh after ``apply``/reset, and point every ``.grad`` at this task's views
-        (autograd then adds into them in place)."""
+        """Before a backward: start afresh after apply/reset; every ``.grad`` is this task's view (added into)."""
         if not self.buffers:
             self._allocate()
         if self.phase in (Phase.EMPTY, Phase.APPLIED):
@@ -169,9 +171,7 @@ class Accumulator:
             self.params[name].grad = None
 
     def adopt(self, minibatches: int) -> None:
-        """Join a sum over processes for a task this process did not accumulate: zero gradients and totals,
-        phase ``accumulating`` with ``minibatches`` counted, so that once a reducer adds the other processes'
-        buffers and totals in place, this accumulator holds the task's summed state."""
+        """Join an all-reduce for a task this process did not accumulate: zeros, ``minibatches`` counted."""
         if self.phase not in (Phase.EMPTY, Phase.APPLIED) or minibatches < 1:
             raise ValueError(f"task {self.task!r}: adopt() needs an empty (or applied) accumulator and "
                              f"minibatches >= 1; it is {self.phase} and minibatches={minibatches}")
@@ -185,13 +185,12 @@ class Accumulator:
         self.restore_grads()
 
     def advance(self, phase: Phase) -> None:
-        """A transform of the chain has processed the gradients: one position further, now ``phase``."""
+        """A transform of the chain processed the gradients: one position further, now ``phase``."""
         self.position += 1
         self.phase = phase
 
     def set_clip_fraction(self, fraction: Tensor, first: bool = False) -> None:
-        """The share of the gradient that clipping changed (a device tensor); ``first``: only if no clip of
-        this step has recorded one yet."""
+        """The share clipping changed (a device tensor); ``first``: unless a clip of this step recorded one."""
         if not (first and self.clip_fraction is not None):
             self.clip_fraction = fraction
 
@@ -201,9 +200,8 @@ class Accumulator:
 
     def take_reduced(self, totals: Tensor, set_totals: Mapping[str, Tensor], replaced: Collection[str],
                      minibatches: int | None = None) -> None:
-        """After the buffers were summed over processes in place: the summed totals, the summed per-set totals
-        of the linked sets in ``replaced`` (one absent from ``set_totals`` no process drew from) and the
-        minibatch count (None keeps this process's count)."""
+        """After an all-reduce of the buffers: summed totals, summed per-set totals for the sets in ``replaced``
+        (absent: no process drew from it) and the minibatch count (None: keep this process's)."""
         self.totals.copy_(totals)
         self.set_totals = {**{s: v for s, v in self.set_totals.items() if s not in replaced}, **set_totals}
         if minibatches is not None:
@@ -228,9 +226,6 @@ class Accumulator:
         """Σ weight × normalizer over the accumulated minibatches (0-d float64)."""
         return self.totals[1]
 
-    batch_loss = loss
-    batch_loss_norm = normalizer  # the original's name for the normalizer
-
     @property
     def normalized_loss(self) -> Tensor:
         """``loss / normalizer``: the mean over everything accumulated."""
@@ -241,7 +236,7 @@ class Accumulator:
         return {k: v[0] for k, v in self.set_totals.items()}
 
     @property
-    def set_norm(self) -> dict[str, Tensor]:
+    def set_normalizer(self) -> dict[str, Tensor]:
         return {k: v[1] for k, v in self.set_totals.items()}
 
     def linkedset_loss(self, name: str) -> Tensor:
@@ -250,22 +245,9 @@ class Accumulator:
 
     def norms(self) -> tuple[dict[str, Tensor], Tensor]:
         """Gradient L2 norm per model (from segments of the flat buffers) and over the whole task."""
-        if not self._segment_views:
-            return {}, torch.zeros((), device=self.device)
-        # One grouped kernel for every segment's norm, then one for the total: a few kernels per task
-        # whatever the number of parameters.
-        parts = torch._foreach_norm(self._segment_views)
-        if len(parts) == 1:
-            return {next(iter(self.segments)): parts[0]}, parts[0]
-        stacked = torch.stack(parts)
-        if stacked.dtype not in (torch.float32, torch.float64):
-            stacked = stacked.float()  # half-precision gradients: their norms summed in float32
-        per_model: dict[str, Tensor] = {}
-        k = 0
-        for model, segs in self.segments.items():
-            per_model[model] = parts[k] if len(segs) == 1 else torch.linalg.vector_norm(stacked[k:k + len(segs)])
-            k += len(segs)
-        return per_model, torch.linalg.vector_norm(stacked)
+        per_model, total = gradops.grouped_norms(self._segment_views, [len(s) for s in self.segments.values()],
+                                                 self.device)
+        return dict(zip(self.segments, per_model)), total
 
     def record_norms(self, clipped: bool) -> None:
         """Store the gradient norms before (``clipped=False``) or after clipping."""
@@ -370,10 +352,7 @@ class Accumulator:
                 f"grads={len(self.grads)} tensors in {len(self.buffers)} flat buffer(s))")
 
     def _repr_html_(self) -> str:
-        s = self.summary()
-        rows = "".join(f"<tr><td>{k}</td><td>{'' if v is None else (f'{v:.6g}' if isinstance(v, float) else v)}</td></tr>"
-                       for k, v in s.items())
-        return f"<table><caption>mtlab task state</caption>{rows}</table>"
+        return values_html(self.summary(), "mtlab task state")
 
 
 TaskState = Accumulator  # the name earlier versions used

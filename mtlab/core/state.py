@@ -9,9 +9,11 @@ import pickle
 import tempfile
 import zipfile
 from pathlib import Path
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from ..base.errors import ConfigError, MtlabError
 
@@ -149,6 +151,52 @@ def check_state(state: Any, models: list[str], task_params: dict[str, list[str]]
                           f"acc_steps={acc_steps}; build the trainer with the same setting")
 
 
+def _shape(t: Any) -> str:
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def check_weights(models: Mapping[str, nn.Module], weights: Mapping[str, Any], source: str,
+                  grads: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Refuse saved weights (``{model: state_dict}``; and saved gradients ``{task: {param: grad}}``) whose
+    names or shapes do not fit ``models``, naming the source, model, parameter and both shapes. Called before
+    anything is loaded, so a refusal changes nothing."""
+    problems: list[str] = []
+    ours_all: dict[str, torch.Tensor] = {}
+    for name, model in models.items():
+        theirs = weights.get(name)
+        ours = {f"{name}.{k}": v for k, v in model.state_dict().items()}
+        ours_all.update(ours)
+        if not isinstance(theirs, Mapping):
+            problems.append(f"model {name!r} has no weights saved")
+            continue
+        theirs = {f"{name}.{k}": v for k, v in theirs.items()}
+        missing, unexpected = [k for k in ours if k not in theirs], [k for k in theirs if k not in ours]
+        if missing or unexpected:
+            problems.append(f"model {name!r}: " + "; ".join(
+                [*([f"not saved: {missing}"] if missing else []), *([f"saved but not in the model: {unexpected}"]
+                                                                    if unexpected else [])]))
+        problems += [f"model {name!r} parameter {k}: {_shape(theirs[k])} saved, {_shape(v)} in this trainer"
+                     for k, v in ours.items() if k in theirs and _shape(theirs[k]) != _shape(v)]
+    for task, saved in (grads or {}).items():
+        problems += [f"task {task!r} gradient of {k}: {_shape(g)} saved, {_shape(ours_all[k])} in this trainer"
+                     for k, g in saved.items() if k in ours_all and _shape(g) != _shape(ours_all[k])]
+    if problems:
+        raise ConfigError(f"{source} does not fit this trainer's models ({len(problems)} difference(s)); nothing "
+                          "was loaded: " + "; ".join(problems) + ". Load it into a trainer built from the same "
+                          "recipe (same model sizes)")
+def check_precision_state(state: dict[str, Any], mode: str) -> None:
+    """Refuse a state taken mid-accumulation under another loss scaling: its gradients would be read as
+    scaled when they are not, or the other way round. Between steps any precision may continue any state."""
+    saved = state.get("precision", {}).get("mode", "32")
+    if (saved == "16-mixed") == (mode == "16-mixed"):
+        return
+    busy = sorted(n for n, st in state["tasks"].items() if st["phase"] == "accumulating")
+    if busy:
+        raise ConfigError(f"the state was saved with precision={saved!r} while task(s) {busy} were accumulating, "
+                          f"and this trainer has precision={mode!r}: build it with precision={saved!r}, or load a "
+                          "state taken between steps")
+
+
 def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int = 0,
                  extra: dict[str, Any] | None = None) -> Path | None:
     """Write a trainer state (plus ``extra`` entries such as the recipe) atomically. Data parallel: only rank 0
@@ -187,16 +235,19 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
         "rng": rng_state(tr.device), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
         "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
         "chain": tr.chain.state_dict(), "history": tr.log.state_dict(),
+        "precision": tr.precision.state_dict(),
         "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,
                      "numbatches_to_aggregate": tr.numbatches_to_aggregate, "seed": tr.seed,
                      "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps},
     })
 
 
-def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True) -> None:
+def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, source: str = "the state") -> None:
     """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
     tr = trainer
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps)
+    check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
+    check_precision_state(state, tr.precision.mode)
     for k, m in tr.models.items():
         m.load_state_dict(state["models"][k])
     tr.update.load_state_dict(clone_tree(state["update"]))
@@ -208,6 +259,7 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True) -> 
                 tr.tasks[name].linkedsets[sname].weight = float(w)
     tr.streams.load_state_dict(state["streams"], tr.tasks)
     set_rng_state(state["rng"], tr.device)
+    tr.precision.load_state_dict(state.get("precision", {}))
     tr.step_count = int(state["step"])
     tr.lr = state["lr"]
     tr.clip_grad_value, tr.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")

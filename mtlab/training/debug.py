@@ -65,7 +65,8 @@ def next_call(trainer: Trainer) -> str:
 def explain(trainer: Trainer) -> str:
     """The cycle ``trainer.step()`` runs, each task's current phase, and what the next call will do."""
     k = trainer.numbatches_to_aggregate
-    lines = ["mtlab cycle, one trainer.step():", "  1. reset()              discard every task's accumulators"]
+    lines = ["mtlab cycle, one trainer.step():", "  1. reset()              discard the last step's accumulators (refused while minibatches "
+                                                 "processed by hand wait for apply)"]
     lines.append(f"  2. {k} round(s) of process_minibatch(task, linked set) for every linked set of weight > 0:")
     for name, t in trainer.tasks.items():
         sets = _active_sets(trainer, name)
@@ -143,7 +144,7 @@ def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, 
             twin.normalize(task)
         st = twin.state(task)
         accumulated = {k: v.detach().clone() for k, v in st.grads.items()}
-        trainer_loss = float(st.normalized_loss) if trainer.normalize_gradients else float(st.batch_loss)
+        trainer_loss = float(st.normalized_loss) if trainer.normalize_gradients else float(st.loss)
 
         torch.manual_seed(seed)  # same dropout/noise draws, in the same order
         oracle, oracle_loss = _one_pass(models, t, plan, trainer, mean_of_means=False)

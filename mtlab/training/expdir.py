@@ -70,7 +70,29 @@ def summary(trainer: Trainer, schedule: Schedule, wall_s: float, steps_run: int,
         "train_loss_first5": first, "train_loss_last5": last,
         "best_validation": schedule.best, "best_step": schedule.best_step, "validations": len(schedule.validation),
         "lr_scale": schedule.lr_scale, "skipped_steps": list(schedule.skipped), "device": str(trainer.device),
+        "why": why_stopped(schedule, trainer.step_count),
     }
+
+
+def why_stopped(schedule: Schedule, step: int) -> str:
+    """Why the last run returned, in words for someone who has not read the loop."""
+    stop, n = schedule.last_stop, schedule.num_steps
+    best = (f"; the best validated model (step {schedule.best_step}) is in best.pt"
+            if schedule.best_step is not None else "")
+    if stop == "num_tries":
+        return (f"early stopping: the validation loss did not improve {schedule.num_tries} times in a row "
+                f"(the recipe's num_tries = {schedule.num_tries}), so training ended at step {step} of {n}; "
+                f"this is expected once the model stops improving on held-out data{best}")
+    if stop == "relative_improvement":
+        return (f"early stopping: the validation loss improved by less than relative_improvement_threshold = "
+                f"{schedule.relative_improvement_threshold} over the last validations, so training ended at "
+                f"step {step} of {n}; this is expected once the model stops improving{best}")
+    return {"done": f"all {n} steps of the schedule are done{best}",
+            "steps": f"the --steps asked for are done (step {step} of {n}); `mtlab resume` continues",
+            "interrupted": f"interrupted by Ctrl-C at step {step} of {n}; `mtlab resume` continues",
+            "stopped": f"stopped from outside the loop at step {step} of {n}",
+            "error": f"an error stopped it at step {step} of {n} (shown above); final.pt holds the state"}.get(
+        str(stop), str(stop))
 
 
 def _text(s: dict[str, Any]) -> str:
@@ -85,6 +107,9 @@ def _text(s: dict[str, Any]) -> str:
         lines.append(f"validation    best {s['best_validation']:.4f} at step {s['best_step']} ({s['validations']} validations)")
     if s["skipped_steps"]:
         lines.append(f"skipped       {len(s['skipped_steps'])} non-finite steps: {s['skipped_steps'][:20]}")
+    lines += [f"note          {note}" for note in s.get("notes", [])]
+    if s.get("why"):
+        lines.append(f"why stopped   {s['why']}")
     return "\n".join(lines) + "\n"
 
 
@@ -112,9 +137,10 @@ def finish(trainer: Trainer, schedule: Schedule, path: Path, wall_s: float, step
     save(path / "final.pt")
     trainer.history.to_csv(path / "history.csv", index=False)
     pd.DataFrame(schedule.validation).to_csv(path / "validation.csv", index=False)
-    for note in _plot(trainer, schedule, path):
+    notes = _plot(trainer, schedule, path)
+    for note in notes:
         say(note)
-    s = summary(trainer, schedule, wall_s, steps_run, recipe)
+    s = {**summary(trainer, schedule, wall_s, steps_run, recipe), "notes": notes}  # summary.txt says them too
     (path / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     (path / "summary.txt").write_text(_text(s))
     return s

@@ -220,10 +220,13 @@ class MLflowLogger(Logger):
     """An MLflow run in a local store: ``sqlite:///<logdir>/mlflow.db`` unless ``tracking_uri`` says otherwise.
 
     MLflow 3 refuses new plain-folder (``./mlruns``) stores by default, so the local default is an SQLite
-    file; ``mlflow ui --backend-store-uri sqlite:///<logdir>/mlflow.db`` shows it. Nothing goes online.
+    file; ``mlflow ui --backend-store-uri sqlite:///<logdir>/mlflow.db`` shows it. Nothing goes online. The run's
+    id is kept in ``<logdir>/mlflow_run_id``, so a logger made again for the same folder (a resumed experiment)
+    continues that run instead of opening a second one.
     """
 
     name = "mlflow"
+    RUN_FILE = "mlflow_run_id"  # in the experiment folder: `mtlab resume` continues the same run
 
     def __init__(self, logdir: str | Path, flush_every: int = 10, experiment: str = "mtlab", run_name: str | None = None,
                  tracking_uri: str | None = None, params: Mapping[str, Any] | None = None) -> None:
@@ -242,12 +245,28 @@ class MLflowLogger(Logger):
         else:
             artifacts = (self.path / "mlflow-artifacts").resolve().as_uri()
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifacts)
-        self.run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+        self.run_id = self._continued_run() or self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+        (self.path / self.RUN_FILE).write_text(self.run_id + "\n")
         self._metrics: list[Any] = []
         if params:
             from mlflow.entities import Param
 
             self.client.log_batch(self.run_id, params=[Param(str(k), str(v)[:500]) for k, v in params.items()])
+
+    def _continued_run(self) -> str | None:
+        """The run this folder logged to before (a resumed experiment continues it), reopened; else None."""
+        saved = self.path / self.RUN_FILE
+        if not saved.is_file():
+            return None
+        run_id = saved.read_text().strip()
+        try:
+            run = self.client.get_run(run_id)
+        except Exception:  # noqa: BLE001 (MLflow raises its own error for an unknown run: start a new one)
+            return None
+        if run.info.experiment_id != self.experiment_id:
+            return None
+        self.client.update_run(run_id, status="RUNNING")
+        return run_id
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
         from mlflow.entities import Metric

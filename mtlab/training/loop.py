@@ -62,6 +62,7 @@ import torch
 
 from ..base.errors import ConfigError
 from ..base.report import say
+from ..core.accumulator import Phase
 from ..core.trainer import Trainer
 from . import expdir as expdir_
 from .checkpoint import save_checkpoint
@@ -110,15 +111,18 @@ def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
     """``trainer.step()``, or, if it raises before applying, nothing at all (accumulation, data
     positions and RNG state as before the call)."""
     before = trainer.step_count
+    fresh = all(p in (Phase.EMPTY, Phase.APPLIED) for p in trainer.phase().values())  # else step() refuses as is
     streams = {key: stream.state_dict() for key, stream in trainer.streams.items()}
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None
     guard.abortable = True
     try:
         trainer.step()
-    except BaseException:
+    except BaseException as exc:
         guard.abortable = False
-        if trainer.step_count == before:
+        if trainer.step_count == before and fresh:
+            exc.add_note("mtlab.run: the refused step was rolled back: its accumulation discarded, data positions "
+                         "and RNG as before it, parameters and optimizer untouched (a resume draws the same data)")
             trainer.reset()
             for key in list(trainer.streams):
                 if key in streams:
@@ -147,8 +151,11 @@ def _postfix(trainer: Trainer) -> dict[str, str]:
     rows = trainer.log.rows()
     if not rows:
         return {}
-    return {k.split("/")[0]: f"{v:.4g}" for k, v in rows[-1].items()
-            if k.endswith("/loss") and k.count("/") == 1 and isinstance(v, float)}
+    out = {k.split("/")[0]: f"{v:.4g}" for k, v in rows[-1].items()
+           if k.endswith("/loss") and k.count("/") == 1 and isinstance(v, float)}
+    if trainer.device.type == "cpu":  # the thread count decides the speed on a shared CPU: show it
+        out["threads"] = str(torch.get_num_threads())
+    return out
 
 
 def _target(target: Any) -> tuple[Trainer, Any, Mapping[str, Any] | None]:

@@ -161,6 +161,9 @@ class RunControl:
         elif what.startswith("command-error:"):
             self._status, self._status_error = what[len("command-error:"):], True
             self._dirty = True
+        elif what.startswith("note:"):  # something the run did on its own (finished hand-processed minibatches)
+            self._status, self._status_error = what[len("note:"):], False
+            self._dirty = True
         elif what == "end":
             message = (f"run ended after {run.steps_done} step(s) (now at step {self.trainer.step_count}): "
                        f"{REASONS.get(str(run.reason), str(run.reason))}")
