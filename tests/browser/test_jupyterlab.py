@@ -183,6 +183,28 @@ def test_quickstart_dashboard_step_in_jupyterlab(lab: str, tmp_path: Path) -> No
         page.wait_for_function("() => [...document.querySelectorAll('.jp-OutputArea table.mtlab-readout td')]"
                                ".some(e => e.textContent === 'tag/loss')", timeout=60_000)
         save_screenshot(page, "01_quickstart_dashboard.png")
+        # Idle slider changes keep every text consistent: weight 0 -> skipped and a refused step (red);
+        # weight back to 1 -> neither "skipped" nor the old error stays.
+        output.locator(".lm-TabBar-tab", has_text="weights").first.click()
+        readout = output.locator(".widget-slider", has_text="task tag").locator(".widget-readout").first
+        readout.fill("0")
+        readout.press("Enter")
+        page.wait_for_function("() => [...document.querySelectorAll('.jp-OutputArea .widget-html-content')]"
+                               ".some(e => /^step \\d+ .*skipped by step\\(\\)/.test(e.textContent))", timeout=60_000)
+        tab.click()
+        step.click()
+        page.wait_for_function(f"() => ({STATUS_JS})().includes('ConfigError')", timeout=60_000)
+        output.locator(".lm-TabBar-tab", has_text="weights").first.click()
+        readout.fill("1")
+        readout.press("Enter")
+        page.wait_for_function(f"() => ({STATUS_JS})().includes('task tag weight -> 1')", timeout=60_000)
+        counter_text, status_color = page.evaluate(
+            "() => { const all = [...document.querySelectorAll('.jp-OutputArea .widget-html-content')];"
+            " const c = all.find(e => /^step \\d+ /.test(e.textContent));"
+            " const s = all.find(e => e.textContent.startsWith('task tag weight -> 1'));"
+            " return [c.textContent, s.querySelector('span').style.color]; }")
+        assert "skipped" not in counter_text and status_color != "rgb(176, 0, 32)", (counter_text, status_color)
+        assert "ConfigError" not in page.evaluate(STATUS_JS).split("events")[0]  # no error left in the texts
         browser.close()
     assert before_text.startswith("step 6 ") and shot.stat().st_size > 10_000
 
