@@ -107,8 +107,8 @@ class Controls:
         self.read_step = widgets.BoundedIntText(
             value=0, min=0, max=10**12, description="read", style={"description_width": "34px"},
             layout=_layout(width="130px"),
-            tooltip="read every plotted series at this step (the last row at or before it); a dotted line marks it "
-                    "on the plot")
+            tooltip="read every plotted series at this step (the last row at or before it; 0: the latest step); a "
+                    "dotted line marks it on the plot")
         self.counter, self.status, self.table = widgets.HTML(), widgets.HTML(), widgets.HTML()
         self.progress = widgets.IntProgress(value=0, min=0, max=1, layout=_layout(width="220px"),
                                             tooltip="the run's progress (steps done of the steps asked for)")

@@ -210,7 +210,7 @@ class Dashboard(widgets.VBox):
         self.controls.plot_label.value = f"<span class='mtlab-asof' style='font-size:12px'>plot as of step {step}</span>"
 
     def _update_readout(self) -> None:
-        step = self.controls.read_step.value
+        step = self.controls.read_step.value or self.controller.data.step  # 0: the latest step
         values = self.controller.data.values_at(step)
         rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{s}</td><td>{v:.4g}</td></tr>"
                        for k, (s, v) in sorted(values.items(), key=lambda kv: (panel_of(kv[0]) or ("",))[0]))
