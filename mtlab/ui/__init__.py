@@ -21,9 +21,14 @@ _LAZY = {"Dashboard": "view", "dashboard": "view", "plots": None, "Controller": 
 
 
 def __getattr__(name: str) -> Any:
-    """``Dashboard``, ``dashboard`` and ``plots`` import ipywidgets/matplotlib: only when asked for."""
+    """``Dashboard``, ``dashboard`` and ``plots`` import ipywidgets: only when asked for (``Controller`` never)."""
     if name not in _LAZY:
         raise AttributeError(f"module 'mtlab.ui' has no attribute {name!r}")
+    if name == "Controller":  # headless: no widgets needed
+        from .controller import Controller
+
+        globals()[name] = Controller
+        return Controller
     try:
         import ipywidgets  # noqa: F401
         import matplotlib  # noqa: F401

@@ -225,8 +225,7 @@ def test_without_ipywidgets_the_controller_works_and_the_dashboard_names_the_ext
                                                                                    one_thread):
     monkeypatch.setitem(sys.modules, "ipywidgets", None)
     ui = importlib.import_module("mtlab.ui")
-    controller = importlib.import_module("mtlab.ui.controller")
-    c = controller.Controller(make_trainer())  # the headless controller needs no widgets
+    c = ui.Controller(make_trainer())  # the headless controller needs no widgets
     assert c.call("step") and c.state().step == 1
     c.close()
     with pytest.raises(ImportError, match=r'pip install "mtlab\[notebook\]"'):
