@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,9 @@ from . import features as F
 from .audio import SAMPLE_RATE, read_wav
 from .errors import DataError
 from .lists import JoinReport, ListEntry, join_lists, read_list
+from .ondevice import Featurizer
+from .statcache import Progress, checksum, load_cached, printed_progress, save_cached, stats_sample, streaming_stats
+from .streamed import BAD_DATA, StreamedSplit, manifest_rows
 from .vectors import VectorList, normalize, read_vector, vector_stats
 
 ENV_VAR = "MTLAB_DATA"
@@ -226,6 +230,14 @@ def _num_speakers(root: Path, examples: Sequence[dict[str, torch.Tensor]]) -> in
     return max(ids) + 1 if ids else 0
 
 
+def _speakers_of_rows(root: Path, rows: Sequence[_Row], num_sources: int) -> int:
+    table = root / "speakers.tsv"
+    if table.is_file():
+        return sum(1 for line in table.read_text().splitlines()[1:] if line.strip())
+    ids = [i for r in rows if r.speakers is not None for i in r.speakers.ints(num_sources)]
+    return max(ids) + 1 if ids else 0
+
+
 def compute_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train",
                   spectral: F.Spectral = F.MTLAB) -> F.FeatureStats:
     """Feature mean/std over every frame of ``split`` (the training split unless told otherwise)."""
@@ -233,6 +245,28 @@ def compute_stats(root: str | Path | None = None, linkedset: str = "clean", spli
     rows, _ = _read_rows(folder, linkedset, need_sources=False, need_speakers=False)
     feats = [F.log_magnitude(F.magnitude(_read_mixture(r.mix), spectral)) for r in rows]
     return F.FeatureStats.from_features(feats, source=f"{split}/mix_{linkedset}.scp")
+
+
+def cached_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train",
+                 spectral: F.Spectral = F.MTLAB, stats_utterances: int | None = None,
+                 progress: Progress | None | bool = True) -> F.FeatureStats:
+    """Feature mean/std of ``split`` (the training split unless told otherwise) from one streaming pass, reused from
+    the cache beside its list when nothing it depends on changed (see :mod:`mtlab.data.statcache`).
+    ``stats_utterances`` reads that many utterances spread evenly over the list instead of all of them;
+    ``progress`` shows the pass (True: on stderr every 2 s; or a callback ``(done, total)``)."""
+    folder = _split_dir(root, split)
+    entries = list(_input_list(folder, linkedset).values())
+    list_file = folder / f"mix_{linkedset}.scp"
+    sample = stats_sample(len(entries), stats_utterances)
+    digest = checksum(list_file, entries, spectral, sample)
+    found = load_cached(list_file, digest)
+    if found is not None:
+        return found
+    show = printed_progress(f"feature statistics of {split}/mix_{linkedset}.scp") if progress is True else \
+        (progress or None)
+    stats = streaming_stats([entries[i] for i in sample], spectral, f"{split}/mix_{linkedset}.scp", show)
+    save_cached(list_file, digest, stats)
+    return stats
 
 
 def load_split(
@@ -246,7 +280,11 @@ def load_split(
     ivec: VectorList | None = None,
     mvn: str = "global",
     num_sources: int = NUM_SOURCES,
-) -> SeparationDataset:
+    stream: bool = False,
+    on_bad_data: str = "raise",
+    stats_utterances: int | None = None,
+    progress: Progress | None | bool = True,
+) -> SeparationDataset | StreamedSplit:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
     ``targets`` picks the keys besides ``features`` (see the module docstring). ``stats`` normalizes the
@@ -257,7 +295,12 @@ list of the ``ivec`` key (a relative path is taken from ``root``); its utterance
 ``mvn`` normalizes the features with ``stats`` (``"global"``), per utterance over its frames (``"local"``, the
 original's ``mvn_type = local``; ``stats`` are then only recorded) or not at all (``"none"``). ``num_sources``
 is the number of speakers S per mixture (the original's ``nrs``): the lists ``s1.scp`` ... ``sS.scp`` and S ids
-per ``spk.txt`` line are read. Example::
+per ``spk.txt`` line are read.
+
+``stream=True`` returns a :class:`~mtlab.data.streamed.StreamedSplit`: a manifest whose audio is read per batch
+and whose features are computed per batch on the training device (memory independent of the corpus size); its
+statistics (when ``stats`` is None) come from :func:`cached_stats` (``stats_utterances``, ``progress``).
+``on_bad_data="skip"`` (streamed only) leaves bad files out and records them instead of raising. Example::
 
         train = load_split(split="train", linkedset="noisy")
         dev = load_split(split="dev", linkedset="noisy", stats=train.stats)
@@ -284,6 +327,20 @@ per ``spk.txt`` line are read. Example::
     ivec_stats = None
     if ivec is not None and ivec.mvn == "global":
         ivec_stats = vector_stats(ivec, base)
+    if on_bad_data not in BAD_DATA:
+        raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
+    if stream:
+        manifest, skipped = manifest_rows(rows, on_bad_data)
+        if stats is None:
+            stats = cached_stats(base, linkedset, "train", spectral, stats_utterances, progress)
+        compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
+                          ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
+        featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn)
+        return StreamedSplit(manifest, stats, report, split, linkedset, _speakers_of_rows(base, rows, num_sources),
+                             num_sources, featurizer, compute, ivec, ivec_stats, on_bad_data, skipped)
+    if on_bad_data != "raise":
+        raise DataError("load_split on_bad_data='skip' needs stream=True (the in-memory path reads every file "
+                        "before training and stops at the first bad one)")
 
     def example(row: _Row, feature_stats: F.FeatureStats | None) -> dict[str, torch.Tensor]:
         return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn, num_sources)
