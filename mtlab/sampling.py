@@ -321,8 +321,9 @@ class BatchStream:
             self._loader_iter = iter(loader)
         try:
             batch = next(self._loader_iter)
-        except RuntimeError as err:
-            if "DataLoader worker" not in str(err):
+        except (RuntimeError, ConnectionError, EOFError) as err:
+            # a dead worker shows as torch's RuntimeError, or as a broken pipe while its batch was in transit
+            if isinstance(err, RuntimeError) and "DataLoader worker" not in str(err):
                 raise
             self._loader_iter = None  # the next draw starts fresh workers at the same position
             raise DataWorkerError(f"a data worker of this stream died at epoch {self.epoch}, batch {self.position} "
@@ -388,6 +389,17 @@ class Streams(dict):
 
     def state_dict(self) -> dict[str, Any]:
         return {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self.items()}
+
+    def skipped(self) -> list[dict[str, Any]]:
+        """Every example a skip policy left out so far: name, where (list line), reason, epoch, task, linkedset."""
+        return [{**r, "task": t, "linkedset": s} for (t, s), st in self.items() for r in st.skipped]
+
+    def new_skipped(self) -> list[dict[str, Any]]:
+        """The records of :meth:`skipped` not returned by an earlier call (for announcing them once)."""
+        records = self.skipped()
+        fresh = records[getattr(self, "reported", 0):]
+        self.reported = len(records)
+        return fresh
 
     def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
         """Restore positions of the streams whose task and linked set ``tasks`` still has."""

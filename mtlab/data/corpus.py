@@ -25,6 +25,7 @@ names (see :mod:`mtlab.data.vectors`); it batches as ``[B, D]``.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from functools import partial
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ import torch
 
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav
-from .errors import DataError
+from .errors import DataError, DataWarning
 from .lists import JoinReport, ListEntry, join_lists, read_list
 from .ondevice import Featurizer
 from .statcache import Progress, checksum, load_cached, printed_progress, save_cached, stats_sample, streaming_stats
@@ -249,11 +250,12 @@ def compute_stats(root: str | Path | None = None, linkedset: str = "clean", spli
 
 def cached_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train",
                  spectral: F.Spectral = F.MTLAB, stats_utterances: int | None = None,
-                 progress: Progress | None | bool = True) -> F.FeatureStats:
+                 progress: Progress | None | bool = True, on_bad_data: str = "raise") -> F.FeatureStats:
     """Feature mean/std of ``split`` (the training split unless told otherwise) from one streaming pass, reused from
     the cache beside its list when nothing it depends on changed (see :mod:`mtlab.data.statcache`).
     ``stats_utterances`` reads that many utterances spread evenly over the list instead of all of them;
-    ``progress`` shows the pass (True: on stderr every 2 s; or a callback ``(done, total)``)."""
+    ``progress`` shows the pass (True: on stderr every 2 s; or a callback ``(done, total)``); ``on_bad_data="skip"``
+    passes over bad files."""
     folder = _split_dir(root, split)
     entries = list(_input_list(folder, linkedset).values())
     list_file = folder / f"mix_{linkedset}.scp"
@@ -264,7 +266,8 @@ def cached_stats(root: str | Path | None = None, linkedset: str = "clean", split
         return found
     show = printed_progress(f"feature statistics of {split}/mix_{linkedset}.scp") if progress is True else \
         (progress or None)
-    stats = streaming_stats([entries[i] for i in sample], spectral, f"{split}/mix_{linkedset}.scp", show)
+    stats = streaming_stats([entries[i] for i in sample], spectral, f"{split}/mix_{linkedset}.scp", show,
+                            skip_bad=on_bad_data == "skip")
     save_cached(list_file, digest, stats)
     return stats
 
@@ -331,8 +334,11 @@ statistics (when ``stats`` is None) come from :func:`cached_stats` (``stats_utte
         raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
     if stream:
         manifest, skipped = manifest_rows(rows, on_bad_data)
+        if skipped:
+            warnings.warn(f"{folder}/mix_{linkedset}.scp: left out {len(skipped)} bad file(s) (on_bad_data='skip'), "
+                          f"first {skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=2)
         if stats is None:
-            stats = cached_stats(base, linkedset, "train", spectral, stats_utterances, progress)
+            stats = cached_stats(base, linkedset, "train", spectral, stats_utterances, progress, on_bad_data)
         compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
                           ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
         featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn)

@@ -84,12 +84,20 @@ def save_cached(list_file: Path, digest: str, stats: F.FeatureStats) -> Path | N
 
 
 def streaming_stats(entries: Sequence[ListEntry], spectral: F.Spectral, source: str,
-                    progress: Progress | None = None) -> F.FeatureStats:
-    """Per-bin mean and standard deviation of the log-magnitude features of ``entries`` (mixtures), one at a time."""
+                    progress: Progress | None = None, skip_bad: bool = False) -> F.FeatureStats:
+    """Per-bin mean and standard deviation of the log-magnitude features of ``entries`` (mixtures), one at a time.
+    ``skip_bad`` passes over unreadable files (the linked set's ``on_bad_data="skip"`` leaves them out too)."""
     count, mean, m2 = 0, None, None
     for k, entry in enumerate(entries):
-        wav = read_wav(entry.resolve(), SAMPLE_RATE, origin=entry.where)
+        try:
+            wav = read_wav(entry.resolve(), SAMPLE_RATE, origin=entry.where)
+        except DataError:
+            if skip_bad:
+                continue
+            raise
         if spectral.num_frames(wav.shape[0]) == 0:
+            if skip_bad:
+                continue
             raise DataError(f"{entry.resolve()} (listed at {entry.where}): {wav.shape[0]} samples is shorter than "
                             f"one analysis window ({spectral.win_length} samples); remove it from the list")
         feats = F.log_magnitude(F.magnitude(wav, spectral)).to(torch.float64)
