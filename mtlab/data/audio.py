@@ -46,8 +46,7 @@ def read_wav_int16(path: str | Path, sample_rate: int = SAMPLE_RATE, origin: str
 
 def wav_samples(path: str | Path, sample_rate: int = SAMPLE_RATE, origin: str | None = None) -> int:
     """Samples of a mono 16-bit PCM WAV from its header alone (nothing else is read); errors as :func:`read_wav`."""
-    path = Path(path)
-    where = _where(path, origin)
+    where = f"{path} (listed at {origin})" if origin else str(path)  # no Path: it would intern every name
     try:
         with wave.open(str(path), "rb") as w:
             channels, width, rate, frames = w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes()

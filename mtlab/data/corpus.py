@@ -39,7 +39,8 @@ from .errors import DataError, DataWarning
 from .lists import JoinReport, ListEntry, join_lists, read_list
 from .ondevice import Featurizer
 from .statcache import Progress, checksum, load_cached, printed_progress, save_cached, stats_sample, streaming_stats
-from .streamed import BAD_DATA, StreamedSplit, manifest_rows
+from .manifest import Manifest, read_manifest
+from .streamed import BAD_DATA, StreamedSplit, header_samples
 from .vectors import VectorList, normalize, read_vector, vector_stats
 
 ENV_VAR = "MTLAB_DATA"
@@ -231,12 +232,21 @@ def _num_speakers(root: Path, examples: Sequence[dict[str, torch.Tensor]]) -> in
     return max(ids) + 1 if ids else 0
 
 
-def _speakers_of_rows(root: Path, rows: Sequence[_Row], num_sources: int) -> int:
+def _speakers_of_manifest(root: Path, manifest: Manifest, num_sources: int) -> int:
     table = root / "speakers.tsv"
     if table.is_file():
         return sum(1 for line in table.read_text().splitlines()[1:] if line.strip())
-    ids = [i for r in rows if r.speakers is not None for i in r.speakers.ints(num_sources)]
+    if manifest.speakers is None:
+        return 0
+    ids = [i for k in range(len(manifest)) for i in manifest.speakers.entry(k, manifest.name(k)).ints(num_sources)]
     return max(ids) + 1 if ids else 0
+
+
+def _input_list_exists(folder: Path, linkedset: str) -> None:
+    path = folder / f"mix_{linkedset}.scp"
+    if not path.is_file():
+        found = sorted(p.stem.removeprefix("mix_") for p in folder.glob("mix_*.scp"))
+        raise DataError(f"{path}: no list for linked set {linkedset!r}; available: {found or 'none'}")
 
 
 def compute_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train",
@@ -257,16 +267,17 @@ def cached_stats(root: str | Path | None = None, linkedset: str = "clean", split
     ``progress`` shows the pass (True: on stderr every 2 s; or a callback ``(done, total)``); ``on_bad_data="skip"``
     passes over bad files."""
     folder = _split_dir(root, split)
-    entries = list(_input_list(folder, linkedset).values())
+    _input_list_exists(folder, linkedset)
     list_file = folder / f"mix_{linkedset}.scp"
-    sample = stats_sample(len(entries), stats_utterances)
-    digest = checksum(list_file, entries, spectral, sample)
+    column = read_manifest(list_file, []).mix
+    sample = stats_sample(len(column.lines), stats_utterances)
+    digest = checksum(list_file, column, spectral, sample)
     found = load_cached(list_file, digest)
     if found is not None:
         return found
     show = printed_progress(f"feature statistics of {split}/mix_{linkedset}.scp") if progress is True else \
         (progress or None)
-    stats = streaming_stats([entries[i] for i in sample], spectral, f"{split}/mix_{linkedset}.scp", show,
+    stats = streaming_stats(column, sample, spectral, f"{split}/mix_{linkedset}.scp", show,
                             skip_bad=on_bad_data == "skip")
     save_cached(list_file, digest, stats)
     return stats
@@ -325,15 +336,20 @@ statistics (when ``stats`` is None) come from :func:`cached_stats` (``stats_utte
     if ivec is not None and "ivec" not in keys:
         ivec = None
     vector_list = (Path(ivec.list) if Path(ivec.list).is_absolute() else base / ivec.list) if ivec else None
-    rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS), vector_list,
-                              num_sources)
+    if not stream:
+        rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS),
+                                  vector_list, num_sources)
     ivec_stats = None
     if ivec is not None and ivec.mvn == "global":
         ivec_stats = vector_stats(ivec, base)
     if on_bad_data not in BAD_DATA:
         raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
     if stream:
-        manifest, skipped = manifest_rows(rows, on_bad_data)
+        _input_list_exists(folder, linkedset)
+        manifest = read_manifest(folder / f"mix_{linkedset}.scp",
+                                 [folder / f"s{k}.scp" for k in range(1, num_sources + 1)] if keys & _SOURCE_KEYS else [],
+                                 folder / "spk.txt" if keys & _SPEAKER_KEYS else None, vector_list)
+        manifest, samples, skipped = header_samples(manifest, on_bad_data)
         if skipped:
             warnings.warn(f"{folder}/mix_{linkedset}.scp: left out {len(skipped)} bad file(s) (on_bad_data='skip'), "
                           f"first {skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=2)
@@ -342,8 +358,9 @@ statistics (when ``stats`` is None) come from :func:`cached_stats` (``stats_utte
         compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
                           ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
         featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn)
-        return StreamedSplit(manifest, stats, report, split, linkedset, _speakers_of_rows(base, rows, num_sources),
-                             num_sources, featurizer, compute, ivec, ivec_stats, on_bad_data, skipped)
+        return StreamedSplit(manifest, samples, stats, split, linkedset,
+                             _speakers_of_manifest(base, manifest, num_sources), num_sources, featurizer, compute,
+                             ivec, ivec_stats, on_bad_data, skipped)
     if on_bad_data != "raise":
         raise DataError("load_split on_bad_data='skip' needs stream=True (the in-memory path reads every file "
                         "before training and stops at the first bad one)")

@@ -21,7 +21,7 @@ import torch
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav
 from .errors import DataError
-from .lists import ListEntry
+from .manifest import Column
 
 Progress = Callable[[int, int], None]  # (utterances done, utterances in all)
 CACHE_ENV = "MTLAB_CACHE"
@@ -36,7 +36,7 @@ def stats_sample(count: int, limit: int | None) -> list[int]:
     return sorted({round(k * (count - 1) / max(limit - 1, 1)) for k in range(limit)})
 
 
-def checksum(list_file: Path, entries: Sequence[ListEntry], spectral: F.Spectral, sample: Sequence[int]) -> str:
+def checksum(list_file: Path, column: Column, spectral: F.Spectral, sample: Sequence[int]) -> str:
     """What the statistics depend on, hashed: list bytes, STFT settings, sample, and each audio file's stat."""
     h = hashlib.sha256()
     h.update(list_file.read_bytes())
@@ -44,7 +44,7 @@ def checksum(list_file: Path, entries: Sequence[ListEntry], spectral: F.Spectral
     h.update(repr(list(sample)).encode())
     for i in sample:
         try:
-            st = entries[i].resolve().stat()
+            st = os.stat(column.resolved(i))
             h.update(f"{st.st_size}:{st.st_mtime_ns};".encode())
         except OSError:
             h.update(b"missing;")
@@ -83,14 +83,15 @@ def save_cached(list_file: Path, digest: str, stats: F.FeatureStats) -> Path | N
     return None
 
 
-def streaming_stats(entries: Sequence[ListEntry], spectral: F.Spectral, source: str,
+def streaming_stats(column: Column, sample: Sequence[int], spectral: F.Spectral, source: str,
                     progress: Progress | None = None, skip_bad: bool = False) -> F.FeatureStats:
-    """Per-bin mean and standard deviation of the log-magnitude features of ``entries`` (mixtures), one at a time.
+    """Per-bin mean and standard deviation of the log-magnitude features of the ``sample`` lines of ``column`` (the
+    mixtures), one at a time.
     ``skip_bad`` passes over unreadable files (the linked set's ``on_bad_data="skip"`` leaves them out too)."""
     count, mean, m2 = 0, None, None
-    for k, entry in enumerate(entries):
+    for k, i in enumerate(sample):
         try:
-            wav = read_wav(entry.resolve(), SAMPLE_RATE, origin=entry.where)
+            wav = read_wav(column.resolved(i), SAMPLE_RATE, origin=column.where(i))
         except DataError:
             if skip_bad:
                 continue
@@ -98,7 +99,7 @@ def streaming_stats(entries: Sequence[ListEntry], spectral: F.Spectral, source: 
         if spectral.num_frames(wav.shape[0]) == 0:
             if skip_bad:
                 continue
-            raise DataError(f"{entry.resolve()} (listed at {entry.where}): {wav.shape[0]} samples is shorter than "
+            raise DataError(f"{column.resolved(i)} (listed at {column.where(i)}): {wav.shape[0]} samples is shorter than "
                             f"one analysis window ({spectral.win_length} samples); remove it from the list")
         feats = F.log_magnitude(F.magnitude(wav, spectral)).to(torch.float64)
         n = feats.shape[0]
@@ -113,7 +114,7 @@ def streaming_stats(entries: Sequence[ListEntry], spectral: F.Spectral, source: 
             m2 = m2 + d2 + delta.square() * (count * n / total)
             count = total
         if progress is not None:
-            progress(k + 1, len(entries))
+            progress(k + 1, len(sample))
     if mean is None or m2 is None:
         raise DataError(f"cannot compute feature statistics from zero frames ({source or 'no source'})")
     std = (m2 / count).sqrt().clamp_min(1e-5)

@@ -16,13 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..sampling import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav_int16, wav_samples
 from .errors import DataError
-from .lists import JoinReport
+from .lists import ListEntry
+from .manifest import Manifest
 from .ondevice import Featurizer
 from .vectors import VectorList, normalize, read_vector
 
@@ -30,30 +32,32 @@ BAD_DATA = ("raise", "skip")
 
 
 @dataclass(frozen=True)
-class ManifestRow:
-    """One utterance of a manifest: name, lists' lines (mixture, sources, speakers, vector) and its length."""
+class Row:
+    """One utterance's list lines, as the per-utterance example computer reads them."""
 
     name: str
-    row: Any  # corpus._Row: the joined list entries
-    samples: int
+    mix: ListEntry
+    sources: tuple[ListEntry, ...]
+    speakers: ListEntry | None
+    vector: ListEntry | None = None
 
 
 class StreamedSplit(torch.utils.data.Dataset):
     """One split of one linked set read lazily; see the module docstring. ``lengths`` are frames (for bucketing),
-    ``samples`` the mixture's samples, both from the WAV headers."""
+    ``samples`` the mixture's samples, both from the WAV headers; the lists are held as compact columns
+    (:class:`~mtlab.data.manifest.Manifest`)."""
 
-    def __init__(self, rows: list[ManifestRow], stats: F.FeatureStats, report: JoinReport, split: str,
+    def __init__(self, manifest: Manifest, samples: np.ndarray, stats: F.FeatureStats, split: str,
                  linkedset: str, num_speakers: int, num_sources: int, featurizer: Featurizer,
                  example: Any, ivec: VectorList | None = None, ivec_stats: Any = None,
                  on_bad_data: str = "raise", skipped: list[Skipped] | None = None) -> None:
         if on_bad_data not in BAD_DATA:
             raise DataError(f"on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
-        self.rows = rows
-        self.names = [r.name for r in rows]
-        self.samples = [r.samples for r in rows]
-        self.lengths = [featurizer.spectral.num_frames(n) for n in self.samples]
+        self.manifest = manifest
+        self.samples = np.asarray(samples, dtype=np.int64)
+        self.lengths = [featurizer.spectral.num_frames(int(n)) for n in self.samples]
         self.stats = stats
-        self.report = report
+        self.report = manifest.report
         self.split = split
         self.linkedset = linkedset
         self.num_speakers = num_speakers
@@ -67,30 +71,42 @@ class StreamedSplit(torch.utils.data.Dataset):
         self.sequence_keys = tuple(k for k in ("features", "mix_mag", "src_mag", "binary_targets", "usedbins",
                                                "frame_target") if k == "features" or k in keys)
 
+    @property
+    def names(self) -> list[str]:
+        """The utterance names, in list order (built on each call: the manifest keeps them as bytes)."""
+        return [n.decode("utf-8") for n in self.manifest.names]
+
+    def row(self, index: int) -> Row:
+        """The list lines of utterance ``index``."""
+        m, name = self.manifest, self.manifest.name(index)
+        part = (lambda c: c.entry(index, name) if c is not None else None)
+        return Row(name, m.mix.entry(index, name), tuple(c.entry(index, name) for c in m.sources),
+                   part(m.speakers), part(m.vector))
+
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.manifest)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         """The example of utterance ``index`` with every key computed now, as ``load_split`` precomputes it."""
-        return self._example(self.rows[index].row)
+        return self._example(self.row(index))
 
     def audio(self, index: int) -> dict[str, torch.Tensor] | Skipped:
         """What a batch carries for utterance ``index``: ``mix_wav`` [N] and ``src_wav`` [N, S] int16, speaker
         ids and vectors; a :class:`Skipped` under ``on_bad_data="skip"`` when a file is bad."""
-        entry = self.rows[index]
+        row = self.row(index)
         try:
-            return self._read(entry)
+            return self._read(row, int(self.samples[index]))
         except DataError as err:
             if self.on_bad_data == "skip":
-                return Skipped(entry.name, entry.row.mix.where, str(err))
+                return Skipped(row.name, row.mix.where, str(err))
             raise
 
-    def _read(self, entry: ManifestRow) -> dict[str, torch.Tensor]:
-        row, keys = entry.row, self.featurizer.keys
+    def _read(self, row: Row, samples: int) -> dict[str, torch.Tensor]:
+        keys = self.featurizer.keys
         mix = read_wav_int16(row.mix.resolve(), SAMPLE_RATE, origin=row.mix.where)
-        if mix.shape[0] != entry.samples:
+        if mix.shape[0] != samples:
             raise DataError(f"{row.mix.resolve()} (listed at {row.mix.where}) has {mix.shape[0]} samples but had "
-                            f"{entry.samples} when the manifest was read; the file changed: rebuild the linked set")
+                            f"{samples} when the manifest was read; the file changed: rebuild the linked set")
         if self.featurizer.spectral.num_frames(mix.shape[0]) == 0 or mix.shape[0] < F.WIN_LENGTH:
             raise DataError(f"{row.mix.resolve()} (listed at {row.mix.where}): {mix.shape[0]} samples is shorter "
                             f"than one analysis window ({F.WIN_LENGTH} samples); remove it from the list")
@@ -127,21 +143,26 @@ class StreamedSplit(torch.utils.data.Dataset):
         return self.featurizer(batch, device)
 
     def __repr__(self) -> str:
-        hours = sum(self.samples) / SAMPLE_RATE / 3600
+        hours = int(self.samples.sum()) / SAMPLE_RATE / 3600
         return (f"StreamedSplit({self.split}/{self.linkedset}: {len(self)} utterances, {sum(self.lengths)} frames, "
                 f"{hours:.2f} h; read per batch)")
 
 
-def manifest_rows(rows: list[Any], on_bad_data: str) -> tuple[list[ManifestRow], list[Skipped]]:
-    """Lengths of every mixture from its WAV header; bad headers raise, or are skipped and returned."""
-    out, skipped = [], []
-    for row in rows:
+def header_samples(manifest: Manifest, on_bad_data: str) -> tuple[Manifest, np.ndarray, list[Skipped]]:
+    """Samples of every mixture from its WAV header; bad headers raise, or are skipped (left out and returned)."""
+    samples = np.zeros(len(manifest), dtype=np.int64)
+    skipped = []
+    mix = manifest.mix
+    for i in range(len(manifest)):
         try:
-            out.append(ManifestRow(row.name, row, wav_samples(row.mix.resolve(), SAMPLE_RATE, origin=row.mix.where)))
+            samples[i] = wav_samples(mix.resolved(i), SAMPLE_RATE, origin=mix.where(i))
         except DataError as err:
             if on_bad_data != "skip":
                 raise
-            skipped.append(Skipped(row.name, row.mix.where, str(err)))
-    if not out:
+            skipped.append(Skipped(manifest.name(i), mix.where(i), str(err)))
+    if len(skipped) == len(manifest):
         raise DataError(f"every utterance of the list was skipped as bad data (first: {skipped[0].reason})")
-    return out, skipped
+    if skipped:
+        keep = samples > 0
+        return manifest.subset(keep), samples[keep], skipped
+    return manifest, samples, skipped

@@ -94,7 +94,7 @@ def test_the_manifest_holds_no_audio() -> None:
     # what a worker receives: names, list lines and lengths, well under the 2 x 45 KB of audio per utterance
     assert len(pickle.dumps(streamed)) < 3_000 * len(streamed)
     for i in (0, len(streamed) - 1):  # lengths from the headers alone equal what reading the file gives
-        assert streamed.samples[i] == read_wav(streamed.rows[i].row.mix.resolve()).shape[0]
+        assert streamed.samples[i] == read_wav(streamed.row(i).mix.resolve()).shape[0]
 
 
 def _copy_split(tmp_path: Path) -> Path:
