@@ -39,7 +39,7 @@ from .errors import DataError, DataWarning
 from .lists import JoinReport, ListEntry, join_lists, read_list
 from .ondevice import Featurizer
 from .statcache import Progress, checksum, load_cached, printed_progress, save_cached, stats_sample, streaming_stats
-from .manifest import Manifest, read_manifest
+from .manifest import Column, Manifest, read_manifest
 from .streamed import BAD_DATA, StreamedSplit, header_samples
 from .vectors import VectorList, normalize, read_vector, vector_stats
 
@@ -52,6 +52,7 @@ _SOURCE_KEYS = {"src_mag", "binary_targets", "frame_target"}
 _SPEAKER_KEYS = {"spk", "spk_pair"}
 VECTOR_KEYS = ("ivec",)
 DEFAULT_TARGETS = tuple(k for k in TARGET_KEYS if k not in VECTOR_KEYS)  # vectors come only from a list given
+STATS_UTTERANCES = 4000  # a streamed training list's statistics read at most this many utterances (evenly spread)
 NUM_SOURCES = 2  # sources per mixture unless told otherwise (s1, s2), as in data_samples/
 
 
@@ -260,16 +261,17 @@ def compute_stats(root: str | Path | None = None, linkedset: str = "clean", spli
 
 def cached_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train",
                  spectral: F.Spectral = F.MTLAB, stats_utterances: int | None = None,
-                 progress: Progress | None | bool = True, on_bad_data: str = "raise") -> F.FeatureStats:
+                 progress: Progress | None | bool = True, on_bad_data: str = "raise",
+                 utterances: Column | None = None) -> F.FeatureStats:
     """Feature mean/std of ``split`` (the training split unless told otherwise) from one streaming pass, reused from
     the cache beside its list when nothing it depends on changed (see :mod:`mtlab.data.statcache`).
     ``stats_utterances`` reads that many utterances spread evenly over the list instead of all of them;
     ``progress`` shows the pass (True: on stderr every 2 s; or a callback ``(done, total)``); ``on_bad_data="skip"``
-    passes over bad files."""
+    passes over bad files. ``utterances`` (a manifest's mixture column) limits them to the utterances a join kept."""
     folder = _split_dir(root, split)
     _input_list_exists(folder, linkedset)
     list_file = folder / f"mix_{linkedset}.scp"
-    column = read_manifest(list_file, []).mix
+    column = utterances if utterances is not None else read_manifest(list_file, []).mix
     sample = stats_sample(len(column.lines), stats_utterances)
     digest = checksum(list_file, column, spectral, sample)
     found = load_cached(list_file, digest)
@@ -296,7 +298,7 @@ def load_split(
     num_sources: int = NUM_SOURCES,
     stream: bool = False,
     on_bad_data: str = "raise",
-    stats_utterances: int | None = None,
+    stats_utterances: int | None = STATS_UTTERANCES,
     progress: Progress | None | bool = True,
 ) -> SeparationDataset | StreamedSplit:
     """Load one split of one linked set as a :class:`SeparationDataset`.
@@ -313,7 +315,8 @@ per ``spk.txt`` line are read.
 
 ``stream=True`` returns a :class:`~mtlab.data.streamed.StreamedSplit`: a manifest whose audio is read per batch
 and whose features are computed per batch on the training device (memory independent of the corpus size); its
-statistics (when ``stats`` is None) come from :func:`cached_stats` (``stats_utterances``, ``progress``).
+statistics (when ``stats`` is None) come from :func:`cached_stats`: from at most ``stats_utterances`` utterances
+spread evenly over the training list (all of a smaller list; None: all), with ``progress`` shown.
 ``on_bad_data="skip"`` (streamed only) leaves bad files out and records them instead of raising. Example::
 
         train = load_split(split="train", linkedset="noisy")
@@ -354,7 +357,9 @@ statistics (when ``stats`` is None) come from :func:`cached_stats` (``stats_utte
             warnings.warn(f"{folder}/mix_{linkedset}.scp: left out {len(skipped)} bad file(s) (on_bad_data='skip'), "
                           f"first {skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=2)
         if stats is None:
-            stats = cached_stats(base, linkedset, "train", spectral, stats_utterances, progress, on_bad_data)
+            # the training split: the utterances its lists share (as the in-memory path); another split: train's
+            stats = cached_stats(base, linkedset, "train", spectral, stats_utterances, progress, on_bad_data,
+                                 manifest.mix if split == "train" else None)
         compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
                           ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
         featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn)

@@ -50,34 +50,44 @@ class Column:
         return Column(self.path, self.prefix, self.suffixes[keep], self.lines[keep])
 
 
-def _parse(path: Path) -> tuple[list[str], list[str], list[int]]:
+def _parse(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(names, values, line numbers) of a list as numpy arrays; the per-line Python objects live only here."""
     if not path.is_file():
         raise DataError(f"{path}: list file not found; check the data root and split name")
-    names: list[str] = []
-    values: list[str] = []
+    names: list[bytes] = []
+    values: list[bytes] = []
     lines: list[int] = []
-    seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
+    with path.open("rb") as f:
         for number, text in enumerate(f, start=1):
             parts = text.split(maxsplit=1)
             if not parts:
                 continue
             if len(parts) < 2:
-                raise DataError(f"{path}:{number}: expected 'name value', got {text.rstrip()!r}")
-            name = parts[0]
-            if name in seen:
-                raise DataError(f"{path}:{number}: name {name!r} repeats line {seen[name]}; names must be unique")
-            seen[name] = number
-            names.append(name)
-            values.append(" ".join(parts[1].split()))
+                raise DataError(f"{path}:{number}: expected 'name value', got {text.decode('utf-8', 'replace').rstrip()!r}")
+            names.append(parts[0])
+            values.append(b" ".join(parts[1].split()))
             lines.append(number)
-    return names, values, lines
+    out = np.array(names, dtype=bytes), np.array(values, dtype=bytes), np.array(lines, dtype=np.int32)
+    del names, values, lines
+    order = np.argsort(out[0], kind="stable")
+    repeat = np.flatnonzero(out[0][order][1:] == out[0][order][:-1])
+    if repeat.size:
+        first, again = sorted(order[repeat[0]:repeat[0] + 2])
+        raise DataError(f"{path}:{out[2][again]}: name {out[0][again].decode()!r} repeats line {out[2][first]}; names "
+                        "must be unique")
+    return out
 
 
-def _column(path: Path, values: list[str], lines: list[int]) -> Column:
-    prefix = os.path.commonprefix(values) if values else ""
-    suffixes = np.array([v[len(prefix):].encode("utf-8") for v in values], dtype=bytes)
-    return Column(path, prefix, suffixes, np.asarray(lines, dtype=np.int32))
+def _column(path: Path, values: np.ndarray, lines: np.ndarray) -> Column:
+    if len(values) == 0 or values.dtype.itemsize == 0:
+        return Column(path, "", values.astype(bytes), lines.astype(np.int32))
+    ordered = np.sort(values)
+    prefix = os.path.commonprefix([bytes(ordered[0]), bytes(ordered[-1])])  # of all: the first and last agree on it
+    width = values.dtype.itemsize
+    cut = values.view(np.uint8).reshape(len(values), width)[:, len(prefix):].copy()
+    suffixes = cut.view(f"S{max(width - len(prefix), 1)}").reshape(-1) if width > len(prefix) else \
+        np.zeros(len(values), dtype="S1")
+    return Column(path, prefix.decode("utf-8"), suffixes, lines.astype(np.int32))
 
 
 @dataclass(frozen=True)
@@ -108,39 +118,36 @@ def read_manifest(mix: Path, sources: list[Path], speakers: Path | None = None,
                   vector: Path | None = None) -> Manifest:
     """The mixture list ``mix`` joined by name with the source lists, the speaker list and the vector list."""
     names, values, lines = _parse(mix)
-    if not names:
+    if not len(names):
         raise DataError(f"{mix}: the list has no utterances")
     others = {**{f"s{k}": p for k, p in enumerate(sources, start=1)},
               **({"spk": speakers} if speakers is not None else {}), **({"vector": vector} if vector is not None else {})}
-    index = {n: i for i, n in enumerate(names)}
+    order = np.argsort(names, kind="stable")
+    ordered = names[order]
     present = np.ones(len(names), dtype=bool)
     columns: dict[str, Column] = {}
     missing: dict[str, tuple[str, ...]] = {}
     extra: dict[str, None] = {}
     for label, path in others.items():
         o_names, o_values, o_lines = _parse(path)
+        pos = np.minimum(np.searchsorted(ordered, o_names), len(ordered) - 1)
+        hit = ordered[pos] == o_names
         where = np.full(len(names), -1, dtype=np.int64)
-        for j, n in enumerate(o_names):
-            i = index.get(n)
-            if i is None:
-                extra[n] = None
-            else:
-                where[i] = j
-        present &= where >= 0
-        missing[str(path.name)] = tuple(names[i] for i in np.flatnonzero(where < 0))
-        rows = where.tolist()
-        columns[label] = _column(path, [o_values[j] if j >= 0 else "" for j in rows],
-                                 [o_lines[j] if j >= 0 else 0 for j in rows])
-        del o_names, o_values, o_lines, rows
+        where[order[pos[hit]]] = np.flatnonzero(hit)
+        extra.update(dict.fromkeys(n.decode() for n in o_names[~hit]))
+        found = where >= 0
+        present &= found
+        missing[path.name] = tuple(n.decode() for n in names[~found])
+        columns[label] = _column(path, np.where(found, o_values[np.maximum(where, 0)], b""),
+                                 np.where(found, o_lines[np.maximum(where, 0)], 0))
     labels = (mix.name, *(p.name for p in others.values()))
-    dropped = tuple([*(names[i] for i in np.flatnonzero(~present)), *extra])
+    dropped = tuple([*(n.decode() for n in names[~present]), *extra])
     report = JoinReport(labels, int(present.sum()), dropped, {mix.name: tuple(extra), **missing})
     if not present.any():
         sizes = ", ".join(str(p) for p in (mix, *others.values()))
         raise DataError(f"no utterance name is in all of: {sizes}; the lists describe different utterances")
     if dropped:
         warnings.warn(str(report), DataWarning, stacklevel=3)
-    full = Manifest(np.array([n.encode("utf-8") for n in names], dtype=bytes), _column(mix, values, lines),
-                    tuple(columns[f"s{k}"] for k in range(1, len(sources) + 1)), columns.get("spk"),
-                    columns.get("vector"), report)
+    full = Manifest(names, _column(mix, values, lines), tuple(columns[f"s{k}"] for k in range(1, len(sources) + 1)),
+                    columns.get("spk"), columns.get("vector"), report)
     return full if present.all() else full.subset(present)

@@ -42,6 +42,7 @@ def checksum(list_file: Path, column: Column, spectral: F.Spectral, sample: Sequ
     h.update(list_file.read_bytes())
     h.update(repr(spectral).encode())
     h.update(repr(list(sample)).encode())
+    h.update(column.prefix.encode() + column.suffixes.tobytes())  # the utterances a join kept
     for i in sample:
         try:
             st = os.stat(column.resolved(i))

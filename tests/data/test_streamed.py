@@ -183,3 +183,23 @@ def test_resume_is_exact_through_a_worker_restart(tmp_path: Path) -> None:
     assert resumed.trainer.step_count == full.trainer.step_count == 8
     assert all(torch.equal(p, full.trainer.params[k]) for k, p in resumed.trainer.params.items())
     assert resumed.trainer.history.equals(full.trainer.history)
+
+
+def test_the_manifest_joins_lists_like_the_in_memory_path(tmp_path: Path) -> None:
+    from data_helpers import make_corpus
+
+    from mtlab.data import DataError, DataWarning
+
+    folder = make_corpus(tmp_path, ["a", "b", "c", "d"])
+    (folder / "s2.scp").write_text("d s2/d.wav\na s2/a.wav\nb s2/b.wav\nzz s2/b.wav\n")
+    with pytest.warns(DataWarning, match="kept 3 utterances, dropped 2"):
+        streamed = load_split(tmp_path, stream=True, progress=False)
+    with pytest.warns(DataWarning):
+        memory = load_split(tmp_path)
+    assert streamed.names == memory.names == ["a", "b", "d"]
+    assert streamed.report.dropped == memory.report.dropped
+    assert streamed.row(2).sources[1].where == f"{folder / 's2.scp'}:1"  # d's line in s2.scp
+    assert_same_batch(next(BatchStream(memory, 3, 1, seed=0)), next(BatchStream(streamed, 3, 1, seed=0)))
+    (folder / "s1.scp").write_text("a s1/a.wav\nb s1/b.wav\n\na s1/c.wav\n")
+    with pytest.raises(DataError, match=r"s1.scp:4: name 'a' repeats line 1"):
+        load_split(tmp_path, stream=True, progress=False)
