@@ -13,7 +13,10 @@ its batch instead and recorded (``BatchStream.skipped``; the training loop write
 """
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,8 +151,25 @@ class StreamedSplit(torch.utils.data.Dataset):
                 f"{hours:.2f} h; read per batch)")
 
 
+def _lengths_cache(manifest: Manifest) -> tuple[Path, str]:
+    """Where the header lengths of a manifest's mixtures are cached, and the checksum of what they depend on
+    (the mixture list's bytes and the utterances kept): a file changed in place after that is caught when it is
+    read (its length no longer matches)."""
+    mix = manifest.mix
+    digest = hashlib.sha256(Path(mix.path).read_bytes() + mix.prefix.encode() + mix.suffixes.tobytes()).hexdigest()
+    return Path(mix.path).with_suffix(".samples.npz"), digest
+
+
 def header_samples(manifest: Manifest, on_bad_data: str) -> tuple[Manifest, np.ndarray, list[Skipped]]:
-    """Samples of every mixture from its WAV header; bad headers raise, or are skipped (left out and returned)."""
+    """Samples of every mixture from its WAV header (cached beside the list: ``mix_<set>.samples.npz``); bad headers
+    raise, or are skipped (left out and returned)."""
+    cache, digest = _lengths_cache(manifest)
+    try:
+        with np.load(cache) as found:
+            if str(found["checksum"]) == digest and len(found["samples"]) == len(manifest):
+                return manifest, found["samples"].astype(np.int64), []
+    except (OSError, KeyError, ValueError):
+        pass  # no cache, or another one: read the headers
     samples = np.zeros(len(manifest), dtype=np.int64)
     skipped = []
     mix = manifest.mix
@@ -160,6 +180,13 @@ def header_samples(manifest: Manifest, on_bad_data: str) -> tuple[Manifest, np.n
             if on_bad_data != "skip":
                 raise
             skipped.append(Skipped(manifest.name(i), mix.where(i), str(err)))
+    if not skipped:  # a read-only corpus folder just goes without the cache
+        try:
+            tmp = cache.with_name(f"{cache.stem}.tmp{os.getpid()}.npz")
+            np.savez(tmp, samples=samples, checksum=np.array(digest))
+            tmp.replace(cache)
+        except OSError:
+            pass
     if len(skipped) == len(manifest):
         raise DataError(f"every utterance of the list was skipped as bad data (first: {skipped[0].reason})")
     if skipped:

@@ -203,3 +203,28 @@ def test_the_manifest_joins_lists_like_the_in_memory_path(tmp_path: Path) -> Non
     (folder / "s1.scp").write_text("a s1/a.wav\nb s1/b.wav\n\na s1/c.wav\n")
     with pytest.raises(DataError, match=r"s1.scp:4: name 'a' repeats line 1"):
         load_split(tmp_path, stream=True, progress=False)
+
+
+def test_header_lengths_are_cached_and_a_file_changed_since_is_named(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import mtlab.data.streamed as streamed_module
+    from data_helpers import make_corpus
+
+    from mtlab.data import DataError, DataWarning
+
+    folder = make_corpus(tmp_path, ["a", "b", "c"], [1000, 1500, 2000])
+    first = load_split(tmp_path, stream=True, progress=False)
+    assert (folder / "mix_clean.samples.npz").is_file()
+
+    def no_headers(*args: Any, **kwargs: Any) -> int:
+        raise AssertionError("the cached lengths should have been used")
+
+    monkeypatch.setattr(streamed_module, "wav_samples", no_headers)
+    again = load_split(tmp_path, stream=True, progress=False)
+    assert list(again.samples) == list(first.samples) == [1000, 1500, 2000]
+    write_wav(folder / "mix_clean" / "b.wav", np.zeros(1200, dtype=np.int64))  # replaced after the cache was written
+    with pytest.raises(DataError, match=r"b.wav \(listed at .*mix_clean.scp:2\) has 1200 samples but had 1500"):
+        again.audio(1)
+    (folder / "mix_clean.scp").write_text("a mix_clean/a.wav\nb mix_clean/b.wav\n")  # a new list: headers read again
+    with pytest.raises(AssertionError, match="cached lengths"), pytest.warns(DataWarning, match="kept 2 utterances"):
+        load_split(tmp_path, stream=True, progress=False)
