@@ -162,6 +162,7 @@ def test_a_dead_worker_is_reported_and_the_next_draw_retries_the_batch(tmp_path:
     assert "SEEN [0, 1, 2, 3, 4, 5, 6, 7]" in res.stdout
 
 
+@pytest.mark.slow  # trains and writes a whole experiment folder, plots included (about 10 s)
 def test_skipped_examples_reach_the_experiment_folder(tmp_path: Path) -> None:
     from test_recipe import make_tiny_corpus, write_tiny_recipe
 
