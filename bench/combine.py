@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
 
 import mtlab  # noqa: E402
-from mtlab import combine as combine_mod  # noqa: E402
+from mtlab.core import combine as combine_mod  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["sum", *combine_mod.AGGREGATORS, "uncertainty", "dwa", "famo", "random_loss"]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import mtlab
-from mtlab.sampling import BatchStream
+from mtlab.tasks.sampling import BatchStream
 from mtlab.models import BLSTM
 
 CASES = {

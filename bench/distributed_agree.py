@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import mtlab
-import mtlab.distributed
+import mtlab.training.distributed
 
 
 def build() -> mtlab.Trainer:

@@ -3,7 +3,7 @@
     python bench/padding.py [--batch-size 8] [--linkedset clean] [--epochs 3]
 
 Padding fraction = padded frames / all frames of the collated ``features`` over whole epochs
-(BatchStream's batches, collated by mtlab.batching.collate). Throughput = examples/s drawn through
+(BatchStream's batches, collated by mtlab.base.batching.collate). Throughput = examples/s drawn through
 ``torch.utils.data.DataLoader`` with that collate, num_workers 0 and 2, after the first batch (worker
 start-up is reported separately), next to the rate at which a training step of the Core
 benchmark model (2-layer BLSTM, hidden 128, K=4) consumes examples: the loader must be faster.
@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from mtlab.batching import collate
+from mtlab.base.batching import collate
 from mtlab.data import load_split
-from mtlab.sampling import BatchStream
+from mtlab.tasks.sampling import BatchStream
 
 
 def padding_fraction(dataset: torch.utils.data.Dataset, batch_size: int, numbuckets: int, epochs: int) -> float:

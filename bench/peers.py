@@ -48,7 +48,7 @@ import common  # noqa: E402
 
 import mtlab  # noqa: E402
 from mtlab.models import BLSTM, MeanPool  # noqa: E402
-from mtlab.sampling import BatchStream  # noqa: E402
+from mtlab.tasks.sampling import BatchStream  # noqa: E402
 
 K = common.K
 LOOP = "loop"

@@ -85,7 +85,7 @@ def child(root: Path, stream: bool, workers: int, steps: int, start: float) -> d
 
     import torch
 
-    from mtlab.recipe import from_recipe
+    from mtlab.apps.recipe import from_recipe
 
     imported = time.time() - start  # interpreter, torch and mtlab: the same for every row
     torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 """``python -m mtlab ...``: the command line (see ``mtlab.cli``)."""
 
-from .cli import main
+from .apps.cli import main
 
 raise SystemExit(main())

@@ -24,38 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from mtlab.errors import ConfigError  # noqa: E402
+from mtlab.base.errors import ConfigError  # noqa: E402
 from mtlab.nabu import import_nabu, make_sample_root, plain_recipe  # noqa: E402
-
-
-def shrink(recipe: dict, cap: int) -> None:
-    """Cap hidden sizes (BLSTM units, Dense layers that are no task output) at ``cap`` and fix the input
-    sizes that follow from them, walking each task's graph as the importer does."""
-    outputs = {o for task in recipe["tasks"].values() for o in task["outputs"]}
-    for task in recipe["tasks"].values():
-        data = next(iter(task["linkedsets"].values()))["data"]
-        known = {"features": data.get("spectral", {}).get("n_fft", 256) // 2 + 1}
-        if "ivec" in data:
-            known["ivec"] = data["ivec"]["nrcol"] * data["ivec"]["nrs"]
-        first = recipe["models"][task["nodes"][0]["model"]].get("input_dim")
-        sizes = {k: known.get(k, first) for k in task["inputs"]}
-        for node in task["nodes"]:
-            spec = recipe["models"][node["model"]]
-            dims = [sizes.get(i) for i in node["inputs"]]
-            if "input_dim" in spec and dims[0] is not None:
-                spec["input_dim"] = dims[0]
-            if spec["type"] in ("BLSTM", "ResetBLSTM", "ResetBLSTMInsert", "LeakyBLSTM", "BRNN"):
-                spec["hidden"] = min(spec["hidden"], cap)
-                out = 2 * spec["hidden"]
-            elif spec["type"] == "Dense":
-                if node["name"] not in outputs:
-                    spec["units"] = [min(u, cap) for u in spec["units"]]
-                out = spec.get("output_shape", spec["units"])[-1]
-            elif spec["type"] == "Constant":
-                out = spec["shape"][-1]
-            else:  # Concat
-                out = sum(d for d in dims if d is not None)
-            sizes[node["name"]] = out
+from mtlab.nabu.shrink import shrink  # noqa: E402
 
 
 def main() -> int:

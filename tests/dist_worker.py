@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 import mtlab
-import mtlab.distributed
+import mtlab.training.distributed
 from helpers import make_examples, make_models, task_a, task_b
 
 STEPS = 3
@@ -278,7 +278,7 @@ def _die_at(step: int, rank: int) -> None:
     """Make worker ``rank`` SIGKILL itself inside step ``step`` of the first attempt (torchrun then restarts)."""
     import signal
 
-    import mtlab.recipe
+    import mtlab.apps.recipe
 
     build_experiment = mtlab.recipe.from_recipe
 
@@ -299,7 +299,7 @@ def _die_at(step: int, rank: int) -> None:
 if __name__ == "__main__":
     import sys
 
-    import mtlab.cli
+    import mtlab.apps.cli
 
     argv = sys.argv[1:]
     if argv[0] == "--die-at":

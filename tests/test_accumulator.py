@@ -8,7 +8,7 @@ from torch import nn
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab.accumulator import Accumulator, Phase
+from mtlab.core.accumulator import Accumulator, Phase
 
 
 def trainer(**kw) -> mtlab.Trainer:
@@ -77,10 +77,10 @@ def test_flat_buffer_path_equals_the_per_tensor_reference() -> None:
     ref = {k: v.clone() for k, v in acc.grads.items()}
     tr.normalize("a"); tr.clip("a")
     refs = list(ref.values())
-    mtlab.gradops.div_(refs, acc.normalizer, foreach=False)
+    mtlab.base.gradops.div_(refs, acc.normalizer, foreach=False)
     pre = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in refs]))
     above = sum(int((t.abs() > 1.0).sum()) for t in refs)
-    mtlab.gradops.clamp_(refs, 1.0, foreach=False)
+    mtlab.base.gradops.clamp_(refs, 1.0, foreach=False)
     for (k, v), r in zip(acc.grads.items(), refs):
         assert torch.equal(v, r), k
     torch.testing.assert_close(acc.grad_norm.double(), pre.double())
@@ -100,7 +100,6 @@ def test_totals_records_and_phase() -> None:
     loss = sum(float(r.loss) for r in acc.records)
     norm = sum(float(r.norm) for r in acc.records)
     assert abs(float(acc.loss) - loss) < 1e-12 and abs(float(acc.normalizer) - norm) < 1e-12
-    assert acc.batch_loss_norm is not None and float(acc.batch_loss_norm) == float(acc.normalizer)  # old name
     assert set(acc.set_loss) == {"clean", "noisy"}
     assert float(acc.records[1].weight) == 0.5
     assert "flat buffer" in repr(acc) and acc.summary()["minibatches"] == 2
@@ -113,7 +112,7 @@ def test_views_survive_the_all_reduce(tmp_path) -> None:
     dist = torch.distributed
     if not dist.is_available() or dist.is_initialized():
         pytest.skip("needs torch.distributed and no process group already up")
-    import mtlab.distributed
+    import mtlab.training.distributed
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
@@ -186,6 +185,6 @@ def test_totals_are_the_weighted_sums_of_the_records() -> None:
     for s in ("clean", "noisy"):
         rs = [r for r in acc.records if r.linkedset == s]
         assert float(acc.set_loss[s]) == pytest.approx(sum(float(r.loss) for r in rs), rel=1e-12)
-        assert float(acc.set_norm[s]) == pytest.approx(sum(float(r.norm) for r in rs), rel=1e-12)
+        assert float(acc.set_normalizer[s]) == pytest.approx(sum(float(r.norm) for r in rs), rel=1e-12)
     assert float(acc.loss) == pytest.approx(float(acc.set_loss["clean"] + acc.set_loss["noisy"]), rel=1e-12)
-    assert float(acc.normalizer) == float(acc.set_norm["clean"] + acc.set_norm["noisy"])
+    assert float(acc.normalizer) == float(acc.set_normalizer["clean"] + acc.set_normalizer["noisy"])

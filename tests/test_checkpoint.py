@@ -9,7 +9,7 @@ import torch
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab import checkpoint
+from mtlab.core import state as checkpoint
 
 
 def trainer() -> mtlab.Trainer:
@@ -48,3 +48,43 @@ def test_clone_tree_shares_no_tensor() -> None:
     copy = checkpoint.clone_tree(tree)
     t.add_(1)
     assert torch.equal(copy["a"][0], torch.ones(2)) and copy["a"][1][1] == 3 and copy["b"] == "x"
+
+
+def foreign_models() -> dict[str, torch.nn.Module]:
+    """The helper trainer's models with two heads of another size (a checkpoint of another recipe)."""
+    models = make_models(seed=3)
+    models["head_a"] = torch.nn.Linear(8, 7).double()  # 7 classes instead of 5
+    models["head_b"] = torch.nn.Linear(8, 4).double()
+    return models
+
+
+def test_a_checkpoint_with_other_shapes_is_refused_naming_everything_and_changes_nothing(tmp_path) -> None:
+    ex = make_examples(10, 2)
+    other = mtlab.Trainer(foreign_models(), [task_a((ex, ex)), task_b(ex)], device="cpu")
+    other.save(tmp_path / "other.pt")
+    tr = trainer()
+    tr.step()
+    before = {k: p.detach().clone() for k, p in tr.params.items()}
+    opt_before = {id(p): int(s["step"]) for p, s in tr.optimizer.state.items()}
+    with pytest.raises(mtlab.ConfigError) as err:
+        tr.load_checkpoint(tmp_path / "other.pt")
+    text = str(err.value)
+    assert str(tmp_path / "other.pt") in text
+    for name, theirs, ours in (("head_a.weight", "(7, 8)", "(5, 8)"), ("head_b.bias", "(4,)", "(3,)")):
+        assert f"parameter {name}: {theirs} saved, {ours} in this trainer" in text  # model, parameter, both shapes
+    assert all(torch.equal(p, before[k]) for k, p in tr.params.items())  # nothing loaded, not even 'enc'
+    assert {id(p): int(s["step"]) for p, s in tr.optimizer.state.items()} == opt_before and tr.step_count == 1
+
+
+def test_init_weights_with_other_shapes_are_refused_before_any_model_changes(tmp_path) -> None:
+    from mtlab.apps.recipe import load_initial_weights
+
+    torch.save({k: m.state_dict() for k, m in foreign_models().items()}, tmp_path / "weights.pt")
+    tr = trainer()
+    before = {k: p.detach().clone() for k, p in tr.params.items()}
+    with pytest.raises(mtlab.ConfigError) as err:
+        load_initial_weights(tr, tmp_path / "weights.pt", origin="recipe.toml: [trainer] init_file")
+    text = str(err.value)
+    assert text.startswith("recipe.toml: [trainer] init_file") and str(tmp_path / "weights.pt") in text
+    assert "model 'head_a' parameter head_a.weight: (7, 8) saved, (5, 8) in this trainer" in text
+    assert all(torch.equal(p, before[k]) for k, p in tr.params.items())

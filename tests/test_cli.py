@@ -13,7 +13,7 @@ from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from mtlab.cli import main
+from mtlab.apps.cli import main
 
 
 def mtlab_cmd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -63,3 +63,38 @@ def test_bad_recipe_exits_2_with_a_message(tmp_path: Path, capsys: pytest.Captur
     assert "bad.toml" in err and expect in err and "Traceback" not in err
     assert main(["resume", str(tmp_path / "nothing")]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cpus,load,local,torch_default,expect", [
+    (2, 4.0, 1, 2, 1),     # a shared 2-core machine under load 4: one thread, not torch's 2
+    (2, 0.1, 1, 2, 2),     # the same machine idle: both cores
+    (16, 3.0, 1, 8, 8),    # never more than torch's own choice (its physical cores)
+    (16, 0.0, 4, 16, 4),   # four local ranks share the cores
+])
+def test_the_default_thread_count_does_not_oversubscribe(monkeypatch: pytest.MonkeyPatch, cpus: int, load: float,
+                                                         local: int, torch_default: int, expect: int) -> None:
+    import torch
+
+    from mtlab.apps import cli
+
+    monkeypatch.setattr(cli, "_usable_cpus", lambda: cpus)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: torch_default)
+    n, why = cli.default_threads()
+    assert n == expect and f"{cpus} CPUs" in why and f"load {load:.1f}" in why and "--threads" in why
+
+
+@pytest.mark.slow
+def test_train_says_how_many_threads_run(tiny_corpus: Path, tmp_path: Path) -> None:
+    from mtlab.training.loop import _postfix
+
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=1, valid_frequency=0)
+    done = mtlab_cmd("train", str(recipe), "--expdir", str(tmp_path / "exp"), "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "threads: 1 torch thread (--threads 1)" in done.stdout
+    from mtlab.apps.recipe import from_recipe
+
+    exp = from_recipe(recipe)
+    exp.trainer.step()
+    assert _postfix(exp.trainer)["threads"] == "1"  # the progress bar shows it too (one_thread fixture)

@@ -19,9 +19,9 @@ from torch import nn
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab import combine as combine_mod
-from mtlab.batching import collate
-from mtlab.sampling import BatchStream, derived_seed
+from mtlab.core import combine as combine_mod
+from mtlab.base.batching import collate
+from mtlab.tasks.sampling import BatchStream, derived_seed
 
 torchjd = pytest.importorskip("torchjd", reason="task combination needs torchjd (pip install 'mtlab[mtl]')")
 from torchjd import aggregation  # noqa: E402
@@ -127,7 +127,7 @@ def test_the_default_is_the_original_weighted_sum_bit_for_bit() -> None:
             ref_params[k].grad = expected[k]
         ref_opt.step()
     assert all(torch.equal(p, ref_params[k]) for k, p in tr.params.items())
-    assert tr.update.method is None and isinstance(tr.update.combine, mtlab.update.WeightedSum)
+    assert tr.update.method is None and isinstance(tr.update.combine, mtlab.core.update.WeightedSum)
 
 
 @pytest.mark.parametrize("name", sorted(combine_mod.AGGREGATORS))
@@ -214,7 +214,7 @@ def test_switching_the_method_between_steps_and_restoring_switches_back() -> Non
 
 
 def test_a_recipe_chooses_the_method() -> None:
-    from mtlab.recipe import TRAINER_KEYS
+    from mtlab.apps.recipe import TRAINER_KEYS
     assert TRAINER_KEYS["combine"].default == "sum"
     exp = mtlab.from_recipe(demo_recipe("uncertainty+upgrad"))
     assert isinstance(exp.trainer.update.combine, combine_mod.Aggregate)

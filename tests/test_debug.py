@@ -1,4 +1,4 @@
-"""mtlab.debug: plain PyTorch as the oracle."""
+"""mtlab.training.debug: plain PyTorch as the oracle."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 import mtlab
 from helpers import clone_models, make_examples, make_models, task_a, task_b
-from mtlab.batching import collate
-from mtlab.debug import MinibatchTrace, check_equivalence, explain, find_nonfinite, gradient_conflict, next_call
+from mtlab.base.batching import collate
+from mtlab.training.debug import MinibatchTrace, check_equivalence, explain, find_nonfinite, gradient_conflict, next_call
 
 
 def batch(seed: int, n: int = 3, lengths: tuple[int, int] = (2, 9)):

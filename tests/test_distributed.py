@@ -13,8 +13,8 @@ import torch.multiprocessing as mp
 
 import dist_worker as w
 import mtlab
-from mtlab.sampling import BatchStream
-from mtlab.sampling import derived_seed
+from mtlab.tasks.sampling import BatchStream
+from mtlab.tasks.sampling import derived_seed
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 import dist_worker as w
 import mtlab
 from helpers import make_examples, make_models, task_a
-from mtlab.accumulator import Accumulator, Phase
-from mtlab.sampling import BatchStream, derived_seed
+from mtlab.core.accumulator import Accumulator, Phase
+from mtlab.tasks.sampling import BatchStream, derived_seed
 from test_distributed import assert_params_close, spawn
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")

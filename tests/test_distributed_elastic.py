@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import mtlab
-from mtlab.sampling import BatchStream, derived_seed
+from mtlab.tasks.sampling import BatchStream, derived_seed
 from test_recipe import make_tiny_corpus, write_tiny_recipe
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")
@@ -141,7 +141,7 @@ def test_the_readme_two_node_command_on_one_machine_equals_one_process(workdir) 
 
 def test_periodic_checkpoints_and_the_resume_point(tmp_path) -> None:
     from helpers import make_examples, make_models, task_a
-    from mtlab.checkpointing import LATEST, Periodic, resume_point
+    from mtlab.training.checkpoint import LATEST, Periodic, resume_point
 
     ex = make_examples(12, 4)
     tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], lr=1e-2, device="cpu", distributed=False)

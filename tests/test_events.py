@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtlab.events import Events
+from mtlab.core.events import Events
 
 
 def test_listeners_in_order_and_self_removal() -> None:

@@ -9,8 +9,8 @@ from torch import nn
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab.batching import collate
-from mtlab.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
+from mtlab.base.batching import collate
+from mtlab.tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 
 
 def plan_for(task, models=None) -> TaskPlan:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mtlab import gradops
+from mtlab.base import gradops
 
 
 def tensors(seed: int = 0) -> list[torch.Tensor]:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import mtlab
-from mtlab.graph import ModelGraph, Node
+from mtlab.tasks.graph import ModelGraph, Node
 
 
 def test_errors_name_the_node() -> None:

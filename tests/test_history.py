@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mtlab.history import History, step_row
+from mtlab.core.history import History, step_row
 
 
 def test_rows_are_read_lazily_in_one_transfer(monkeypatch) -> None:

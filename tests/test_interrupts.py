@@ -13,8 +13,8 @@ import torch
 import mtlab
 from campaign import record
 from helpers import make_examples, make_models, task_a, task_b
-from mtlab.checkpoint import load_safe
-from mtlab.loop import Schedule, run
+from mtlab.core.state import load_safe
+from mtlab.training.loop import Schedule, run
 
 STEPS = 6
 
@@ -152,13 +152,13 @@ def test_ctrl_c_in_a_stepwise_call_outside_a_run_completes_it_or_changes_nothing
 
         monkeypatch.setattr(tr.optimizer, "step", interrupted_step)
     else:
-        original = getattr(mtlab.gradops, {"normalize": "div_", "clip": "clamp_"}[where])
+        original = getattr(mtlab.base.gradops, {"normalize": "div_", "clip": "clamp_"}[where])
 
         def interrupted(*args, **kwargs):
             press(1)
             return original(*args, **kwargs)
 
-        monkeypatch.setattr(mtlab.gradops, {"normalize": "div_", "clip": "clamp_"}[where], interrupted)
+        monkeypatch.setattr(mtlab.base.gradops, {"normalize": "div_", "clip": "clamp_"}[where], interrupted)
     with pytest.raises(KeyboardInterrupt):
         getattr(tr, where)()
     monkeypatch.undo()

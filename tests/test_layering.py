@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
+
+from mtlab._layers import LAYERS, layer_of
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mtlab"
 
-# Lower numbers are further down. A module may import its own layer or any layer below it.
-LAYERS: dict[str, int] = {
-    # foundations
-    "errors": 0, "batching": 0, "gradops": 0, "registry": 0, "report": 0,
-    # describing work
-    "graph": 1, "task": 1, "sampling": 1, "forward": 1, "models": 1, "losses": 1,
-    # the step core
-    "accumulator": 2, "transforms": 2, "update": 2, "events": 2, "history": 2, "checkpoint": 2, "trainer": 2,
-    # the shell
-    "plots": 3, "loop": 3, "expdir": 3, "distributed": 3, "checkpointing": 3, "debug": 3, "loggers": 3, "combine": 3, "weighting": 3,
-    # domains
-    "data": 4, "separation": 4,
-    # applications on top: recipes, importers, launchers, CLI, notebook UI
-    "recipe": 5, "nabu": 5, "launch": 5, "cli": 5, "ui": 5, "__main__": 5,
-}
+# The layers are the folders of mtlab/, in the order mtlab/_layers.py gives; top-level files (__init__,
+# __main__, _layers) are the package's entry and sit above every layer.
+ENTRY = {"", "__main__", "_layers"}
+
+
 NON_MTLAB_OK = {"self", "cls", "torch", "np", "os", "sys", "signal", "_signal", "dist", "mp", "plt", "F", "nn", "pd"}
 
 
@@ -33,7 +28,9 @@ def module_name(path: Path) -> str:
 
 def layer(module: str) -> int | None:
     top = module.split(".")[0]
-    return LAYERS.get(top)
+    if top in ENTRY:
+        return len(LAYERS)
+    return layer_of(top)
 
 
 def resolve(current: str, node: ast.ImportFrom, is_package: bool) -> str | None:
@@ -48,32 +45,105 @@ def resolve(current: str, node: ast.ImportFrom, is_package: bool) -> str | None:
     return ".".join([*base, node.module] if node.module else base)
 
 
-def edges() -> list[tuple[str, str, str, int]]:
-    """(importer, imported mtlab module, imported name or '', line) for every import in mtlab/."""
-    out = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        current = module_name(path)
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                target = resolve(current, node, path.name == "__init__.py")
-                if target is None:
-                    continue
-                for alias in node.names:
-                    sub = f"{target}.{alias.name}" if target else alias.name
-                    named = sub if layer(sub) is not None and (PACKAGE / sub.replace(".", "/")).exists() \
-                        or (PACKAGE / (sub.replace(".", "/") + ".py")).exists() else target
-                    out.append((current, named, alias.name, node.lineno))
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.startswith("mtlab."):
-                        out.append((current, alias.name[len("mtlab."):], "", node.lineno))
+def load_time_nodes(tree: ast.Module) -> list[ast.AST]:
+    """The nodes that run when a module is loaded: not inside a function, nor under ``if TYPE_CHECKING:``."""
+    out: list[ast.AST] = []
+    todo: list[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        out.append(node)
+        todo.extend(ast.iter_child_nodes(node))
     return out
 
 
-def test_every_module_has_a_layer() -> None:
-    missing = sorted({module_name(p).split(".")[0] for p in PACKAGE.rglob("*.py")} - set(LAYERS) - {""})
-    assert not missing, f"modules without a layer in tests/test_layering.py: {missing}"
+def module_imports(path: Path, load_time: bool = False) -> list[tuple[str, str, str, int]]:
+    """(importer, imported mtlab module, imported name or '', line) for each import in one file; only those
+    that run when it is loaded with ``load_time``."""
+    current = module_name(path)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in (load_time_nodes(tree) if load_time else ast.walk(tree)):
+        if isinstance(node, ast.ImportFrom):
+            target = resolve(current, node, path.name == "__init__.py")
+            if target is None:
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}" if target else alias.name
+                is_module = (PACKAGE / (sub.replace(".", "/") + ".py")).exists() or \
+                    (PACKAGE / sub.replace(".", "/") / "__init__.py").exists()
+                out.append((current, sub if is_module else target, alias.name, node.lineno))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("mtlab."):
+                    out.append((current, alias.name[len("mtlab."):], "", node.lineno))
+    return out
+
+
+def edges() -> list[tuple[str, str, str, int]]:
+    """(importer, imported mtlab module, imported name or '', line) for every import in mtlab/."""
+    return [edge for path in sorted(PACKAGE.rglob("*.py")) for edge in module_imports(path)]
+
+
+def test_every_folder_is_a_layer_and_every_module_is_in_a_folder() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    listed = {f for _, group, _ in LAYERS for f in group}
+    assert folders == listed, f"folders not in mtlab/_layers.py: {sorted(folders - listed)}; " \
+                              f"listed but absent: {sorted(listed - folders)}"
+    loose = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ENTRY | {"__init__"})
+    assert not loose, f"modules outside the layer folders: {loose}"
+
+
+def test_plugin_strings_name_modules_that_exist_in_a_layer_above() -> None:
+    """A plug-in named by string (``add_plugin("combine", "mtlab.core.combine")``) is imported when its registry
+    is first read: the name must resolve to a module file, and a registry may only name its own layer or one
+    above it (a plug-in extends a lower layer; a string naming a lower module would be a hidden import)."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        current = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and re.fullmatch(r"mtlab(\.[a-z_]+)+", node.value):
+                rel = node.value[len("mtlab."):].replace(".", "/")
+                if not ((PACKAGE / f"{rel}.py").exists() or (PACKAGE / rel / "__init__.py").exists()):
+                    bad.append(f"{current}:{node.lineno} names {node.value}, which is no module")
+                elif (layer(node.value[len("mtlab."):]) or 0) < (layer(current) or 0):
+                    bad.append(f"{current}:{node.lineno} names {node.value}, a lower layer, by string")
+    assert not bad, "\n".join(bad)
+
+
+def test_readme_architecture_table_matches_the_layers() -> None:
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| layer") and not line.startswith("| call")]
+    table = [(r[0], tuple(re.findall(r"`(\w+)/`", r[1]))) for r in rows if len(r) >= 2 and "`" in r[1] and "/`" in r[1]]
+    assert table == [(name, folders) for name, folders, _ in LAYERS], \
+        "README's Architecture table differs from mtlab/_layers.py:\n" + "\n".join(map(str, table))
+
+
+def test_modules_and_classes_stay_readable() -> None:
+    """No module over 600 lines and no class over 300 lines outside the domain packages (data, separation,
+    nabu, ui); the README's Architecture section names any exception and why."""
+    domains = {"data", "separation", "nabu", "ui"}
+    readme = (PACKAGE.parent / "README.md").read_text()
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in domains:
+            continue
+        text = path.read_text()
+        if text.count("\n") > 600 and f"`{rel.as_posix()}`" not in readme:
+            bad.append(f"{rel}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 300 \
+                    and f"`{node.name}`" not in readme:
+                bad.append(f"{rel}: class {node.name} has {node.end_lineno - node.lineno + 1} lines")
+    assert not bad, "\n".join(bad)
 
 
 def test_imports_point_down() -> None:
@@ -112,12 +182,69 @@ def test_no_module_reads_private_attributes_of_other_objects() -> None:
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_the_core_imports_without_jupyter_or_the_data_package() -> None:
     import subprocess
     import sys
 
     code = ("import sys, mtlab; t = mtlab.Trainer; "
-            "bad = [m for m in ('ipywidgets', 'matplotlib', 'IPython', 'mtlab.data', 'mtlab.separation', 'mtlab.loop', "
-            "'mtlab.recipe', 'mtlab.ui') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+            "bad = [m for m in ('ipywidgets', 'matplotlib', 'IPython', 'mtlab.data', 'mtlab.separation', 'mtlab.training.loop', "
+            "'mtlab.apps.recipe', 'mtlab.ui', 'pandas') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def load_time_edges() -> dict[str, set[str]]:
+    """Module -> the mtlab modules it imports when it is loaded."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        graph[module_name(path)] = {imported for _, imported, _, _ in module_imports(path, load_time=True)}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    seen: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:  # depth first; 1 = on the stack, 2 = done
+        seen[node] = 1
+        for nxt in sorted(graph.get(node, set())):
+            if seen.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt):], nxt])
+            elif nxt not in seen:
+                visit(nxt, [*stack, nxt])
+        seen[node] = 2
+
+    for module in sorted(graph):
+        if module not in seen:
+            visit(module, [module])
+    return cycles
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": set(), "c": {"b"}}) == []
+
+
+def test_no_import_cycles() -> None:
+    cycles = find_cycles(load_time_edges())
+    assert not cycles, "import cycles at load time:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_only_the_accumulator_assigns_its_fields() -> None:
+    """Whoever holds state owns it: other modules change an accumulator through its methods (``advance``,
+    ``set_clip_fraction``, ``mark_applied``, ``take_reduced``...), never by assigning its fields."""
+    source = (PACKAGE / "core" / "accumulator.py").read_text()
+    fields = {node.attr for node in ast.walk(ast.parse(source))
+              if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+              and isinstance(node.value, ast.Name) and node.value.id == "self"}
+    assert {"phase", "position", "clip_fraction", "totals", "set_totals", "minibatches"} <= fields
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "core" / "accumulator.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in fields \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno} assigns {ast.unparse(node)}")
+    assert not bad, "\n".join(bad)

@@ -10,7 +10,7 @@ import torch
 from helpers import assert_grads_reach_weights_and_valid_frames
 from torch import Tensor, nn
 
-from mtlab.errors import ConfigError
+from mtlab.base.errors import ConfigError
 from mtlab.models import BLSTM, BRNN, LeakyBLSTM, build_model
 from mtlab.nabu import import_nabu
 

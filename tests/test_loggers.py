@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import mtlab
-from mtlab.errors import ConfigError
-from mtlab.loggers import CSVLogger, LoggerGroup, make
+from mtlab.base.errors import ConfigError
+from mtlab.training.loggers import CSVLogger, LoggerGroup, make
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data_samples"
@@ -67,7 +67,7 @@ def build(spec: dict):  # noqa: ANN201 (a Trainer)
     """The trainer of a recipe dict (``mtlab.from_recipe`` once the shell offers it)."""
     if hasattr(mtlab, "from_recipe"):
         return mtlab.from_recipe(spec).trainer
-    from mtlab.recipe import build_trainer
+    from mtlab.apps.recipe import build_trainer
 
     return build_trainer(spec)
 
@@ -213,7 +213,7 @@ def test_trackio_local_store_reads_back(corpus: Path, tmp_path: Path) -> None:
         torch.set_num_threads(1)
         from pathlib import Path
         from test_loggers import build, recipe
-        from mtlab.loggers import make
+        from mtlab.training.loggers import make
         trainer = build(recipe(Path({str(corpus)!r})))
         logger = make({{"type": "trackio", "project": "sep", "run_name": "r1"}}, {str(tmp_path)!r}).attach(trainer)
         trainer.step(); trainer.step()
@@ -284,7 +284,7 @@ valid = {{ split = "dev" }}
 
 def test_cli_log_option_writes_train_and_validation_scalars(corpus: Path, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="tensorboard comes with the loggers extra")
-    from mtlab.cli import main
+    from mtlab.apps.cli import main
 
     path = tmp_path / "r.toml"
     path.write_text(TOML.format(root=corpus))
@@ -303,7 +303,7 @@ def test_cli_log_option_writes_train_and_validation_scalars(corpus: Path, tmp_pa
 
 
 def test_recipe_log_key_chooses_the_loggers_and_names_a_bad_one(corpus: Path, tmp_path: Path) -> None:
-    from mtlab.cli import main
+    from mtlab.apps.cli import main
 
     path = tmp_path / "r.toml"
     path.write_text(TOML.format(root=corpus).replace('device = "cpu"', 'device = "cpu"\nlog = ["csv"]'))
@@ -341,3 +341,24 @@ def test_a_buffering_logger_adds_no_host_read_to_the_step(tmp_path: Path) -> Non
     history = trainer.log.rows()
     assert read_csv(tmp_path / "scalars.csv")["train/a/loss"] == [(r["step"], r["a/loss"]) for r in history]
     assert len(history) == 4
+
+
+@pytest.mark.slow  # MLflow creates its SQLite store: tens of seconds
+def test_mlflow_resume_continues_the_same_run(corpus: Path, tmp_path: Path) -> None:
+    pytest.importorskip("mlflow", reason="mlflow comes with the loggers extra")
+    from mlflow.tracking import MlflowClient
+
+    trainer = build(recipe(corpus))
+    first = make("mlflow", tmp_path).attach(trainer)
+    trainer.step()
+    trainer.step()
+    first.close()
+    second = make("mlflow", tmp_path).attach(trainer)  # what `mtlab resume --log mlflow` makes
+    trainer.step()
+    second.close()
+    assert second.run_id == first.run_id
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "mtlab"]
+    assert [r.info.run_id for r in client.search_runs([experiment.experiment_id])] == [first.run_id]
+    assert [m.step for m in client.get_metric_history(first.run_id, "train/lr")] == [1, 2, 3]
+    assert client.get_run(first.run_id).info.status == "FINISHED"

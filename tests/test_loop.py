@@ -15,9 +15,9 @@ from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 import mtlab
-from mtlab.checkpoint import load_safe
-from mtlab.loop import Schedule, run
-from mtlab.recipe import from_recipe, load
+from mtlab.core.state import load_safe
+from mtlab.training.loop import Schedule, run
+from mtlab.apps.recipe import from_recipe, load
 
 
 def plain(nonfinite: str = "raise", clean: list | None = None) -> mtlab.Trainer:

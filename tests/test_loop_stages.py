@@ -14,10 +14,10 @@ from test_loop import assert_same
 from test_recipe import TINY_TOML, tiny_corpus  # noqa: F401 (fixture)
 
 import mtlab
-from mtlab.errors import ConfigError
-from mtlab.loop import Schedule, run
-from mtlab.recipe import from_recipe, load
-from mtlab.sampling import BatchStream, SegmentedExamples, trainset_fraction
+from mtlab.base.errors import ConfigError
+from mtlab.training.loop import Schedule, run
+from mtlab.apps.recipe import from_recipe, load
+from mtlab.tasks.sampling import BatchStream, SegmentedExamples, trainset_fraction
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -233,7 +233,7 @@ def test_init_file_errors(tiny_corpus: Path, tmp_path: Path) -> None:
 
 
 def test_ini_trainer_cfg_num_tries_none_and_stages_only_in_toml(tmp_path: Path) -> None:
-    from mtlab.recipe import load_trainer_cfg
+    from mtlab.apps.recipe import load_trainer_cfg
 
     (tmp_path / "trainer.cfg").write_text("[trainer]\nnum_tries = None\nvalidate_at_step_0 = True\n")
     assert load_trainer_cfg(tmp_path / "trainer.cfg") == {"num_tries": None, "validate_at_step_0": True}

@@ -11,9 +11,9 @@ import torch
 from test_loop import assert_same, plain, script
 
 import mtlab
-from mtlab.checkpoint import load_safe
-from mtlab.errors import ConfigError
-from mtlab.loop import Schedule, run
+from mtlab.core.state import load_safe
+from mtlab.base.errors import ConfigError
+from mtlab.training.loop import Schedule, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -236,3 +236,28 @@ def test_per_task_relative_improvement_judges_each_task_on_its_own_values() -> N
     run(tr, sch, progress=False)
     assert [r["action"] for r in sch.validation] == ["better", "worse+halve_lr", "worse+halve_lr"]
     assert sch.lr_scale == 0.25 and sch.task_tries == {"a": 2, "b": 0}
+
+
+# ---------------------------------------------------------------------------------- the summary says why
+def test_the_summary_explains_an_early_stop_in_plain_words(tmp_path: Path) -> None:
+    tr = plain()
+    script(tr, [1.0, 0.8, 0.9, 0.95])  # better, better, worse, worse: stops at step 4 of 100 (num_tries 2)
+    sch = Schedule(num_steps=100, valid_frequency=1, num_tries=2)
+    run(tr, sch, progress=False, expdir=tmp_path)
+    text = (tmp_path / "summary.txt").read_text()
+    assert "stop: num_tries" in text
+    why = next(line for line in text.splitlines() if line.startswith("why stopped"))
+    for part in ("early stopping", "did not improve 2 times in a row", "num_tries = 2", "step 4 of 100",
+                 "expected", "best.pt", "step 2"):
+        assert part in why, why
+
+
+def test_without_matplotlib_the_summary_says_no_plots_were_written(tmp_path: Path, monkeypatch) -> None:
+    import sys
+
+    # The plots module imports matplotlib at its top: without matplotlib, importing it fails like this.
+    monkeypatch.setitem(sys.modules, "mtlab.training.plots", None)
+    tr = plain()
+    run(tr, Schedule(num_steps=2), progress=False, expdir=tmp_path)
+    assert not list(tmp_path.glob("*.png"))
+    assert "plots skipped: matplotlib is not installed" in (tmp_path / "summary.txt").read_text()

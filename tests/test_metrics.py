@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mtlab.data import data_samples_dir, read_list, read_wav
-from mtlab.errors import BatchError, ConfigError
+from mtlab.base.errors import BatchError, ConfigError
 from mtlab.separation import metrics as M
 
 mir_eval_separation = pytest.importorskip("mir_eval.separation", reason="mir_eval is a dev dependency")
@@ -190,7 +190,7 @@ def test_evaluate_lists_reads_kaldi_lists(tmp_path) -> None:
 def test_cli_score_writes_the_tables_of_evaluate_lists(tmp_path, capsys) -> None:
     import wave
 
-    from mtlab.cli import main
+    from mtlab.apps.cli import main
 
     folder = data_samples_dir() / "test"
     names = sorted(read_list(folder / "mix_clean.scp"))[:2]
@@ -216,3 +216,42 @@ def test_cli_score_writes_the_tables_of_evaluate_lists(tmp_path, capsys) -> None
     assert list(rows["name"]) == names
     assert main(["score", *lists, "--metrics", "sisnr"]) == 2
     assert "unknown metric 'sisnr'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gain", [1.0, 1e-3])
+def test_si_sdr_and_snr_follow_their_formulas_for_quiet_signals(gain: float) -> None:
+    """The exact formulas in float64 numpy, no floor: a quiet estimate (gain 0.001) scores as a loud one."""
+    _, _, refs = dev_utterance(2)
+    est = degraded(refs, 4)
+    s, e = refs.numpy() - refs.numpy().mean(-1, keepdims=True), gain * est.numpy()
+    e = e - e.mean(-1, keepdims=True)
+    target = (e * s).sum(-1, keepdims=True) / (s * s).sum(-1, keepdims=True) * s
+    exact_si = 10 * np.log10((target ** 2).sum(-1) / ((e - target) ** 2).sum(-1))
+    np.testing.assert_allclose(M.si_sdr(gain * est, refs).numpy(), exact_si, atol=1e-6)
+    quiet_refs, quiet_est = gain * refs, gain * est  # SNR: both quiet, same ratio
+    exact_snr = 10 * np.log10((refs.numpy() ** 2).sum(-1) / ((refs.numpy() - est.numpy()) ** 2).sum(-1))
+    np.testing.assert_allclose(M.snr(quiet_est, quiet_refs).numpy(), exact_snr, atol=1e-6)
+    assert torch.isfinite(M.si_sdr(refs, refs)).all() and M.si_sdr(refs, refs).min() > 90  # a perfect estimate
+    assert M.si_sdr(torch.zeros_like(refs), refs).isfinite().all()  # silence scores, no NaN
+
+
+@pytest.mark.parametrize("subtype", ["FLOAT", "PCM_24", "PCM_32", "DOUBLE"])
+def test_score_reads_float_and_24_bit_wavs(tmp_path: Path, subtype: str) -> None:
+    sf = pytest.importorskip("soundfile", reason="soundfile reads float and 24-bit WAVs (mtlab[metrics])")
+    folder = data_samples_dir() / "dev"
+    names = sorted(read_list(folder / "mix_clean.scp"))[:2]
+    for k in (1, 2):
+        (tmp_path / f"e{k}.scp").write_text("".join(f"{n} e{k}_{n}.wav\n" for n in names))
+    expected_rows = []
+    for name in names:
+        refs = torch.stack([read_wav(read_list(folder / f"s{k}.scp")[name].resolve()) for k in (1, 2)]).double()
+        est = degraded(refs, 9).clamp(-1, 0.999)
+        for k in (1, 2):
+            sf.write(str(tmp_path / f"e{k}_{name}.wav"), est[k - 1].numpy(), 8000, subtype=subtype)
+            back, _ = sf.read(str(tmp_path / f"e{k}_{name}.wav"), dtype="float64")
+            est[k - 1] = torch.from_numpy(back)
+        expected_rows.append(float(M.si_sdr(est, refs).mean()))  # the estimates in the references' order
+    ev = M.evaluate_lists(folder / "mix_clean.scp", [folder / "s1.scp", folder / "s2.scp"],
+                          [tmp_path / "e1.scp", tmp_path / "e2.scp"], metrics=("si_sdr",))
+    assert list(ev.utterances["perm"]) == ["0 1", "0 1"]
+    np.testing.assert_allclose(ev.utterances["si_sdr"].to_numpy(), expected_rows, atol=1e-3)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mtlab.cli import main
+from mtlab.apps.cli import main
 from mtlab.nabu import import_nabu, make_sample_root
 from test_nabu_import import replace_in, write_recipe
 
@@ -36,3 +36,23 @@ def test_train_an_original_recipe_folder_with_a_data_root(tmp_path: Path) -> Non
     code = main(["train", str(folder), "--data-root", str(tmp_path / "data"), "--expdir", str(expdir),
                  "--steps", "1", "--no-progress"])
     assert code == 0 and (expdir / "final.pt").is_file()
+
+
+def test_a_full_size_recipe_says_its_cost_before_training_and_shrink_caps_it(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture) -> None:
+    folder = write_recipe(tmp_path / "MERL_TEST")
+    replace_in(folder, "trainer.cfg", "init_file = /models/previous/network.ckpt", "")
+    replace_in(folder, "trainer.cfg", "valid_frequency = 5", "valid_frequency = 0")
+    replace_in(folder, "model.cfg", "num_units = 8", "num_units = 600")  # the original's full size
+    make_sample_root(import_nabu(folder, data_root=tmp_path / "data"), limit=12)
+    train = ["train", str(folder), "--data-root", str(tmp_path / "data"), "--steps", "0", "--no-progress"]
+    assert main([*train, "--expdir", str(tmp_path / "full")]) == 0
+    out = capsys.readouterr().out
+    warning = next(line for line in out.splitlines() if line.startswith("large model"))
+    for part in ("M parameters", "on the CPU", "GB", "minutes per step", "--shrink 32", "GPU"):
+        assert part in warning, warning
+    assert main([*train, "--expdir", str(tmp_path / "small"), "--shrink", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "large model" not in out and "--shrink 32: hidden sizes capped at 32" in out
+    with pytest.raises(SystemExit):
+        main([*train, "--expdir", str(tmp_path / "bad"), "--shrink", "0"])

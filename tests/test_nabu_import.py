@@ -331,7 +331,7 @@ def test_database_sections_processors_and_evaluation_files(recipe_dir: Path) -> 
 
 
 def test_toml_round_trip_and_the_plain_recipe_resolves(recipe_dir: Path, tmp_path: Path) -> None:
-    from mtlab.recipe import resolve_recipe
+    from mtlab.apps.recipe import resolve_recipe
 
     r = import_nabu(recipe_dir, data_root="/data")
     path = write_toml(r, tmp_path / "out.toml")
@@ -514,7 +514,7 @@ def test_every_original_recipe_reads_leniently() -> None:
 
 
 def test_the_written_toml_loads_as_a_recipe_and_bad_stft_settings_are_named(recipe_dir: Path, tmp_path: Path) -> None:
-    from mtlab.recipe import load_recipe
+    from mtlab.apps.recipe import load_recipe
 
     r = import_nabu(recipe_dir, data_root="corpus")
     path = write_toml(r, tmp_path / "merl.toml")

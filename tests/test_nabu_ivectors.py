@@ -116,7 +116,7 @@ def test_concat_noise_is_training_only_and_one_draw_per_utterance_for_a_vector()
 
 def test_a_segment_keeps_the_whole_vector_even_when_it_is_as_long_as_the_utterance() -> None:
     from mtlab.data.corpus import SEQUENCE_KEYS
-    from mtlab.sampling import HeadExamples, SegmentedExamples
+    from mtlab.tasks.sampling import HeadExamples, SegmentedExamples
 
     class Source(list):
         lengths = [4]
@@ -261,7 +261,7 @@ def test_the_importer_infers_the_input_sizes_from_the_ivector_dimension(tmp_path
                              "mvn": "global", "stats_list": train_list}
     # the written TOML recipe keeps the vector settings; a task reading 'ivec' needs them in its data
     from mtlab.nabu import write_toml
-    from mtlab.recipe import load_recipe, resolve_recipe
+    from mtlab.apps.recipe import load_recipe, resolve_recipe
 
     write_toml(r, tmp_path / "r.toml")
     assert load_recipe(tmp_path / "r.toml")["tasks"]["task_2spk"]["linkedsets"]["set0"]["valid"]["ivec"] == \

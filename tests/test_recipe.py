@@ -15,8 +15,8 @@ import torch
 from helpers import script_validations
 
 import mtlab
-from mtlab.checkpoint import CheckpointError, load_safe, save_atomic
-from mtlab.recipe import from_recipe, load, load_recipe, load_trainer_cfg, trainer_settings
+from mtlab.core.state import CheckpointError, load_safe, save_atomic
+from mtlab.apps.recipe import from_recipe, load, load_recipe, load_trainer_cfg, trainer_settings
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data_samples"
@@ -204,6 +204,7 @@ BAD = [
     ('targets = ["spk"]', 'targets = ["speaker"]', ["data key 'speaker'", "spk_pair"]),
     ('name = "tiny"', 'name = "tiny"\nnum_epoch = 3', ["unknown key 'num_epoch'", "top level"]),
     ('out_features = 3', 'out_feature = 3', ["[models.frame_head]", "out_feature"]),
+    ("hidden = 4", "hiden = 4", ["[models.enc]", "unknown setting 'hiden'", "did you mean 'hidden'", "input_dim"]),
 ]
 
 
@@ -220,6 +221,22 @@ def test_bad_recipes_name_the_key_and_the_file(tmp_path: Path, tiny_corpus: Path
     assert "bad_recipe.toml" in message
     for part in expect:
         assert part in message, message
+
+
+@pytest.mark.parametrize("where", ["[tasks.spk.linkedsets.clean] data", "[tasks.spk.linkedsets.clean] valid"])
+def test_a_missing_data_folder_names_the_recipe_and_the_key(tmp_path: Path, tiny_corpus: Path, where: str) -> None:
+    path = write_tiny_recipe(tmp_path / "bad_recipe.toml", tiny_corpus)
+    text = path.read_text()
+    if "data" in where:  # the first linked set reads a corpus that is not there
+        text = text.replace(f'root = "{tiny_corpus}"', 'root = "nowhere/corpus"', 1)
+    else:  # its validation split is not there
+        text = text.replace('valid = { split = "dev" }', 'valid = { split = "evaluation" }', 1)
+    path.write_text(text)
+    with pytest.raises(mtlab.MtlabError) as info:
+        from_recipe(path)
+    message = str(info.value)
+    assert "bad_recipe.toml" in message and where in message, message
+    assert ("nowhere" if "data" in where else "evaluation") in message, message
 
 
 def test_bad_ini_value_and_bad_toml(tmp_path: Path) -> None:
@@ -311,7 +328,7 @@ def test_crafted_pickle_is_not_executed(tmp_path: Path) -> None:
 
 def test_resume_names_the_rule_that_stopped_the_run(monkeypatch: pytest.MonkeyPatch, tiny_corpus: Path,
                                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from mtlab.cli import main
+    from mtlab.apps.cli import main
 
     values = [1.0, 0.999, 0.998, 0.9985, 0.999, 0.9975]  # slow, then worse: the relative-improvement rule stops
     script_validations(monkeypatch, values)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from mtlab.batching import collate
-from mtlab.sampling import BatchStream, bucket_batches
+from mtlab.base.batching import collate
+from mtlab.tasks.sampling import BatchStream, bucket_batches
 
 
 def examples(n=53, seed=0):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import mtlab
-from mtlab.batching import collate
+from mtlab.base.batching import collate
 from mtlab.data import magnitude, read_list, read_wav, data_samples_dir
 from mtlab.models import BLSTM, DeepClusteringHead, MaskHead, build_model
 from mtlab.separation import (

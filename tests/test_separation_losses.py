@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mtlab
-from mtlab.batching import collate
+from mtlab.base.batching import collate
 from mtlab.separation.losses import (
     PIT,
     CrossEntropyMulti,

@@ -12,7 +12,7 @@ from torch import nn
 
 import mtlab
 from helpers import clone_models, make_examples, make_models, task_a, task_b
-from mtlab.batching import collate
+from mtlab.base.batching import collate
 
 
 def batches(seed: int, sizes=(3, 2, 4), lengths=((2, 5), (9, 14), (3, 8))):
@@ -322,6 +322,25 @@ def test_step_runs_the_whole_cycle_and_weights_change_what_is_drawn():
         tr.set_weight("a", "clean", -1)
     with pytest.raises(mtlab.ConfigError, match="linked sets: \\['clean', 'noisy'\\]"):
         tr.set_weight("a", "nope", 1)
+
+
+def test_step_after_minibatches_processed_by_hand_refuses_instead_of_discarding_them():
+    ex = make_examples(12, 42)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex)], clip_grad_value=1.0, device="cpu")
+    tr.process_minibatch("a", "clean")
+    tr.process_minibatch("a", "noisy")
+    grads = {k: v.clone() for k, v in tr.state("a").grads.items()}
+    positions = {k: (s.epoch, s.position) for k, s in tr.streams.items()}
+    with pytest.raises(mtlab.PhaseError, match=r"'a': 2 minibatch\(es\).*normalize\(\), clip\(\), apply\(\).*reset\(\)"):
+        tr.step()
+    assert tr.state("a").minibatches == 2 and tr.step_count == 0  # nothing discarded, nothing drawn
+    assert all(torch.equal(grads[k], v) for k, v in tr.state("a").grads.items())
+    assert {k: (s.epoch, s.position) for k, s in tr.streams.items()} == positions
+    tr.normalize(); tr.clip()
+    with pytest.raises(mtlab.PhaseError, match=r"phase clipped.*finish them with finish\(\) \(it makes apply\(\)\)"):
+        tr.step()
+    tr.apply()  # finished by hand; step() goes on from there
+    assert tr.step()["a"].minibatches == 2 and tr.step_count == 2
 
 
 def test_evaluate_uses_eval_mode_and_no_gradients():

@@ -8,7 +8,7 @@ from torch import nn
 
 import mtlab
 from helpers import clone_models, make_examples, make_models, task_a, task_b
-from mtlab.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
+from mtlab.core.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
 
 
 def test_chain_from_settings_gives_the_calls_in_order() -> None:
@@ -91,3 +91,72 @@ def test_normalize_divides_by_the_accumulated_normalizer_once() -> None:
     for k, v in acc.grads.items():
         torch.testing.assert_close(v, raw[k] / acc.normalizer.to(v.dtype))
     assert repr(ClipByValue(1.0)) == "ClipByValue(1)"
+
+
+# ------------------------------------------------------------------ a transform with state: AutoClip
+def autoclip_run(steps: int, percentile: float, **kw: object) -> tuple[mtlab.Trainer, dict[str, nn.Module]]:
+    """mtlab with ``clip_grad_percentile`` against AutoClip as its authors wrote it: each task's norm history
+    in a Python list, numpy's (linear) percentile, ``clip_grad_norm_``'s coefficient, the weighted sum of the
+    tasks' clipped gradients, ``torch.optim.Adam``. The reference accumulates and normalizes with a second,
+    unclipped trainer on a copy of the models (that part is checked against plain PyTorch elsewhere)."""
+    import numpy as np
+
+    ex = make_examples(12, 7)
+    models = make_models()
+    ref_models = clone_models(models)
+    tr = mtlab.Trainer(models, [task_a((ex, ex)), task_b(ex)], device="cpu", clip_grad_percentile=percentile, **kw)
+    ref = mtlab.Trainer(ref_models, [task_a((ex, ex)), task_b(ex)], device="cpu")
+    params = dict(ref.params)
+    opt = torch.optim.Adam(params.values(), lr=tr.lr)
+    history: dict[str, list[float]] = {"a": [], "b": []}
+    for _ in range(steps):
+        tr.step()
+        ref.reset()
+        for task, sets in ref.active_tasks().items():
+            for s in sets:
+                ref.process_minibatch(task, s)
+        ref.normalize()
+        direction = {n: torch.zeros_like(p) for n, p in params.items()}
+        for task in ("a", "b"):
+            grads = ref.state(task).grads
+            norm = float(torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in grads.values()])))
+            history[task].append(norm)
+            coef = min(1.0, float(np.percentile(history[task], percentile)) / (norm + 1e-6))
+            for n, g in grads.items():
+                direction[n] += ref.tasks[task].weight * coef * g
+        for n, p in params.items():
+            p.grad = direction[n]
+        opt.step()
+        ref.reset()
+    return tr, ref_models
+
+
+def test_clip_by_history_equals_autoclip_written_by_hand() -> None:
+    tr, ref_models = autoclip_run(5, 25.0)
+    assert any(float(tr.state(t).clip_fraction) > 0 for t in tr.tasks)  # it clipped something
+    for name, p in tr.params.items():
+        model, pname = name.split(".", 1)
+        torch.testing.assert_close(p, ref_models[model].get_parameter(pname))
+    assert [len(h) for h in tr.chain.transforms[-1].history.values()] == [5, 5]
+
+
+def test_clip_by_history_state_is_checkpointed_and_survives_a_clip_value_change() -> None:
+    tr, _ = autoclip_run(3, 25.0)
+    state = tr.state_dict()
+    assert state["chain"][-1]["type"] == "ClipByHistory" and len(state["chain"][-1]["state"]["history"]["a"]) == 3
+    tr.step(); tr.step()
+    tr2, _ = autoclip_run(0, 25.0)
+    tr2.load_state_dict(state)
+    tr2.step(); tr2.step()
+    for name, p in tr.params.items():
+        torch.testing.assert_close(tr2.params[name], p, rtol=0, atol=0)
+    tr2.clip_grad_value = 5.0  # a new chain with ClipByValue in front: the history carries over
+    assert repr(tr2.chain) == "Chain([Normalize(), ClipByValue(5), ClipByHistory(25)])"
+    assert len(tr2.chain.transforms[-1].history["a"]) == 5
+
+
+def test_clip_by_history_refuses_a_bad_percentile_and_a_stateless_transform_refuses_state() -> None:
+    with pytest.raises(mtlab.ConfigError, match="clip_grad_percentile = 0"):
+        Chain.from_settings(True, None, None, 0)
+    with pytest.raises(mtlab.ConfigError, match="keeps no state"):
+        ClipByValue(1.0).load_state_dict({"history": {}})

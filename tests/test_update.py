@@ -8,7 +8,7 @@ import torch
 
 import mtlab
 from helpers import clone_models, make_examples, make_models, task_a, task_b
-from mtlab import update as update_mod
+from mtlab.core import update as update_mod
 
 
 def two_tasks(models=None, **kw) -> mtlab.Trainer:

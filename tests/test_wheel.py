@@ -1,5 +1,6 @@
 """The built wheel carries the sample corpus and the recipes: installed into a fresh virtual environment,
-``mtlab demo --steps 2`` runs from another directory (about 30 s: build, install, two steps)."""
+``mtlab demo --steps 2`` runs from another directory (about 30 s: build, install, two steps), whether the
+tests run in a virtual environment or not."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) ->
     return done.stdout
 
 
+def outer_site_dirs() -> list[str]:
+    """This interpreter's package folders (torch is there), whether it runs in a venv or not."""
+    return [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+
+
+@pytest.mark.slow
 def test_wheel_installs_and_runs_the_demo_elsewhere(tmp_path: Path) -> None:
     pytest.importorskip("setuptools", reason="building the wheel without isolation needs setuptools")
     env = {k: v for k, v in os.environ.items() if k not in ("MTLAB_DATA", "PYTHONPATH", "VIRTUAL_ENV")}
@@ -40,10 +47,14 @@ def test_wheel_installs_and_runs_the_demo_elsewhere(tmp_path: Path) -> None:
     assert {f"mtlab/{p}" for p in shipped} <= names, "the wheel misses sample files"
     assert "mtlab/recipes/demo.toml" in names
 
-    # A fresh environment that reuses this interpreter's packages (torch) but not the checkout.
+    # A fresh environment that reuses this interpreter's packages (torch, pip) but not the checkout. Inside a
+    # venv, ``-m venv --system-site-packages`` would see the BASE interpreter's packages only (often no
+    # torch), so the new venv gets this environment's package folders through a .pth file.
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], tmp_path, env)
     python = venv / "bin" / "python"
+    purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path, env)
+    (Path(purelib.strip()) / "outer_environment.pth").write_text("\n".join(outer_site_dirs()) + "\n")
     run([str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--force-reinstall", str(wheel)],
         tmp_path, env, timeout=180)
     elsewhere = tmp_path / "elsewhere"

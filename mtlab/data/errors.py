@@ -1,7 +1,7 @@
 """Errors and warnings of mtlab's data layer."""
 from __future__ import annotations
 
-from ..errors import MtlabError
+from ..base.errors import MtlabError
 
 
 class DataError(MtlabError, ValueError):

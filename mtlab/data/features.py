@@ -127,7 +127,7 @@ class Spectral:
         """The original's settings from one of its processor configs (``winlen``/``winstep`` in
         seconds, ``winfunc``, ``nfft``, ``preemph``): sine window for ``cosine``, its framing and
         int16 scale. A value mtlab cannot reproduce is a ConfigError naming the key."""
-        from ..errors import ConfigError
+        from ..base.errors import ConfigError
 
         def number(key: str, default: str | None = None) -> float:
             text = conf.get(key, default)

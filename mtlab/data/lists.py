@@ -49,24 +49,28 @@ class ListEntry:
 def read_list(path: str | Path) -> dict[str, ListEntry]:
     """Parse a list file into ``{name: ListEntry}`` in file order; blank lines are skipped.
 
-    Raises DataError for a missing file, a line without a value, or a repeated name.
+    Raises DataError for a missing file, a line that is not UTF-8, a line without a value, or a repeated name.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: list file not found; check the data root and split name")
     entries: dict[str, ListEntry] = {}
-    with path.open(encoding="utf-8") as f:
-        for number, text in enumerate(f, start=1):
-            parts = text.split()
-            if not parts:
-                continue
-            if len(parts) < 2:
-                raise DataError(f"{path}:{number}: expected 'name value', got {text.rstrip()!r}")
-            name = parts[0]
-            if name in entries:
-                first = entries[name].line
-                raise DataError(f"{path}:{number}: name {name!r} repeats line {first}; names must be unique")
-            entries[name] = ListEntry(name, tuple(parts[1:]), path, number)
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DataError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                            "save the list as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        parts = text.split()
+        if not parts:
+            continue
+        if len(parts) < 2:
+            raise DataError(f"{path}:{number}: expected 'name value', got {text.rstrip()!r}")
+        name = parts[0]
+        if name in entries:
+            first = entries[name].line
+            raise DataError(f"{path}:{number}: name {name!r} repeats line {first}; names must be unique")
+        entries[name] = ListEntry(name, tuple(parts[1:]), path, number)
     return entries
 
 

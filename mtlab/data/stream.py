@@ -1,5 +1,5 @@
 """Bucketed minibatch streams now live in :mod:`mtlab.sampling` (a core concept); kept here as an alias."""
 
-from ..sampling import BatchStream, ExampleSource, bucket_batches, lengths_of
+from ..tasks.sampling import BatchStream, ExampleSource, bucket_batches, lengths_of
 
 __all__ = ["BatchStream", "ExampleSource", "bucket_batches", "lengths_of"]

@@ -2,7 +2,7 @@
 
 ``load_split(..., stream=True)`` returns a :class:`StreamedSplit`. It holds no audio and no features: its memory
 follows the number of utterances (a few hundred bytes each), not the hours of audio. A minibatch stream
-(:class:`mtlab.sampling.BatchStream`) reads ``split.audio(i)`` (int16 samples, in DataLoader workers when the
+(:class:`mtlab.tasks.sampling.BatchStream`) reads ``split.audio(i)`` (int16 samples, in DataLoader workers when the
 linked set has ``num_workers``), collates them, and ``split.featurize(batch, device)`` computes the features and
 targets of the whole batch on the device that trains (:mod:`mtlab.data.ondevice`). ``split[i]`` still gives the
 precomputed-style example of one utterance (computed on the spot), for code that reads examples one by one.
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..sampling import Skipped
+from ..tasks.sampling import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav_int16, wav_samples
 from .errors import DataError

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 from .ini import read_ini, section, words
 
 SAMPLE_RATE = 8000  # the original recipes' corpora (wav8k)

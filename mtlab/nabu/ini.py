@@ -6,7 +6,7 @@ from __future__ import annotations
 import configparser
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 
 
 def read_ini(path: Path, required: bool = True) -> configparser.ConfigParser | None:

@@ -33,7 +33,7 @@ import wave
 import numpy as np
 import torch
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 
 VECTOR_SEED = 7919  # speaker vectors: torch.Generator seeded with VECTOR_SEED * nrcol + speaker id
 SAMPLE_SOURCES = 2  # speakers per mixture of the sample corpus

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..errors import BatchError, ConfigError
+from ..base.errors import BatchError, ConfigError
 from ..losses import LOSSES, ORIGINAL_LOSS_TYPES, LossResult, lengths_for, lookup, time_mask
 
 ACTIVATIONS = ("softmax", "sigmoid", "none")

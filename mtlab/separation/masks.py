@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..errors import BatchError
+from ..base.errors import BatchError
 from ..losses import time_mask
 from .losses import per_bin
 

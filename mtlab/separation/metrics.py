@@ -8,7 +8,8 @@
 - ``stoi`` / ``estoi``: (extended) short-time objective intelligibility (Taal et al. 2011); ``pystoi``.
 - ``pesq``: ITU-T P.862 PESQ (MOS-LQO), narrow band at 8 kHz, wide band at 16 kHz; the ``pesq`` package.
 
-``pystoi`` and ``pesq`` come with ``pip install "mtlab[metrics]"``.
+``pystoi`` and ``pesq`` come with ``pip install "mtlab[metrics]"``, and ``soundfile``, which reads 24-bit and float
+WAVs for :func:`evaluate_lists` (16-bit PCM needs nothing).
 :func:`score` scores one utterance, :func:`evaluate_table` many (a per-utterance table and a summary
 with the mixture baseline and the improvements), :func:`evaluate_lists` reads them from list files.
 """
@@ -16,6 +17,7 @@ with the mixture baseline and the improvements), :func:`evaluate_lists` reads th
 from __future__ import annotations
 
 import itertools
+import wave
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +27,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import BatchError, ConfigError
+from ..base.errors import BatchError, ConfigError
 
-EPS = 1e-8
+EPS = 1e-10  # relative floor of si_sdr and snr: a perfect estimate scores 100 dB
 BSS_FILTER_LENGTH = 512  # BSS-eval's distortion filter (taps), as in mir_eval and the papers that cite it
 DEFAULT_METRICS = ("si_sdr", "sdr", "snr")
 Metric = Callable[[Tensor, Tensor], Tensor]
@@ -44,20 +46,32 @@ def _need(module: str, metric: str) -> Any:
         raise ImportError(f"metric {metric!r} needs the package {module!r}: {EXTRA_HINT}") from err
 
 
+def _ratio_db(num: Tensor, den: Tensor, scale: Tensor, eps: float) -> Tensor:
+    """``10 log10(num / den)`` with a floor RELATIVE to ``scale`` (an energy of the signals), so the score of
+    quiet signals is the score of loud ones; the floor caps a perfect estimate at ``10 log10(1/eps)`` dB, and
+    the dtype's smallest normal number only keeps silence from dividing zero by zero (0 dB)."""
+    floor = eps * scale + torch.finfo(scale.dtype).tiny
+    return 10 * torch.log10((num + floor) / (den + floor))
+
+
 def si_sdr(estimate: Tensor, reference: Tensor, zero_mean: bool = True, eps: float = EPS) -> Tensor:
-    """SI-SDR in dB over the last axis, batched over leading axes."""
+    """SI-SDR in dB over the last axis, batched over leading axes: ``10 log10(‖αs‖² / ‖αs − ŝ‖²)``,
+    ``α = <ŝ, s> / ‖s‖²``; the same for any gain of the estimate (``eps`` is relative to its energy)."""
     if zero_mean:
         estimate = estimate - estimate.mean(-1, keepdim=True)
         reference = reference - reference.mean(-1, keepdim=True)
-    alpha = (estimate * reference).sum(-1, keepdim=True) / (reference.square().sum(-1, keepdim=True) + eps)
+    ref_energy = reference.square().sum(-1, keepdim=True)
+    alpha = (estimate * reference).sum(-1, keepdim=True) / (ref_energy + torch.finfo(ref_energy.dtype).tiny)
     target = alpha * reference
     noise = estimate - target
-    return 10 * torch.log10((target.square().sum(-1) + eps) / (noise.square().sum(-1) + eps))
+    return _ratio_db(target.square().sum(-1), noise.square().sum(-1), estimate.square().sum(-1), eps)
 
 
 def snr(estimate: Tensor, reference: Tensor, eps: float = EPS) -> Tensor:
-    """Plain signal-to-error ratio in dB over the last axis: ``10 log10(‖ref‖² / ‖ref − est‖²)``."""
-    return 10 * torch.log10((reference.square().sum(-1) + eps) / ((reference - estimate).square().sum(-1) + eps))
+    """Plain signal-to-error ratio in dB over the last axis: ``10 log10(‖ref‖² / ‖ref − est‖²)`` (``eps`` is
+    relative to the reference's energy, so a common gain of both signals leaves it unchanged)."""
+    ref_energy = reference.square().sum(-1)
+    return _ratio_db(ref_energy, (reference - estimate).square().sum(-1), ref_energy, eps)
 
 
 def sdr(estimate: Tensor, reference: Tensor, filter_length: int = BSS_FILTER_LENGTH) -> Tensor:
@@ -262,6 +276,40 @@ def evaluate_table(utterances: Iterable[Utterance], metrics: Sequence[str] = DEF
     return Evaluation(table, summary, paths)
 
 
+def _is_pcm16(path: Path) -> bool:
+    try:
+        with wave.open(str(path), "rb") as w:
+            return w.getsampwidth() == 2
+    except (wave.Error, EOFError, OSError):  # float WAVs (format 3) are not for the wave module
+        return False
+
+
+def read_audio(path: str | Path, sample_rate: int = 8000, origin: str | None = None) -> Tensor:
+    """A mono WAV as float32 samples for scoring: 16-bit PCM (mtlab's reader), 24/32-bit PCM and 32/64-bit
+    float (what most tools write) through ``soundfile``; other formats and rates are a DataError naming the
+    file (and ``origin``, its list line)."""
+    from ..data import DataError, read_wav
+
+    path = Path(path)
+    if not path.is_file() or _is_pcm16(path):
+        return read_wav(path, sample_rate, origin=origin)
+    where = f"{path} ({origin})" if origin else str(path)
+    try:
+        import soundfile as sf
+    except ImportError as err:
+        raise ImportError(f"{where} is not 16-bit PCM: reading 24-bit and float WAVs needs the package "
+                          f"'soundfile': {EXTRA_HINT}") from err
+    try:
+        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except Exception as exc:  # noqa: BLE001 (libsndfile's errors all mean "not readable audio")
+        raise DataError(f"{where}: not a readable WAV file ({exc}); write 16/24/32-bit PCM or float WAV") from None
+    if data.shape[1] != 1:
+        raise DataError(f"{where}: {data.shape[1]} channels, expected mono; mix it down to one channel")
+    if rate != sample_rate:
+        raise DataError(f"{where}: sample rate {rate} Hz, expected {sample_rate} Hz; resample it to {sample_rate} Hz")
+    return torch.from_numpy(np.ascontiguousarray(data[:, 0]))
+
+
 def evaluate_lists(mixture: str | Path, references: Sequence[str | Path], estimates: Sequence[str | Path],
                    metrics: Sequence[str] = DEFAULT_METRICS, sample_rate: int = 8000,
                    out_dir: str | Path | None = None, prefix: str = "evaluation") -> Evaluation:
@@ -270,7 +318,7 @@ def evaluate_lists(mixture: str | Path, references: Sequence[str | Path], estima
 
     Utterances are those of the estimate lists; each must be in the mixture and reference lists.
     """
-    from ..data import DataError, read_list, read_wav
+    from ..data import DataError, read_list
 
     if len(references) != len(estimates):
         raise ConfigError(f"evaluate_lists: {len(references)} reference lists but {len(estimates)} estimate lists; "
@@ -287,7 +335,7 @@ def evaluate_lists(mixture: str | Path, references: Sequence[str | Path], estima
                             "the lists must name the same utterances")
 
     def load(entry: Any) -> Tensor:
-        return read_wav(entry.resolve(), sample_rate, origin=entry.where)
+        return read_audio(entry.resolve(), sample_rate, origin=entry.where)
 
     def utterances() -> Iterable[Utterance]:
         for n in names:

@@ -19,7 +19,7 @@ from torch import Tensor
 from ..data import features as feat
 from ..data import SAMPLE_RATE, read_list, read_wav
 from ..data.corpus import data_samples_dir
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 
 SIR_DB = (0.0, 5.0)
 NOISY_SNR_DB = 10.0

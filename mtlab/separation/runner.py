@@ -22,15 +22,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..batching import collate
+from ..base.batching import collate
 from ..data import SAMPLE_RATE, SeparationDataset, data_samples_dir, load_split, read_list, read_wav
 from ..data.features import USEDBINS_THRESHOLD_DB
-from ..errors import ConfigError
-from ..graph import Node
-from ..loop import run
+from ..base.errors import ConfigError
+from ..tasks.graph import Node
+from ..training.loop import run
 from ..models import BLSTM, DeepClusteringHead, MaskHead
-from ..task import LinkedSet, Task
-from ..trainer import Trainer
+from ..tasks.task import LinkedSet, Task
+from ..core.trainer import Trainer
 from .losses import PIT, DeepAttractorNet, DeepClustering, Direct
 from .masks import attractor_masks, head_masks, kmeans_masks
 from .metrics import SeparationScores, score

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data.features import HOP_LENGTH, N_FFT, WIN_LENGTH
-from ..errors import BatchError
+from ..base.errors import BatchError
 
 ENVELOPE_FLOOR = 0.1
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .. import combine, weighting
-from ..debug import next_call
-from ..trainer import Trainer
+from ..core import combine, weighting
+from ..training.debug import next_call
+from ..core.trainer import Trainer
 from .plots import LIVE_POINTS, LivePlot, figure_png, figure_svg, panel_of, plot_history, validation_series
 from .runs import Run, current_run
 from .texts import (BUSY, REASONS, STEPWISE, TOOLTIPS, clock, counter_html, events_html, run_refusal, skipped_tasks,
@@ -568,6 +568,8 @@ class Dashboard(widgets.VBox):
                 self._draw_or_request()
         elif what.startswith("command-error:"):
             self._say(what[len("command-error:"):], error=True)
+        elif what.startswith("note:"):
+            self._say(what[len("note:"):])
         elif what == "end":
             self.buttons["pause"].description = "pause"
             why = REASONS.get(str(run.reason), str(run.reason))
@@ -848,7 +850,7 @@ class Dashboard(widgets.VBox):
 def dashboard(trainer: Any, schedule: Any = None, **kwargs: Any) -> Dashboard:
     """A live dashboard widget for a trainer (or an experiment from ``mtlab.from_recipe``); display it
     as a cell's last expression. A dashboard built while the trainer's run goes shows (adopts) that run.
-    Its runs go through ``mtlab.loop.run`` with ``schedule`` (default: the experiment's; none: the
+    Its runs go through ``mtlab.run`` with ``schedule`` (default: the experiment's; none: the
     trainer's lr until stopped), so lr decay, validation and go_back happen as in a script.
 
     >>> d = mtlab.ui.dashboard(trainer)

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .texts import BUSY
+
 _LOCK = threading.Lock()
 _RUNS: dict[int, "Run"] = {}  # id(trainer) -> its run; the run holds the trainer, so the id stays unique
 
@@ -29,9 +31,9 @@ Listener = Callable[["Run", str], None]
 
 
 def _loop_run() -> Callable[..., Any] | None:
-    """``mtlab.loop.run`` where the training loop module exists, else None."""
+    """``mtlab.run`` where the training loop module exists, else None."""
     try:
-        from ..loop import run  # type: ignore[import-not-found, attr-defined]
+        from ..training.loop import run  # type: ignore[import-not-found, attr-defined]
     except ImportError:
         return None
     return run
@@ -191,6 +193,21 @@ class Run:
             except Exception as exc:
                 self._tell(f"command-error:{what}: {type(exc).__name__}: {exc}")
 
+    def _finish_hand_work(self) -> None:
+        """Minibatches processed by hand while paused: finish that accumulation (the chain's calls, then
+        apply) before the run's next step, which would refuse to discard them."""
+        tr = self.trainer
+        busy = {n: a.minibatches for n, a in ((n, tr.state(n)) for n in tr.tasks) if a.phase in BUSY}
+        if not busy:
+            return
+        for call in tr.chain.calls():
+            if any(nxt == call for n, nxt in tr.next_calls().items() if n in busy):
+                getattr(tr, call)()
+        tr.apply()
+        parts = ", ".join(f"{n}: {k} minibatch(es)" for n, k in busy.items())
+        self._tell(f"note:resumed: finished the accumulation started by hand while paused ({parts}) as step "
+                   f"{tr.step_count}")
+
     def _between(self) -> bool:
         """Between two steps, in the run's thread: commands, pause, viewers; True stops the run."""
         self._run_commands()
@@ -208,6 +225,7 @@ class Run:
             if not self._stop.is_set():
                 self.state = "running"
                 self._tell("state")
+                self._finish_hand_work()
         if self._stop.is_set():
             return True
         if self.steps and self.steps_done >= self.steps:

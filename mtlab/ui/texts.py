@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..trainer import Trainer
+from ..core.trainer import Trainer
 
 STEPWISE = ("minibatch", "normalize", "clip", "apply", "step", "reset")
 BUSY = ("accumulating", "normalized", "clipped")

@@ -124,7 +124,7 @@ def build(spec: dict) -> object:
     """The trainer of a recipe dict, through the shell's recipe API (``mtlab.from_recipe`` once it exists)."""
     if hasattr(mtlab, "from_recipe"):
         return mtlab.from_recipe(spec).trainer
-    from mtlab.recipe import build_trainer
+    from mtlab.apps.recipe import build_trainer
 
     return build_trainer(spec)
 
@@ -217,7 +217,7 @@ def test_a_missing_split_is_said(tmp_path: Path) -> None:
 
 
 def test_mtlab_prepare_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from mtlab.cli import main
+    from mtlab.apps.cli import main
 
     make_layouts.make_tree("wham", tmp_path / "corpus", 2)
     out = tmp_path / "lists"

@@ -15,7 +15,7 @@ from mtlab.data import load_split, read_wav
 from mtlab.data.corpus import cached_stats
 from mtlab.data.features import ORIGINAL, Spectral
 from mtlab.data.streamed import StreamedSplit
-from mtlab.sampling import BatchStream, SegmentedExamples, trainset_fraction
+from mtlab.tasks.sampling import BatchStream, SegmentedExamples, trainset_fraction
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -164,8 +164,8 @@ def test_workers_give_the_same_batches_and_leave_the_global_rng_alone() -> None:
 def test_resume_is_exact_through_a_worker_restart(tmp_path: Path) -> None:
     from test_recipe import make_tiny_corpus, write_tiny_recipe
 
-    from mtlab.loop import run
-    from mtlab.recipe import from_recipe, load
+    from mtlab.training.loop import run
+    from mtlab.apps.recipe import from_recipe, load
 
     corpus = make_tiny_corpus(tmp_path / "corpus")
     path = write_tiny_recipe(tmp_path / "tiny.toml", corpus, num_steps=8, valid_frequency=100)

@@ -223,7 +223,7 @@ def test_progress_bar_and_validation_table():
     assert d.start(4)
     d.wait(20)
     assert d.progress.max == 4 and d.progress.value == 4 and "4/4 steps" in d.progress_label.value
-    # The loop's validation event, as mtlab.loop emits it to the trainer's callbacks.
+    # The loop's validation event, as mtlab.training.loop emits it to the trainer's callbacks.
     record = {"step": 4, "a/clean": 1.5, "a": 1.4, "b/clean": 0.9, "b": 0.9, "loss": 2.3, "lr": 0.01,
               "action": "better"}
     for cb in list(tr.callbacks):
@@ -235,7 +235,7 @@ def test_progress_bar_and_validation_table():
 
 
 def fake_loop(validate_every: int = 2):
-    """The training loop's contract (``mtlab.loop.run``): between_steps before each step (True
+    """The training loop's contract (``mtlab.run``): between_steps before each step (True
     stops), "validation" events to the trainer's callbacks."""
     def run(trainer, schedule=None, steps=None, progress=True, expdir=None, between_steps=None):
         done = 0

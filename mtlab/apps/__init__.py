@@ -1,0 +1,1 @@
+"""Applications: recipes (``mtlab.from_recipe``), the command line and launchers."""

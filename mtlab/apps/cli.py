@@ -1,0 +1,445 @@
+"""The ``mtlab`` command line.
+
+    mtlab train RECIPE --expdir DIR [--steps N] [--no-progress]   train a recipe into an experiment folder
+    mtlab demo [--expdir DIR] [--steps N]                        recipes/demo.toml on data_samples/
+    mtlab resume DIR [--steps N]                                 continue DIR/final.pt exactly
+    mtlab evaluate DIR [--checkpoint best|final|PATH] [--split dev]
+    mtlab prepare LAYOUT ROOT [--out DIR]                        list files of wsj0-2mix, wham or librimix
+    mtlab score --mixture MIX --references S1 S2 --estimates E1 E2 [--metrics si_sdr,sdr,stoi] [--out DIR]
+                                                                 separation metrics of WAV lists, with the
+                                                                 mixture baseline and the improvements
+    mtlab import-nabu RECIPE_DIR -o recipe.toml [--data-root DIR] an original Nabu-MSSS recipe as a TOML recipe
+    mtlab import-nabu-checkpoint CKPT --recipe DIR -o model.pt    an original trained model (TensorFlow checkpoint)
+                                                                 as mtlab weights, for init_file
+
+``mtlab train`` also takes an original Nabu-MSSS recipe folder, with ``--data-root DIR`` (where its
+database.conf paths are re-rooted).
+
+train, demo and resume take ``--log csv,tensorboard,mlflow,trackio`` (files in the experiment folder).
+
+A bad recipe or checkpoint prints one message and exits with code 2; Ctrl-C saves ``final.pt`` and
+exits with code 130 (``mtlab resume DIR`` continues from there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from typing import Sequence
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def _demo_recipe() -> Path:
+    here = Path(__file__).resolve().parent  # a checkout has recipes/ beside mtlab/, a wheel inside it
+    path = next((p for p in (here.parent / "recipes" / "demo.toml", here / "recipes" / "demo.toml") if p.is_file()),
+                here.parent / "recipes" / "demo.toml")
+    if not path.is_file():
+        from ..base.errors import ConfigError
+
+        raise ConfigError(f"{path}: the demo recipe is not here; run from a checkout of the mtlab repository "
+                          "(pip install -e .) or give a recipe to `mtlab train`")
+    return path
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_threads() -> tuple[int, str]:
+    """torch CPU threads that do not oversubscribe the machine, and why: the CPUs this process may use less
+    the machine's load (other programs' busy threads), shared among the local ranks; at least 1, at most
+    torch's own choice. On a shared 2-core machine under load, more threads made steps 10-15x slower."""
+    import torch
+
+    cpus = _usable_cpus()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    free = max(1, round(cpus - load)) // ranks
+    n = max(1, min(torch.get_num_threads(), free))
+    shared = f", {ranks} local ranks" if ranks > 1 else ""
+    return n, f"{n} torch thread{'s' if n > 1 else ''} ({cpus} CPUs, load {load:.1f}{shared}; --threads N to choose)"
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of units, got {text!r}")
+    return int(text)
+
+
+LARGE_ON_CPU = 2_000_000  # parameters above which a CPU run is told its cost before it starts
+
+
+def _cost_note(exp: Any) -> Callable[[str, dict[str, Any]], None] | None:
+    """A large model about to train on the CPU: say its size and what it costs before the first step, and
+    return a listener that reports the first step's time and the schedule's at that pace."""
+    import torch
+
+    trainer = exp.trainer
+    params = sum(p.numel() for p in trainer.params.values())
+    if trainer.device.type != "cpu" or params < LARGE_ON_CPU:
+        return None
+    size = sum(p.numel() * p.element_size() for p in trainer.params.values())
+    # weights, a gradient buffer per task, Adam's two moments and the update's direction; activations come on top
+    gb = size * (3 + len(trainer.tasks) + 1) / 1e9
+    threads = torch.get_num_threads()
+    print(f"large model: {params / 1e6:.1f} M parameters on the CPU ({threads} torch thread{'s' if threads > 1 else ''}):"
+          f" at least {gb:.1f} GB for weights, gradients and Adam, more for activations; a full-size "
+          "recipe can take minutes per step on a few cores. For a quick look train with --shrink 32 (hidden sizes capped at 32), "
+          'or on a GPU (device = "cuda" in [trainer]); the first step\'s time follows', flush=True)
+    start = time.monotonic()
+
+    def first_step(event: str, info: dict[str, Any]) -> None:
+        nonlocal start
+        if event == "run_start":
+            start = time.monotonic()
+        elif event == "apply":
+            trainer.remove_callback(first_step)
+            took = time.monotonic() - start
+            left = max(0, exp.schedule.num_steps - trainer.step_count)
+            print(f"step {trainer.step_count} took {took:.0f} s: the {left} steps left would take about "
+                  f"{took * left / 3600:.1f} h at this pace", flush=True)
+
+    trainer.add_callback(first_step)
+    return first_step
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mtlab", description="Multi-task training with explicit gradient accumulation.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--steps", type=int, default=None, help="run at most this many steps now (default: to the end)")
+        p.add_argument("--no-progress", action="store_true", help="no progress bar; log lines instead")
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch CPU threads (default: 1 for demo, else the CPUs not busy with other work)")
+        p.add_argument("--log", default=None, metavar="NAMES",
+                       help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder; "
+                            "default: the recipe's [trainer] log)")
+
+    p = sub.add_parser("train", help="train a recipe into an experiment folder")
+    p.add_argument("recipe", type=Path)
+    p.add_argument("--data-root", type=Path, default=None,
+                   help="an original Nabu-MSSS recipe folder: its database.conf paths go below this (default: data)")
+    p.add_argument("--expdir", type=Path, required=True, help="experiment folder (must not hold an experiment yet)")
+    p.add_argument("--shrink", type=_positive, default=0, metavar="N",
+                   help="cap the hidden sizes of an original Nabu-MSSS recipe at N units: a quick look on a CPU")
+    common(p)
+    p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus")
+    p.add_argument("--expdir", type=Path, default=None, help="experiment folder (default: exp/demo, exp/demo-2, ...)")
+    common(p)
+    p = sub.add_parser("resume", help="continue an experiment from its final.pt")
+    p.add_argument("expdir", type=Path)
+    common(p)
+    p = sub.add_parser("evaluate", help="evaluate a checkpoint on held-out data")
+    p.add_argument("expdir", type=Path)
+    p.add_argument("--checkpoint", default="best", help="best, final or a path (default: best, else final)")
+    p.add_argument("--split", default=None, help="evaluate this split (default: each linked set's valid data)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p = sub.add_parser("prepare", help="write the list files of a corpus (wsj0-2mix, wham, librimix) for recipes")
+    p.add_argument("layout", help="wsj0-2mix, wham or librimix")
+    p.add_argument("root", type=Path, help="the corpus folder (e.g. .../Libri2Mix or .../wav8k/min)")
+    p.add_argument("--out", type=Path, default=None, help="where the lists go (default: lists/LAYOUT)")
+    p.add_argument("--linkedsets", nargs="+", default=None, help="mixture modes to list (default: all found)")
+    p.add_argument("--train", default=None, help="librimix: train-100 (default) or train-360")
+    p.set_defaults(threads=None)
+    p = sub.add_parser("score", help="separation metrics (SI-SDR, SDR, SNR, STOI, PESQ) of estimated sources: "
+                                     "a per-utterance CSV and a summary with the mixture baseline")
+    p.add_argument("--mixture", type=Path, required=True, help="list file of the mixtures (name path lines)")
+    p.add_argument("--references", type=Path, nargs="+", required=True, help="one list file per reference source")
+    p.add_argument("--estimates", type=Path, nargs="+", required=True,
+                   help="one list file per estimated source (any order: the best permutation is scored)")
+    p.add_argument("--metrics", default="si_sdr,sdr,snr",
+                   help="comma-separated: si_sdr, sdr, snr, stoi, estoi, pesq (default: si_sdr,sdr,snr)")
+    p.add_argument("--sample-rate", type=int, default=8000, help="of the WAV files (default: 8000)")
+    p.add_argument("--out", type=Path, default=Path("."),
+                   help="folder of evaluation_utterances.csv and evaluation_summary.csv (default: .)")
+    p.add_argument("--prefix", default="evaluation", help="file name prefix (default: evaluation)")
+    p.set_defaults(threads=None)
+    p = sub.add_parser("import-nabu", help="write an original Nabu-MSSS recipe folder as an mtlab TOML recipe")
+    p.add_argument("recipe_dir", type=Path)
+    p.add_argument("-o", "--output", type=Path, required=True, help="the TOML file to write")
+    p.add_argument("--data-root", default="data", help="where database.conf's paths go (default: data, relative to "
+                                                        "the TOML file)")
+    p.add_argument("--lenient", action="store_true", help="list the settings mtlab cannot honour under [nabu] "
+                                                          "unsupported instead of stopping at the first")
+    p.set_defaults(threads=None)
+    p = sub.add_parser("import-nabu-checkpoint", help="convert an original Nabu-MSSS TensorFlow checkpoint to mtlab "
+                                                      "weights ({model: state_dict}, loadable as init_file)")
+    p.add_argument("checkpoint", type=Path, help="the checkpoint prefix (e.g. model/network.ckpt), a file of it or "
+                                                 "its folder")
+    p.add_argument("--recipe", type=Path, required=True, help="the original recipe folder the model was trained with")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the torch file to write")
+    p.set_defaults(threads=None)
+    return parser
+
+
+def _fresh_expdir(path: Path) -> None:
+    from ..base.errors import ConfigError
+
+    if (path / "final.pt").exists() or (path / "best.pt").exists():
+        raise ConfigError(f"{path} already holds an experiment; `mtlab resume {path}` continues it, "
+                          "or choose another --expdir")
+
+
+def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
+    from ..training.loop import run
+
+    from .recipe import trainer_settings
+
+    rank = exp.trainer.rank
+    logger = None
+    loggers = args.log or trainer_settings(exp.recipe)["log"]  # --log overrides the recipe's [trainer] log
+    if loggers and rank == 0:
+        from ..training.loggers import make
+
+        logger = make(loggers, expdir).attach(exp.trainer)
+    periodic = _periodic(exp, expdir)
+    cost = _cost_note(exp) if rank == 0 else None
+    try:
+        schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
+    finally:
+        if logger is not None:
+            logger.close()
+        if periodic is not None:
+            periodic.detach()
+        if cost is not None and cost in exp.trainer.callbacks:
+            exp.trainer.remove_callback(cost)
+    if rank != 0:
+        return 0
+    print((expdir / "summary.txt").read_text(), end="")
+    if schedule.last_stop == "interrupted":
+        print(f"interrupted: final.pt saved; continue with `mtlab resume {expdir}`", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"experiment folder: {expdir}")
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from .recipe import load
+
+    path = args.expdir / "final.pt"
+    if not path.exists() and (args.expdir / "best.pt").exists():
+        print(f"{path} is missing (killed run?); resuming from best.pt", file=sys.stderr)
+        path = args.expdir / "best.pt"
+    exp = load(path)
+    trainer, schedule = exp.trainer, exp.schedule
+    if schedule.finished or trainer.step_count >= schedule.num_steps:
+        why = (f"validation stopped it ({schedule.stopped})" if schedule.finished and schedule.stopped
+               else f"all {schedule.num_steps} steps are done")
+        print(f"{args.expdir}: nothing to resume, {why}")
+        return 0
+    return _train(exp, args.expdir, args)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from ..base.errors import ConfigError
+    from .recipe import load, load_split_for
+
+    choice = {"best": args.expdir / "best.pt", "final": args.expdir / "final.pt"}.get(args.checkpoint, Path(args.checkpoint))
+    if args.checkpoint == "best" and not choice.exists():
+        choice = args.expdir / "final.pt"
+    exp = load(choice)
+    trainer = exp.trainer
+    results: dict[str, float] = {}
+    for tname, task in trainer.tasks.items():
+        for sname, ls in task.linkedsets.items():
+            examples = load_split_for(exp, tname, sname, args.split) if args.split else ls.valid
+            if examples is None:
+                continue
+            results[f"{tname}/{sname}"] = trainer.evaluate(tname, sname, examples=examples)
+    if not results:
+        raise ConfigError(f"{choice}: no linked set has held-out data; give --split (e.g. --split dev)")
+    print(f"{choice} (step {trainer.step_count}), split: {args.split or 'valid'}")
+    for key, value in results.items():
+        print(f"  {key:<24} {value:.4f}")
+    out = args.expdir / f"evaluation_{args.split or 'valid'}.json"
+    out.write_text(json.dumps({"checkpoint": str(choice), "step": trainer.step_count, "split": args.split or "valid",
+                               "loss": results}, indent=1) + "\n")
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    from ..separation.metrics import evaluate_lists
+
+    metrics = tuple(m.strip() for m in args.metrics.split(",") if m.strip())
+    ev = evaluate_lists(args.mixture, args.references, args.estimates, metrics, args.sample_rate, args.out, args.prefix)
+    print(f"{len(ev.utterances)} utterances; dB except stoi/estoi (0-1) and pesq (MOS)")
+    print(ev.summary.to_string(float_format=lambda v: f"{v:.3f}"))
+    for path in ev.paths.values():
+        print(f"wrote {path}")
+    return 0
+
+
+def _periodic(exp: Any, expdir: Path) -> Any:
+    """``latest.pt`` every ``checkpoint_frequency`` steps of the recipe (None when 0)."""
+    from ..training.checkpoint import Periodic
+    from .recipe import trainer_settings
+
+    every = trainer_settings(exp.recipe)["checkpoint_frequency"]
+    return Periodic(exp, expdir, every).attach() if every else None
+
+
+def _restarts() -> int:
+    """How often torchrun has restarted this worker group (a worker died under ``--max-restarts``)."""
+    import os
+
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _elastic_train(args: argparse.Namespace) -> int:
+    """``mtlab train``; restarted by torchrun, it continues from the experiment folder's last checkpoint
+    (``latest.pt`` of ``checkpoint_frequency``) with each rank's own RNG and data positions."""
+    from ..training.checkpoint import restore_rank_state, resume_point
+    from ..training.distributed import check_same_start
+    from .recipe import from_recipe, load
+
+    restarts = _restarts()
+    point = resume_point(args.expdir) if restarts else None
+    if point is None:
+        if not restarts:
+            _fresh_expdir(args.expdir)
+        exp = from_recipe(args.recipe)
+    else:
+        exp = load(point)
+        restore_rank_state(exp.trainer, point)
+    if restarts:
+        check_same_start(exp.trainer, str(point or args.recipe))
+        if exp.trainer.rank == 0:
+            where = f"{point} (step {exp.trainer.step_count})" if point else "the start (no checkpoint yet)"
+            print(f"restart {restarts} of the worker group: resuming from {where}", file=sys.stderr, flush=True)
+        if exp.schedule.finished or exp.trainer.step_count >= exp.schedule.num_steps:
+            return 0
+    return _train(exp, args.expdir, args)
+
+
+def _import_nabu(args: argparse.Namespace) -> int:
+    """``mtlab import-nabu``: an original recipe folder written as a TOML recipe."""
+    from ..nabu import import_nabu, write_toml
+
+    recipe = import_nabu(args.recipe_dir, data_root=args.data_root, strict=not args.lenient)
+    path = write_toml(recipe, args.output)
+    refused = recipe["nabu"].get("unsupported", [])
+    print(f"{path}: {len(recipe['tasks'])} task(s), {len(recipe['models'])} model(s)"
+          + (f"; {len(refused)} setting(s) mtlab cannot honour, listed under [nabu] unsupported" if refused else ""))
+    return 0
+
+
+def _init_distributed() -> None:
+    """Under torchrun (WORLD_SIZE > 1) join the process group: NCCL on GPUs, gloo on CPUs."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    restarts = _restarts()
+    if not restarts or "MASTER_ADDR" not in os.environ:
+        dist.init_process_group(backend)
+        return
+    # A restarted group: torchrun's rendezvous store outlives the failed attempt and still holds its workers'
+    # addresses under the same keys, so a new worker could read a dead peer's address and fail to connect.
+    # Each attempt gets its own key prefix.
+    import datetime
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent hosts it
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent_store and rank == 0, timeout=datetime.timedelta(minutes=10))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"mtlab/attempt{restarts}", store), rank=rank,
+                            world_size=world)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``mtlab`` and ``python -m mtlab``; returns the exit code."""
+    args = _parser().parse_args(argv)
+    from ..base.errors import MtlabError
+
+    if getattr(args, "no_progress", True):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logging.getLogger("mtlab").addHandler(handler)
+        logging.getLogger("mtlab").setLevel(logging.INFO)
+    try:
+        # The demo's model is small: one thread is fastest, and several threads on busy cores were
+        # 15x slower per step in our measurements (oversubscription). Training commands use the free CPUs.
+        if args.command in ("train", "demo", "resume", "evaluate"):
+            import torch
+
+            if args.threads:
+                threads, why = args.threads, f"{args.threads} torch thread{'s' if args.threads > 1 else ''} (--threads {args.threads})"
+            elif args.command == "demo":
+                threads, why = 1, "1 torch thread (the demo's small model runs fastest on one; --threads N to choose)"
+            else:
+                threads, why = default_threads()
+            torch.set_num_threads(threads)
+            print(f"threads: {why}")
+        _init_distributed()
+        if args.command == "train" and (args.recipe.is_dir() or args.shrink):  # an original Nabu-MSSS recipe folder
+            from .recipe import load_recipe
+
+            args.recipe = load_recipe(args.recipe, args.data_root)
+            if args.shrink:
+                from ..nabu.shrink import shrink
+
+                shrink(args.recipe, args.shrink)
+                print(f"--shrink {args.shrink}: hidden sizes capped at {args.shrink} units (a quick look, not the "
+                      "recipe's model)")
+        if args.command == "import-nabu":
+            return _import_nabu(args)
+        if args.command == "import-nabu-checkpoint":
+            from ..nabu.tf_convert import write_converted
+
+            counts = write_converted(args.checkpoint, args.recipe, args.output)
+            print(f"{args.output}: {len(counts)} model(s), {sum(counts.values())} tensors; set init_file to it")
+            return 0
+        if args.command == "train":
+            return _elastic_train(args)
+        if args.command == "demo":
+            from .recipe import from_recipe
+
+            expdir = args.expdir
+            if expdir is None:
+                expdir, n = Path("exp/demo"), 1
+                while (expdir / "final.pt").exists():
+                    n += 1
+                    expdir = Path(f"exp/demo-{n}")
+            _fresh_expdir(expdir)
+            return _train(from_recipe(_demo_recipe()), expdir, args)
+        if args.command == "resume":
+            return _resume(args)
+        if args.command == "prepare":
+            from ..data.layouts import prepare
+
+            out = args.out or Path("lists") / args.layout
+            print(prepare(args.layout, args.root, out, args.linkedsets, args.train))
+            print(f'recipe data: {{ root = "{out}", split = "train", linkedset = "..." }}')
+            return 0
+        if args.command == "score":
+            return _score(args)
+        return _evaluate(args)
+    except MtlabError as exc:
+        print(f"mtlab {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ImportError as exc:
+        if 'pip install "mtlab[' not in str(exc):  # an optional package, named with the extra that installs it
+            raise
+        print(f"mtlab {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted before training started; nothing saved", file=sys.stderr)
+        return EXIT_INTERRUPTED

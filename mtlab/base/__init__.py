@@ -1,0 +1,1 @@
+"""Foundations: errors, batch collation, gradient ops, the plug-in registry, HTML reports."""

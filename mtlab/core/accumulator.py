@@ -1,0 +1,370 @@
+"""A task's accumulation state, owned in one place.
+
+An :class:`Accumulator` holds one task's gradients in ONE contiguous buffer per (device, dtype), with each
+parameter's gradient a view into it (as DDP's ``gradient_as_bucket_view``), so normalizing, clipping, norms,
+the finiteness check and an all-reduce are a few kernels per task whatever the number of parameters. It also
+owns the summed loss and normalizer, the per-minibatch records, the phase and the gradient statistics.
+It knows nothing of the trainer: the trainer asks it to take a minibatch's backward, the gradient transforms
+change its buffers, and the update reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ..base import gradops
+from ..base.report import values_html
+
+
+class Phase(StrEnum):
+    """Where a task stands in the cycle (the values are the strings earlier versions used)."""
+
+    EMPTY = "empty"
+    ACCUMULATING = "accumulating"
+    NORMALIZED = "normalized"
+    CLIPPED = "clipped"
+    APPLIED = "applied"
+
+
+@dataclass
+class MinibatchRecord:
+    """One processed minibatch: linked set, example count, weight, and its weighted loss and normalizer."""
+
+    linkedset: str
+    num_examples: int
+    weight: float
+    loss: Tensor  # weight × the minibatch's summed loss (0-d float64, on the loss's device)
+    norm: Tensor  # weight × its normalizer (0-d float64)
+    trace: dict[str, Tensor] | None = None  # per-model gradient contribution, when a MinibatchTrace is attached
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"linkedset": self.linkedset, "examples": self.num_examples, "weight": self.weight,
+                "loss": float(self.loss), "norm": float(self.norm)}
+
+
+GRAD_STATS = ("grad_norm", "grad_norm_clipped", "clip_fraction")
+_EMPTY: Mapping[str, Tensor] = MappingProxyType({})
+
+
+class Accumulator:
+    """Everything one task has accumulated since its last reset; readable between any two calls.
+
+    ``grads`` maps ``"<model>.<param>"`` to the task's accumulated (then normalized, then clipped) gradient,
+    each a view into ``buffers``. ``loss`` and ``normalizer`` are the weighted sums over ``records``, kept
+    as tensors (no device sync while training).
+
+    >>> acc = trainer.state("a")
+    >>> acc.phase, acc.minibatches, float(acc.loss / acc.normalizer), acc.grads["enc.lin.weight"].shape
+    """
+
+    def __init__(self, task: str, params: Mapping[str, nn.Parameter], shared: Collection[str] = (),
+                 device: torch.device | str = "cpu") -> None:
+        self.task = task
+        self.params: dict[str, nn.Parameter] = dict(params)
+        self.shared = frozenset(shared)
+        self.owned = tuple(n for n in self.params if n not in self.shared)
+        self.device = torch.device(device)
+        self.buffers: list[Tensor] = []
+        self._views: dict[str, Tensor] = {}
+        self._readonly = MappingProxyType(self._views)
+        self.segments: dict[str, list[tuple[int, int, int]]] = {}  # model -> [(buffer index, start, end)]
+        self._segment_views: list[Tensor] = []  # every model's segments, in ``segments`` order (made once)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.phase = Phase.EMPTY
+        self.position = 0  # gradient transforms applied so far
+        self.minibatches = 0
+        self.records: list[MinibatchRecord] = []
+        self.totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ w·loss, Σ w·normalizer
+        self.set_totals: dict[str, Tensor] = {}
+        self._pair_views: dict[str | None, tuple[Tensor, tuple[Tensor, ...]]] = {}
+        self.grad_norm: Tensor | None = None
+        self.grad_norm_clipped: Tensor | None = None
+        self.clip_fraction: Tensor | None = None
+        self.model_norms: dict[str, Tensor] = {}
+        self.model_norms_clipped: dict[str, Tensor] = {}
+
+    # ------------------------------------------------------------------ buffers
+    def _allocate(self) -> None:
+        keys: dict[tuple[torch.device, torch.dtype], list[str]] = {}
+        for name, p in self.params.items():
+            keys.setdefault((p.device, p.dtype), []).append(name)
+        for i, ((dev, dtype), names) in enumerate(keys.items()):
+            buf = torch.zeros(sum(self.params[n].numel() for n in names), dtype=dtype, device=dev)
+            self.buffers.append(buf)
+            start = 0
+            for n in names:
+                p = self.params[n]
+                self._views[n] = buf[start:start + p.numel()].view_as(p)
+                model = n.split(".", 1)[0]
+                segs = self.segments.setdefault(model, [])
+                if segs and segs[-1][0] == i and segs[-1][2] == start:
+                    segs[-1] = (i, segs[-1][1], start + p.numel())
+                else:
+                    segs.append((i, start, start + p.numel()))
+                start += p.numel()
+        self._segment_views = [self.buffers[i][a:b] for segs in self.segments.values() for i, a, b in segs]
+
+    @property
+    def grads(self) -> Mapping[str, Tensor]:
+        """Parameter name -> this task's gradient (views into ``buffers``; a read-only mapping, no copy);
+        empty when nothing is accumulated."""
+        return self._readonly if self.minibatches else _EMPTY
+
+    def begin(self) -> None:
+        """Before a backward: start afresh after apply/reset; every ``.grad`` is this task's view (added into)."""
+        if not self.buffers:
+            self._allocate()
+        if self.phase in (Phase.EMPTY, Phase.APPLIED):
+            self._clear()
+            for buf in self.buffers:
+                buf.zero_()
+        for name, view in self._views.items():
+            p = self.params[name]
+            if p.grad is not view:  # reading is cheaper than the setter's checks; usually already in place
+                p.grad = view
+
+    def end(self) -> None:
+        """After a backward: shared parameters' ``.grad`` go back to None (each task keeps its own view)."""
+        for name in self.shared:
+            self.params[name].grad = None
+
+    def record(self, linkedset: str, num_examples: int, weight: float, loss: Tensor, normalizer: Tensor) -> None:
+        """Add a minibatch's weighted loss and normalizer (tensors; nothing read back to the host)."""
+        # float64 once here, so the four adds below are same-dtype in-place adds into 0-d views of the sums
+        # (a few tiny kernels per minibatch; no stack, no mixed-dtype add).
+        loss_w, norm_w = loss.detach().to(torch.float64), normalizer.detach().to(torch.float64)
+        if weight != 1.0:
+            loss_w, norm_w = loss_w * weight, norm_w * weight  # not in place: a float64 loss shares its storage
+        total_loss, total_norm = self._views_of(None, self.totals)
+        total_loss.add_(loss_w)
+        total_norm.add_(norm_w)
+        pair = self.set_totals.get(linkedset)
+        if pair is None:
+            pair = self.set_totals[linkedset] = torch.zeros(2, dtype=torch.float64, device=self.totals.device)
+        set_loss, set_norm = self._views_of(linkedset, pair)
+        set_loss.add_(loss_w)
+        set_norm.add_(norm_w)
+        self.records.append(MinibatchRecord(linkedset, num_examples, weight, loss_w, norm_w))
+        self.minibatches += 1
+        self.phase = Phase.ACCUMULATING
+
+    def _views_of(self, key: str | None, pair: Tensor) -> tuple[Tensor, ...]:
+        """The two 0-d views of a ``[2]`` sum (made once per sum tensor; a reassigned tensor gets new ones)."""
+        cached = self._pair_views.get(key)
+        if cached is None or cached[0] is not pair:
+            cached = self._pair_views[key] = (pair, pair.unbind())
+        return cached[1]
+
+    def reset(self) -> None:
+        """Discard what was accumulated; owned parameters' ``.grad`` become None."""
+        self._clear()
+        for name in self.params:
+            self.params[name].grad = None
+
+    def adopt(self, minibatches: int) -> None:
+        """Join an all-reduce for a task this process did not accumulate: zeros, ``minibatches`` counted."""
+        if self.phase not in (Phase.EMPTY, Phase.APPLIED) or minibatches < 1:
+            raise ValueError(f"task {self.task!r}: adopt() needs an empty (or applied) accumulator and "
+                             f"minibatches >= 1; it is {self.phase} and minibatches={minibatches}")
+        if not self.buffers:
+            self._allocate()
+        self._clear()
+        for buf in self.buffers:
+            buf.zero_()
+        self.minibatches = int(minibatches)
+        self.phase = Phase.ACCUMULATING
+        self.restore_grads()
+
+    def advance(self, phase: Phase) -> None:
+        """A transform of the chain processed the gradients: one position further, now ``phase``."""
+        self.position += 1
+        self.phase = phase
+
+    def set_clip_fraction(self, fraction: Tensor, first: bool = False) -> None:
+        """The share clipping changed (a device tensor); ``first``: unless a clip of this step recorded one."""
+        if not (first and self.clip_fraction is not None):
+            self.clip_fraction = fraction
+
+    def mark_applied(self) -> None:
+        """The optimizer stepped with this accumulation: it stays readable until the next minibatch."""
+        self.phase = Phase.APPLIED
+
+    def take_reduced(self, totals: Tensor, set_totals: Mapping[str, Tensor], replaced: Collection[str],
+                     minibatches: int | None = None) -> None:
+        """After an all-reduce of the buffers: summed totals, summed per-set totals for the sets in ``replaced``
+        (absent: no process drew from it) and the minibatch count (None: keep this process's)."""
+        self.totals.copy_(totals)
+        self.set_totals = {**{s: v for s, v in self.set_totals.items() if s not in replaced}, **set_totals}
+        if minibatches is not None:
+            self.minibatches = int(minibatches)
+
+    def restore_grads(self) -> None:
+        """Owned parameters' ``.grad`` show this task's gradient again (after an optimizer step used others)."""
+        have = bool(self.minibatches)
+        for name in self.owned:
+            self.params[name].grad = self._views[name] if have else None
+        for name in self.shared:
+            self.params[name].grad = None
+
+    # ------------------------------------------------------------------ totals and statistics
+    @property
+    def loss(self) -> Tensor:
+        """Σ weight × summed loss over the accumulated minibatches (0-d float64)."""
+        return self.totals[0]
+
+    @property
+    def normalizer(self) -> Tensor:
+        """Σ weight × normalizer over the accumulated minibatches (0-d float64)."""
+        return self.totals[1]
+
+    @property
+    def normalized_loss(self) -> Tensor:
+        """``loss / normalizer``: the mean over everything accumulated."""
+        return self.totals[0] / self.totals[1]
+
+    @property
+    def set_loss(self) -> dict[str, Tensor]:
+        return {k: v[0] for k, v in self.set_totals.items()}
+
+    @property
+    def set_normalizer(self) -> dict[str, Tensor]:
+        return {k: v[1] for k, v in self.set_totals.items()}
+
+    def linkedset_loss(self, name: str) -> Tensor:
+        """Σloss/Σnormalizer of one linked set's minibatches in this accumulation."""
+        return self.set_totals[name][0] / self.set_totals[name][1]
+
+    def norms(self) -> tuple[dict[str, Tensor], Tensor]:
+        """Gradient L2 norm per model (from segments of the flat buffers) and over the whole task."""
+        per_model, total = gradops.grouped_norms(self._segment_views, [len(s) for s in self.segments.values()],
+                                                 self.device)
+        return dict(zip(self.segments, per_model)), total
+
+    def record_norms(self, clipped: bool) -> None:
+        """Store the gradient norms before (``clipped=False``) or after clipping."""
+        per_model, total = self.norms()
+        if clipped:
+            self.model_norms_clipped, self.grad_norm_clipped = per_model, total
+        else:
+            self.model_norms, self.grad_norm = per_model, total
+
+    def model_grad_norms(self, clipped: bool = False) -> dict[str, Tensor]:
+        """Gradient norm per model (before clipping, or after with ``clipped=True``)."""
+        return dict(self.model_norms_clipped if clipped else self.model_norms)
+
+    def finish_stats(self) -> None:
+        """Fill statistics no transform recorded (no clipping configured): the norms are the unclipped ones."""
+        if self.grad_norm is None:
+            self.record_norms(clipped=False)
+        if self.grad_norm_clipped is None:
+            self.grad_norm_clipped, self.model_norms_clipped = self.grad_norm, dict(self.model_norms)
+        if self.clip_fraction is None:
+            self.clip_fraction = torch.zeros((), dtype=torch.float64, device=self.device)
+
+    def finite(self) -> Tensor:
+        """0-d bool: the loss and the (pre-clip) gradient norm are finite (clamping would hide an inf)."""
+        return torch.isfinite(self.totals[0]) & torch.isfinite(self.grad_norm if self.grad_norm is not None
+                                                                else self.norms()[1])
+
+    def nonfinite_reason(self) -> str:
+        """Which minibatch gave a non-finite loss, or which model a non-finite gradient (reads the device)."""
+        culprit = next((f"minibatch {i} of linked set {r.linkedset!r}" for i, r in enumerate(self.records)
+                        if not torch.isfinite(r.loss)), None)
+        if culprit:
+            return f"task {self.task!r}: non-finite loss from {culprit}"
+        norms = self.model_grad_norms() or self.norms()[0]
+        models = [m for m, n in norms.items() if not torch.isfinite(n)]
+        return f"task {self.task!r}: non-finite gradient in model(s) {models}"
+
+    # ------------------------------------------------------------------ state you can keep
+    def state_dict(self) -> dict[str, Any]:
+        """Plain containers of tensors and strings (loadable with ``weights_only=True``)."""
+        def opt(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.detach().clone()
+
+        return {
+            "phase": str(self.phase), "position": self.position, "minibatches": self.minibatches,
+            "records": [{"linkedset": r.linkedset, "num_examples": r.num_examples, "weight": r.weight,
+                         "loss": r.loss.clone(), "norm": r.norm.clone()} for r in self.records],
+            "totals": self.totals.clone(),
+            "set_totals": {k: v.clone() for k, v in self.set_totals.items()},
+            "grads": {k: v.detach().clone() for k, v in self.grads.items()},
+            "grad_norm": opt(self.grad_norm), "grad_norm_clipped": opt(self.grad_norm_clipped),
+            "clip_fraction": opt(self.clip_fraction),
+            "model_norms": {k: v.clone() for k, v in self.model_norms.items()},
+            "model_norms_clipped": {k: v.clone() for k, v in self.model_norms_clipped.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a ``state_dict()``; gradients are copied into this accumulator's own buffers."""
+        unknown = set(state["grads"]) - set(self.params)
+        if unknown:
+            raise KeyError(f"task {self.task!r}: the state has gradients for unknown parameters {sorted(unknown)}")
+        self.reset()
+        dev = self.device
+
+        def to(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.to(dev).clone()
+
+        self.minibatches = int(state["minibatches"])
+        self.phase = Phase(state["phase"])
+        self.position = int(state.get("position", 0))
+        self.records = [MinibatchRecord(r["linkedset"], int(r["num_examples"]), float(r["weight"]),
+                                        r["loss"].to(dev), r["norm"].to(dev)) for r in state["records"]]
+        self.totals = state["totals"].to(dev, torch.float64).clone()
+        self.set_totals = {k: v.to(dev, torch.float64).clone() for k, v in state["set_totals"].items()}
+        self.grad_norm, self.grad_norm_clipped = to(state["grad_norm"]), to(state["grad_norm_clipped"])
+        self.clip_fraction = to(state["clip_fraction"])
+        self.model_norms = {k: v.to(dev) for k, v in state["model_norms"].items()}
+        self.model_norms_clipped = {k: v.to(dev) for k, v in state["model_norms_clipped"].items()}
+        if self.minibatches:
+            if not self.buffers:
+                self._allocate()
+            for buf in self.buffers:
+                buf.zero_()
+            for name, g in state["grads"].items():
+                self._views[name].copy_(g)
+        self.restore_grads()
+
+    # ------------------------------------------------------------------ reading
+    def summary(self) -> dict[str, Any]:
+        """Host-side values (reads the device): phase, counts, loss, normalizer, gradient norms."""
+        loss, norm = (float(x) for x in self.totals.tolist())
+        out: dict[str, Any] = {"task": self.task, "phase": str(self.phase), "minibatches": self.minibatches,
+                               "loss": loss, "normalizer": norm,
+                               "normalized_loss": loss / norm if norm else float("nan")}
+        for key in GRAD_STATS:
+            value = getattr(self, key)
+            out[key] = None if value is None else float(value)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Accumulator({self.task!r}, phase={str(self.phase)!r}, minibatches={self.minibatches}, "
+                f"grads={len(self.grads)} tensors in {len(self.buffers)} flat buffer(s))")
+
+    def _repr_html_(self) -> str:
+        return values_html(self.summary(), "mtlab task state")
+
+
+TaskState = Accumulator  # the name earlier versions used
+
+
+class Reducer(Protocol):
+    """Combines the accumulators of several processes at ``normalize`` (``mtlab.distributed.AllReduce``).
+
+    The trainer calls ``reduce`` at its first call after the minibatches (``normalize``, or ``clip`` /
+    ``apply`` when the chain has no Normalize). A reducer may also define
+    ``agree(call, task, accs, next_calls, reduces, within)``: the trainer calls it first thing in ``normalize``,
+    ``clip`` and ``apply`` (``step()`` once, with ``within="step"``), so the processes can check they make the
+    same call; ``reduces`` says the call is the one that reduces."""
+
+    def reduce(self, call: str, accs: Mapping[str, Accumulator]) -> None: ...

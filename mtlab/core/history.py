@@ -1,0 +1,105 @@
+"""Training history that stays on the device until someone reads it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _host(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    return value
+
+
+class History:
+    """Rows of scalars (tensors or plain numbers); tensors are read back lazily, in one batch.
+
+    ``frame()`` gives a pandas DataFrame, one row per applied step.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # a UI thread may read while the training thread appends
+        self._rows: list[dict[str, Any]] = []
+        self._ready = 0
+        self._events: list[dict[str, Any]] = []
+
+    def append(self, row: dict[str, Any]) -> None:
+        with self._lock:
+            self._rows.append(row)
+
+    def last(self) -> dict[str, Any] | None:
+        """The newest row as appended (its values may still be tensors on the device)."""
+        with self._lock:
+            return self._rows[-1] if self._rows else None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def _materialize(self) -> None:
+        with self._lock:
+            pending = self._rows[self._ready:]
+            tensors = [v for row in pending for v in row.values() if isinstance(v, Tensor)]
+            if tensors:
+                # One transfer for every pending value (a single sync point, at read time).
+                flat = torch.stack([t.detach().reshape(()).to(torch.float64) for t in tensors]).cpu().tolist()
+                it = iter(flat)
+                for row in pending:
+                    for k, v in row.items():
+                        if isinstance(v, Tensor):
+                            row[k] = bool(next(it)) if k == "skipped" else next(it)
+            self._ready += len(pending)
+
+    def rows(self) -> list[dict[str, Any]]:
+        self._materialize()
+        with self._lock:
+            return self._rows[: self._ready]
+
+    def frame(self) -> pd.DataFrame:
+        import pandas as pd  # imported here: `import mtlab` stays light until a frame is asked for
+
+        rows = self.rows()
+        if not rows:
+            return pd.DataFrame(columns=["step", "lr", "skipped"])
+        return pd.DataFrame(rows)  # "step" is a column (not also the index)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` rows (used when restoring an earlier state)."""
+        with self._lock:
+            del self._rows[n:]
+            self._ready = min(self._ready, n)
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.rows()]
+
+    def load_state_dict(self, rows: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._rows = [dict(r) for r in rows]
+            self._ready = len(self._rows)
+
+
+def step_row(step: int, lr: float, skipped: Any, tasks: Mapping[str, Any], accs: Mapping[str, Any],
+             stats: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The history row of one applied step: lr, weights, and for each task in ``accs`` (an
+    ``Accumulator`` each) its loss, per-linked-set losses, gradient norms, clip fraction and minibatches;
+    then the update's ``stats`` (``weighting/<task>``, ``combine/<group>/<task>``, ``cos/<model>/<a>,<b>``,
+    ``direction_norm/<group>``, ``direction_norm``: 0-d tensors, read back with the rest)."""
+    row: dict[str, Any] = {"step": step, "lr": lr, "skipped": skipped}
+    for name, task in tasks.items():
+        row[f"{name}/weight"] = task.weight
+        row.update({f"{name}/{s}/weight": ls.weight for s, ls in task.linkedsets.items()})
+        acc = accs.get(name)
+        if acc is not None:
+            row[f"{name}/loss"] = acc.normalized_loss
+            row.update({f"{name}/{s}/loss": acc.linkedset_loss(s) for s in acc.set_totals})
+            row.update({f"{name}/grad_norm": acc.grad_norm, f"{name}/grad_norm_clipped": acc.grad_norm_clipped,
+                        f"{name}/clip_fraction": acc.clip_fraction, f"{name}/minibatches": acc.minibatches})
+    row.update(stats or {})
+    return row

@@ -1,0 +1,255 @@
+"""Checkpoint files: atomic writes, and loads that never unpickle arbitrary objects."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..base.errors import ConfigError, MtlabError
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+logger = logging.getLogger("mtlab")
+VERSION = 2  # of the trainer state: 2 = accumulators with flat buffers and an update piece
+
+
+class CheckpointError(MtlabError, OSError):
+    """A checkpoint that cannot be written or read; the message names the file."""
+
+
+def digest(obj: Any) -> str:
+    """SHA-256 over a nested structure of tensors and plain values (tensor bytes included), so a
+    checkpoint whose bytes were damaged is refused instead of loading wrong weights."""
+    h = hashlib.sha256()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().contiguous().cpu()
+            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, dict):
+            h.update(b"{")
+            for k in sorted(x, key=str):
+                h.update(repr(k).encode())
+                walk(x[k])
+            h.update(b"}")
+        elif isinstance(x, (list, tuple)):
+            h.update(b"[")
+            for v in x:
+                walk(v)
+            h.update(b"]")
+        else:
+            h.update(repr(x).encode())
+
+    walk(obj)
+    return h.hexdigest()
+
+
+def save_atomic(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``torch.save`` (with a checksum of the contents) to a temporary file in the same folder,
+    fsync, then rename over ``path``: a crash mid-write leaves the previous file intact."""
+    path = Path(path)
+    if isinstance(obj, dict):
+        obj = {k: v for k, v in obj.items() if k != "checksum"}
+        obj["checksum"] = digest(obj)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}; "
+                                  "the previous checkpoint (if any) is intact. Free disk space or choose another path") from exc
+        raise
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return path
+
+
+def load_safe(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``: tensors and plain containers only."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, KeyError,
+            TypeError, AttributeError, IndexError) as exc:
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise CheckpointError(
+            f"{path} is not a readable mtlab checkpoint ({type(exc).__name__}: {first}); "
+            "it may be truncated, corrupted or contain objects other than tensors and plain containers, "
+            "which mtlab refuses to unpickle"
+        ) from exc
+    if not isinstance(obj, dict) or obj.get("format") != "mtlab-trainer":
+        raise CheckpointError(f"{path} is not an mtlab trainer checkpoint (no 'format': 'mtlab-trainer' entry)")
+    saved = obj.pop("checksum", None)
+    if saved is None or saved != digest(obj):
+        raise CheckpointError(
+            f"{path} is damaged: its contents do not match the checksum written with it "
+            f"({'missing' if saved is None else 'mismatch'}); use an earlier checkpoint (e.g. best.pt) instead"
+        )
+    return obj
+
+
+def clone_tree(obj: Any) -> Any:
+    """A deep copy of nested dicts/lists/tuples whose tensors are detached clones."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: clone_tree(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [clone_tree(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(clone_tree(v) for v in obj)
+    return obj
+
+
+def check_state(state: Any, models: list[str], task_params: dict[str, list[str]], acc_steps: bool) -> None:
+    """Refuse a trainer state that does not fit a trainer, naming what differs (nothing is changed)."""
+    if not isinstance(state, dict) or state.get("format") != "mtlab-trainer":
+        raise ConfigError("not an mtlab trainer state (expected the dict Trainer.state_dict() returns)")
+    if state.get("version") != VERSION:
+        raise ConfigError(f"trainer state version {state.get('version')!r} is not supported by this mtlab ({VERSION}); "
+                          "it was written by another mtlab version: continue it with that version")
+    missing_models = sorted(set(models) ^ set(state["models"]))
+    missing_tasks = sorted(set(task_params) ^ set(state["tasks"]))
+    if missing_models or missing_tasks:
+        raise ConfigError(f"the state does not match this trainer: models differ by {missing_models}, tasks by "
+                          f"{missing_tasks}; load it into a trainer built from the same recipe")
+    for name, st in state["tasks"].items():
+        unknown = set(st["grads"]) - set(task_params[name])
+        if unknown:
+            raise ConfigError(f"the state's task {name!r} has gradients for unknown parameters {sorted(unknown)}")
+    if ("task_optimizers" in state["update"]) != acc_steps:
+        raise ConfigError(f"the state was saved with acc_steps={not acc_steps} but this trainer has "
+                          f"acc_steps={acc_steps}; build the trainer with the same setting")
+
+
+def _shape(t: Any) -> str:
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def check_weights(models: Mapping[str, nn.Module], weights: Mapping[str, Any], source: str,
+                  grads: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Refuse saved weights (``{model: state_dict}``; and saved gradients ``{task: {param: grad}}``) whose
+    names or shapes do not fit ``models``, naming the source, model, parameter and both shapes. Called before
+    anything is loaded, so a refusal changes nothing."""
+    problems: list[str] = []
+    ours_all: dict[str, torch.Tensor] = {}
+    for name, model in models.items():
+        theirs = weights.get(name)
+        ours = {f"{name}.{k}": v for k, v in model.state_dict().items()}
+        ours_all.update(ours)
+        if not isinstance(theirs, Mapping):
+            problems.append(f"model {name!r} has no weights saved")
+            continue
+        theirs = {f"{name}.{k}": v for k, v in theirs.items()}
+        missing, unexpected = [k for k in ours if k not in theirs], [k for k in theirs if k not in ours]
+        if missing or unexpected:
+            problems.append(f"model {name!r}: " + "; ".join(
+                [*([f"not saved: {missing}"] if missing else []), *([f"saved but not in the model: {unexpected}"]
+                                                                    if unexpected else [])]))
+        problems += [f"model {name!r} parameter {k}: {_shape(theirs[k])} saved, {_shape(v)} in this trainer"
+                     for k, v in ours.items() if k in theirs and _shape(theirs[k]) != _shape(v)]
+    for task, saved in (grads or {}).items():
+        problems += [f"task {task!r} gradient of {k}: {_shape(g)} saved, {_shape(ours_all[k])} in this trainer"
+                     for k, g in saved.items() if k in ours_all and _shape(g) != _shape(ours_all[k])]
+    if problems:
+        raise ConfigError(f"{source} does not fit this trainer's models ({len(problems)} difference(s)); nothing "
+                          "was loaded: " + "; ".join(problems) + ". Load it into a trainer built from the same "
+                          "recipe (same model sizes)")
+
+
+def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int = 0,
+                 extra: dict[str, Any] | None = None) -> Path | None:
+    """Write a trainer state (plus ``extra`` entries such as the recipe) atomically. Data parallel: only rank 0
+    writes (every rank holds the same state); other ranks log that they did not and return None."""
+    if rank != 0:
+        logger.info("rank %d does not write %s: rank 0 writes checkpoints for every rank", rank, path)
+        return None
+    return save_atomic({**state, **(extra or {})}, path)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """The RNG states a trainer on ``device`` saves (CPU, and CUDA when it trains there)."""
+    rng: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], device)
+
+
+def trainer_state(trainer: "Trainer") -> dict[str, Any]:
+    """``Trainer.state_dict()``: weights, optimizer, accumulators, data positions, RNG, step, settings,
+    weights and history, as plain containers (loadable with ``weights_only=True``)."""
+    tr = trainer
+    tasks = {n: {**tr.state(n).state_dict(), "weight": t.weight,
+                 "linkedset_weights": {k: ls.weight for k, ls in t.linkedsets.items()}}
+             for n, t in tr.tasks.items()}
+    return clone_tree({
+        "format": "mtlab-trainer", "version": VERSION,
+        "models": {k: m.state_dict() for k, m in tr.models.items()},
+        "update": tr.update.state_dict(), "tasks": tasks, "streams": tr.streams.state_dict(),
+        "rng": rng_state(tr.device), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
+        "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
+        "chain": tr.chain.state_dict(), "history": tr.log.state_dict(),
+        "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,
+                     "numbatches_to_aggregate": tr.numbatches_to_aggregate, "seed": tr.seed,
+                     "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps},
+    })
+
+
+def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, source: str = "the state") -> None:
+    """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
+    tr = trainer
+    check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps)
+    check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
+    for k, m in tr.models.items():
+        m.load_state_dict(state["models"][k])
+    tr.update.load_state_dict(clone_tree(state["update"]))
+    for name, saved in state["tasks"].items():
+        tr.state(name).load_state_dict(saved)
+        tr.tasks[name].weight = float(saved["weight"])
+        for sname, w in saved["linkedset_weights"].items():
+            if sname in tr.tasks[name].linkedsets:
+                tr.tasks[name].linkedsets[sname].weight = float(w)
+    tr.streams.load_state_dict(state["streams"], tr.tasks)
+    set_rng_state(state["rng"], tr.device)
+    tr.step_count = int(state["step"])
+    tr.lr = state["lr"]
+    tr.clip_grad_value, tr.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")
+    tr.clip_grad_percentile = state.get("clip_grad_percentile")
+    tr.chain.load_state_dict(state.get("chain", []))
+    if history:
+        tr.log.load_state_dict(state["history"])

@@ -1,0 +1,523 @@
+"""The stepwise multi-task trainer: a thin conductor over the step core's pieces.
+
+One training step, as in the original task trainer, for every task::
+
+    numbatches_to_aggregate x process_minibatch (forward.TaskPlan + accumulator.Accumulator)
+      -> normalize, clip (transforms.Chain)  -> apply (update.Update)
+
+Each call is public, checks its phase and leaves every piece of state readable. Summing over minibatches
+and dividing once makes the accumulated gradient exactly the gradient of the mean over everything
+accumulated, whatever the minibatch lengths. The trainer handles no signals and imports no loop, recipe or
+UI: those are built on top of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import state as checkpoint
+from .accumulator import Accumulator, Phase, Reducer
+from .parallel import Parallel
+from ..base.batching import Batch, resolve_device
+from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError
+from .events import Events, Listener
+from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
+from .history import History, step_row
+from ..base.report import trainer_html
+from ..tasks.sampling import BatchStream, Streams
+from ..tasks.task import LinkedSet, Task, check_count, check_models, check_positive, check_tasks, check_weight
+from .transforms import Chain
+from .update import OptimizerFactory, PerTaskUpdate, Update, make_adam
+
+NONFINITE_POLICIES = ("raise", "skip")
+
+
+def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
+    """step() starts a fresh cycle: refuse rather than silently discard minibatches processed by hand."""
+    busy = {n: a for n, a in accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)}
+    if not busy:
+        return
+    parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
+    calls = [*chain.calls(), "apply"]
+    first = min(calls.index(c) if c in calls else 0 for c in (chain.next_call(a) for a in busy.values()))
+    raise PhaseError(f"step(): tasks hold minibatches processed by hand ({parts}), which a fresh step would "
+                     f"discard; finish them with finish() (it makes {', '.join(c + '()' for c in calls[first:])}) "
+                     "or discard them with reset(), then step()")
+
+
+def kept_note(accs: Mapping[str, Accumulator]) -> str:
+    """What a step() refused inside its cycle leaves behind, for the error's note."""
+    kept = ", ".join(f"{n}: {a.minibatches} minibatch(es), {a.phase}" for n, a in accs.items() if a.minibatches)
+    return (f"mtlab: step() stopped before its update; what it accumulated is kept for inspection ({kept or 'nothing'}; "
+            "see trainer.state(task)) and parameters and optimizer are untouched. reset() discards it, after which "
+            "step() draws fresh minibatches")
+
+
+class Trainer:
+    """Multi-task trainer whose step can be run one call at a time.
+
+    >>> trainer = Trainer(models, [task_a, task_b], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=2)
+    >>> trainer.process_minibatch("a", "noisy"); trainer.normalize(); trainer.clip(); trainer.apply()
+    >>> trainer.step()  # the whole cycle for every task
+    """
+
+    def __init__(self, models: Mapping[str, nn.Module], tasks: Sequence[Task] | Task, lr: float = 1e-3,
+                 clip_grad_value: float | None = None, normalize_gradients: bool = True,
+                 numbatches_to_aggregate: int = 1, device: str | torch.device = "auto", seed: int = 0,
+                 nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
+                 normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
+                 clip_grad_norm: float | None = None, optimizer: OptimizerFactory | None = None,
+                 combine: Any = None, clip_grad_percentile: float | None = None) -> None:
+        check_models(models)
+        tasks = check_tasks(tasks)
+        check_count(numbatches_to_aggregate, "numbatches_to_aggregate", "minibatch rounds per step")
+        if nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+        if distributed is True:
+            raise ConfigError("for data parallel training build the trainer, then call mtlab.distributed.attach(trainer) "
+                              "(recipes and `mtlab train` under torchrun do it for you)")
+        self.device = resolve_device(device)
+        self.models: dict[str, nn.Module] = {k: m.to(self.device) for k, m in models.items()}
+        self.tasks: dict[str, Task] = {t.name: t for t in tasks}
+        self.plans: dict[str, TaskPlan] = {t.name: TaskPlan(t, self.models, self.device) for t in tasks}
+        self.numbatches_to_aggregate = numbatches_to_aggregate
+        self.normalize_gradients = bool(normalize_gradients)
+        self._clip: tuple[float | None, float | None, float | None] = (None, None, None)
+        self.chain = Chain()
+        self._set_clip(clip_grad_value, clip_grad_norm, clip_grad_percentile)
+        self.lr = lr
+        self.nonfinite = nonfinite
+        self.seed = int(seed)
+        self.acc_steps, self.normalize_weights_acc_steps = bool(acc_steps), bool(normalize_weights_acc_steps)
+        self.step_count = 0
+        self.log = History()
+        self.events = Events()
+        self.lock = threading.RLock()  # one call at a time (a UI thread may read while a run trains)
+        self.atomic = False  # True while apply() changes parameters: a loop defers a hard stop until it is False
+        self.parallel = Parallel(local_only=distributed is False)
+
+        self.params, self.task_params, users = parameter_users(self.models, self.plans)
+        self.param_users = users
+        self.shared = [n for n, u in users.items() if len(u) > 1]
+        self._accs = {t: Accumulator(t, {n: self.params[n] for n in ps}, [n for n in ps if len(users[n]) > 1],
+                                     self.device) for t, ps in self.task_params.items()}
+        self.adam_options = dict(adam or {})
+        factory = optimizer or (lambda ps: make_adam(ps, lr=self.lr, **self.adam_options))
+        self.update: Update | PerTaskUpdate = (
+            PerTaskUpdate({t: {n: self.params[n] for n in ps} for t, ps in self.task_params.items()}, users,
+                          factory, self.normalize_weights_acc_steps) if self.acc_steps
+            else Update({n: self.params[n] for n in users}, users, factory, combine, seed=self.seed))
+        if self.acc_steps:
+            self.update.set_method(combine)  # refuses any method but the sum: one optimizer per task
+        self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda", device=self.device)
+        self._training_mode: bool | None = None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self.update.optimizer
+
+    @property
+    def task_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return self.update.optimizers if isinstance(self.update, PerTaskUpdate) else {}
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr = check_positive(value, "lr")
+
+    @property
+    def clip_grad_value(self) -> float | None:
+        """Element-wise clipping bound (``ClipByValue`` in the chain), or None."""
+        return self._clip[0]
+
+    @clip_grad_value.setter
+    def clip_grad_value(self, value: float | None) -> None:
+        self._set_clip(value, *self._clip[1:])
+
+    @property
+    def clip_grad_norm(self) -> float | None:
+        """Global-norm clipping bound per task (``ClipByGlobalNorm`` in the chain), or None."""
+        return self._clip[1]
+
+    @clip_grad_norm.setter
+    def clip_grad_norm(self, value: float | None) -> None:
+        self._set_clip(self._clip[0], value, self._clip[2])
+
+    @property
+    def clip_grad_percentile(self) -> float | None:
+        """AutoClip: each task's global norm clipped to this percentile of its norm history
+        (``ClipByHistory`` in the chain), or None."""
+        return self._clip[2]
+
+    @clip_grad_percentile.setter
+    def clip_grad_percentile(self, value: float | None) -> None:
+        self._set_clip(*self._clip[:2], value)
+
+    def _set_clip(self, value: float | None, norm: float | None, percentile: float | None = None) -> None:
+        chain = Chain.from_settings(self.normalize_gradients, value, norm, percentile)  # checks each
+        chain.load_state_dict(self.chain.state_dict())  # a norm history survives a change of the clip value
+        self.chain = chain
+        self._clip = tuple(None if v is None else float(v) for v in (value, norm, percentile))  # type: ignore[assignment]
+
+    def set_weight(self, task: str, linkedset: str, weight: float) -> None:
+        """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""
+        ls = self.linkedset(task, linkedset)
+        ls.weight = check_weight(weight, f"weight of linked set {linkedset!r} of task {task!r}")
+        self.events.emit("weight", {"task": task, "linkedset": linkedset, "weight": ls.weight})
+
+    def set_task_weight(self, task: str, weight: float) -> None:
+        """Weight of a task in the combined update (0 leaves the task out of step() and apply())."""
+        t = self.task(task)
+        t.weight = check_weight(weight, f"weight of task {task!r}")
+        self.events.emit("task_weight", {"task": task, "weight": t.weight})
+
+    def set_combine(self, method: Any) -> None:
+        """How tasks' processed gradients become one direction, from the next apply() on: ``"sum"`` (the
+        default), a ``mtlab.combine`` aggregator, a ``mtlab.weighting`` loss weighting, or both (``"dwa+upgrad"``)."""
+        with self.lock:
+            self.update.set_method(method)
+            self.events.emit("combine", {"method": self.update.method})
+
+    def weights(self) -> dict[str, float]:
+        """Every task weight (``"a"``) and linked-set weight (``"a/clean"``)."""
+        return {k: v for n, t in self.tasks.items()
+                for k, v in [(n, t.weight), *((f"{n}/{s}", ls.weight) for s, ls in t.linkedsets.items())]}
+
+    # ------------------------------------------------------------------ lookups
+    def task(self, task: str) -> Task:
+        if task not in self.tasks:
+            raise ConfigError(f"unknown task {task!r}; tasks: {list(self.tasks)}")
+        return self.tasks[task]
+
+    def linkedset(self, task: str, linkedset: str) -> LinkedSet:
+        t = self.task(task)
+        if linkedset not in t.linkedsets:
+            raise ConfigError(f"task {task!r} has no linked set {linkedset!r}; linked sets: {list(t.linkedsets)}")
+        return t.linkedsets[linkedset]
+
+    def state(self, task: str) -> Accumulator:
+        """The live accumulation state of ``task`` (phase, loss, normalizer, grads, records, norms)."""
+        self.task(task)
+        return self._accs[task]
+
+    @property
+    def rank(self) -> int:
+        return self.parallel.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.world_size
+
+    @property
+    def reducer(self) -> Reducer | None:
+        """The data-parallel reduction hook (``mtlab.distributed.attach`` installs it), or None."""
+        return self.parallel.reducer
+
+    @reducer.setter
+    def reducer(self, reducer: Reducer | None) -> None:
+        self.parallel.reducer = reducer
+
+    def set_shard(self, rank: int, world_size: int) -> None:
+        """Read shard ``rank`` of ``world_size`` of every linked set (data parallel); before any stream is used."""
+        if self.streams:
+            raise ConfigError("set_shard() must come before the first minibatch is drawn")
+        self.parallel.rank, self.parallel.world_size = self.streams.shard = (int(rank), int(world_size))
+
+    def stream(self, task: str, linkedset: str) -> BatchStream:
+        """The endless minibatch stream of a linked set (created on first use)."""
+        self.linkedset(task, linkedset)
+        return self.streams.get_stream(self.tasks[task], linkedset)
+
+    def add_callback(self, fn: Listener) -> None:
+        """Call ``fn(event, info)`` after each minibatch, normalize, clip, apply, reset and weight change."""
+        self.events.subscribe(fn)
+
+    def remove_callback(self, fn: Listener) -> None:
+        self.events.unsubscribe(fn)
+
+    @property
+    def callbacks(self) -> list[Listener]:
+        """The listeners, in call order (``events.listeners``)."""
+        return self.events.listeners
+
+    # ------------------------------------------------------------------ the stepwise API
+    def reset(self, task: str | None = None) -> None:
+        """Discard what ``task`` (default: every task) accumulated; its phase becomes ``empty``."""
+        with self.lock:
+            for name in [task] if task is not None else list(self.tasks):
+                self.task(name)
+                self._accs[name].reset()
+            self.events.emit("reset", {"task": task})
+
+    def _set_mode(self, training: bool) -> None:
+        if self._training_mode is training and all(m.training == training for m in self.models.values()):
+            return
+        for m in self.models.values():
+            m.train(training)
+        self._training_mode = training
+
+    def process_minibatch(self, task: str, linkedset: str, batch: Batch | None = None) -> Accumulator:
+        """Forward, weighted loss, backward, and add into ``task``'s accumulator.
+
+        Draws the next minibatch of the linked set's stream unless ``batch=(data, seq_lengths)`` is given.
+        Both the summed loss and the normalizer are multiplied by the linked set's weight. A failure before the
+        backward changes nothing; one during the backward discards the task's accumulation (it cannot be
+        half-kept) and says so.
+        """
+        with self.lock:
+            ls = self.linkedset(task, linkedset)
+            acc = self._accs[task]
+            if acc.position > 0 and acc.phase is not Phase.APPLIED:
+                raise PhaseError(f"task {task!r} is {acc.phase}; call apply() to finish this step "
+                                 f"(or reset({task!r}) to discard it) before processing more minibatches")
+            weight = ls.weight  # read once: a slider may move it while we run
+            stream_state = None
+            if batch is None:
+                stream = self.stream(task, linkedset)
+                stream_state = (stream.epoch, stream.position)
+                batch = next(stream)
+            try:
+                self._set_mode(True)
+                with torch.enable_grad():
+                    result = self.plans[task].loss(batch, require_grad=True)
+                    acc.begin()
+                    try:
+                        (result.loss_sum if weight == 1.0 else result.loss_sum * weight).backward()
+                    except BaseException as exc:
+                        acc.reset()
+                        exc.add_note(f"mtlab: the backward of task {task!r} did not finish; its accumulation "
+                                     "was discarded (phase empty) and the data position restored")
+                        raise
+                    finally:
+                        acc.end()
+                acc.record(linkedset, result.num_examples, weight, result.loss_sum, result.normalizer)
+            except BaseException:
+                if stream_state is not None:
+                    self.streams[(task, linkedset)].seek(*stream_state)
+                raise
+            self.events.emit("minibatch", {"task": task, "linkedset": linkedset, "state": acc})
+            return acc
+
+    def _targets(self, task: str | None, call: str) -> list[str]:
+        """Tasks a call covers; raises PhaseError naming the call that should come first."""
+        if task is not None:
+            self.task(task)
+            if self.chain.next_call(self._accs[task]) != call:
+                raise self.chain.phase_error(task, self._accs[task], call)
+            return [task]
+        chosen = [n for n, a in self._accs.items() if self.chain.next_call(a) == call]
+        if not chosen:
+            busy = [n for n, a in self._accs.items() if self.chain.next_call(a) != "process_minibatch"]
+            if busy:
+                raise self.chain.phase_error(busy[0], self._accs[busy[0]], call)
+            raise PhaseError(f"{call}(): no task has accumulated minibatches; call process_minibatch(task, linkedset) first")
+        return chosen
+
+    def reducing_call(self) -> str:
+        """The first call after the minibatches (``normalize``; ``clip`` or ``apply`` when the chain has no
+        Normalize): where data parallel ranks sum their accumulators."""
+        calls = self.chain.calls()
+        return calls[0] if calls else "apply"
+
+    def _agree(self, call: str, task: str | None) -> None:
+        self.parallel.agree(call, task, self._accs, self.next_calls(), reduces=call == self.reducing_call())
+
+    def _transform(self, call: str, task: str | None) -> None:
+        with self.lock:
+            self._agree(call, task)
+            names = self._targets(task, call)
+            accs = {n: self._accs[n] for n in names}
+            if call == self.reducing_call():
+                self._reduce(accs)
+            for name, acc in accs.items():
+                self.chain.run(call, acc)
+                self.events.emit(call, {"task": name, "state": acc})
+
+    def _reduce(self, accs: Mapping[str, Accumulator]) -> None:
+        self.parallel.reduce(accs)
+        if self.normalize_gradients and self.nonfinite == "raise":
+            # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
+            zero = [n for n, v in zip(accs, torch.stack([a.normalizer for a in accs.values()]).tolist()) if v == 0.0]
+            if zero:
+                raise ZeroNormError(f"normalize(): task {zero[0]!r} accumulated a norm of 0 (all its minibatches had "
+                                    "weight 0 or no valid frames); process minibatches with a positive weight or reset()")
+
+    def normalize(self, task: str | None = None) -> None:
+        """Divide ``task``'s (default: every task that needs it) gradients by its accumulated normalizer, once."""
+        self._transform("normalize", task)
+
+    def clip(self, task: str | None = None) -> None:
+        """Clip each task's gradients (by value and/or global norm); records norms before and after."""
+        self._transform("clip", task)
+
+    def apply(self) -> None:
+        """One optimizer step with each parameter's direction Σ_t task_weight_t × processed_grad_t.
+
+        Covers every task that accumulated something; refuses (changing nothing) while one of them still needs
+        normalize() or clip(), when every such task has weight 0, and, under ``nonfinite="raise"``, when a
+        loss or gradient is not finite. The tasks' gradients are read, never changed.
+        """
+        with self.lock:
+            self._agree("apply", None)
+            names = [n for n, a in self._accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)]
+            if not names:
+                raise PhaseError("apply(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
+            for name in names:
+                if self.chain.next_call(self._accs[name]) != "apply":
+                    raise self.chain.phase_error(name, self._accs[name], "apply")
+            weights = {n: self.tasks[n].weight for n in names}  # read once: a slider may move them
+            if not any(w > 0 for w in weights.values()):
+                raise ConfigError(f"apply(): every task that accumulated ({names}) has weight 0, so there is nothing "
+                                  "to apply; raise a task weight or reset()")
+            if self.reducing_call() == "apply":  # no transform in the chain: the ranks sum here
+                self._reduce({n: self._accs[n] for n in names})
+            accs = [self._accs[n] for n in names]
+            for acc in accs:
+                acc.finish_stats()
+            bad_each = ~torch.stack([acc.finite() for acc in accs])
+            found_inf = bad_each.any()
+            if self.nonfinite == "raise" and bool(found_inf):  # sync point: "raise" must know before stepping
+                reasons = [self._accs[n].nonfinite_reason() for n, bad in zip(names, bad_each.tolist()) if bad]
+                raise NonFiniteError("apply(): refused, parameters and optimizer untouched: " + "; ".join(reasons) +
+                                     ". reset() and go on, or use Trainer(nonfinite='skip') to drop such steps")
+            self.atomic = True
+            try:
+                self.update.step(self._accs, weights, self.lr, found_inf if self.nonfinite == "skip" else None)
+                for acc in accs:
+                    acc.mark_applied()
+                self.step_count += 1
+                row = step_row(self.step_count, self.lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
+                               self.update.stats)
+                self.log.append(row)
+            finally:
+                self.atomic = False
+            self.events.emit("apply", {"tasks": names, "step": self.step_count, "row": row})
+
+    def active_tasks(self) -> dict[str, list[str]]:
+        """Task -> linked sets that step() would draw from (weights > 0)."""
+        out = {n: [s for s, ls in t.linkedsets.items() if ls.weight > 0] for n, t in self.tasks.items() if t.weight > 0}
+        return {n: sets for n, sets in out.items() if sets}
+
+    def step(self) -> dict[str, Accumulator]:
+        """The whole cycle: reset, ``numbatches_to_aggregate`` rounds of every (task, linked set), then the
+        chain's calls (normalize, clip) and apply. Linked sets and tasks of weight 0 are left out.
+
+        Refused (nothing changed) while a task holds minibatches processed by hand. A refusal inside the cycle
+        leaves the trainer where the same calls by hand would: the minibatches drawn so far stay accumulated
+        for inspection (the error says so), parameters and optimizer untouched; ``reset()`` discards them."""
+        with self.lock:
+            active = self.active_tasks()
+            if not active:
+                raise ConfigError("step(): every task (or every linked set) has weight 0; raise a weight first")
+            refuse_hand_work(self._accs, self.chain)
+            self.reset()
+            before = self.step_count
+            try:
+                for name, sets in active.items():
+                    for _ in range(self.numbatches_to_aggregate):
+                        for s in sets:
+                            self.process_minibatch(name, s)
+                with self.parallel.one_agreement(self.reducing_call(), self._accs, self.next_calls()):
+                    self.finish()
+            except BaseException as exc:
+                if self.step_count == before:
+                    exc.add_note(kept_note(self._accs))
+                raise
+            return {n: self._accs[n] for n in active}
+
+    def finish(self) -> list[str]:
+        """Complete the accumulation in progress: each call of the chain still due (normalize, clip), then apply.
+
+        For minibatches processed by hand as for ``step()``'s own; returns the calls it made. Refuses, changing
+        nothing, when nothing is accumulated.
+        """
+        with self.lock:
+            if all(a.phase in (Phase.EMPTY, Phase.APPLIED) for a in self._accs.values()):
+                raise PhaseError("finish(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
+            made = []
+            for call in self.chain.calls():
+                if any(self.chain.next_call(a) == call for a in self._accs.values()):
+                    self._transform(call, None)
+                    made.append(call)
+            self.apply()
+            return [*made, "apply"]
+
+    @property
+    def history(self) -> "pandas.DataFrame":  # noqa: F821
+        """One row per applied step (reads the device once for rows not yet read)."""
+        return self.log.frame()
+
+    def phase(self) -> dict[str, Phase]:
+        return {n: a.phase for n, a in self._accs.items()}
+
+    def next_calls(self) -> dict[str, str]:
+        """Task -> the call it needs next (from the chain)."""
+        return {n: self.chain.next_call(a) for n, a in self._accs.items()}
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, task: str, linkedset: str, num_batches: int | None = None, examples: Any = None,
+                 totals: bool = False) -> Any:
+        """Σloss/Σnormalizer over the linked set's held-out examples (``valid``, else its training examples, or
+        ``examples=``), in eval mode, without gradients; accumulators untouched. ``totals=True`` returns
+        ``(Σloss, Σnormalizer)`` instead, for pooling several linked sets exactly."""
+        with self.lock:
+            t, ls = self.task(task), self.linkedset(task, linkedset)
+            source = examples if examples is not None else (ls.valid if ls.valid is not None else ls.examples)
+            if source is None:
+                raise ConfigError(f"evaluate(): linked set {linkedset!r} of task {task!r} has no examples; pass examples=")
+            with eval_mode(self.models):
+                loss_sum, norm = evaluate_totals(self.plans[task], source, t.batch_size, num_batches)
+            self._training_mode = None
+            value = loss_sum / norm if norm != 0 else float("nan")
+            self.events.emit("evaluate", {"task": task, "linkedset": linkedset, "loss": value, "step": self.step_count})
+            return (loss_sum, norm) if totals else value
+
+    # ------------------------------------------------------------------ state you can keep
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly: weights, optimizer, accumulators, data positions, RNG,
+        step, settings, weights and history. Plain containers (loadable with ``weights_only=True``)."""
+        with self.lock:
+            return checkpoint.trainer_state(self)
+
+    def load_state_dict(self, state: Mapping[str, Any], history: bool = True) -> None:
+        """Restore a ``state_dict()``: the trainer continues exactly where that state was taken."""
+        with self.lock:
+            checkpoint.load_trainer_state(self, state, history)
+            self.events.emit("restore", {"step": self.step_count})
+
+    def snapshot(self) -> dict[str, Any]:
+        """An in-memory copy of the whole state (undo in a notebook; rollback in validation)."""
+        return self.state_dict()
+
+    def restore(self, snapshot: Mapping[str, Any], history: bool = True) -> None:
+        """Go back to a ``snapshot()``; the snapshot stays valid for later restores."""
+        self.load_state_dict(snapshot, history=history)
+
+    def save(self, path: Any, extra: Mapping[str, Any] | None = None) -> Any:
+        """Write a checkpoint atomically; returns its path, or None on a data-parallel rank other than 0
+        (which says so in the log: rank 0 writes for everyone)."""
+        return checkpoint.save_trainer(self.state_dict(), path, rank=self.rank, extra=extra)
+
+    def load_checkpoint(self, path: Any) -> None:
+        """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""
+        state = checkpoint.load_safe(path)
+        with self.lock:
+            checkpoint.load_trainer_state(self, state, source=f"checkpoint {path}")  # names the file if refused
+            self.events.emit("restore", {"step": self.step_count})
+
+    # ------------------------------------------------------------------ introspection
+    def __repr__(self) -> str:
+        return (f"Trainer(tasks={list(self.tasks)}, models={list(self.models)}, step={self.step_count}, "
+                f"phase={ {k: str(v) for k, v in self.phase().items()} }, chain={self.chain}, device={self.device})")
+
+    def _repr_html_(self) -> str:
+        return trainer_html(self)

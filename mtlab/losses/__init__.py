@@ -1,0 +1,130 @@
+"""Loss computers: ``loss(targets, outputs, seq_lengths) -> (loss_sum, norm)``.
+
+Any callable with that signature works. ``loss_sum`` is the SUM over the minibatch and
+``norm`` what it should be divided by (frames, elements, utterances); both are scalar tensors.
+Summing here and dividing once at the accumulation boundary makes accumulated gradients exact
+whatever the minibatch lengths. Nothing here reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..base.errors import BatchError
+from ..base.registry import Registry, build
+
+LossResult = tuple[Tensor, Tensor]
+IGNORE_INDEX = -100  # target value of padded frames in the frame cross-entropy (torch's default ignore_index)
+
+
+def time_mask(lengths: Tensor, max_len: int) -> Tensor:
+    """``[B, max_len]`` bool mask, True on valid frames."""
+    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def lookup(kind: str, where: Mapping[str, Tensor], name: str, owner: str) -> Tensor:
+    """``where[name]``; a missing name is a BatchError listing the available ones."""
+    if name not in where:
+        raise BatchError(f"{owner}: no {kind} named {name!r}; available {kind}s: {sorted(where)}")
+    return where[name]
+
+
+def lengths_for(seq_lengths: Mapping[str, Tensor], *names: str) -> Tensor | None:
+    """The sequence lengths of the first of ``names`` that has them (None: no lengths known)."""
+    for name in names:
+        if name in seq_lengths:
+            return seq_lengths[name]
+    return None
+
+
+class CrossEntropy:
+    """Softmax cross-entropy.
+
+    Frame level when the target has a time axis (``target [B, T]``, ``output [B, T, C]``):
+    padded frames are masked and ``norm`` is the number of valid frames. Utterance level when
+    the target has no time axis (``target [B]``, ``output [B, C]``): ``norm`` is the batch size.
+    """
+
+    def __init__(self, output: str, target: str) -> None:
+        self.output = output
+        self.target = target
+
+    def __repr__(self) -> str:
+        return f"CrossEntropy(output={self.output!r}, target={self.target!r})"
+
+    def __call__(
+        self, targets: Mapping[str, Tensor], outputs: Mapping[str, Tensor], seq_lengths: Mapping[str, Tensor]
+    ) -> LossResult:
+        logits = lookup("output", outputs, self.output, repr(self))
+        target = lookup("target", targets, self.target, repr(self))
+        if target.dim() == 1:
+            if logits.dim() != 2 or logits.shape[0] != target.shape[0]:
+                raise BatchError(
+                    f"{self!r}: utterance-level target {tuple(target.shape)} needs output [B, C], "
+                    f"got {tuple(logits.shape)}"
+                )
+            loss = F.cross_entropy(logits, target.long(), reduction="sum")
+            return loss, logits.new_full((), float(target.shape[0]))
+        if target.dim() != 2 or logits.dim() != 3 or logits.shape[:2] != target.shape:
+            raise BatchError(
+                f"{self!r}: frame-level target [B, T] needs output [B, T, C] with the same B and T; "
+                f"got target {tuple(target.shape)} and output {tuple(logits.shape)}"
+            )
+        lengths = lengths_for(seq_lengths, self.target, self.output)
+        # Flattened logits (a view, no transposed copy) and padded frames as ``ignore_index``: the one
+        # fused kernel PyTorch has for masked frame cross-entropy, forward and backward.
+        target = target.long()
+        if lengths is None:
+            return (F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"),
+                    logits.new_full((), float(target.numel())))
+        valid = time_mask(lengths, target.shape[1])
+        target = torch.where(valid, target, IGNORE_INDEX)
+        loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        return loss, valid.sum().to(logits.dtype)
+
+
+class MSE:
+    """Summed squared error over valid frames; ``norm`` is the number of valid elements."""
+
+    def __init__(self, output: str, target: str) -> None:
+        self.output = output
+        self.target = target
+
+    def __repr__(self) -> str:
+        return f"MSE(output={self.output!r}, target={self.target!r})"
+
+    def __call__(
+        self, targets: Mapping[str, Tensor], outputs: Mapping[str, Tensor], seq_lengths: Mapping[str, Tensor]
+    ) -> LossResult:
+        out = lookup("output", outputs, self.output, repr(self))
+        target = lookup("target", targets, self.target, repr(self))
+        if out.shape != target.shape:
+            raise BatchError(
+                f"{self!r}: output {tuple(out.shape)} and target {tuple(target.shape)} differ in shape"
+            )
+        target = target.to(out.dtype)
+        lengths = lengths_for(seq_lengths, self.target, self.output)
+        if out.dim() < 2 or lengths is None:
+            return F.mse_loss(out, target, reduction="sum"), out.new_full((), float(out.numel()))
+        valid = time_mask(lengths, out.shape[1])
+        # Padded frames take the target's value, so they add exactly 0 to the loss and get no gradient.
+        kept = torch.where(valid.view(*valid.shape, *([1] * (out.dim() - 2))), out, target)
+        elems_per_frame = out[0, 0].numel()
+        return F.mse_loss(kept, target, reduction="sum"), valid.sum().to(out.dtype) * elems_per_frame
+
+
+# Loss computers by name. The core holds the generic ones; domain packages register theirs on
+# import (``mtlab.separation.losses``: pit, direct, deepclustering, ...), and a lookup of a missing
+# name imports them (see ``mtlab.base.registry``). ``ORIGINAL_LOSS_TYPES`` lists the names that are the
+# original's ``loss_type`` strings with the same math; ``mse`` is mtlab's own (the original has none).
+LOSSES: Registry = Registry("loss", {"crossentropy": CrossEntropy, "mse": MSE})
+ORIGINAL_LOSS_TYPES: set[str] = {"crossentropy"}
+
+
+def get_loss(name: str, **settings: object) -> object:
+    """``get_loss("crossentropy", output="logits", target="y")``; unknown names list the valid ones."""
+    return build("loss", LOSSES, name.lower(), settings)

@@ -1,0 +1,50 @@
+"""Smaller models for a quick look at an original recipe: hidden sizes capped, the sizes that follow fixed.
+
+``mtlab train RECIPE_DIR --shrink 32`` and ``scripts/nabu_survey.py --train --shrink 32`` use it; a full-size
+recipe can take minutes per step on a few CPU cores.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..base.errors import ConfigError
+
+RECURRENT = ("BLSTM", "ResetBLSTM", "ResetBLSTMInsert", "LeakyBLSTM", "BRNN")
+KNOWN = (*RECURRENT, "Dense", "Constant", "Concat")
+
+
+def shrink(recipe: dict[str, Any], cap: int) -> None:
+    """Cap hidden sizes (BLSTM units, Dense layers that are no task output) at ``cap`` and fix the input
+    sizes that follow from them, walking each task's graph as the importer does."""
+    if cap < 1:
+        raise ConfigError(f"--shrink {cap}: the cap on hidden sizes must be at least 1")
+    other = sorted({m["type"] for m in recipe["models"].values()} - set(KNOWN))
+    if other:
+        raise ConfigError(f"--shrink caps the model types of original Nabu-MSSS recipes ({', '.join(KNOWN)}); "
+                          f"this recipe also has {other}: set their sizes in the recipe instead")
+    outputs = {o for task in recipe["tasks"].values() for o in task["outputs"]}
+    for task in recipe["tasks"].values():
+        data = next(iter(task["linkedsets"].values()))["data"]
+        known = {"features": data.get("spectral", {}).get("n_fft", 256) // 2 + 1}
+        if "ivec" in data:
+            known["ivec"] = data["ivec"]["nrcol"] * data["ivec"]["nrs"]
+        first = recipe["models"][task["nodes"][0]["model"]].get("input_dim")
+        sizes = {k: known.get(k, first) for k in task["inputs"]}
+        for node in task["nodes"]:
+            spec = recipe["models"][node["model"]]
+            dims = [sizes.get(i) for i in node["inputs"]]
+            if "input_dim" in spec and dims[0] is not None:
+                spec["input_dim"] = dims[0]
+            if spec["type"] in RECURRENT:
+                spec["hidden"] = min(spec["hidden"], cap)
+                out = 2 * spec["hidden"]
+            elif spec["type"] == "Dense":
+                if node["name"] not in outputs:
+                    spec["units"] = [min(u, cap) for u in spec["units"]]
+                out = spec.get("output_shape", spec["units"])[-1]
+            elif spec["type"] == "Constant":
+                out = spec["shape"][-1]
+            else:  # Concat
+                out = sum(d for d in dims if d is not None)
+            sizes[node["name"]] = out

@@ -1,0 +1,166 @@
+"""The one checked forward + loss of a task, used by training, evaluation, the debug oracle and separation.
+
+A :class:`TaskPlan` is prepared once per task (graph checked against the models, key lists, device);
+each call then only moves the batch, runs the graph and the loss computer, and checks what came back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..base.batching import Batch, to_device
+from ..base.errors import BatchError, ConfigError, GraphError, MtlabError
+from .graph import GraphResult
+from .sampling import BatchStream
+from .task import Task
+
+
+@dataclass
+class LossResult:
+    """What one minibatch gave: the summed loss, its normalizer, and the graph's outputs."""
+
+    loss_sum: Tensor  # 0-d, the SUM over the minibatch (still attached to the graph when training)
+    normalizer: Tensor  # 0-d, what the sum is divided by (frames, examples, ...)
+    outputs: dict[str, Tensor]  # empty on the training path (see TaskPlan.loss's keep_outputs)
+    seq_lengths: dict[str, Tensor]
+    num_examples: int
+
+
+class TaskPlan:
+    """A task's forward and loss, prepared once: ``plan.loss(batch)`` per minibatch.
+
+    >>> plan = TaskPlan(task, models, torch.device("cpu"))
+    >>> result = plan.loss(collate(examples))
+    >>> result.loss_sum / result.normalizer
+    """
+
+    def __init__(self, task: Task, models: Mapping[str, nn.Module], device: torch.device) -> None:
+        task.graph.check_models(models)
+        self.task = task
+        self.graph = task.graph
+        self.models = models
+        self.device = device
+        # Key lists made once per task: each minibatch only picks these entries and moves them.
+        self.inputs = tuple(task.inputs)
+        self.targets = tuple(task.targets)
+        self.outputs = tuple(task.outputs)
+        self.keys = (*self.inputs, *self.targets)
+        self.model_names = self.graph.model_names
+
+    def prepare(self, batch: Batch, targets: bool = True) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Check the batch's form and keys and move what the task needs (inputs, and targets unless
+        ``targets=False``) to the device; the batch's own dicts are left as they are."""
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], Mapping)
+                and isinstance(batch[1], Mapping)):
+            raise BatchError("batch must be (data: dict[str, Tensor], seq_lengths: dict[str, LongTensor]) "
+                             "as mtlab.collate returns")
+        data, seq_lengths = batch
+        keys = self.keys if targets else self.inputs
+        try:
+            picked = {k: data[k] for k in keys}
+        except KeyError:
+            t = self.task
+            raise BatchError(
+                f"task {t.name!r}: the batch lacks {[k for k in keys if k not in data]}; it has {sorted(data)} "
+                f"(task inputs {list(t.inputs)}, targets {list(t.targets)})"
+            ) from None
+        return to_device((picked, seq_lengths if isinstance(seq_lengths, dict) else dict(seq_lengths)), self.device)
+
+    def forward(self, batch: Batch) -> GraphResult:
+        """Run the graph on the batch's inputs (no targets needed, no loss)."""
+        data, seq_lengths = self.prepare(batch, targets=False)
+        return self.graph.run(self.models, data, seq_lengths)
+
+    def loss(self, batch: Batch, require_grad: bool = False, keep_outputs: bool | None = None) -> LossResult:
+        """Forward and loss; every failure names the task, the loss computer and the shapes.
+
+        ``keep_outputs`` (default: not ``require_grad``) keeps the graph's outputs in the result. The training
+        path (``require_grad=True``) drops them: a backward follows, and holding them would keep activations
+        the backward has no use for (the encoder's output, the logits) alive through it."""
+        t = self.task
+        data, seq_lengths = self.prepare(batch)
+        result = self.graph.run(self.models, data, seq_lengths)  # the graph reads its inputs by name
+        lengths = {**seq_lengths, **result.seq_lengths}
+        outputs = {k: result.outputs[k] for k in self.outputs}
+        targets = {k: data[k] for k in self.targets}
+        try:
+            out = t.loss(targets, outputs, lengths)
+        except MtlabError:
+            raise
+        except Exception as exc:
+            shapes = {k: list(v.shape) for k, v in {**targets, **outputs}.items()}
+            raise BatchError(f"task {t.name!r}: the loss computer {t.loss!r} failed on {shapes}: "
+                             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise BatchError(f"task {t.name!r}: the loss computer must return (loss_sum, normalizer), "
+                             f"got {type(out).__name__}")
+        loss_sum, normalizer = out
+        if not isinstance(loss_sum, Tensor) or loss_sum.dim() != 0:
+            raise BatchError(f"task {t.name!r}: loss_sum must be a scalar tensor (the SUM over the minibatch), "
+                             f"got {getattr(loss_sum, 'shape', type(loss_sum).__name__)}")
+        if not isinstance(normalizer, Tensor):
+            normalizer = torch.as_tensor(float(normalizer), device=loss_sum.device)
+        if normalizer.dim() != 0:
+            raise BatchError(f"task {t.name!r}: the normalizer must be a scalar tensor, got shape {tuple(normalizer.shape)}")
+        if require_grad and not loss_sum.requires_grad:
+            raise GraphError(f"task {t.name!r}: the loss does not depend on any trainable parameter; "
+                             "check the graph's outputs and the loss's output name")
+        num_examples = int(next(iter(data.values())).shape[0])
+        keep = (not require_grad) if keep_outputs is None else keep_outputs
+        return LossResult(loss_sum, normalizer, result.outputs if keep else {}, lengths, num_examples)
+
+
+def evaluate_totals(plan: TaskPlan, source: Any, batch_size: int, num_batches: int | None = None) -> tuple[float, float]:
+    """(Σloss, Σnormalizer) of ``plan`` over ``source`` in order, without gradients (the caller sets eval mode)."""
+    stream = BatchStream(source, batch_size, 1, seed=0, shuffle=False, device=plan.device)  # streamed: features there
+    nb = len(stream) if num_batches is None else min(int(num_batches), len(stream))
+    sums = torch.zeros(2, dtype=torch.float64, device=plan.device)
+    with torch.no_grad():
+        for _ in range(nb):
+            r = plan.loss(next(stream))
+            sums += torch.stack([r.loss_sum.double(), r.normalizer.double()])
+    loss_sum, norm = sums.tolist()  # one host read for the whole evaluation
+    return loss_sum, norm
+
+
+def parameter_users(models: Mapping[str, nn.Module], plans: Mapping[str, TaskPlan]
+                    ) -> tuple[dict[str, nn.Parameter], dict[str, list[str]], dict[str, list[str]]]:
+    """Trainable parameters by ``"<model>.<param>"`` (tied weights keep their first name), each task's
+    parameters (those of the models its graph runs), and each used parameter's tasks."""
+    params: dict[str, nn.Parameter] = {}
+    seen: dict[int, str] = {}
+    for mname, model in models.items():
+        for pname, p in model.named_parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen[id(p)] = f"{mname}.{pname}"
+                params[seen[id(p)]] = p
+    task_params: dict[str, list[str]] = {}
+    users: dict[str, list[str]] = {}
+    for task, plan in plans.items():
+        used = list(dict.fromkeys(seen[id(p)] for m in plan.model_names for p in models[m].parameters()
+                                  if p.requires_grad))
+        task_params[task] = used
+        for n in used:
+            users.setdefault(n, []).append(task)
+    if not users:
+        raise ConfigError("no task uses a model with trainable parameters; check the tasks' nodes")
+    return params, task_params, users
+
+
+@contextmanager
+def eval_mode(models: Mapping[str, nn.Module]) -> Iterator[None]:
+    """Models in eval mode (dropout off) inside the block; each back to its own mode afterwards."""
+    previous = {k: m.training for k, m in models.items()}
+    for m in models.values():
+        m.eval()
+    try:
+        yield
+    finally:
+        for k, m in models.items():
+            m.train(previous[k])

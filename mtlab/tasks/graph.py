@@ -1,0 +1,203 @@
+"""The graph of named models a task runs (the original's ``run_multi_model``, done right).
+
+Nodes run in the order given. A node's inputs are task inputs or outputs of earlier nodes; a
+model with several outputs names them. A node's output inherits the sequence lengths of its
+first input. The graph reports the models it used by object identity, never by name prefix.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..base.errors import BatchError, GraphError, MtlabError
+
+
+@dataclass(frozen=True)
+class Node:
+    """One model call in a task's graph.
+
+    ``Node("h", model="enc", inputs=["x"])`` runs ``models["enc"](x)`` and names the result
+    ``h``. A model returning a tuple names its parts with ``outputs=["h", "c"]``.
+    """
+
+    name: str
+    model: str
+    inputs: Sequence[str]
+    outputs: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise GraphError(f"a Node needs a non-empty string name, got {self.name!r}")
+        if isinstance(self.inputs, str):
+            object.__setattr__(self, "inputs", (self.inputs,))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        if not self.inputs:
+            raise GraphError(f"node {self.name!r}: give at least one input (a task input or an earlier node)")
+        if self.outputs is not None:
+            if isinstance(self.outputs, str):
+                object.__setattr__(self, "outputs", (self.outputs,))
+            object.__setattr__(self, "outputs", tuple(self.outputs))
+            if not self.outputs:
+                raise GraphError(f"node {self.name!r}: outputs=[] names nothing; leave it out for one output")
+
+    @property
+    def produces(self) -> tuple[str, ...]:
+        return tuple(self.outputs) if self.outputs else (self.name,)
+
+
+def _takes_seq_lengths(model: nn.Module) -> bool:
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return "seq_lengths" in params
+
+
+@dataclass
+class GraphResult:
+    outputs: dict[str, Tensor]
+    seq_lengths: dict[str, Tensor]
+    used_models: list[nn.Module] = field(default_factory=list)
+
+
+class ModelGraph:
+    """Validated, runnable graph of ``nodes`` over ``inputs``, exposing ``outputs``.
+
+    All checks happen here, at construction, and name the node at fault.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        models: Mapping[str, nn.Module] | None = None,
+        where: str = "graph",
+    ) -> None:
+        self.nodes = tuple(nodes)
+        self.inputs = tuple([inputs] if isinstance(inputs, str) else inputs)
+        self.outputs = tuple([outputs] if isinstance(outputs, str) else outputs)
+        self.where = where
+        if not self.nodes:
+            raise GraphError(f"{where}: a graph needs at least one Node")
+        available: dict[str, str] = {name: "task input" for name in self.inputs}
+        seen_nodes: set[str] = set()
+        for node in self.nodes:
+            if not isinstance(node, Node):
+                raise GraphError(f"{where}: nodes must be mtlab.Node objects, got {type(node).__name__}")
+            if node.name in seen_nodes:
+                raise GraphError(f"{where}: duplicate node name {node.name!r}; node names must be unique")
+            seen_nodes.add(node.name)
+            for name in node.inputs:
+                if name not in available:
+                    raise GraphError(
+                        f"{where}: node {node.name!r} takes input {name!r}, which is neither a task input "
+                        f"nor an earlier node's output; available here: {sorted(available)}"
+                    )
+            for produced in node.produces:
+                if produced in available:
+                    raise GraphError(
+                        f"{where}: node {node.name!r} produces {produced!r}, a name already used by "
+                        f"{available[produced]}; rename one of them"
+                    )
+                available[produced] = f"node {node.name!r}"
+        for name in self.outputs:
+            if name not in available or available[name] == "task input":
+                produced = sorted(k for k, v in available.items() if v != "task input")
+                raise GraphError(
+                    f"{where}: output {name!r} is produced by no node; node outputs: {produced}"
+                )
+        self._takes_lengths: dict[int, bool] = {}
+        if models is not None:
+            self.check_models(models)
+
+    def check_models(self, models: Mapping[str, nn.Module]) -> None:
+        """Raise a GraphError naming the node whose model is not in ``models``."""
+        for node in self.nodes:
+            if node.model not in models:
+                raise GraphError(
+                    f"{self.where}: node {node.name!r} uses unknown model {node.model!r}; "
+                    f"known models: {sorted(models)}"
+                )
+
+    @property
+    def model_names(self) -> list[str]:
+        """Names of the models the graph uses, in first-use order, without repeats."""
+        return list(dict.fromkeys(node.model for node in self.nodes))
+
+    def run(
+        self,
+        models: Mapping[str, nn.Module],
+        data: Mapping[str, Tensor],
+        seq_lengths: Mapping[str, Tensor],
+    ) -> GraphResult:
+        """Run every node; return all node outputs, their sequence lengths and the models used."""
+        values: dict[str, Tensor] = {}
+        lengths: dict[str, Tensor] = {}
+        for name in self.inputs:
+            if name not in data:
+                raise GraphError(
+                    f"{self.where}: the batch has no input {name!r}; batch keys: {sorted(data)}"
+                )
+            values[name] = data[name]
+            if name in seq_lengths:
+                lengths[name] = seq_lengths[name]
+        used: dict[int, nn.Module] = {}
+        for node in self.nodes:
+            model = models[node.model]
+            args = [values[name] for name in node.inputs]
+            first_len = lengths.get(node.inputs[0])
+            key = id(model)
+            takes = self._takes_lengths.get(key)
+            if takes is None:
+                takes = self._takes_lengths[key] = _takes_seq_lengths(model)
+            try:
+                result = model(*args, seq_lengths=first_len) if takes else model(*args)
+            except MtlabError:
+                raise
+            except Exception as exc:
+                shapes = ", ".join(f"{n}{list(a.shape) if isinstance(a, Tensor) else type(a).__name__}"
+                                   for n, a in zip(node.inputs, args))
+                raise BatchError(
+                    f"{self.where}: node {node.name!r} (model {node.model!r}) failed on inputs {shapes}: "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; check that the "
+                    "batch's shapes and dtypes match what the model expects"
+                ) from exc
+            used[key] = model
+            if node.outputs:
+                if not isinstance(result, (tuple, list)) or len(result) != len(node.outputs):
+                    got = f"a {type(result).__name__}" + (
+                        f" of {len(result)}" if isinstance(result, (tuple, list)) else ""
+                    )
+                    raise GraphError(
+                        f"{self.where}: node {node.name!r} names {len(node.outputs)} outputs "
+                        f"{list(node.outputs)} but model {node.model!r} returned {got}"
+                    )
+                parts = list(result)
+            else:
+                if isinstance(result, (tuple, list)):
+                    raise GraphError(
+                        f"{self.where}: model {node.model!r} of node {node.name!r} returned "
+                        f"{len(result)} values; name them with Node(..., outputs=[...])"
+                    )
+                parts = [result]
+            for out_name, value in zip(node.produces, parts):
+                values[out_name] = value
+                if first_len is not None:
+                    lengths[out_name] = first_len
+        return GraphResult(outputs=values, seq_lengths=lengths, used_models=list(used.values()))
+
+
+def parameters_of(models: Sequence[nn.Module]) -> list[torch.nn.Parameter]:
+    """Trainable parameters of ``models``, deduplicated by identity, in a stable order."""
+    seen: dict[int, nn.Parameter] = {}
+    for model in models:
+        for p in model.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen[id(p)] = p
+    return list(seen.values())

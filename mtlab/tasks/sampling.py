@@ -1,0 +1,419 @@
+"""Endless, reproducible, length-bucketed minibatch streams (one per linked set).
+
+Utterances are sorted by length and cut into ``numbuckets`` groups of (nearly) equal size.
+Each epoch, every bucket is shuffled and cut into batches, and the order of all batches is
+shuffled, from a generator seeded by ``(seed, epoch)``: the same seed gives the same batches,
+every utterance appears exactly once per epoch, and no batch mixes buckets. ``numbuckets=1``
+is plain shuffled batching. The position (epoch, batch index) can be saved and restored exactly.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ..base.batching import Batch, collate, example_length
+from ..base.errors import ConfigError, MtlabError
+
+
+class DataWorkerError(MtlabError, RuntimeError):
+    """A data-loading worker died (killed, out of memory, crashed in native code); the message names the stream."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An example a source could not give (a bad file under a skip policy): its name, list line and why."""
+
+    name: str
+    where: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def reads_audio(source: Any) -> bool:
+    """True for a source whose batches are collated from ``source.audio(i)`` items and turned into features by
+    ``source.featurize(batch, device)`` (a streamed linked set), or a view of one."""
+    if isinstance(source, (SegmentedExamples, HeadExamples)):
+        return reads_audio(source.source)
+    return callable(getattr(source, "audio", None)) and callable(getattr(source, "featurize", None))
+
+
+class AudioItems(torch.utils.data.Dataset):
+    """``items[i] = source.audio(i)``: what a DataLoader worker reads for a streamed source."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.source.audio(i)
+
+
+def collate_kept(items: Sequence[Any]) -> tuple[Batch | None, list[Skipped]]:
+    """Collate the items that are not :class:`Skipped`; returns (batch or None when none is left, the skipped)."""
+    skipped = [x for x in items if isinstance(x, Skipped)]
+    kept = [x for x in items if not isinstance(x, Skipped)]
+    return (collate(kept) if kept else None), skipped
+
+
+class ExampleSource(Protocol):
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int) -> Mapping[str, Tensor]: ...
+
+
+def lengths_of(source: ExampleSource) -> list[int]:
+    """Per-example lengths: ``source.lengths`` when present, else the first tensor's time axis."""
+    lengths = getattr(source, "lengths", None)
+    if lengths is not None:
+        out = [int(x) for x in lengths]
+        if len(out) != len(source):
+            raise ConfigError(f"source.lengths has {len(out)} entries for {len(source)} examples")
+        return out
+    return [example_length(source[i]) for i in range(len(source))]
+
+
+def bucket_batches(
+    lengths: Sequence[int], batch_size: int, numbuckets: int, seed: int, epoch: int, shuffle: bool = True
+) -> list[list[int]]:
+    """The batches (lists of example indices) of one epoch."""
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: (lengths[i], i))
+    nb = max(1, min(numbuckets, n))
+    bounds = [round(k * n / nb) for k in range(nb + 1)]
+    gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(epoch)) % (2**63))
+    batches: list[list[int]] = []
+    for k in range(nb):
+        bucket = order[bounds[k] : bounds[k + 1]]
+        if shuffle:
+            perm = torch.randperm(len(bucket), generator=gen).tolist()
+            bucket = [bucket[j] for j in perm]
+        batches.extend(bucket[s : s + batch_size] for s in range(0, len(bucket), batch_size))
+    if shuffle:
+        perm = torch.randperm(len(batches), generator=gen).tolist()
+        batches = [batches[j] for j in perm]
+    return batches
+
+
+class SegmentedExamples:
+    """Every utterance of ``source`` cut into segments of ``segment_length`` frames (the original's
+    ``segment_lengths`` stages): an utterance of n frames gives ``n // segment_length`` consecutive segments
+    (the remainder is dropped); one shorter than a segment stays whole, unpadded (batching pads and masks it).
+
+    ``keys`` names the per-frame entries to cut; by default ``source.sequence_keys`` when the source has them,
+    else every entry with a first axis as long as the utterance (per-utterance entries such as speaker ids
+    or i-vectors are copied to each segment).
+
+    >>> segs = SegmentedExamples(examples, 100)   # len(segs) segments; segs.source is the uncut data
+    """
+
+    def __init__(self, source: ExampleSource, segment_length: int, keys: Sequence[str] | None = None) -> None:
+        if not isinstance(segment_length, int) or isinstance(segment_length, bool) or segment_length < 1:
+            raise ConfigError(f"segment_length must be a positive number of frames, got {segment_length!r}")
+        self.source = source
+        self.segment_length = segment_length
+        if keys is None:
+            keys = getattr(source, "sequence_keys", None)
+        self.keys = None if keys is None else tuple(keys)
+        self.index: list[tuple[int, int, int]] = []  # (utterance, first frame, frames)
+        for i, n in enumerate(lengths_of(source)):
+            if n < segment_length:
+                self.index.append((i, 0, n))
+            else:
+                self.index.extend((i, k * segment_length, segment_length) for k in range(n // segment_length))
+        self.lengths = [n for _, _, n in self.index]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def audio(self, j: int) -> Any:
+        """The audio of segment ``j`` for a streamed source (its ``segment(i, start, frames)``)."""
+        i, start, n = self.index[j]
+        return self.source.segment(i, start, n)
+
+    def featurize(self, batch: Batch, device: Any = None) -> Batch:
+        return self.source.featurize(batch, device)
+
+    def __getitem__(self, j: int) -> dict[str, Tensor]:
+        i, start, n = self.index[j]
+        example = self.source[i]
+        full = example_length(example)
+        out = {}
+        for key, value in example.items():
+            timed = key in self.keys if self.keys is not None else (value.dim() >= 1 and value.shape[0] == full)
+            out[key] = value[start : start + n] if timed else value
+        return out
+
+    def __repr__(self) -> str:
+        return f"SegmentedExamples({len(self)} segments of <= {self.segment_length} frames from {len(self.source)} utterances)"
+
+
+class HeadExamples:
+    """The first ``count`` examples of ``source`` (the original's ``trainset_frac``: the head of the list, unshuffled)."""
+
+    def __init__(self, source: ExampleSource, count: int) -> None:
+        if not isinstance(count, int) or not 1 <= count <= len(source):
+            raise ConfigError(f"HeadExamples: count must be between 1 and {len(source)} (the examples there are), "
+                              f"got {count!r}")
+        self.source = source
+        self.count = count
+        self.lengths = lengths_of(source)[:count]
+        self.sequence_keys = getattr(source, "sequence_keys", None)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def audio(self, i: int) -> Any:
+        return self.source.audio(i)
+
+    def featurize(self, batch: Batch, device: Any = None) -> Batch:
+        return self.source.featurize(batch, device)
+
+    def segment(self, i: int, start: int, frames: int) -> Any:
+        return self.source.segment(i, start, frames)
+
+    def __getitem__(self, i: int) -> Mapping[str, Tensor]:
+        if not -self.count <= i < self.count:
+            raise IndexError(f"example {i} of {self.count}")
+        return self.source[i % self.count]
+
+    def __repr__(self) -> str:
+        return f"HeadExamples(first {self.count} of {len(self.source)})"
+
+
+def trainset_fraction(source: ExampleSource, frac: float) -> HeadExamples:
+    """The first ``int(len(source) x frac)`` examples (the original's ``trainset_frac``), at least one."""
+    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac <= 1:
+        raise ConfigError(f"trainset_frac must be a fraction in (0, 1], got {frac!r}")
+    count = int(len(source) * float(frac))
+    if count < 1:
+        raise ConfigError(f"trainset_frac = {frac} keeps none of the {len(source)} utterances; raise it")
+    return HeadExamples(source, count)
+
+
+class BatchStream:
+    """An endless stream of collated minibatches drawn from ``source``.
+
+    >>> stream = BatchStream(examples, batch_size=8, numbuckets=4, seed=0)
+    >>> data, seq_lengths = next(stream)
+    >>> state = stream.state_dict(); a = next(stream); stream.load_state_dict(state); b = next(stream)
+    """
+
+    def __init__(
+        self,
+        source: ExampleSource,
+        batch_size: int,
+        numbuckets: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        shard: tuple[int, int] = (0, 1),
+        device: torch.device | str | None = None,
+    ) -> None:
+        if len(source) == 0:
+            raise ConfigError("a linked set needs at least one example; this one is empty")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if not isinstance(numbuckets, int) or numbuckets < 1:
+            raise ConfigError(f"numbuckets must be a positive integer, got {numbuckets!r}")
+        self.source = source
+        self.batch_size = batch_size
+        self.numbuckets = numbuckets
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.device = device  # where a streamed source computes its features (None: on the CPU)
+        self.audio = reads_audio(source)
+        self.skipped: list[dict[str, Any]] = []  # examples a skip policy left out: name, where, reason, epoch
+        self.lengths = lengths_of(source)
+        rank, world = shard
+        if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+            raise ConfigError(f"shard must be (rank, world_size) with 0 <= rank < world_size, got {shard!r}")
+        self.rank, self.world_size = rank, world
+        self.epoch = 0
+        self.position = 0
+        self._batches: list[list[int]] | None = None
+        self._loader_iter: Iterator[Batch] | None = None
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return len(self.epoch_batches())
+
+    def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """This shard's batches of an epoch. Every rank computes the same global order; with
+        several ranks it is padded (cycling from its start) to a multiple of the world size, so
+        every rank has the same number of batches and stays in step with the others."""
+        if epoch is None or epoch == self.epoch:
+            if self._batches is None:
+                self._batches = self._shard(bucket_batches(
+                    self.lengths, self.batch_size, self.numbuckets, self.seed, self.epoch, self.shuffle))
+            return self._batches
+        return self._shard(bucket_batches(self.lengths, self.batch_size, self.numbuckets, self.seed, epoch, self.shuffle))
+
+    def _shard(self, batches: list[list[int]]) -> list[list[int]]:
+        if self.world_size == 1:
+            return batches
+        n = -(-len(batches) // self.world_size) * self.world_size
+        padded = [batches[i % len(batches)] for i in range(n)]
+        return padded[self.rank :: self.world_size]
+
+    def next_indices(self) -> list[int]:
+        """Indices of the next batch; advances the position."""
+        batches = self.epoch_batches()
+        if self.position >= len(batches):
+            self._advance_epoch()
+            batches = self.epoch_batches()
+        idx = batches[self.position]
+        self.position += 1
+        return idx
+
+    def _advance_epoch(self) -> None:
+        self.epoch += 1
+        self.position = 0
+        self._batches = None
+        self._loader_iter = None
+
+    def __iter__(self) -> "BatchStream":
+        return self
+
+    def __next__(self) -> Batch:
+        if not self.audio:
+            if self.num_workers > 0:
+                return self._next_from_loader()
+            return collate([self.source[i] for i in self.next_indices()], pin_memory=self.pin_memory)
+        while True:  # a streamed source: collate its audio, then compute the features on the device
+            if self.num_workers > 0:
+                batch, skipped = self._next_from_loader()
+            else:
+                batch, skipped = collate_kept([self.source.audio(i) for i in self.next_indices()])
+                if batch is not None and self.pin_memory:
+                    batch = ({k: v.pin_memory() for k, v in batch[0].items()}, batch[1])
+            self.skipped.extend({**s.to_dict(), "epoch": self.epoch} for s in skipped)
+            if batch is not None:  # else every example of the batch was bad: draw the next
+                return self.source.featurize(batch, self.device)
+
+    def _next_from_loader(self) -> Any:
+        batches = self.epoch_batches()
+        if self.position >= len(batches):
+            self._advance_epoch()
+            batches = self.epoch_batches()
+        if self._loader_iter is None:
+            loader = torch.utils.data.DataLoader(
+                AudioItems(self.source) if self.audio else self.source,  # type: ignore[arg-type]
+                batch_sampler=batches[self.position :],
+                collate_fn=collate_kept if self.audio else collate,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                # its own generator: creating workers must not draw from the global RNG (dropout, input
+                # noise), or training would depend on when loaders were (re)started, e.g. after a resume
+                generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch),
+            )
+            self._loader_iter = iter(loader)
+        try:
+            batch = next(self._loader_iter)
+        except (RuntimeError, OSError, EOFError) as err:
+            # a dead worker shows as torch's RuntimeError, or as a broken connection while its batch was in
+            # transit; the same types raised by the data themselves come re-raised with "in DataLoader worker"
+            if "DataLoader worker (pid" not in str(err) if isinstance(err, RuntimeError) else \
+                    "in DataLoader worker process" in str(err):
+                raise
+            try:
+                self._loader_iter = None  # ends the loader: torch stops watching its workers; the next draw
+            except RuntimeError:  # starts fresh ones at the same position. torch's SIGCHLD handler may still
+                self._loader_iter = None  # raise its own report of the same death once, here
+            raise DataWorkerError(f"a data worker of this stream died at epoch {self.epoch}, batch {self.position} "
+                                  f"({err}); the position is kept, so the next draw retries the same batch. Check "
+                                  "memory (fewer num_workers) or the files of that batch") from err
+        self.position += 1
+        return batch
+
+    def seek(self, epoch: int, position: int) -> None:
+        """Go to batch ``position`` of ``epoch`` (what ``state_dict`` saves)."""
+        if epoch != self.epoch:
+            self._batches = None
+        if (epoch, position) != (self.epoch, self.position):
+            self._loader_iter = None
+        self.epoch, self.position = int(epoch), int(position)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-int position: restoring it reproduces the same next batches."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "numbuckets": self.numbuckets, "batch_size": self.batch_size, "size": len(self.lengths),
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for key in ("batch_size", "numbuckets", "size"):
+            if key in state and state[key] != self.state_dict()[key]:
+                raise ConfigError(
+                    f"stream state has {key}={state[key]} but this stream has {self.state_dict()[key]}; "
+                    "restore it into a stream built with the same data and settings"
+                )
+        self.seed = int(state.get("seed", self.seed))
+        self.epoch = int(state["epoch"])
+        position = int(state["position"])
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != self.world_size:
+            # Same place in the global batch order, counted in this stream's shard.
+            position = position * saved_world // self.world_size
+        self.position = position
+        self._batches = None
+        self._loader_iter = None
+
+
+class Streams(dict):
+    """The endless stream of every (task, linked set), created on first use; a dict ``(task, set) -> BatchStream``
+    that also saves and restores every position. ``shard=(rank, world_size)`` splits each linked set for
+    data parallelism."""
+
+    def __init__(self, seed: int, pin_memory: bool = False, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        self.seed, self.pin_memory, self.shard, self.device = seed, pin_memory, (0, 1), device
+
+    def get_stream(self, task: Any, linkedset: str) -> "BatchStream":
+        """The stream of ``task.linkedsets[linkedset]`` (``task`` is a ``mtlab.Task``)."""
+        key = (task.name, linkedset)
+        if key not in self:
+            ls = task.linkedsets[linkedset]
+            if ls.examples is None:
+                raise ConfigError(f"linked set {linkedset!r} of task {task.name!r} has no examples; pass "
+                                  "batch=(data, seq_lengths) to process_minibatch or give LinkedSet(examples)")
+            self[key] = BatchStream(ls.examples, task.batch_size, task.numbuckets,
+                                    seed=derived_seed(self.seed, task.name, linkedset), num_workers=ls.num_workers,
+                                    pin_memory=self.pin_memory, shard=self.shard, device=self.device)
+        return self[key]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self.items()}
+
+    def skipped(self) -> list[dict[str, Any]]:
+        """Every example a skip policy left out so far: name, where (list line), reason, epoch, task, linkedset."""
+        return [{**r, "task": t, "linkedset": s} for (t, s), st in self.items() for r in st.skipped]
+
+    def new_skipped(self) -> list[dict[str, Any]]:
+        """The records of :meth:`skipped` not returned by an earlier call (for announcing them once)."""
+        records = self.skipped()
+        fresh = records[getattr(self, "reported", 0):]
+        self.reported = len(records)
+        return fresh
+
+    def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
+        """Restore positions of the streams whose task and linked set ``tasks`` still has."""
+        for key, sst in state.items():
+            tname, sname = key.split("/", 1)
+            if tname in tasks and sname in tasks[tname].linkedsets:
+                self.get_stream(tasks[tname], sname).load_state_dict(sst)
+
+
+def derived_seed(seed: int, *names: str) -> int:
+    """A stable per-stream seed from the trainer seed and names (independent of PYTHONHASHSEED)."""
+    return (int(seed) * 7919 + zlib.crc32("/".join(names).encode())) % (2**31)

@@ -1,0 +1,142 @@
+"""Tasks and their linked sets (weighted alternative data sources): configuration only."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..base.errors import ConfigError
+from .graph import ModelGraph, Node
+
+
+LossComputer = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], Mapping[str, Tensor]], tuple[Tensor, Tensor]]
+
+def check_models(models: Any) -> None:
+    """A non-empty dict name -> nn.Module whose names contain no '.', or a ConfigError saying what is wrong."""
+    if not isinstance(models, Mapping) or not models:
+        raise ConfigError("models must be a non-empty dict name -> torch.nn.Module")
+    for name, model in models.items():
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"model {name!r} is a {type(model).__name__}, expected a torch.nn.Module")
+        if "." in name:
+            raise ConfigError(f"model name {name!r} contains '.', which separates model and parameter names")
+
+
+def check_tasks(tasks: Any) -> list["Task"]:
+    """One Task or a sequence of Tasks with unique names, as a list."""
+    tasks = [tasks] if isinstance(tasks, Task) else list(tasks)
+    if not tasks:
+        raise ConfigError("give at least one mtlab.Task")
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"task names must be unique, got {names}")
+    return tasks
+
+
+def check_count(value: Any, what: str, meaning: str) -> int:
+    """An integer >= 1 (not a bool), or a ConfigError naming ``what``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{what} must be an integer >= 1 ({meaning}), got {value!r}")
+    return value
+
+
+def _number(value: Any, what: str, ok: Callable[[float], bool], rule: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be a number {rule}, got {value!r}") from None
+    if not ok(v):
+        raise ConfigError(f"{what} must be {rule}, got {value!r}")
+    return v
+
+
+def check_positive(value: Any, what: str, hint: str = "") -> float:
+    """A positive finite float, or a ConfigError naming ``what`` (and ``hint``, e.g. how to turn it off)."""
+    return _number(value, what, lambda v: v > 0 and math.isfinite(v), "> 0 and finite" + hint)
+
+
+def check_weight(value: Any, what: str) -> float:
+    """A finite, non-negative float, or a ConfigError naming ``what``."""
+    return _number(value, what, lambda v: v >= 0 and math.isfinite(v), ">= 0 and finite")
+
+
+class LinkedSet:
+    """A weighted data source for a task: ``LinkedSet(examples, weight=0.5)``.
+
+    ``examples`` is a sequence (or Dataset) of example dicts, or None when every minibatch is
+    passed explicitly. ``valid`` optionally holds held-out examples for ``Trainer.evaluate``.
+    Both the summed loss and the norm of each minibatch are multiplied by ``weight``.
+    """
+
+    def __init__(self, examples: Any = None, weight: float = 1.0, valid: Any = None,
+                 num_workers: int = 0) -> None:
+        self.examples = examples
+        self.weight = check_weight(weight, "LinkedSet weight")
+        self.valid = valid
+        self.num_workers = num_workers
+        if examples is not None and not hasattr(examples, "__len__"):
+            raise ConfigError(
+                f"LinkedSet examples must be a sequence or Dataset of example dicts, got {type(examples).__name__}"
+            )
+
+    def __repr__(self) -> str:
+        n = "explicit batches" if self.examples is None else f"{len(self.examples)} examples"
+        return f"LinkedSet({n}, weight={self.weight:g})"
+
+
+class Task:
+    """A named task: a graph of models, a loss computer and weighted linked sets."""
+
+    def __init__(
+        self,
+        name: str,
+        nodes: Sequence[Node],
+        inputs: Sequence[str],
+        targets: Sequence[str],
+        outputs: Sequence[str],
+        loss: LossComputer,
+        linkedsets: Mapping[str, LinkedSet],
+        batch_size: int = 8,
+        weight: float = 1.0,
+        numbuckets: int = 1,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"a Task needs a non-empty string name, got {name!r}")
+        self.name = name
+        self.inputs = tuple([inputs] if isinstance(inputs, str) else inputs)
+        self.targets = tuple([targets] if isinstance(targets, str) else targets)
+        self.outputs = tuple([outputs] if isinstance(outputs, str) else outputs)
+        clash = set(self.inputs) & set(self.targets)
+        if clash:
+            raise ConfigError(f"task {name!r}: {sorted(clash)} listed both as inputs and as targets")
+        self.graph = ModelGraph(nodes, self.inputs, self.outputs, where=f"task {name!r}")
+        self.nodes = self.graph.nodes
+        if not callable(loss):
+            raise ConfigError(
+                f"task {name!r}: loss must be callable as loss(targets, outputs, seq_lengths) -> (loss_sum, norm), "
+                f"got {type(loss).__name__}"
+            )
+        self.loss = loss
+        if not isinstance(linkedsets, Mapping) or not linkedsets:
+            raise ConfigError(f"task {name!r}: linkedsets must be a non-empty dict name -> mtlab.LinkedSet")
+        for set_name, ls in linkedsets.items():
+            if not isinstance(ls, LinkedSet):
+                raise ConfigError(
+                    f"task {name!r}: linked set {set_name!r} is a {type(ls).__name__}; wrap it as mtlab.LinkedSet(examples, weight=...)"
+                )
+        self.linkedsets: dict[str, LinkedSet] = dict(linkedsets)
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigError(f"task {name!r}: batch_size must be a positive integer, got {batch_size!r}")
+        self.batch_size = batch_size
+        if not isinstance(numbuckets, int) or isinstance(numbuckets, bool) or numbuckets < 1:
+            raise ConfigError(f"task {name!r}: numbuckets must be a positive integer, got {numbuckets!r}")
+        self.numbuckets = numbuckets
+        self.weight = check_weight(weight, f"task {name!r} weight")
+
+    def __repr__(self) -> str:
+        return (f"Task({self.name!r}, models={self.graph.model_names}, "
+                f"linkedsets={ {k: v.weight for k, v in self.linkedsets.items()} }, weight={self.weight:g})")

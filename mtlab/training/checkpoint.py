@@ -1,0 +1,141 @@
+"""A run's checkpoints: the trainer's state (``mtlab.core.state``) with the schedule and the recipe, and periodic
+``latest.pt`` files.
+
+Periodic checkpoints: ``latest.pt`` in the experiment folder every N steps, written at a step boundary, so a
+killed run (or a torchrun group restarting after a worker died) continues exactly from there.
+
+>>> periodic = mtlab.checkpoint.Periodic(exp, "exp/run", every=50).attach()
+>>> mtlab.run(exp, expdir="exp/run")          # latest.pt at steps 50, 100, ...
+>>> mtlab.checkpoint.resume_point("exp/run")  # the checkpoint a restart continues from
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch.distributed as dist
+
+from ..core.state import load_safe, rng_state, set_rng_state
+from .distributed import active
+from ..base.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
+    from .schedule import Schedule
+
+LATEST = "latest.pt"
+
+
+class Periodic:
+    """A trainer listener that saves ``expdir/latest.pt`` after every ``every``-th step of a run.
+
+    It listens to the loop's ``step`` event. When the loop validates at that same step, the checkpoint waits for
+    the ``validation`` event, so it holds the validation's decisions (learning-rate halving, go-back) too and a
+    restart does not redo them. Data parallel: rank 0 writes (every rank holds the same state); the folder must
+    be one every node can read for a multi-node restart.
+    """
+
+    def __init__(self, experiment: Any, expdir: str | Path, every: int) -> None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ConfigError(f"Periodic: every must be a positive number of steps, got {every!r} "
+                              "(checkpoint_frequency = 0 in a recipe means no periodic checkpoints)")
+        self.experiment, self.path, self.every = experiment, Path(expdir) / LATEST, every
+        self.pending: int | None = None  # a step whose checkpoint waits for its validation
+
+    @property
+    def trainer(self) -> Any:
+        return getattr(self.experiment, "trainer", self.experiment)
+
+    def attach(self) -> "Periodic":
+        self.trainer.add_callback(self)
+        return self
+
+    def detach(self) -> None:
+        if self in self.trainer.callbacks:
+            self.trainer.remove_callback(self)
+
+    def save(self) -> Path | None:
+        """Write ``latest.pt`` now (rank 0; other ranks return None). Every rank must call it (it gathers each
+        rank's RNG and data positions, which ``restore_rank_state`` gives back to the same rank)."""
+        self.pending = None
+        trainer, schedule = self.trainer, getattr(self.experiment, "schedule", None)
+        recipe = getattr(self.experiment, "recipe", None)
+        extra: dict[str, Any] = {"ranks": rank_states(trainer)}
+        if recipe is not None:
+            extra["recipe"] = dict(recipe)
+        if schedule is not None:
+            extra["schedule"] = schedule.state_dict(include_best=schedule.go_back)
+        return trainer.save(self.path, extra=extra)
+
+    def __call__(self, event: str, info: dict[str, Any]) -> None:
+        if event == "step":
+            if self.pending is not None:  # the validation of that step never came (no held-out data)
+                self.save()
+            step = int(info["step"])
+            if step % self.every:
+                return
+            schedule = getattr(self.experiment, "schedule", None)
+            validates = schedule is not None and schedule.valid_frequency and step % schedule.valid_frequency == 0
+            if validates:
+                self.pending = step
+            else:
+                self.save()
+        elif event == "validation" and self.pending is not None and int(info["step"]) == self.pending:
+            self.save()
+        elif event == "run_end" and self.pending is not None:
+            self.save()
+
+
+def rank_states(trainer: "Trainer") -> list[dict[str, Any]]:
+    """Each rank's RNG state and data positions, in rank order (one all-gather when data parallel): ranks draw
+    different noise and, with the stepwise API, may draw different numbers of minibatches."""
+    mine = {"rng": rng_state(trainer.device), "streams": trainer.streams.state_dict()}
+    if trainer.world_size == 1 or not active():
+        return [mine]
+    everyone: list[Any] = [None] * trainer.world_size
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def restore_rank_state(trainer: "Trainer", path: str | Path) -> bool:
+    """Give this rank back its own RNG and data positions from a checkpoint ``Periodic`` wrote; False (nothing
+    changed) when the checkpoint has none or was written by another number of ranks."""
+    ranks = load_safe(path).get("ranks")
+    if not isinstance(ranks, list) or len(ranks) != trainer.world_size:
+        return False
+    mine = ranks[trainer.rank]
+    trainer.streams.load_state_dict(mine["streams"], trainer.tasks)
+    set_rng_state(mine["rng"], trainer.device)
+    return True
+
+
+def _at_boundary(state: dict[str, Any]) -> bool:
+    """The checkpoint was taken between steps: no task holds part of a step (its data positions are exact)."""
+    return all(t.get("phase") in ("empty", "applied") for t in state.get("tasks", {}).values())
+
+
+def resume_point(expdir: str | Path) -> Path | None:
+    """The checkpoint a restarted run continues from: ``latest.pt``, or ``final.pt`` when that one is later and
+    was taken between steps (a run that stopped on an error saves ``final.pt`` mid-step); None when neither."""
+    expdir = Path(expdir)
+    found: list[tuple[int, int, Path]] = []
+    for rank, name in enumerate((LATEST, "final.pt")):
+        path = expdir / name
+        if path.is_file():
+            state = load_safe(path)
+            if name == LATEST or _at_boundary(state):
+                found.append((int(state["step"]), -rank, path))
+    return max(found)[2] if found else None
+
+
+def save_checkpoint(trainer: "Trainer", schedule: "Schedule | None", path: str | Path, include_best: bool = True,
+                    recipe: Mapping[str, Any] | None = None) -> Path | None:
+    """Atomic checkpoint of the trainer state plus its recipe and schedule (``mtlab.recipe.load`` reads it).
+    Data parallel: rank 0 writes it (every rank holds the same state); other ranks return None."""
+    extra: dict[str, Any] = {}
+    if recipe is not None:
+        extra["recipe"] = dict(recipe)
+    if schedule is not None:
+        extra["schedule"] = schedule.state_dict(include_best=include_best and schedule.keeps_best)
+    return trainer.save(path, extra=extra)

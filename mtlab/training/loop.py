@@ -1,0 +1,284 @@
+"""The one training loop: schedule, learning-rate decay, validation with rollback, progress, Ctrl-C.
+
+The CLI, the dashboard's background run, the separation runner and the data-parallel worker all train
+through :func:`run`; it is the only place that handles Ctrl-C.
+
+>>> exp = mtlab.from_recipe("recipes/demo.toml")
+>>> mtlab.run(exp, steps=50, expdir="exp/demo")   # resumable at any point
+
+As the original multi-task trainer, but correct:
+
+- ``num_steps = ceil(num_epochs x utterances / (batch_size x numbatches_to_aggregate))``, taking the MAX over
+  every task and linked set, so each linked set is seen at least ``num_epochs`` times (the original took the
+  floor of ``int(num_epochs) x utterances / (batch_size x numbatches_to_aggregate)`` for one linked set per task,
+  the last its loop reached, and the minimum over tasks). A recipe's ``num_steps`` overrides it.
+- Before each step ``trainer.lr = initial_learning_rate x lr_scale x learning_rate_decay^(step / num_steps)``;
+  ``valid_adapt`` halves ``lr_scale``, which persists (also across ``go_back``).
+- Every ``valid_frequency`` steps: ``trainer.evaluate`` on every linked set with held-out data. A task's value
+  is the linked-set-weighted mean of its sets' Σloss/Σnorm (equal to the pooled Σloss/Σnorm when the sets
+  have the same norm, as clean/noisy versions of one corpus do); the validation loss is Σ_t task_weight_t x
+  value_t. Better: it becomes the best (in-memory snapshot, ``best.pt``), ``reset_tries`` zeroes the tries.
+  Worse: ``tries`` counts up; at ``num_tries`` training stops (back at the best state with ``go_back`` or
+  ``best_model_final``; ``num_tries=None`` never stops on tries); otherwise ``go_back`` restores the best
+  snapshot (weights, optimizer, step, RNG, history) and ``valid_adapt`` halves the learning rate. The data
+  do not go back (``go_back_data="continue"``): the next step draws the minibatches that follow those already
+  drawn, so a go_back never replays the same steps (``"rewind"`` replays them, the data positions restored too).
+  Those positions wait in ``schedule.resume_streams`` (saved with it) until the next step, so right after a
+  go_back the trainer holds exactly the best state, as ``best.pt`` does.
+- The original's stopping rules, each a setting (imported Nabu-MSSS recipes turn them on): ``best_model_final``
+  (a validation stop restores the best state: the final model is the best validated one),
+  ``validate_at_step_0`` (validate the untrained model), ``relative_improvement_threshold`` (after
+  ``relative_improvement_after_step`` steps, a worse validation stops training when the summed
+  |relative improvement| ``(previous - current) / previous`` of the last ``relative_improvement_window``
+  (default ``num_tries``) validations is under it; the original: 0.004 after step 1000) and
+  ``per_task_validation`` (the original's under ``acc_steps``: a best value and a tries count per task, judged
+  on each task's value; a worse task counts its tries and stops training when it runs out; the best state is
+  the last one where no task was worse).
+- ``stages`` (the original's ``segment_lengths`` curriculum): each stage trains on its own view of the data
+  (utterances cut into ``segment_length``-frame segments, or ``"full"``) with its own settings and
+  ``num_steps`` (from its own number of segments), its own lr decay, validation state and a fresh optimizer
+  state, starting from the model the previous stage ended with (after a validation stop with
+  ``best_model_final``, its best). Validation also reads the stage's view (segments in a segment stage).
+- Ctrl-C (during any call of the step: minibatch, normalize, clip or apply) finishes the step in flight,
+  then stops; a second Ctrl-C abandons the step at once, discarding its partial accumulation and data draws
+  (never in the middle of ``apply``: a hard stop waits until the parameters are consistent). Either way
+  the trainer is consistent and, with ``expdir``, ``final.pt`` is written (it always is, also when
+  training ends normally or on an error).
+- Listeners (``trainer.add_callback``) hear ``run_start``, ``step`` (with the history row),
+  ``validation`` (with the record) and ``run_end`` (with the reason).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from ..base.errors import ConfigError
+from ..base.report import say
+from ..core.accumulator import Phase
+from ..core.trainer import Trainer
+from . import expdir as expdir_
+from .checkpoint import save_checkpoint
+from .schedule import Schedule
+from .validation import validate_and_decide
+
+class _Sigint:
+    """First Ctrl-C: stop after the step in flight. Second: abandon that step at once (KeyboardInterrupt),
+    except inside ``apply``'s parameter update, where it waits until the update is complete."""
+
+    def __init__(self, trainer: Trainer, progress: bool) -> None:
+        self.trainer = trainer
+        self.progress = progress
+        self.requested = False
+        self.abortable = False
+        self.pending = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "_Sigint":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self.trainer.add_callback(self._after_call)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and self.abortable:
+            if self.trainer.atomic:
+                self.pending = True  # raised by _after_call once apply() has finished
+                return
+            raise KeyboardInterrupt("mtlab: second Ctrl-C, the step in flight was abandoned")
+        self.requested = True
+        say("Ctrl-C: stopping after this step (press again to abandon the step)", self.progress)
+
+    def _after_call(self, event: str, info: dict[str, Any]) -> None:
+        if self.pending and not self.trainer.atomic:
+            self.pending = False
+            raise KeyboardInterrupt("mtlab: second Ctrl-C, stopped after the step's update")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self.trainer.remove_callback(self._after_call)
+
+
+def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
+    """``trainer.step()``, or, if it raises before applying, nothing at all (accumulation, data
+    positions and RNG state as before the call)."""
+    before = trainer.step_count
+    fresh = all(p in (Phase.EMPTY, Phase.APPLIED) for p in trainer.phase().values())  # else step() refuses as is
+    streams = {key: stream.state_dict() for key, stream in trainer.streams.items()}
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None
+    guard.abortable = True
+    try:
+        trainer.step()
+    except BaseException as exc:
+        guard.abortable = False
+        if trainer.step_count == before and fresh:
+            exc.add_note("mtlab.run: the refused step was rolled back: its accumulation discarded, data positions "
+                         "and RNG as before it, parameters and optimizer untouched (a resume draws the same data)")
+            trainer.reset()
+            for key in list(trainer.streams):
+                if key in streams:
+                    trainer.streams[key].load_state_dict(streams[key])
+                else:
+                    del trainer.streams[key]  # first used in this step: it starts afresh next time
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state(cuda_rng, trainer.device)
+        raise
+    finally:
+        guard.abortable = False
+
+
+def _note_skipped(trainer: Trainer, schedule: Schedule, progress: bool = False) -> None:
+    seen = set(schedule.skipped)
+    for row in trainer.log.rows():
+        step = int(row["step"])
+        if row.get("skipped") and step not in seen:
+            seen.add(step)
+            schedule.skipped.append(step)
+            say(f"step {step} skipped: non-finite loss or gradient (nonfinite='skip'); parameters untouched", progress)
+
+
+def _postfix(trainer: Trainer) -> dict[str, str]:
+    rows = trainer.log.rows()
+    if not rows:
+        return {}
+    out = {k.split("/")[0]: f"{v:.4g}" for k, v in rows[-1].items()
+           if k.endswith("/loss") and k.count("/") == 1 and isinstance(v, float)}
+    if trainer.device.type == "cpu":  # the thread count decides the speed on a shared CPU: show it
+        out["threads"] = str(torch.get_num_threads())
+    return out
+
+
+def _target(target: Any) -> tuple[Trainer, Any, Mapping[str, Any] | None]:
+    """(trainer, schedule, recipe) of a Trainer or of an experiment (anything with .trainer and .schedule)."""
+    if isinstance(target, Trainer):
+        return target, None, None
+    trainer = getattr(target, "trainer", None)
+    if not isinstance(trainer, Trainer):
+        raise ConfigError(f"run(): expected a mtlab.Trainer or an experiment from mtlab.from_recipe(), "
+                          f"got {type(target).__name__}")
+    return trainer, getattr(target, "schedule", None), getattr(target, "recipe", None)
+
+
+def _note_bad_data(trainer: Trainer, progress: bool) -> None:
+    """Announce examples a linked set's ``on_bad_data = "skip"`` left out during the step (``skipped.jsonl`` in the
+    experiment folder lists them all)."""
+    fresh = trainer.streams.new_skipped()
+    if fresh:
+        for record in fresh:
+            record["step"] = trainer.step_count
+        say(f"step {trainer.step_count}: left out {len(fresh)} bad example(s), first {fresh[0]['reason']}", progress)
+        trainer.events.emit("data_skipped", {"step": trainer.step_count, "examples": fresh})
+
+
+def run(target: Any, schedule: Schedule | None = None, steps: int | None = None, progress: bool = True,
+        expdir: str | Path | None = None, between_steps: Callable[[], bool] | None = None,
+        recipe: Mapping[str, Any] | None = None) -> Schedule:
+    """Train until ``schedule.num_steps`` (or ``steps`` more steps, validation stops it, Ctrl-C, or
+    ``between_steps()`` returns True).
+
+    ``target`` is a Trainer or an experiment (``mtlab.from_recipe``). Without a schedule, ``steps`` more
+    steps run at the trainer's current learning rate. ``between_steps`` is called in the loop's thread
+    before each step; it may block (pause), run queued commands, and returns True to stop. Returns the
+    schedule; ``schedule.last_stop`` says why it returned. With ``expdir`` the experiment folder gets the
+    recipe, feature stats, ``best.pt``, ``final.pt``, ``history.csv``, ``validation.csv``, plots and a summary.
+    """
+    from tqdm.auto import tqdm
+
+    trainer, own_schedule, own_recipe = _target(target)
+    schedule = schedule if schedule is not None else own_schedule
+    recipe = recipe if recipe is not None else own_recipe
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
+        raise ConfigError(f"run(): steps must be a non-negative integer (steps to run now), got {steps!r}")
+    follow_lr = schedule is None  # no schedule: the trainer's own lr, which a slider may move during the run
+    if schedule is None:
+        if steps is None and between_steps is None:
+            raise ConfigError("run(): no schedule; pass steps=N, schedule=Schedule(num_steps=...), or an experiment "
+                              "from mtlab.from_recipe()")
+        # No schedule: the trainer's lr, until ``steps`` more steps or until between_steps() says stop.
+        total = trainer.step_count + steps if steps is not None else 2**62
+        schedule = Schedule(num_steps=max(1, total), initial_learning_rate=trainer.lr)
+        if target is not trainer:
+            target.schedule = schedule
+    path = Path(expdir) if expdir is not None else None
+    if path is not None:
+        expdir_.prepare(trainer, path, recipe)
+    done, reason, error = 0, "done", None
+    start = time.monotonic()
+    tty = sys.stderr.isatty()
+    bar = tqdm(total=schedule.num_steps, initial=min(trainer.step_count, schedule.num_steps), disable=not progress,
+               desc="train", unit="step", dynamic_ncols=True, mininterval=0.1 if tty else 30.0)
+    shown = 0.0
+    schedule.apply_stage(trainer)
+    trainer.events.emit("run_start", {"step": trainer.step_count, "num_steps": schedule.num_steps})
+    with _Sigint(trainer, progress) as guard:
+        try:
+            while True:
+                over = schedule.stopped is not None or trainer.step_count >= schedule.stage_end
+                if over and schedule.last_stage:
+                    reason = schedule.stopped or "done"
+                    break
+                if steps is not None and done >= steps:
+                    reason = "steps"
+                    break
+                if guard.requested or (between_steps is not None and between_steps()):
+                    reason = "interrupted" if guard.requested else "stopped"
+                    break
+                if over:
+                    schedule.next_stage(trainer, progress)
+                    bar.total = schedule.num_steps
+                    continue
+                if (schedule.validate_at_step_0 and schedule.valid_frequency
+                        and trainer.step_count == schedule.stage_start
+                        and not any(r["step"] == trainer.step_count for r in schedule.validation[schedule.stage_first:])):
+                    validate_and_decide(trainer, schedule, path, progress, recipe)  # the untrained model
+                    if schedule.stopped:
+                        continue
+                if schedule.resume_streams is not None:  # after a go_back: continue the data, do not replay it
+                    trainer.streams.load_state_dict(schedule.resume_streams, trainer.tasks)
+                    schedule.resume_streams = None
+                if not follow_lr:
+                    trainer.lr = schedule.lr_at(trainer.step_count)
+                _guarded_step(trainer, guard)
+                done += 1
+                _note_bad_data(trainer, progress)
+                trainer.events.emit("step", {"step": trainer.step_count, "row": trainer.log.last()})
+                local = trainer.step_count - schedule.stage_start
+                if schedule.valid_frequency and local % schedule.valid_frequency == 0:
+                    validate_and_decide(trainer, schedule, path, progress, recipe)
+                    _note_skipped(trainer, schedule, progress)
+                if progress and time.monotonic() - shown > (1.0 if tty else 30.0):
+                    shown = time.monotonic()  # reading the history is a device sync: at most once a second
+                    bar.set_postfix(_postfix(trainer), refresh=False)
+                    _note_skipped(trainer, schedule, progress)
+                bar.n = min(trainer.step_count, schedule.num_steps)
+                bar.refresh() if tty else bar.update(0)
+            if (reason == "done" and schedule.valid_frequency and not schedule.stopped
+                    and (not schedule.validation or schedule.validation[-1]["step"] != trainer.step_count)):
+                validate_and_decide(trainer, schedule, path, progress, recipe, act=False)  # a last look, no rollback
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        except BaseException as exc:  # noqa: BLE001 (saved below, then re-raised)
+            reason, error = "error", exc
+        finally:
+            bar.close()
+    schedule.last_stop = reason
+    _note_skipped(trainer, schedule, progress)
+    if reason == "interrupted":
+        say(f"interrupted at step {trainer.step_count}; the trainer is consistent and can continue", progress)
+    if path is not None:
+        expdir_.finish(trainer, schedule, path, wall_s=time.monotonic() - start, steps_run=done, recipe=recipe,
+                       save=lambda p: save_checkpoint(trainer, schedule, p, recipe=recipe))
+    trainer.events.emit("run_end", {"reason": reason, "step": trainer.step_count, "steps_run": done})
+    if error is not None:
+        raise error
+    return schedule
