@@ -57,17 +57,25 @@ def user_frame_loss(logits: torch.Tensor, y: torch.Tensor, lens: torch.Tensor) -
     return loss, (y != IGNORE).sum()
 
 
+AUTOCAST = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
 class UserLoop:
     """The loop a user writes for the same math: K minibatches of summed frame losses, gradients
-    divided once by the frame count, ``clip_grad_value_``, torch's default ``Adam``."""
+    divided once by the frame count, ``clip_grad_value_``, torch's default ``Adam``. With a mixed
+    ``precision``, torch's AMP recipe: forward and loss under ``autocast``; for ``16-mixed`` a GradScaler
+    (``scale(loss).backward()``, ``unscale_`` before the division and clipping, ``step``, ``update``)."""
 
-    def __init__(self, models, examples, batch: int, clip: float = 1.0, device: str = "cpu") -> None:
+    def __init__(self, models, examples, batch: int, clip: float = 1.0, device: str = "cpu",
+                 precision: str = "32") -> None:
         self.enc, self.head = models["enc"].to(device), models["head"].to(device)
         self.params = list(self.enc.parameters()) + list(self.head.parameters())
         self.opt = torch.optim.Adam(self.params, lr=1e-3)
         self.stream = BatchStream(examples, batch, 1, seed=mtlab.sampling.derived_seed(0, "tag", "train"))
         self.clip = clip
         self.device = torch.device(device)
+        self.dtype = AUTOCAST[precision]
+        self.scaler = torch.amp.GradScaler(self.device.type) if precision == "16-mixed" else None
 
     def step(self) -> None:
         self.opt.zero_grad()
@@ -75,13 +83,20 @@ class UserLoop:
         for _ in range(K):
             data, lens = next(self.stream)
             x, y, n = (data["x"].to(self.device), data["y"].to(self.device), lens["y"].to(self.device))
-            loss, count = user_frame_loss(self.head(self.enc(x, n)), y, n)
-            loss.backward()
+            with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+                loss, count = user_frame_loss(self.head(self.enc(x, n)), y, n)
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
             frames = frames + count
+        if self.scaler:
+            self.scaler.unscale_(self.opt)
         for p in self.params:
             p.grad.div_(frames)
         torch.nn.utils.clip_grad_value_(self.params, self.clip)
-        self.opt.step()
+        if self.scaler:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
 
 
 HandLoop = UserLoop  # the name earlier benchmark scripts used

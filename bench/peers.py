@@ -27,6 +27,8 @@ a GPU). One torch thread unless MTLAB_BENCH_THREADS is set.
     python bench/peers.py                 # all cases
     python bench/peers.py --case overhead --rounds 9
     python bench/peers.py --device cuda   # on a GPU (bench/gpu_check.py runs this)
+    python bench/peers.py --precision bf16   # every system in bf16-mixed: mtlab's precision=, the AMP loop
+                                             # (autocast), Lightning's precision=, Accelerate's mixed_precision=
 """
 
 from __future__ import annotations
@@ -87,21 +89,22 @@ class System:
         self.settle = settle
 
 
-def system_mtlab(models, examples, batch, device) -> System:
-    tr = common.make_trainer(models, examples, batch, device=device)
+def system_mtlab(models, examples, batch, device, precision: str = "32") -> System:
+    tr = common.make_trainer(models, examples, batch, device=device, precision=precision)
     return System(tr.step, tr.params.values(), [tr.optimizer],
                   lambda: [b for t in tr.tasks for b in tr.state(t).buffers] + tr.update.buffers())
 
 
-def system_loop(models, examples, batch, device) -> System:
-    loop = common.UserLoop(models, examples, batch, device=device)
+def system_loop(models, examples, batch, device, precision: str = "32") -> System:
+    loop = common.UserLoop(models, examples, batch, device=device, precision=precision)
     return System(loop.step, loop.params, [loop.opt], settle=loop.opt.zero_grad)
 
 
-def system_accelerate(models, examples, batch, device) -> System:
+def system_accelerate(models, examples, batch, device, precision: str = "32") -> System:
     from accelerate import Accelerator
 
-    acc = Accelerator(gradient_accumulation_steps=K, cpu=device == "cpu")
+    mixed = {"32": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}[precision]
+    acc = Accelerator(gradient_accumulation_steps=K, cpu=device == "cpu", mixed_precision=mixed)
     model = nn.ModuleDict(models)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     model, opt = acc.prepare(model, opt)
@@ -123,7 +126,7 @@ def system_accelerate(models, examples, batch, device) -> System:
 
 
 def run_lightning(models, examples, batch, steps: int, device: str, offset_steps: int = 0,
-                  clock: Callable[[], float] = time.perf_counter) -> list[float]:
+                  clock: Callable[[], float] = time.perf_counter, precision: str = "32") -> list[float]:
     """Seconds per optimizer step of a Lightning fit (start-up and its first step excluded); the
     measured steps use the batches the other systems use in the same round."""
     import lightning as L
@@ -157,6 +160,7 @@ def run_lightning(models, examples, batch, steps: int, device: str, offset_steps
         _Fixed(batches_for(examples, batch, (steps + 1) * K, offset=offset_steps * K)), batch_size=None)
     trainer = L.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, max_steps=steps + 1,
                         accumulate_grad_batches=K, gradient_clip_val=1.0, gradient_clip_algorithm="value",
+                        precision={"32": "32-true"}.get(precision, precision),
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[Clock()])
     trainer.fit(Tagger(), loader)
@@ -189,7 +193,7 @@ def mt_examples(n, lo, hi):
     return ex
 
 
-def mt_mtlab(models, examples, batch, device) -> System:
+def mt_mtlab(models, examples, batch, device, precision: str = "32") -> System:
     n = mtlab.Node
     frames = mtlab.Task("frames", [n("h", "enc", ["x"]), n("o", "frames", ["h"])], ["x"], ["y"], ["o"],
                         mtlab.losses.CrossEntropy(output="o", target="y"),
@@ -197,14 +201,17 @@ def mt_mtlab(models, examples, batch, device) -> System:
     spk = mtlab.Task("spk", [n("h", "enc", ["x"]), n("p", "pool", ["h"]), n("o", "spk", ["p"])], ["x"], ["spk"], ["o"],
                      mtlab.losses.CrossEntropy(output="o", target="spk"),
                      {"train": mtlab.LinkedSet(examples)}, batch_size=batch, weight=0.5)
-    tr = mtlab.Trainer(models, [frames, spk], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=K, device=device)
+    tr = mtlab.Trainer(models, [frames, spk], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=K, device=device,
+                       precision=precision)
     return System(tr.step, tr.params.values(), [tr.optimizer],
                   lambda: [b for t in tr.tasks for b in tr.state(t).buffers] + tr.update.buffers())
 
 
-def mt_loop(models, examples, batch, device) -> System:
+def mt_loop(models, examples, batch, device, precision: str = "32") -> System:
     """Two tasks as a user writes them: each task's gradients accumulated and kept, normalized and
-    clipped, then the shared encoder's gradient is their weighted sum."""
+    clipped, then the shared encoder's gradient is their weighted sum (bf16: forward and loss under
+    autocast; fp16 would need a scaler per task: not measured)."""
+    dtype = common.AUTOCAST[precision]
     enc, fr, pool, sp = (models[k].to(device) for k in ("enc", "frames", "pool", "spk"))
     params = list(enc.parameters()) + list(fr.parameters()) + list(sp.parameters())
     opt = torch.optim.Adam(params, lr=1e-3)
@@ -220,7 +227,8 @@ def mt_loop(models, examples, batch, device) -> System:
             data, lens = next(stream)
             data = {k: v.to(device) for k, v in data.items()}
             lens = {k: v.to(device) for k, v in lens.items()}
-            loss, n = forward(data, lens)
+            with torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype is not None):
+                loss, n = forward(data, lens)
             loss.backward()
             norm = norm + n
         grads = [p.grad for p in enc_params + own]
@@ -252,14 +260,14 @@ def mt_loop(models, examples, batch, device) -> System:
 
 
 # ----------------------------------------------------------------------------- driver
-def build(system: str, case: str, device: str) -> System:
+def build(system: str, case: str, device: str, precision: str = "32") -> System:
     layers, hidden, batch, lo, hi, _ = SETTINGS[case]
     if case == "multitask":
         fn = {"mtlab": mt_mtlab, LOOP: mt_loop}[system]
-        return fn(mt_models(hidden), mt_examples(256, lo, hi), batch, device)
+        return fn(mt_models(hidden), mt_examples(256, lo, hi), batch, device, precision)
     builders = {"mtlab": system_mtlab, LOOP: system_loop, "accelerate": system_accelerate}
     return builders[system](common.make_models(layers, hidden), common.make_examples(256, lo, hi, seed=1), batch,
-                            device)
+                            device, precision)
 
 
 def synced(step: Callable[[], None], device: str) -> Callable[[], None]:
@@ -273,13 +281,13 @@ def synced(step: Callable[[], None], device: str) -> Callable[[], None]:
     return run
 
 
-def peak_memory(system: str, case: str, device: str) -> int:
+def peak_memory(system: str, case: str, device: str, precision: str = "32") -> int:
     """Peak tensor bytes of one step after one warm-up step (each system built afresh; on a GPU, counted
     from what was allocated before it was built, so other live objects do not count)."""
     if device == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
-    s = build(system, case, device)
+    s = build(system, case, device, precision)
     s.step()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -295,19 +303,22 @@ def peak_memory(system: str, case: str, device: str) -> int:
 
 
 def run_case(case: str, rounds: int, device: str, steps: int | None = None,
-             clock: Callable[[], float] = time.perf_counter) -> list[dict]:
+             clock: Callable[[], float] = time.perf_counter, precision: str = "32",
+             lightning: bool = True) -> list[dict]:
     """One row per system: ms/step, ratio to the loop (median of per-round ratios) and its spread,
     peak tensor memory and its ratio to the loop's."""
     layers, hidden, batch, lo, hi, default_steps = SETTINGS[case]
     steps = steps or default_steps
     single = case != "multitask"
     names = ["mtlab", LOOP] + (["accelerate"] if single and available("accelerate") else [])
-    systems = {n: build(n, case, device) for n in names}
+    if case == "multitask" and precision == "16-mixed":
+        return [{"case": case, "system": n, "note": "not measured (fp16)"} for n in SYSTEMS]
+    systems = {n: build(n, case, device, precision) for n in names}
     fns = {n: synced(s.step, device) for n, s in systems.items()}
     for fn in fns.values():
         fn()  # warm up (optimizer state, allocator)
     times: dict[str, list[float]] = {n: [] for n in names}
-    use_lightning = single and available("lightning")
+    use_lightning = single and lightning and available("lightning")
     if use_lightning:
         times["lightning"] = []
         models_l = common.make_models(layers, hidden)
@@ -316,10 +327,11 @@ def run_case(case: str, rounds: int, device: str, steps: int | None = None,
         for n in (names if r % 2 == 0 else names[::-1]):
             times[n].append(common.timed(fns[n], steps, clock))
         if use_lightning:
-            per = run_lightning(models_l, ex_l, batch, steps, device, offset_steps=r * steps, clock=clock)
+            per = run_lightning(models_l, ex_l, batch, steps, device, offset_steps=r * steps, clock=clock,
+                                precision=precision)
             times["lightning"].append(sum(per) / len(per))
     del systems, fns
-    mem = {n: peak_memory(n, case, device) for n in names}
+    mem = {n: peak_memory(n, case, device, precision) for n in names}
     rows = []
     for n in SYSTEMS:
         if n not in times:
@@ -350,6 +362,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--steps", type=int, default=None, help="steps per round (default: per case)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--precision", default="32", choices=["32", "bf16", "16"],
+                    help="every system in the same precision: bf16 = bf16-mixed (autocast), 16 = 16-mixed "
+                         "(autocast and a GradScaler)")
+    ap.add_argument("--no-lightning", action="store_true", help="leave Lightning out (its start-up is slow)")
     ap.add_argument("--clock", default=None, choices=["cpu", "wall"],
                     help="process CPU time or wall time (default: cpu on the CPU, wall on a GPU)")
     args = ap.parse_args()
@@ -361,14 +377,15 @@ def main() -> None:
         sys.exit("--device cuda: CUDA is not available here")
     common.set_threads()
     cases = list(SETTINGS) if args.case == "all" else [args.case]
+    precision = {"32": "32", "bf16": "bf16-mixed", "16": "16-mixed"}[args.precision]
     missing = [p for p in ("lightning", "accelerate") if not available(p)]
     if missing:
         print(f"not installed (rows say so): {missing}; pip install \"mtlab[bench]\"")
     print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, K={K}, "
-          f"rounds={args.rounds}, clock {clock_name}; ratio = median per-round time / loop's, ± half-range of the per-round ratios")
+          f"rounds={args.rounds}, clock {clock_name}, precision {precision}; ratio = median per-round time / loop's, ± half-range of the per-round ratios")
     print(f"{'case':<10}{'system':<12}{'ms/step':>10}{'ratio':>8}{'spread':>9}{'peak MB':>12}{'ratio':>8}")
     for case in cases:
-        for r in run_case(case, args.rounds, args.device, args.steps, clock):
+        for r in run_case(case, args.rounds, args.device, args.steps, clock, precision, not args.no_lightning):
             print(format_row(r), flush=True)
 
 

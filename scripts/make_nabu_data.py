@@ -2,7 +2,8 @@
 out as the recipe's database.conf says, so the recipe runs unchanged (a recipe with i-vector inputs also
 gets its i-vector lists and files, one fixed vector per sample speaker; a recipe of three or more speakers per
 mixture, nrs = N, gets N-speaker mixtures made from the two-speaker samples by adding the main speaker of other
-mixtures of the same split; see mtlab.nabu.samples):
+mixtures of the same split; see mtlab.nabu.samples); the test sets that test_evaluator.cfg names get the
+samples' test split:
 
     python scripts/make_nabu_data.py ../shared/nabu/config/recipes/papers/ICASSP2018/MERL_DC_2spk /tmp/wsj
     python scripts/make_nabu_data.py ../shared/nabu/config/recipes/papers/ICASSP2018/MERL_DC_3spk /tmp/wsj
@@ -18,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mtlab.nabu import import_nabu, make_sample_root  # noqa: E402
+from mtlab.nabu.evaluation import make_test_root, read_test  # noqa: E402
 
 
 def main() -> int:
@@ -30,6 +32,9 @@ def main() -> int:
     recipe = import_nabu(args.recipe_dir, data_root=args.data_root.resolve(), strict=False)
     for folder in make_sample_root(recipe, args.samples, args.limit):
         print(folder)
+    if (args.recipe_dir / "test_evaluator.cfg").is_file():  # the test sets, from the samples' test split
+        for folder in make_test_root(read_test(args.recipe_dir, args.data_root.resolve()), args.samples, args.limit):
+            print(folder)
     return 0
 
 

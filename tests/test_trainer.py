@@ -204,7 +204,7 @@ def snapshot(tr: mtlab.Trainer, models):
            "opt": {id(p): {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for p, s in tr.optimizer.state.items()}}
     for t in tr.tasks:
         st = tr.state(t)
-        out[t] = (st.minibatches, float(st.batch_loss), float(st.batch_loss_norm),
+        out[t] = (st.minibatches, float(st.loss), float(st.normalizer),
                   {k: v.clone() for k, v in st.grads.items()})
     return out
 

@@ -11,6 +11,7 @@
     mtlab import-nabu RECIPE_DIR -o recipe.toml [--data-root DIR] an original Nabu-MSSS recipe as a TOML recipe
     mtlab import-nabu-checkpoint CKPT --recipe DIR -o model.pt    an original trained model (TensorFlow checkpoint)
                                                                  as mtlab weights, for init_file
+    mtlab test DIR [--limit N] [--pesq] [--out DIR]              an imported recipe's test: loss, separation, SDR
 
 ``mtlab train`` also takes an original Nabu-MSSS recipe folder, with ``--data-root DIR`` (where its
 database.conf paths are re-rooted).
@@ -125,8 +126,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder; "
                             "default: the recipe's [trainer] log)")
 
+    def device_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--precision", default=None, choices=["32", "bf16-mixed", "16-mixed"],
+                       help="override the recipe's [trainer] precision (default: the recipe's, else 32)")
+        p.add_argument("--compile", action="store_true", default=None,
+                       help="torch.compile each model (dynamic shapes); overrides the recipe's [trainer] compile")
+
     p = sub.add_parser("train", help="train a recipe into an experiment folder")
     p.add_argument("recipe", type=Path)
+    device_flags(p)
     p.add_argument("--data-root", type=Path, default=None,
                    help="an original Nabu-MSSS recipe folder: its database.conf paths go below this (default: data)")
     p.add_argument("--expdir", type=Path, required=True, help="experiment folder (must not hold an experiment yet)")
@@ -134,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="cap the hidden sizes of an original Nabu-MSSS recipe at N units: a quick look on a CPU")
     common(p)
     p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus")
+    device_flags(p)
     p.add_argument("--expdir", type=Path, default=None, help="experiment folder (default: exp/demo, exp/demo-2, ...)")
     common(p)
     p = sub.add_parser("resume", help="continue an experiment from its final.pt")
@@ -179,7 +188,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", type=Path, required=True, help="the original recipe folder the model was trained with")
     p.add_argument("-o", "--output", type=Path, required=True, help="the torch file to write")
     p.set_defaults(threads=None)
+    p = sub.add_parser("test", help="an experiment of an original recipe: test loss (test_evaluator.cfg), separated "
+                                    "WAVs (reconstructor.cfg) and their scores (scorer.cfg)")
+    p.add_argument("expdir", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: EXPDIR/test)")
+    p.add_argument("--checkpoint", default="final", help="final, best or a path (default: final)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many utterances per task")
+    p.add_argument("--pesq", action="store_true", help="add PESQ (pip install \"mtlab[metrics]\")")
+    p.add_argument("--recipe", type=Path, default=None, help="the original recipe folder (default: the one the "
+                                                              "experiment was imported from)")
+    p.add_argument("--data-root", type=Path, default=None, help="default: the experiment's")
+    p.add_argument("--seed", type=int, default=0, help="k-means initialization seed")
+    p.set_defaults(threads=None)
     return parser
+
+
+def _with_flags(recipe: Any, args: argparse.Namespace) -> Any:
+    """The recipe (a path or a dict) with ``--precision`` / ``--compile`` written into its [trainer] table, so
+    the checkpoints carry them and ``mtlab resume`` continues the same way."""
+    over = {k: v for k, v in (("precision", getattr(args, "precision", None)),
+                              ("compile", getattr(args, "compile", None))) if v is not None}
+    if not over:
+        return recipe
+    from .recipe import load_recipe
+
+    loaded = dict(load_recipe(recipe) if isinstance(recipe, (str, Path)) else recipe)
+    loaded["trainer"] = {**loaded.get("trainer", {}), **over}
+    return loaded
 
 
 def _fresh_expdir(path: Path) -> None:
@@ -307,7 +342,7 @@ def _elastic_train(args: argparse.Namespace) -> int:
     if point is None:
         if not restarts:
             _fresh_expdir(args.expdir)
-        exp = from_recipe(args.recipe)
+        exp = from_recipe(_with_flags(args.recipe, args))
     else:
         exp = load(point)
         restore_rank_state(exp.trainer, point)
@@ -407,6 +442,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             counts = write_converted(args.checkpoint, args.recipe, args.output)
             print(f"{args.output}: {len(counts)} model(s), {sum(counts.values())} tensors; set init_file to it")
             return 0
+        if args.command == "test":
+            from .nabu_test import cli
+
+            return cli(args.expdir, args.out, args.checkpoint, args.limit, args.pesq, args.recipe, args.data_root,
+                       args.seed)
         if args.command == "train":
             return _elastic_train(args)
         if args.command == "demo":
@@ -419,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     n += 1
                     expdir = Path(f"exp/demo-{n}")
             _fresh_expdir(expdir)
-            return _train(from_recipe(_demo_recipe()), expdir, args)
+            return _train(from_recipe(_with_flags(_demo_recipe(), args)), expdir, args)
         if args.command == "resume":
             return _resume(args)
         if args.command == "prepare":

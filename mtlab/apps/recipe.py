@@ -366,6 +366,9 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
             models[name] = build_model(kind, **kwargs)
         except ConfigError as exc:
             raise ConfigError(f"{origin}: [models.{name}]: {exc}") from None
+    from ..separation.checks import check_mask_activation
+
+    check_mask_activation(models, recipe["tasks"], origin)  # a MaskHead's masks squashed again by the loss
     chosen = settings["tasks"] or list(recipe["tasks"])
     weights = dict(zip(chosen, settings["task_weights"])) if settings["task_weights"] is not None else {}
     targets = tuple(sorted({k for t in chosen for k in (*recipe["tasks"][t]["targets"], *recipe["tasks"][t]["inputs"])}
@@ -411,7 +414,8 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                           seed=settings["seed"], nonfinite=settings["nonfinite"], acc_steps=settings["acc_steps"],
                           normalize_weights_acc_steps=settings["normalize_weights_acc_steps"],
                           combine=settings["combine"], clip_grad_norm=settings["clip_grad_norm"] or None,
-                          clip_grad_percentile=settings["clip_grad_percentile"] or None)
+                          clip_grad_percentile=settings["clip_grad_percentile"] or None,
+                          precision=settings["precision"], compile=settings["compile"])
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
     if settings["init_file"] and init_weights:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import ConfigError
+from ..core.precision import PRECISIONS
 from ..training.schedule import STAGE_KEYS, check_stage
 
 DEFAULT_ORIGIN = "<recipe dict>"
@@ -73,6 +74,9 @@ TRAINER_KEYS: dict[str, Key] = {
     "device": Key("str", "auto", "mtlab: auto, cpu, cuda or cuda:N"),
     "log": Key("names", None, "mtlab: loggers of mtlab train/demo/resume, e.g. [\"tensorboard\", \"mlflow\"] "
                 "(csv, tensorboard, mlflow, trackio; files in the experiment folder; --log overrides)"),
+    "precision": Key("str", "32", "mtlab: 32, bf16-mixed (autocast) or 16-mixed (autocast + loss scaling); "
+                     "weights, gradients and optimizer stay float32", choices=PRECISIONS),
+    "compile": Key("bool", False, "mtlab: torch.compile each model (dynamic shapes: no recompile per length)"),
     "combine": Key("str", "sum", "mtlab: how tasks' gradients become one direction: sum, an aggregator (upgrad, "
                    "mgda, pcgrad, ...), a loss weighting (uncertainty, dwa, famo, random_loss) or both (dwa+upgrad)"),
 }
@@ -209,7 +213,9 @@ def _from_string(key: str, spec: Key, text: str, origin: str) -> Any:
 
 
 def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
-    """The ``[trainer]`` section of the original's INI ``trainer.cfg`` as typed recipe settings."""
+    """The ``[trainer]`` section of an INI ``trainer.cfg`` as typed recipe settings: mtlab's keys, one value
+    each, or the original's file (``trainer = multi_task``, ``segment_lengths``, per-stage values), read as
+    ``mtlab.nabu`` imports it (``stages`` and the original's stopping rules)."""
     path = Path(path)
     parser = configparser.ConfigParser(interpolation=None)
     parser.optionxform = str  # keep key case as written
@@ -221,12 +227,30 @@ def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: trainer.cfg not found; give a path relative to the recipe file")
     if not parser.has_section("trainer"):
         raise ConfigError(f"{path}: no [trainer] section; sections: {parser.sections() or 'none'}")
+    conf = dict(parser.items("trainer"))
+    if _is_original(conf):
+        # the original's own file (trainer = multi_task, segment_lengths, one value per stage): read as the
+        # recipe importer reads it, so both give the same stages and stopping rules
+        from ..nabu.importer import Importer
+
+        plain, _, _ = Importer(path.parent, "data", strict=True).trainer(conf)
+        return plain
     out: dict[str, Any] = {}
-    for key, text in parser.items("trainer"):
+    for key, text in conf.items():
         if key not in TRAINER_KEYS:
             raise _unknown(str(path), "[trainer]", key, list(TRAINER_KEYS))
         out[key] = _from_string(key, TRAINER_KEYS[key], text, str(path))
     return out
+
+
+def _is_original(conf: Mapping[str, str]) -> bool:
+    """Whether a ``[trainer]`` section is the original's: its ``trainer`` or ``segment_lengths`` key, or a
+    per-stage list where mtlab's INI keys take one value."""
+    if "trainer" in conf or "segment_lengths" in conf:
+        return True
+    single = ("int", "float", "bool", "clip", "tries")
+    return any(key in TRAINER_KEYS and TRAINER_KEYS[key].kind in single and len(text.split()) > 1
+               for key, text in conf.items())
 
 
 

@@ -115,8 +115,8 @@ class Accumulator:
 
     @property
     def grads(self) -> Mapping[str, Tensor]:
-        """Parameter name -> this task's gradient (views into ``buffers``; a read-only mapping, no copy);
-        empty when nothing is accumulated."""
+        """Parameter name -> this task's gradient (read-only views into ``buffers``; empty before a minibatch).
+        Under ``precision="16-mixed"``: ``scale × Σ gradients`` while ``accumulating``, true ones after."""
         return self._readonly if self.minibatches else _EMPTY
 
     def begin(self) -> None:

@@ -184,6 +184,17 @@ def check_weights(models: Mapping[str, nn.Module], weights: Mapping[str, Any], s
         raise ConfigError(f"{source} does not fit this trainer's models ({len(problems)} difference(s)); nothing "
                           "was loaded: " + "; ".join(problems) + ". Load it into a trainer built from the same "
                           "recipe (same model sizes)")
+def check_precision_state(state: dict[str, Any], mode: str) -> None:
+    """Refuse a state taken mid-accumulation under another loss scaling: its gradients would be read as
+    scaled when they are not, or the other way round. Between steps any precision may continue any state."""
+    saved = state.get("precision", {}).get("mode", "32")
+    if (saved == "16-mixed") == (mode == "16-mixed"):
+        return
+    busy = sorted(n for n, st in state["tasks"].items() if st["phase"] == "accumulating")
+    if busy:
+        raise ConfigError(f"the state was saved with precision={saved!r} while task(s) {busy} were accumulating, "
+                          f"and this trainer has precision={mode!r}: build it with precision={saved!r}, or load a "
+                          "state taken between steps")
 
 
 def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int = 0,
@@ -224,6 +235,7 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
         "rng": rng_state(tr.device), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
         "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
         "chain": tr.chain.state_dict(), "history": tr.log.state_dict(),
+        "precision": tr.precision.state_dict(),
         "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,
                      "numbatches_to_aggregate": tr.numbatches_to_aggregate, "seed": tr.seed,
                      "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps},
@@ -235,6 +247,7 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, sou
     tr = trainer
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps)
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
+    check_precision_state(state, tr.precision.mode)
     for k, m in tr.models.items():
         m.load_state_dict(state["models"][k])
     tr.update.load_state_dict(clone_tree(state["update"]))
@@ -246,6 +259,7 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, sou
                 tr.tasks[name].linkedsets[sname].weight = float(w)
     tr.streams.load_state_dict(state["streams"], tr.tasks)
     set_rng_state(state["rng"], tr.device)
+    tr.precision.load_state_dict(state.get("precision", {}))
     tr.step_count = int(state["step"])
     tr.lr = state["lr"]
     tr.clip_grad_value, tr.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")

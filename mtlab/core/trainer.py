@@ -28,6 +28,7 @@ from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError
 from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
+from .precision import Precision, compile_models
 from ..base.report import trainer_html
 from ..tasks.sampling import BatchStream, Streams
 from ..tasks.task import LinkedSet, Task, check_count, check_models, check_positive, check_tasks, check_weight
@@ -64,6 +65,9 @@ class Trainer:
     >>> trainer = Trainer(models, [task_a, task_b], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=2)
     >>> trainer.process_minibatch("a", "noisy"); trainer.normalize(); trainer.clip(); trainer.apply()
     >>> trainer.step()  # the whole cycle for every task
+
+    ``precision`` ("32", "bf16-mixed", "16-mixed" or ``{"type": ..., **GradScaler options}``) and ``compile``
+    are described in ``mtlab.core.precision``.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], tasks: Sequence[Task] | Task, lr: float = 1e-3,
@@ -72,7 +76,8 @@ class Trainer:
                  nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
                  clip_grad_norm: float | None = None, optimizer: OptimizerFactory | None = None,
-                 combine: Any = None, clip_grad_percentile: float | None = None) -> None:
+                 combine: Any = None, clip_grad_percentile: float | None = None, precision: Any = "32",
+                 compile: bool = False) -> None:
         check_models(models)
         tasks = check_tasks(tasks)
         check_count(numbatches_to_aggregate, "numbatches_to_aggregate", "minibatch rounds per step")
@@ -82,7 +87,11 @@ class Trainer:
             raise ConfigError("for data parallel training build the trainer, then call mtlab.distributed.attach(trainer) "
                               "(recipes and `mtlab train` under torchrun do it for you)")
         self.device = resolve_device(device)
+        self.precision = Precision.build(precision, self.device)  # autocast and, for "16-mixed", the GradScaler
         self.models: dict[str, nn.Module] = {k: m.to(self.device) for k, m in models.items()}
+        self.compiled = bool(compile)
+        if self.compiled:
+            compile_models(self.models)
         self.tasks: dict[str, Task] = {t.name: t for t in tasks}
         self.plans: dict[str, TaskPlan] = {t.name: TaskPlan(t, self.models, self.device) for t in tasks}
         self.numbatches_to_aggregate = numbatches_to_aggregate
@@ -259,8 +268,12 @@ class Trainer:
             self.events.emit("reset", {"task": task})
 
     def _set_mode(self, training: bool) -> None:
-        if self._training_mode is training and all(m.training == training for m in self.models.values()):
-            return
+        if self._training_mode is training:  # per minibatch: a plain loop, no generator
+            for m in self.models.values():
+                if m.training != training:
+                    break
+            else:
+                return
         for m in self.models.values():
             m.train(training)
         self._training_mode = training
@@ -274,7 +287,10 @@ class Trainer:
         half-kept) and says so.
         """
         with self.lock:
-            ls = self.linkedset(task, linkedset)
+            t = self.tasks.get(task)
+            ls = t.linkedsets.get(linkedset) if t is not None else None
+            if ls is None:
+                ls = self.linkedset(task, linkedset)  # raises, naming the tasks or linked sets there are
             acc = self._accs[task]
             if acc.position > 0 and acc.phase is not Phase.APPLIED:
                 raise PhaseError(f"task {task!r} is {acc.phase}; call apply() to finish this step "
@@ -282,16 +298,17 @@ class Trainer:
             weight = ls.weight  # read once: a slider may move it while we run
             stream_state = None
             if batch is None:
-                stream = self.stream(task, linkedset)
+                stream = self.streams.get_stream(t, linkedset)
                 stream_state = (stream.epoch, stream.position)
                 batch = next(stream)
             try:
                 self._set_mode(True)
                 with torch.enable_grad():
-                    result = self.plans[task].loss(batch, require_grad=True)
+                    with self.precision.autocast():
+                        result = self.plans[task].loss(batch, require_grad=True)
                     acc.begin()
                     try:
-                        (result.loss_sum if weight == 1.0 else result.loss_sum * weight).backward()
+                        self.precision.scale(result.loss_sum if weight == 1.0 else result.loss_sum * weight).backward()
                     except BaseException as exc:
                         acc.reset()
                         exc.add_note(f"mtlab: the backward of task {task!r} did not finish; its accumulation "
@@ -338,6 +355,8 @@ class Trainer:
             accs = {n: self._accs[n] for n in names}
             if call == self.reducing_call():
                 self._reduce(accs)
+                for acc in accs.values():
+                    self.precision.unscale_(acc.buffers)  # 16-mixed: once per task and step, before any transform
             for name, acc in accs.items():
                 self.chain.run(call, acc)
                 self.events.emit(call, {"task": name, "state": acc})
@@ -378,25 +397,30 @@ class Trainer:
             if not any(w > 0 for w in weights.values()):
                 raise ConfigError(f"apply(): every task that accumulated ({names}) has weight 0, so there is nothing "
                                   "to apply; raise a task weight or reset()")
+            accs = [self._accs[n] for n in names]
             if self.reducing_call() == "apply":  # no transform in the chain: the ranks sum here
                 self._reduce({n: self._accs[n] for n in names})
-            accs = [self._accs[n] for n in names]
+                for acc in accs:
+                    self.precision.unscale_(acc.buffers)
             for acc in accs:
                 acc.finish_stats()
             bad_each = ~torch.stack([acc.finite() for acc in accs])
             found_inf = bad_each.any()
-            if self.nonfinite == "raise" and bool(found_inf):  # sync point: "raise" must know before stepping
+            if self.precision.scaling:  # an fp16 gradient overflow is the scaler's to handle: skip, back off
+                bad_each = ~torch.stack([torch.isfinite(acc.loss) for acc in accs])
+            if self.nonfinite == "raise" and bool(bad_each.any()):  # sync point: "raise" must know before stepping
                 reasons = [self._accs[n].nonfinite_reason() for n, bad in zip(names, bad_each.tolist()) if bad]
                 raise NonFiniteError("apply(): refused, parameters and optimizer untouched: " + "; ".join(reasons) +
                                      ". reset() and go on, or use Trainer(nonfinite='skip') to drop such steps")
             self.atomic = True
             try:
-                self.update.step(self._accs, weights, self.lr, found_inf if self.nonfinite == "skip" else None)
+                skip = self.nonfinite == "skip" or self.precision.scaling
+                self.update.step(self._accs, weights, self.lr, found_inf if skip else None)
                 for acc in accs:
                     acc.mark_applied()
                 self.step_count += 1
                 row = step_row(self.step_count, self.lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
-                               self.update.stats)
+                               {**self.update.stats, **self.precision.update(found_inf)})
                 self.log.append(row)
             finally:
                 self.atomic = False
@@ -474,7 +498,7 @@ class Trainer:
             source = examples if examples is not None else (ls.valid if ls.valid is not None else ls.examples)
             if source is None:
                 raise ConfigError(f"evaluate(): linked set {linkedset!r} of task {task!r} has no examples; pass examples=")
-            with eval_mode(self.models):
+            with eval_mode(self.models), self.precision.autocast():
                 loss_sum, norm = evaluate_totals(self.plans[task], source, t.batch_size, num_batches)
             self._training_mode = None
             value = loss_sum / norm if norm != 0 else float("nan")

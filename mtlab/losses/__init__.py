@@ -26,11 +26,14 @@ def time_mask(lengths: Tensor, max_len: int) -> Tensor:
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def lookup(kind: str, where: Mapping[str, Tensor], name: str, owner: str) -> Tensor:
-    """``where[name]``; a missing name is a BatchError listing the available ones."""
-    if name not in where:
-        raise BatchError(f"{owner}: no {kind} named {name!r}; available {kind}s: {sorted(where)}")
-    return where[name]
+def lookup(kind: str, where: Mapping[str, Tensor], name: str, owner: object) -> Tensor:
+    """``where[name]``; a missing name is a BatchError listing the available ones. ``owner`` (a loss
+    computer, or its description) names the caller, formatted only on error: this runs per minibatch."""
+    value = where.get(name)
+    if value is None:
+        who = owner if isinstance(owner, str) else repr(owner)
+        raise BatchError(f"{who}: no {kind} named {name!r}; available {kind}s: {sorted(where)}")
+    return value
 
 
 def lengths_for(seq_lengths: Mapping[str, Tensor], *names: str) -> Tensor | None:
@@ -59,8 +62,8 @@ class CrossEntropy:
     def __call__(
         self, targets: Mapping[str, Tensor], outputs: Mapping[str, Tensor], seq_lengths: Mapping[str, Tensor]
     ) -> LossResult:
-        logits = lookup("output", outputs, self.output, repr(self))
-        target = lookup("target", targets, self.target, repr(self))
+        logits = lookup("output", outputs, self.output, self)
+        target = lookup("target", targets, self.target, self)
         if target.dim() == 1:
             if logits.dim() != 2 or logits.shape[0] != target.shape[0]:
                 raise BatchError(
@@ -100,8 +103,8 @@ class MSE:
     def __call__(
         self, targets: Mapping[str, Tensor], outputs: Mapping[str, Tensor], seq_lengths: Mapping[str, Tensor]
     ) -> LossResult:
-        out = lookup("output", outputs, self.output, repr(self))
-        target = lookup("target", targets, self.target, repr(self))
+        out = lookup("output", outputs, self.output, self)
+        target = lookup("target", targets, self.target, self)
         if out.shape != target.shape:
             raise BatchError(
                 f"{self!r}: output {tuple(out.shape)} and target {tuple(target.shape)} differ in shape"

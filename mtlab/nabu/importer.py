@@ -102,6 +102,13 @@ ARCHITECTURES = ("dblstm", "dbresetlstm", "dbresetlstm_insert_additional_input",
                  "leaky_dblstm", "leaky_dblstm_notrec", "leaky_dblstm_iznotrec", "dbrnn")
 # The original's leaky LSTMs: which of their cell's gates read the recurrent output (LeakyBLSTM's recurrent).
 LEAKY_RECURRENT = {"leaky_dblstm": "all", "leaky_dblstm_iznotrec": "forget_output", "leaky_dblstm_notrec": "none"}
+# Processor configs some recipes name but the repository lacks, with the settings every copy it has holds
+# (the mixture magnitude of the DANet and PIT losses: all 8 single-channel mixtomask_processor.cfg agree).
+DEFAULT_PROCESSORS: dict[str, dict[str, str]] = {
+    "mixtomask_processor.cfg": {"processor": "audio_signal_processor", "feature": "magspec", "winlen": "0.032",
+                                "winstep": "0.008", "winfunc": "cosine", "nfft": "256", "preemph": "0.0",
+                                "include_energy": "False"},
+}
 # The original's stopping rules, as its multi_task_trainer applies them.
 STOPPING = {"best_model_final": True, "validate_at_step_0": True, "relative_improvement_threshold": 0.004,
             "relative_improvement_after_step": 1000, "relative_improvement_window": 0}
@@ -115,6 +122,7 @@ class Importer:
         self.data_root = data_root
         self.strict = strict
         self.unsupported: list[dict[str, str]] = []
+        self.defaults: list[str] = []  # settings taken from a documented default (recipe["nabu"]["defaults"])
 
     # ------------------------------------------------------------------ messages
     def refuse(self, file: str, key: str, why: str) -> None:
@@ -501,11 +509,17 @@ class Importer:
                 return None
         proc_path = self.processor_path(conf["processor_config"])
         proc_file = proc_path.name if proc_path.parent == self.folder else str(proc_path)
-        if not proc_path.is_file():
+        default = DEFAULT_PROCESSORS.get(proc_path.name)
+        if not proc_path.is_file() and default is None:
             self.refuse(file, f"[{name}] processor_config", f"{conf['processor_config']!r} is neither in the recipe "
                                                             "folder nor below the recipes' root")
             return None
-        proc = section(read_ini(proc_path), "processor", proc_path)  # type: ignore[arg-type]
+        if proc_path.is_file():
+            proc = section(read_ini(proc_path), "processor", proc_path)  # type: ignore[arg-type]
+        else:
+            proc = dict(default or {})
+            self.defaults.append(f"[{name}] processor_config: {conf['processor_config']!r} is absent; the settings of "
+                                 f"every {proc_path.name} in the original's repository are used")
         kind, feature = proc.get("processor", ""), proc.get("feature", "")
         key = PROCESSOR_KEYS.get((kind, feature), PROCESSOR_KEYS.get((kind, "")))
         out: dict[str, Any] = {"datafiles": reroot(conf["datafiles"]), "processor_config": proc_file,
@@ -754,6 +768,8 @@ def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: 
     }
     if imp.unsupported:
         recipe["nabu"]["unsupported"] = imp.unsupported
+    if imp.defaults:
+        recipe["nabu"]["defaults"] = imp.defaults
     return recipe
 
 

@@ -56,8 +56,9 @@ class TaskPlan:
     def prepare(self, batch: Batch, targets: bool = True) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """Check the batch's form and keys and move what the task needs (inputs, and targets unless
         ``targets=False``) to the device; the batch's own dicts are left as they are."""
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], Mapping)
-                and isinstance(batch[1], Mapping)):
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+                and (type(batch[0]) is dict or isinstance(batch[0], Mapping))  # dict first: ABC checks cost
+                and (type(batch[1]) is dict or isinstance(batch[1], Mapping))):
             raise BatchError("batch must be (data: dict[str, Tensor], seq_lengths: dict[str, LongTensor]) "
                              "as mtlab.collate returns")
         data, seq_lengths = batch
@@ -70,12 +71,12 @@ class TaskPlan:
                 f"task {t.name!r}: the batch lacks {[k for k in keys if k not in data]}; it has {sorted(data)} "
                 f"(task inputs {list(t.inputs)}, targets {list(t.targets)})"
             ) from None
-        return to_device((picked, seq_lengths if isinstance(seq_lengths, dict) else dict(seq_lengths)), self.device)
+        return to_device((picked, seq_lengths if type(seq_lengths) is dict else dict(seq_lengths)), self.device)
 
     def forward(self, batch: Batch) -> GraphResult:
         """Run the graph on the batch's inputs (no targets needed, no loss)."""
         data, seq_lengths = self.prepare(batch, targets=False)
-        return self.graph.run(self.models, data, seq_lengths)
+        return self.graph.run(self.models, data, seq_lengths, host_lengths(batch))
 
     def loss(self, batch: Batch, require_grad: bool = False, keep_outputs: bool | None = None) -> LossResult:
         """Forward and loss; every failure names the task, the loss computer and the shapes.
@@ -85,12 +86,16 @@ class TaskPlan:
         the backward has no use for (the encoder's output, the logits) alive through it."""
         t = self.task
         data, seq_lengths = self.prepare(batch)
-        result = self.graph.run(self.models, data, seq_lengths)  # the graph reads its inputs by name
+        hosts = seq_lengths if self.device.type == "cpu" else host_lengths(batch)  # on the CPU: the same tensors
+        result = self.graph.run(self.models, data, seq_lengths, hosts)  # inputs by name
         lengths = {**seq_lengths, **result.seq_lengths}
         outputs = {k: result.outputs[k] for k in self.outputs}
         targets = {k: data[k] for k in self.targets}
         try:
-            out = t.loss(targets, outputs, lengths)
+            if torch.is_autocast_enabled(self.device.type):
+                out = loss_in_fp32(t.loss, targets, outputs, lengths, self.device.type)
+            else:
+                out = t.loss(targets, outputs, lengths)
         except MtlabError:
             raise
         except Exception as exc:
@@ -114,6 +119,25 @@ class TaskPlan:
         num_examples = int(next(iter(data.values())).shape[0])
         keep = (not require_grad) if keep_outputs is None else keep_outputs
         return LossResult(loss_sum, normalizer, result.outputs if keep else {}, lengths, num_examples)
+
+
+def host_lengths(batch: Batch) -> dict[str, Tensor]:
+    """The batch's lengths that are on the CPU (collate makes them there): models that pack sequences read
+    these instead of copying the device's lengths back (a host sync per forward)."""
+    lengths = batch[1]
+    return {k: v for k, v in lengths.items() if isinstance(v, Tensor) and v.device.type == "cpu"}
+
+
+def _fp32(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def loss_in_fp32(loss: Any, targets: dict[str, Tensor], outputs: dict[str, Tensor], lengths: dict[str, Tensor],
+                 device_type: str) -> Any:
+    """The loss computer outside autocast, on float32 outputs: mtlab's losses are SUMS over a minibatch
+    (and take logs, softmaxes over speakers, affinities), which half precision would round away."""
+    with torch.autocast(device_type, enabled=False):
+        return loss({k: _fp32(v) for k, v in targets.items()}, {k: _fp32(v) for k, v in outputs.items()}, lengths)
 
 
 def evaluate_totals(plan: TaskPlan, source: Any, batch_size: int, num_batches: int | None = None) -> tuple[float, float]:

@@ -50,12 +50,13 @@ class Node:
         return tuple(self.outputs) if self.outputs else (self.name,)
 
 
-def _takes_seq_lengths(model: nn.Module) -> bool:
+def _takes_lengths(model: nn.Module) -> tuple[bool, bool]:
+    """Whether ``model.forward`` takes ``seq_lengths`` (on the device) and ``host_lengths`` (the same on the CPU)."""
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
-        return False
-    return "seq_lengths" in params
+        return False, False
+    return "seq_lengths" in params, "host_lengths" in params
 
 
 @dataclass
@@ -112,7 +113,7 @@ class ModelGraph:
                 raise GraphError(
                     f"{where}: output {name!r} is produced by no node; node outputs: {produced}"
                 )
-        self._takes_lengths: dict[int, bool] = {}
+        self._takes_lengths: dict[int, tuple[bool, bool]] = {}
         if models is not None:
             self.check_models(models)
 
@@ -135,10 +136,15 @@ class ModelGraph:
         models: Mapping[str, nn.Module],
         data: Mapping[str, Tensor],
         seq_lengths: Mapping[str, Tensor],
+        host_lengths: Mapping[str, Tensor] | None = None,
     ) -> GraphResult:
-        """Run every node; return all node outputs, their sequence lengths and the models used."""
+        """Run every node; return all node outputs, their sequence lengths and the models used.
+
+        ``host_lengths`` are the same lengths on the CPU (the batch's, before it moved to the device): a model
+        whose forward takes ``host_lengths`` (BLSTM's packing) gets them, so it never copies lengths back."""
         values: dict[str, Tensor] = {}
         lengths: dict[str, Tensor] = {}
+        hosts: dict[str, Tensor] = dict(host_lengths or {})
         for name in self.inputs:
             if name not in data:
                 raise GraphError(
@@ -152,12 +158,16 @@ class ModelGraph:
             model = models[node.model]
             args = [values[name] for name in node.inputs]
             first_len = lengths.get(node.inputs[0])
+            first_host = hosts.get(node.inputs[0])
             key = id(model)
             takes = self._takes_lengths.get(key)
             if takes is None:
-                takes = self._takes_lengths[key] = _takes_seq_lengths(model)
+                takes = self._takes_lengths[key] = _takes_lengths(model)
             try:
-                result = model(*args, seq_lengths=first_len) if takes else model(*args)
+                if takes[1] and first_host is not None:
+                    result = model(*args, seq_lengths=first_len, host_lengths=first_host)
+                else:
+                    result = model(*args, seq_lengths=first_len) if takes[0] else model(*args)
             except MtlabError:
                 raise
             except Exception as exc:
@@ -186,10 +196,12 @@ class ModelGraph:
                         f"{len(result)} values; name them with Node(..., outputs=[...])"
                     )
                 parts = [result]
-            for out_name, value in zip(node.produces, parts):
+            for out_name, value in zip(node.outputs or (node.name,), parts):
                 values[out_name] = value
                 if first_len is not None:
                     lengths[out_name] = first_len
+                if first_host is not None:
+                    hosts[out_name] = first_host
         return GraphResult(outputs=values, seq_lengths=lengths, used_models=list(used.values()))
 
 

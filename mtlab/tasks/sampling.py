@@ -159,12 +159,13 @@ class SegmentedExamples:
 class HeadExamples:
     """The first ``count`` examples of ``source`` (the original's ``trainset_frac``: the head of the list, unshuffled)."""
 
-    def __init__(self, source: ExampleSource, count: int) -> None:
+    def __init__(self, source: ExampleSource, count: int, frac: float | None = None) -> None:
         if not isinstance(count, int) or not 1 <= count <= len(source):
             raise ConfigError(f"HeadExamples: count must be between 1 and {len(source)} (the examples there are), "
                               f"got {count!r}")
         self.source = source
         self.count = count
+        self.frac = frac  # set by trainset_fraction: a stage's other view of the data keeps this fraction of it
         self.lengths = lengths_of(source)[:count]
         self.sequence_keys = getattr(source, "sequence_keys", None)
 
@@ -196,7 +197,7 @@ def trainset_fraction(source: ExampleSource, frac: float) -> HeadExamples:
     count = int(len(source) * float(frac))
     if count < 1:
         raise ConfigError(f"trainset_frac = {frac} keeps none of the {len(source)} utterances; raise it")
-    return HeadExamples(source, count)
+    return HeadExamples(source, count, float(frac))
 
 
 class BatchStream:

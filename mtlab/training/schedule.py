@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from ..base.errors import ConfigError
 from ..base.report import say
 from ..core.trainer import Trainer
-from ..tasks.sampling import SegmentedExamples
+from ..tasks.sampling import HeadExamples, SegmentedExamples, trainset_fraction
 from ..tasks.task import check_count, check_positive
 
 SETTINGS = ("num_steps", "initial_learning_rate", "learning_rate_decay", "valid_frequency", "valid_batches",
@@ -210,8 +210,10 @@ class Schedule:
 
     def next_stage(self, trainer: Trainer, progress: bool = False) -> None:
         """End the current stage and begin the next: its data and settings, a fresh optimizer state and
-        validation state, from the model the trainer holds now (as the original's next stage, initialized
-        with the previous stage's final model)."""
+        validation state, from the model the trainer holds now. The original's next stage starts from the
+        previous stage's saved model, which exists only after a validation stop; a stage that ran to its
+        ``num_steps`` left none, so the next began from fresh weights. mtlab always carries the model over
+        (README, "Differences from Nabu-MSSS")."""
         if self.last_stage:
             raise ConfigError("next_stage(): this is the last stage")
         ended = self.stages[self.stage]["segment_length"]
@@ -274,7 +276,12 @@ def check_stage(stage: Any, where: str) -> None:
 
 def stage_view(source: Any, segment_length: int | str) -> Any:
     """``source`` (or the data a ``SegmentedExamples`` was cut from) as a stage reads it: whole for
-    ``"full"``, else cut into segments (the same view object when it is already cut that way)."""
+    ``"full"``, else cut into segments (the same view object when it is already cut that way). A
+    ``trainset_frac`` head keeps its fraction of the stage's view: the first segments, as the original's
+    task trainer lists one entry per segment and keeps the head of that list."""
+    if isinstance(source, HeadExamples) and source.frac is not None:
+        inner = stage_view(source.source, segment_length)
+        return source if inner is source.source else trainset_fraction(inner, source.frac)
     if isinstance(source, SegmentedExamples):
         if source.segment_length == segment_length:
             return source

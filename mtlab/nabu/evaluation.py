@@ -1,0 +1,442 @@
+"""An imported recipe's test, as the original's ``run test`` does it: the test loss, separation, scores.
+
+>>> result = mtlab.apps.nabu_test.run_test("exp/dc")   # an experiment trained from an original recipe
+>>> result.summary                          # per task: utterances, test loss, SDR, SDR improvement, ...
+
+``test_evaluator.cfg`` names the test tasks (their graphs, losses and test data); each task's loss is summed
+over the test utterances (the first ``requested_utts``) and divided by its summed normalizer, as validation
+is. ``reconstructor.cfg`` says how each task's outputs become separated signals
+(:data:`mtlab.separation.reconstruct.RECONSTRUCTORS`: deep-clustering k-means, attractors, stacked masks),
+``scorer.cfg`` how they are scored (``sdr``, ``sdr_snr``). Per task, under the output folder (``EXPDIR/test``):
+
+- ``<task>/s1 ... sN/<utterance>.wav``: the separated signals (16-bit, peak 1 as the original scales them),
+  always written, as the original does; ``store_output = True`` adds ``raw_output/<output>_<utterance>.npy``;
+  ``store_masks = True`` adds ``masks/<utterance>.npy``;
+- ``<task>/scores.csv``: per utterance, SDR (BSS-eval, 512 taps) of the separated signals, of the mixture and
+  the improvement, SI-SDR and STOI beside them (PESQ when asked), each the mean over the speakers, and the
+  speaker order matched to the references;
+- ``summary.csv``: per task, the test loss and the means of those columns.
+
+Audio is read as the original reads it (int16 values); the mixture's spectrum is the reconstructor's
+``org_mix`` processor's (``rec_processor.cfg``), the references are the sources ``s1 ... sN`` of the test
+folder, cut to the snipped length as the original's score processor cuts them. Unlike the original, the
+speaker order is chosen by SI-SDR (the original's bss_eval by SIR), and ``sdr_snr``'s noise terms are not
+computed (it is scored as ``sdr``; the summary says so).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import wave
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..base.errors import ConfigError, MtlabError
+from .importer import SAMPLE_RATE, Importer, build_task
+from .ini import read_ini, section, words
+
+RECONSTRUCTOR_KEYS = ("reconstruct_type", "org_mix", "usedbins", "nrs", "store_output", "activation",
+                      "output_activation", "noise_threshold_for_kmeans", "min_kmeans_perc", "store_masks")
+SCORER_KEYS = ("score_type", "org_src", "base", "spkinfo", "noise", "nrs")
+SCORERS = ("sdr", "sdr_snr")
+METRICS = ("sdr", "si_sdr", "stoi")
+
+
+@dataclass
+class EvalTask:
+    """One test task: its mtlab task table, batch size and utterance limit, reconstructor and scorer."""
+
+    name: str
+    task: dict[str, Any]
+    batch_size: int
+    requested_utts: int | None
+    reconstructor: dict[str, Any] | None = None
+    scorer: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvalResult:
+    """What :func:`evaluate_tests` gives: per-task summary rows, per-task utterance rows, the output folder."""
+
+    summary: list[dict[str, Any]]
+    utterances: dict[str, list[dict[str, Any]]]
+    out: Path
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------- reading the configs
+def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTask]:
+    """The test tasks of an original recipe folder (``test_evaluator.cfg``, ``reconstructor.cfg``,
+    ``scorer.cfg``), data paths re-rooted under ``data_root``. A setting mtlab cannot honour is a ConfigError
+    naming the file and the key."""
+    folder = Path(recipe_dir)
+    imp = Importer(folder, str(data_root), strict=True)
+    path = folder / "test_evaluator.cfg"
+    parser = read_ini(path)
+    assert parser is not None
+    ev = section(parser, "evaluator", path)
+    if ev.get("evaluator") != "multi_task":
+        raise ConfigError(f"{path}: [evaluator] evaluator = {ev.get('evaluator')!r}: mtlab tests with the original's "
+                          "multi_task evaluator (each task's loss)")
+    if ev.get("segment_length", "full") != "full":
+        raise ConfigError(f"{path}: [evaluator] segment_length = {ev['segment_length']!r}: mtlab tests whole "
+                          "utterances ('full')")
+    db, db_file, globalvars = imp.database()
+    reroot = imp.rerooter(db)
+    cache: dict[str, dict[str, Any] | None] = {}
+
+    def data(name: str) -> dict[str, Any] | None:
+        if name not in cache:
+            cache[name] = imp.data_section(db, db_file, globalvars, name, reroot)
+        return cache[name]
+
+    losses = read_ini(folder / "loss.cfg", required=False)
+    rparser = read_ini(folder / "reconstructor.cfg", required=False)
+    sparser = read_ini(folder / "scorer.cfg", required=False)
+    out: dict[str, EvalTask] = {}
+    for tname in words(ev.get("tasks", "")):
+        conf = section(parser, tname, path)
+        post = conf.pop("postprocessors_names", None)  # i-vector extraction after the test: not run here
+        if conf.get("evaluator", "task_loss_evaluator") != "task_loss_evaluator":
+            raise ConfigError(f"{path}: [{tname}] evaluator = {conf['evaluator']!r}: mtlab evaluates a test task "
+                              "with its loss (task_loss_evaluator)")
+        orig = imp.task("test_evaluator.cfg", tname, conf, data, evaluator=True)
+        table, _ = build_task(imp, tname, orig, None, losses, {})
+        batch = orig.get("batch_size") or int(ev.get("batch_size", "1"))
+        requested = orig.get("requested_utts") or (int(ev["requested_utts"]) if "requested_utts" in ev else None)
+        test = EvalTask(tname, table, batch, requested)
+        if post:
+            test.notes.append(f"postprocessors {post!r} (test_evaluator.cfg [{tname}] postprocessors_names) are not "
+                              "run: mtlab extracts no i-vectors")
+        if rparser is not None and rparser.has_section(tname):
+            rpath = folder / "reconstructor.cfg"
+            test.reconstructor = _reconstructor(imp, rpath, tname, section(rparser, tname, rpath), db, globalvars,
+                                                reroot)
+        if sparser is not None and sparser.has_section(tname):
+            spath = folder / "scorer.cfg"
+            test.scorer = _scorer(imp, spath, tname, section(sparser, tname, spath), db, globalvars, reroot)
+        out[tname] = test
+    if not out:
+        raise ConfigError(f"{path}: [evaluator] tasks names no task")
+    return out
+
+
+def _list_section(imp: Importer, file: Path, key: str, name: str, db: Any, globalvars: Mapping[str, str],
+                  reroot: Callable[[str], str], processor: bool = True) -> dict[str, Any]:
+    """A database section a reconstructor or scorer names: its re-rooted list and processor settings."""
+    from ..data.features import Spectral
+
+    names = words(name)
+    if len(names) != 1:
+        raise ConfigError(f"{file}: {key} = {name!r}: mtlab reads one database section here")
+    if not db.has_section(names[0]):
+        raise ConfigError(f"{file}: {key} = {name!r}: no such section in database.conf")
+    conf = {k: (globalvars.get(k, v) if v.strip() == "globalvars" else v).strip() for k, v in db.items(names[0])}
+    if "datafiles" not in conf:
+        raise ConfigError(f"{imp.folder / 'database.conf'}: [{names[0]}] needs datafiles")
+    out: dict[str, Any] = {"section": names[0], "datafiles": reroot(conf["datafiles"])}
+    if processor and "processor_config" in conf:
+        proc_path = imp.processor_path(conf["processor_config"])
+        if not proc_path.is_file():
+            raise ConfigError(f"{imp.folder / 'database.conf'}: [{names[0]}] processor_config = "
+                              f"{conf['processor_config']!r} is neither in the recipe folder nor below the recipes' root")
+        proc = section(read_ini(proc_path), "processor", proc_path)  # type: ignore[arg-type]
+        if "winlen" in proc:
+            out["spectral"] = Spectral.from_processor_config(proc, SAMPLE_RATE, origin=str(proc_path))
+        out["processor"] = proc
+    return out
+
+
+def _reconstructor(imp: Importer, file: Path, tname: str, conf: Mapping[str, str], db: Any,
+                   globalvars: Mapping[str, str], reroot: Callable[[str], str]) -> dict[str, Any]:
+    from ..separation.reconstruct import ACTIVATIONS, RECONSTRUCTORS
+
+    kind = conf.get("reconstruct_type", "")
+    if kind not in RECONSTRUCTORS:
+        raise ConfigError(f"{file}: [{tname}] reconstruct_type = {kind!r}: mtlab reconstructs with "
+                          f"{', '.join(RECONSTRUCTORS)}")
+    for key in conf:
+        if key not in RECONSTRUCTOR_KEYS:
+            raise ConfigError(f"{file}: [{tname}] {key}: not a reconstructor setting mtlab honours (it honours "
+                              f"{', '.join(RECONSTRUCTOR_KEYS)})")
+    for key in ("org_mix", "nrs"):
+        if key not in conf:
+            raise ConfigError(f"{file}: [{tname}] needs {key} (the original reads it)")
+    out: dict[str, Any] = {"type": kind, "nrs": imp.value(file.name, f"[{tname}] nrs", "int", conf["nrs"]),
+                           "store_output": conf.get("store_output", "False") == "True",
+                           "store_masks": conf.get("store_masks", "False") == "True", "options": {}}
+    out["org_mix"] = _list_section(imp, file, f"[{tname}] org_mix", conf["org_mix"], db, globalvars, reroot)
+    if "spectral" not in out["org_mix"]:
+        raise ConfigError(f"{file}: [{tname}] org_mix = {conf['org_mix']!r}: its processor gives no STFT settings "
+                          "(winlen, winstep, winfunc, nfft)")
+    activation = conf.get("activation", conf.get("output_activation"))
+    if activation is not None:
+        if activation not in ACTIVATIONS:
+            raise ConfigError(f"{file}: [{tname}] activation = {activation!r}; the original knows {', '.join(ACTIVATIONS)}")
+        out["options"]["activation"] = activation
+    for key in ("noise_threshold_for_kmeans", "min_kmeans_perc"):
+        if key in conf:
+            out["options"][key] = imp.value(file.name, f"[{tname}] {key}", "float", conf[key])
+    return out
+
+
+def _scorer(imp: Importer, file: Path, tname: str, conf: Mapping[str, str], db: Any,
+            globalvars: Mapping[str, str], reroot: Callable[[str], str]) -> dict[str, Any]:
+    kind = conf.get("score_type", "")
+    if kind not in SCORERS:
+        raise ConfigError(f"{file}: [{tname}] score_type = {kind!r}: mtlab scores with {', '.join(SCORERS)}")
+    for key in conf:
+        if key not in SCORER_KEYS:
+            raise ConfigError(f"{file}: [{tname}] {key}: not a scorer setting mtlab honours (it honours "
+                              f"{', '.join(SCORER_KEYS)})")
+    for key in ("org_src", "base"):
+        if key not in conf:
+            raise ConfigError(f"{file}: [{tname}] needs {key} (the original reads it)")
+    return {"type": kind, "org_src": _list_section(imp, file, f"[{tname}] org_src", conf["org_src"], db, globalvars,
+                                                   reroot, processor=False),
+            "base": _list_section(imp, file, f"[{tname}] base", conf["base"], db, globalvars, reroot, processor=False)}
+
+
+# ---------------------------------------------------------------------------------- test data from the samples
+def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = None,
+                   limit: int | None = None) -> list[Path]:
+    """Fill each test task's data folders from the sample corpus's ``test`` split (see ``make_sample_root``), with
+    the vector lists of tasks that read i-vectors; a folder that holds its mixture list already is left as it is."""
+    from ..data import data_samples_dir
+    from .samples import SAMPLE_SOURCES, _fill, write_vectors
+
+    source = Path(samples) if samples is not None else data_samples_dir()
+    made = []
+    for test in tests.values():
+        for lset in test.task["linkedsets"].values():
+            data = lset["data"]
+            folder = Path(data["root"]) / data["split"]
+            name = data.get("linkedset", "wav")
+            # a folder filled already (by the training data: a recipe may test on its training folder, or by
+            # another test task) is used as it is
+            if not (folder / f"mix_{name}.scp").is_file():
+                _fill(folder, source / "test", name, limit, data.get("num_sources", SAMPLE_SOURCES))
+                made.append(folder)
+            if "ivec" in data and not Path(data["ivec"]["list"]).is_file():  # the task's test i-vector list
+                made.append(write_vectors(folder, name, data["ivec"]))
+    return made
+
+
+# ---------------------------------------------------------------------------------- running
+def _read_int16(path: Path) -> np.ndarray:
+    from ..data import read_wav
+
+    return read_wav(path).double().numpy() * 32768.0  # the int16 values, as the original reads them
+
+
+def _write_wav(path: Path, signal: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SAMPLE_RATE)
+        w.writeframes(np.clip(np.round(signal * 32767.0), -32768, 32767).astype("<i2").tobytes())
+
+
+def open_test(expdir: str | Path, checkpoint: str = "final", recipe_dir: str | Path | None = None,
+              data_root: str | Path | None = None) -> tuple[Path, dict[str, Any], dict[str, EvalTask]]:
+    """(checkpoint path, the recipe it carries, the test tasks of its original recipe folder)."""
+    from ..training.checkpoint import load_safe
+
+    expdir = Path(expdir)
+    ckpt = Path(checkpoint) if checkpoint not in ("final", "best") else expdir / f"{checkpoint}.pt"
+    if not ckpt.is_file():
+        raise ConfigError(f"{ckpt}: no checkpoint; train first (mtlab train RECIPE_DIR --expdir {expdir})")
+    recipe = load_safe(ckpt).get("recipe")
+    if not isinstance(recipe, Mapping):
+        raise ConfigError(f"{ckpt} carries no recipe; test a checkpoint that mtlab train wrote")
+    nabu = recipe.get("nabu")
+    if nabu is None and recipe_dir is None:
+        raise ConfigError(f"{ckpt}: its recipe was not imported from an original recipe folder; give the folder "
+                          "whose test_evaluator.cfg to run (--recipe DIR)")
+    folder = Path(recipe_dir or nabu["recipe_dir"])  # type: ignore[index]
+    root = Path(data_root or nabu["data_root"])  # type: ignore[index]
+    return ckpt, dict(recipe), read_test(folder, root)
+
+
+def stats_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask],
+               key: Callable[[Mapping[str, Any], str], str]) -> dict[str, Any]:
+    """The experiment's feature statistics, with each test linked set's under ``key(data, linkedset)``: the
+    original normalizes test features with the training features' (meanandvar_dir), so a test folder of its
+    own gets those of the training task of the same name (else the first one)."""
+    stats = dict(recipe.get("stats", {}))
+    trained = recipe.get("tasks", {})
+    for name, test in tests.items():
+        source = trained.get(name) or next(iter(trained.values()), None)
+        if source is None:
+            continue
+        sname, sspec = next(iter(source["linkedsets"].items()))
+        train_key = key(sspec["data"], sname)
+        for lname, lset in test.task["linkedsets"].items():
+            if key(lset["data"], lname) not in stats and train_key in stats:
+                stats[key(lset["data"], lname)] = stats[train_key]
+    return stats
+
+
+def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit: int | None = None,
+                   pesq: bool = False, seed: int = 0, echo: Callable[[str], None] | None = None) -> EvalResult:
+    """Run the test tasks on ``trainer`` (built from their recipe, holding the trained weights); see the module
+    doc. ``limit`` caps the utterances per task (after ``requested_utts``); ``pesq`` adds PESQ; ``seed`` seeds
+    the k-means runs."""
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = (*METRICS, "pesq") if pesq else METRICS
+    result = EvalResult([], {}, out)
+    say = echo or (lambda _: None)
+    rng = np.random.RandomState(seed)
+    for tname, test in tests.items():
+        result.notes.extend(f"{tname}: {note}" for note in test.notes)
+        try:
+            summary, rows = _test_task(trainer, tname, test, limit, rng, metrics, out)
+        except MtlabError as exc:  # a test task the model cannot run (the original stopped there) is reported
+            summary, rows = {"task": tname, "error": str(exc)}, []
+            result.notes.append(f"{tname}: failed: {exc}")
+            say(f"{tname}: failed: {exc}")
+            result.summary.append(summary)
+            continue
+        if test.scorer is not None and test.scorer["type"] == "sdr_snr":
+            result.notes.append(f"{tname}: score_type sdr_snr scored as sdr (its noise terms are not computed)")
+        if test.reconstructor is None:
+            result.notes.append(f"{tname}: no [{tname}] in reconstructor.cfg: test loss only")
+        result.summary.append(summary)
+        result.utterances[tname] = rows
+        say(f"{tname}: test loss {summary['loss']:.4g}" + (f", {len(rows)} utterances separated and scored"
+                                                          if rows else ""))
+    _write_csv(out / "summary.csv", result.summary)
+    return result
+
+
+def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng: np.random.RandomState,
+               metrics: tuple[str, ...], out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One test task: its summary row and its utterance rows (see :func:`evaluate_tests`)."""
+    from ..base.batching import collate
+    from ..tasks.forward import eval_mode
+    from ..separation.reconstruct import RECONSTRUCTORS, apply_and_resynthesize, reconstruct
+
+    plan, task = trainer.plans[tname], trainer.tasks[tname]
+    rows: list[dict[str, Any]] = []
+    sums = [0.0, 0.0]
+    rec = test.reconstructor
+    for lset in task.linkedsets.values():
+        ds = lset.examples
+        n = len(ds) if test.requested_utts is None else min(len(ds), test.requested_utts)
+        n = n if limit is None else min(n, limit)
+        names = getattr(ds, "names", None)
+        if rec is not None and names is None:
+            raise ConfigError(f"test task {tname!r}: its data gives no utterance names to find the audio by")
+        for start in range(0, n, test.batch_size):
+            index = list(range(start, min(n, start + test.batch_size)))
+            with eval_mode(trainer.models), torch.no_grad():
+                r = plan.loss(collate([ds[i] for i in index]), keep_outputs=True)
+            sums[0] += float(r.loss_sum)
+            sums[1] += float(r.normalizer)
+            if rec is None:
+                continue
+            for j, i in enumerate(index):
+                outputs = {k: r.outputs[k][j, :ds.lengths[i]].double().cpu().numpy()
+                           for k in RECONSTRUCTORS[rec["type"]]}
+                rows.append(_separate(tname, test, names[i], outputs, rng, metrics, out,
+                                      apply_and_resynthesize, reconstruct))
+    loss = sums[0] / sums[1] if sums[1] else math.nan
+    summary: dict[str, Any] = {"task": tname, "utterances": len(rows) if rec is not None else None, "loss": loss}
+    if rows:
+        for key in rows[0]:
+            if key not in ("utterance", "perm"):
+                summary[key] = float(np.mean([row[key] for row in rows]))
+        _write_csv(out / tname / "scores.csv", rows)
+    return summary, rows
+
+
+def _separate(tname: str, test: EvalTask, name: str, outputs: dict[str, np.ndarray], rng: np.random.RandomState,
+              metrics: tuple[str, ...], out: Path, resynth: Callable[..., np.ndarray],
+              reconstruct: Callable[..., np.ndarray]) -> dict[str, Any]:
+    """Reconstruct, write and score one utterance; returns its row."""
+    from ..data import read_list
+    from ..data.features import used_bins
+    from ..separation.metrics import score
+
+    rec = test.reconstructor
+    assert rec is not None
+    spectral = rec["org_mix"]["spectral"]
+    mix_list = read_list(rec["org_mix"]["datafiles"])
+    if name not in mix_list:
+        raise ConfigError(f"{rec['org_mix']['datafiles']}: no utterance {name!r} (the reconstructor's org_mix "
+                          f"[{rec['org_mix']['section']}] must list the test task's utterances)")
+    mixture = _read_int16(mix_list[name].resolve())
+    usedbins = used_bins(spectral.magnitude(torch.from_numpy(mixture / 32768.0))).numpy()
+    masks = reconstruct(rec["type"], outputs, rec["nrs"], usedbins, rng, rec["options"])
+    estimates = resynth(mixture, masks, spectral)
+    task_dir = out / tname
+    for s, signal in enumerate(estimates):
+        _write_wav(task_dir / f"s{s + 1}" / f"{name}.wav", signal)
+    if rec["store_output"]:
+        (task_dir / "raw_output").mkdir(parents=True, exist_ok=True)
+        for key, value in outputs.items():
+            np.save(task_dir / "raw_output" / f"{key}_{name}.npy", value)
+    if rec["store_masks"]:
+        (task_dir / "masks").mkdir(parents=True, exist_ok=True)
+        np.save(task_dir / "masks" / f"{name}.npy", masks)
+    row: dict[str, Any] = {"utterance": name}
+    if test.scorer is None:
+        return row
+    folder = Path(test.scorer["org_src"]["datafiles"]).parent
+    refs = []
+    for s in range(1, rec["nrs"] + 1):
+        entry = read_list(folder / f"s{s}.scp").get(name)
+        if entry is None:
+            raise ConfigError(f"{folder / f's{s}.scp'}: no utterance {name!r} (the scorer's org_src "
+                              f"[{test.scorer['org_src']['section']}] folder holds the sources s1 ... s{rec['nrs']})")
+        refs.append(_read_int16(entry.resolve()))
+    base_list = read_list(test.scorer["base"]["datafiles"])
+    base = _read_int16(base_list[name].resolve()) if name in base_list else mixture
+    n = estimates.shape[1]
+    sc = score(torch.from_numpy(estimates), torch.from_numpy(np.stack([r[:n] for r in refs])),
+               torch.from_numpy(base[:n]), metrics, SAMPLE_RATE)
+    row.update(sc.row())
+    row["perm"] = " ".join(str(p + 1) for p in sc.perm)
+    return row
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, keys)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in row.items()})
+
+
+COLUMNS = (("task", "task", "{}"), ("utts", "utterances", "{}"), ("test loss", "loss", "{:.4g}"),
+           ("SDR", "sdr", "{:.2f}"), ("SDR mix", "sdr_mix", "{:.2f}"), ("SDRi", "sdri", "{:.2f}"),
+           ("SI-SDRi", "si_sdri", "{:.2f}"), ("STOI", "stoi", "{:.3f}"), ("PESQ", "pesq", "{:.2f}"))
+
+
+def format_table(rows: list[dict[str, Any]], header: bool = True) -> str:
+    """A short fixed-width table of summary rows (the columns a row has)."""
+    cols = [(title, key, fmt) for title, key, fmt in COLUMNS if any(r.get(key) is not None for r in rows)] \
+        if header or rows else []
+    width = max([len(str(r["task"])) for r in rows] + [4])
+    lines = []
+    if header:
+        lines.append("  ".join(f"{t:<{width}}" if k == "task" else f"{t:>9}" for t, k, _ in cols))
+    for r in rows:
+        cells = []
+        for title, key, fmt in cols:
+            value = r.get(key)
+            text = "-" if value is None else fmt.format(value)
+            cells.append(f"{text:<{width}}" if key == "task" else f"{text:>9}")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
