@@ -66,6 +66,11 @@ def test_segments_and_the_head_of_the_list_cut_streamed_audio_like_precomputed_e
     assert len(a) == len(b)
     for _ in range(len(a)):
         assert_same_batch(next(a), next(b))
+    # the head of a stage's segments (trainset_frac within a segment_lengths stage)
+    a = BatchStream(trainset_fraction(SegmentedExamples(memory, 50), 0.3), 6, 2, seed=2)
+    b = BatchStream(trainset_fraction(SegmentedExamples(streamed, 50), 0.3), 6, 2, seed=2)
+    for _ in range(len(a)):
+        assert_same_batch(next(a), next(b))
 
 
 def test_three_sources_stream_like_precomputed(tmp_path: Path) -> None:
