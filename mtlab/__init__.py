@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from . import losses, models
-from .core.accumulator import Accumulator, MinibatchRecord, Phase, TaskState
+from .core.accumulator import Accumulator, MinibatchRecord, Phase
 from .base.batching import collate
 from .base.errors import BatchError, ConfigError, GraphError, MtlabError, NonFiniteError, PhaseError, ZeroNormError
 from .tasks.graph import ModelGraph, Node
@@ -45,6 +45,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Accumulator", "BatchError", "Chain", "ClipByGlobalNorm", "ClipByValue", "ConfigError", "Experiment", "GraphError",
     "LinkedSet", "MinibatchRecord", "ModelGraph", "MtlabError", "Node", "Normalize", "NonFiniteError", "Phase",
-    "PhaseError", "Schedule", "Task", "TaskState", "Trainer", "ZeroNormError", "collate", "from_recipe", "losses",
+    "PhaseError", "Schedule", "Task", "Trainer", "ZeroNormError", "collate", "from_recipe", "losses",
     "models", "run",
 ]

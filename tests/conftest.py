@@ -6,6 +6,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 import pytest  # noqa: E402
+import os  # noqa: E402
+
+os.environ.setdefault("LOKY_MAX_CPU_COUNT", "1")  # scikit-learn's k-means would count cores in a subprocess
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 

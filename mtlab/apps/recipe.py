@@ -238,6 +238,19 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{origin}: {where} num_sources = {value!r} must be a positive integer (the "
                                   "speakers per mixture; the loader reads s1.scp ... s<num_sources>.scp)")
+        elif key == "stream":  # read audio per batch, features on the device (False: everything in memory first)
+            if not isinstance(value, bool):
+                raise ConfigError(f"{origin}: {where} stream = {value!r} must be true (audio read per batch) or false "
+                                  "(every example precomputed in memory)")
+        elif key in ("num_workers", "stats_utterances"):  # data-loading processes; utterances the stats read
+            low = 0 if key == "num_workers" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{origin}: {where} {key} = {value!r} must be an integer >= {low}")
+        elif key == "on_bad_data":  # a bad audio file mid-epoch: stop with its name, or skip and record it
+            from ..data.streamed import BAD_DATA
+
+            if value not in BAD_DATA:
+                raise _unknown(origin, f"{where} on_bad_data", value, BAD_DATA, what="policy")
         elif not isinstance(value, str) or not value:
             raise ConfigError(f"{origin}: {where} {key} must be a non-empty string, got {value!r}")
     if ("corpus" in spec) == ("root" in spec):
@@ -280,12 +293,14 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
         targets = tuple(t for t in targets if t != "ivec")
     mvn = data.get("mvn", "global")
     num_sources = data.get("num_sources", NUM_SOURCES)
+    # streamed unless told otherwise: audio read per batch, features on the trainer's device
+    streamed = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances") if k in data}}
     key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), repr(ivec),
-           mvn, num_sources, fingerprint)
+           mvn, num_sources, repr(sorted(streamed.items())), fingerprint)
     if key not in cache:
         cache[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
                                 targets=targets, stats=stats, spectral=spectral, ivec=ivec, mvn=mvn,
-                                num_sources=num_sources)
+                                num_sources=num_sources, **streamed)
         if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
             computed = cache[key].stats
             cache[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = cache[key]
@@ -379,7 +394,8 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                     train = trainset_fraction(train, spec["trainset_frac"])
                 except ConfigError as exc:
                     raise ConfigError(f"{origin}: [tasks.{tname}] linked set {sname!r}: {exc}") from None
-            sets[sname] = LinkedSet(train, weight=sspec.get("weight", 1.0), valid=valid)
+            sets[sname] = LinkedSet(train, weight=sspec.get("weight", 1.0), valid=valid,
+                                    num_workers=sspec["data"].get("num_workers", 0))
         loss = dict(spec["loss"])
         try:
             loss_fn = get_loss(loss.pop("type"), **loss)

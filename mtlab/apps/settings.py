@@ -85,7 +85,8 @@ TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "wei
              "trainset_frac")
 NODE_KEYS = ("name", "model", "inputs", "outputs")
 LINKEDSET_KEYS = ("weight", "data", "valid")
-DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral", "ivec", "mvn", "num_sources")
+DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral", "ivec", "mvn", "num_sources", "stream", "num_workers",
+             "on_bad_data", "stats_utterances")
 CORPORA = ("samples",)
 
 

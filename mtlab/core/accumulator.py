@@ -355,9 +355,6 @@ class Accumulator:
         return values_html(self.summary(), "mtlab task state")
 
 
-TaskState = Accumulator  # the name earlier versions used
-
-
 class Reducer(Protocol):
     """Combines the accumulators of several processes at ``normalize`` (``mtlab.distributed.AllReduce``).
 

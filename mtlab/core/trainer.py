@@ -123,7 +123,7 @@ class Trainer:
             else Update({n: self.params[n] for n in users}, users, factory, combine, seed=self.seed))
         if self.acc_steps:
             self.update.set_method(combine)  # refuses any method but the sum: one optimizer per task
-        self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda")
+        self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda", device=self.device)
         self._training_mode: bool | None = None
 
     @property

@@ -6,6 +6,7 @@ Example::
     train = load_split(split="train", linkedset="clean")
     dev = load_split(split="dev", linkedset="clean", stats=train.stats)
     train[0]["features"].shape  # [T, 129]
+    big = load_split(root="lists/wsj0-2mix", split="train", linkedset="clean", stream=True)  # read per batch
 """
 from .audio import SAMPLE_RATE, read_wav
 from .corpus import (
@@ -14,6 +15,7 @@ from .corpus import (
     SEQUENCE_KEYS,
     TARGET_KEYS,
     SeparationDataset,
+    cached_stats,
     check_frame_lengths,
     compute_stats,
     data_samples_dir,
@@ -37,6 +39,9 @@ from .features import (
     used_bins,
 )
 from .lists import JoinReport, ListEntry, join_lists, read_list
+from .manifest import Manifest, read_manifest
+from .ondevice import Featurizer
+from .streamed import StreamedSplit
 from .vectors import VectorList, load_vectors
 
 from .stream import BatchStream, bucket_batches
@@ -60,6 +65,11 @@ __all__ = [
     "JoinReport",
     "ListEntry",
     "SeparationDataset",
+    "StreamedSplit",
+    "Featurizer",
+    "Manifest",
+    "read_manifest",
+    "cached_stats",
     "VectorList",
     "binary_targets",
     "check_frame_lengths",

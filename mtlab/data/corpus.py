@@ -25,7 +25,9 @@ names (see :mod:`mtlab.data.vectors`); it batches as ``[B, D]``.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +35,12 @@ import torch
 
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav
-from .errors import DataError
+from .errors import DataError, DataWarning
 from .lists import JoinReport, ListEntry, join_lists, read_list
+from .ondevice import Featurizer
+from .statcache import Progress, checksum, load_cached, printed_progress, save_cached, stats_sample, streaming_stats
+from .manifest import Column, Manifest, read_manifest
+from .streamed import BAD_DATA, StreamedSplit, header_samples
 from .vectors import VectorList, normalize, read_vector, vector_stats
 
 ENV_VAR = "MTLAB_DATA"
@@ -46,6 +52,7 @@ _SOURCE_KEYS = {"src_mag", "binary_targets", "frame_target"}
 _SPEAKER_KEYS = {"spk", "spk_pair"}
 VECTOR_KEYS = ("ivec",)
 DEFAULT_TARGETS = tuple(k for k in TARGET_KEYS if k not in VECTOR_KEYS)  # vectors come only from a list given
+STATS_UTTERANCES = 4000  # a streamed training list's statistics read at most this many utterances (evenly spread)
 NUM_SOURCES = 2  # sources per mixture unless told otherwise (s1, s2), as in data_samples/
 
 
@@ -226,6 +233,23 @@ def _num_speakers(root: Path, examples: Sequence[dict[str, torch.Tensor]]) -> in
     return max(ids) + 1 if ids else 0
 
 
+def _speakers_of_manifest(root: Path, manifest: Manifest, num_sources: int) -> int:
+    table = root / "speakers.tsv"
+    if table.is_file():
+        return sum(1 for line in table.read_text().splitlines()[1:] if line.strip())
+    if manifest.speakers is None:
+        return 0
+    ids = [i for k in range(len(manifest)) for i in manifest.speakers.entry(k, manifest.name(k)).ints(num_sources)]
+    return max(ids) + 1 if ids else 0
+
+
+def _input_list_exists(folder: Path, linkedset: str) -> None:
+    path = folder / f"mix_{linkedset}.scp"
+    if not path.is_file():
+        found = sorted(p.stem.removeprefix("mix_") for p in folder.glob("mix_*.scp"))
+        raise DataError(f"{path}: no list for linked set {linkedset!r}; available: {found or 'none'}")
+
+
 def compute_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train",
                   spectral: F.Spectral = F.MTLAB) -> F.FeatureStats:
     """Feature mean/std over every frame of ``split`` (the training split unless told otherwise)."""
@@ -233,6 +257,32 @@ def compute_stats(root: str | Path | None = None, linkedset: str = "clean", spli
     rows, _ = _read_rows(folder, linkedset, need_sources=False, need_speakers=False)
     feats = [F.log_magnitude(F.magnitude(_read_mixture(r.mix), spectral)) for r in rows]
     return F.FeatureStats.from_features(feats, source=f"{split}/mix_{linkedset}.scp")
+
+
+def cached_stats(root: str | Path | None = None, linkedset: str = "clean", split: str = "train",
+                 spectral: F.Spectral = F.MTLAB, stats_utterances: int | None = None,
+                 progress: Progress | None | bool = True, on_bad_data: str = "raise",
+                 utterances: Column | None = None) -> F.FeatureStats:
+    """Feature mean/std of ``split`` (the training split unless told otherwise) from one streaming pass, reused from
+    the cache beside its list when nothing it depends on changed (see :mod:`mtlab.data.statcache`).
+    ``stats_utterances`` reads that many utterances spread evenly over the list instead of all of them;
+    ``progress`` shows the pass (True: on stderr every 2 s; or a callback ``(done, total)``); ``on_bad_data="skip"``
+    passes over bad files. ``utterances`` (a manifest's mixture column) limits them to the utterances a join kept."""
+    folder = _split_dir(root, split)
+    _input_list_exists(folder, linkedset)
+    list_file = folder / f"mix_{linkedset}.scp"
+    column = utterances if utterances is not None else read_manifest(list_file, []).mix
+    sample = stats_sample(len(column.lines), stats_utterances)
+    digest = checksum(list_file, column, spectral, sample)
+    found = load_cached(list_file, digest)
+    if found is not None:
+        return found
+    show = printed_progress(f"feature statistics of {split}/mix_{linkedset}.scp") if progress is True else \
+        (progress or None)
+    stats = streaming_stats(column, sample, spectral, f"{split}/mix_{linkedset}.scp", show,
+                            skip_bad=on_bad_data == "skip")
+    save_cached(list_file, digest, stats)
+    return stats
 
 
 def load_split(
@@ -246,7 +296,11 @@ def load_split(
     ivec: VectorList | None = None,
     mvn: str = "global",
     num_sources: int = NUM_SOURCES,
-) -> SeparationDataset:
+    stream: bool = False,
+    on_bad_data: str = "raise",
+    stats_utterances: int | None = STATS_UTTERANCES,
+    progress: Progress | None | bool = True,
+) -> SeparationDataset | StreamedSplit:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
     ``targets`` picks the keys besides ``features`` (see the module docstring). ``stats`` normalizes the
@@ -257,7 +311,13 @@ list of the ``ivec`` key (a relative path is taken from ``root``); its utterance
 ``mvn`` normalizes the features with ``stats`` (``"global"``), per utterance over its frames (``"local"``, the
 original's ``mvn_type = local``; ``stats`` are then only recorded) or not at all (``"none"``). ``num_sources``
 is the number of speakers S per mixture (the original's ``nrs``): the lists ``s1.scp`` ... ``sS.scp`` and S ids
-per ``spk.txt`` line are read. Example::
+per ``spk.txt`` line are read.
+
+``stream=True`` returns a :class:`~mtlab.data.streamed.StreamedSplit`: a manifest whose audio is read per batch
+and whose features are computed per batch on the training device (memory independent of the corpus size); its
+statistics (when ``stats`` is None) come from :func:`cached_stats`: from at most ``stats_utterances`` utterances
+spread evenly over the training list (all of a smaller list; None: all), with ``progress`` shown.
+``on_bad_data="skip"`` (streamed only) leaves bad files out and records them instead of raising. Example::
 
         train = load_split(split="train", linkedset="noisy")
         dev = load_split(split="dev", linkedset="noisy", stats=train.stats)
@@ -279,11 +339,36 @@ per ``spk.txt`` line are read. Example::
     if ivec is not None and "ivec" not in keys:
         ivec = None
     vector_list = (Path(ivec.list) if Path(ivec.list).is_absolute() else base / ivec.list) if ivec else None
-    rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS), vector_list,
-                              num_sources)
+    if not stream:
+        rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS),
+                                  vector_list, num_sources)
     ivec_stats = None
     if ivec is not None and ivec.mvn == "global":
         ivec_stats = vector_stats(ivec, base)
+    if on_bad_data not in BAD_DATA:
+        raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
+    if stream:
+        _input_list_exists(folder, linkedset)
+        manifest = read_manifest(folder / f"mix_{linkedset}.scp",
+                                 [folder / f"s{k}.scp" for k in range(1, num_sources + 1)] if keys & _SOURCE_KEYS else [],
+                                 folder / "spk.txt" if keys & _SPEAKER_KEYS else None, vector_list)
+        manifest, samples, skipped = header_samples(manifest, on_bad_data)
+        if skipped:
+            warnings.warn(f"{folder}/mix_{linkedset}.scp: left out {len(skipped)} bad file(s) (on_bad_data='skip'), "
+                          f"first {skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=2)
+        if stats is None:
+            # the training split: the utterances its lists share (as the in-memory path); another split: train's
+            stats = cached_stats(base, linkedset, "train", spectral, stats_utterances, progress, on_bad_data,
+                                 manifest.mix if split == "train" else None)
+        compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
+                          ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
+        featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn)
+        return StreamedSplit(manifest, samples, stats, split, linkedset,
+                             _speakers_of_manifest(base, manifest, num_sources), num_sources, featurizer, compute,
+                             ivec, ivec_stats, on_bad_data, skipped)
+    if on_bad_data != "raise":
+        raise DataError("load_split on_bad_data='skip' needs stream=True (the in-memory path reads every file "
+                        "before training and stops at the first bad one)")
 
     def example(row: _Row, feature_stats: F.FeatureStats | None) -> dict[str, torch.Tensor]:
         return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn, num_sources)

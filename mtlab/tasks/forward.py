@@ -142,7 +142,7 @@ def loss_in_fp32(loss: Any, targets: dict[str, Tensor], outputs: dict[str, Tenso
 
 def evaluate_totals(plan: TaskPlan, source: Any, batch_size: int, num_batches: int | None = None) -> tuple[float, float]:
     """(Σloss, Σnormalizer) of ``plan`` over ``source`` in order, without gradients (the caller sets eval mode)."""
-    stream = BatchStream(source, batch_size, 1, seed=0, shuffle=False)
+    stream = BatchStream(source, batch_size, 1, seed=0, shuffle=False, device=plan.device)  # streamed: features there
     nb = len(stream) if num_batches is None else min(int(num_batches), len(stream))
     sums = torch.zeros(2, dtype=torch.float64, device=plan.device)
     with torch.no_grad():

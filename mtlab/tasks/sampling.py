@@ -11,13 +11,58 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from ..base.batching import Batch, collate, example_length
-from ..base.errors import ConfigError
+from ..base.errors import ConfigError, MtlabError
+
+
+class DataWorkerError(MtlabError, RuntimeError):
+    """A data-loading worker died (killed, out of memory, crashed in native code); the message names the stream."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An example a source could not give (a bad file under a skip policy): its name, list line and why."""
+
+    name: str
+    where: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def reads_audio(source: Any) -> bool:
+    """True for a source whose batches are collated from ``source.audio(i)`` items and turned into features by
+    ``source.featurize(batch, device)`` (a streamed linked set), or a view of one."""
+    if isinstance(source, (SegmentedExamples, HeadExamples)):
+        return reads_audio(source.source)
+    return callable(getattr(source, "audio", None)) and callable(getattr(source, "featurize", None))
+
+
+class AudioItems(torch.utils.data.Dataset):
+    """``items[i] = source.audio(i)``: what a DataLoader worker reads for a streamed source."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.source.audio(i)
+
+
+def collate_kept(items: Sequence[Any]) -> tuple[Batch | None, list[Skipped]]:
+    """Collate the items that are not :class:`Skipped`; returns (batch or None when none is left, the skipped)."""
+    skipped = [x for x in items if isinstance(x, Skipped)]
+    kept = [x for x in items if not isinstance(x, Skipped)]
+    return (collate(kept) if kept else None), skipped
 
 
 class ExampleSource(Protocol):
@@ -89,6 +134,14 @@ class SegmentedExamples:
     def __len__(self) -> int:
         return len(self.index)
 
+    def audio(self, j: int) -> Any:
+        """The audio of segment ``j`` for a streamed source (its ``segment(i, start, frames)``)."""
+        i, start, n = self.index[j]
+        return self.source.segment(i, start, n)
+
+    def featurize(self, batch: Batch, device: Any = None) -> Batch:
+        return self.source.featurize(batch, device)
+
     def __getitem__(self, j: int) -> dict[str, Tensor]:
         i, start, n = self.index[j]
         example = self.source[i]
@@ -118,6 +171,15 @@ class HeadExamples:
 
     def __len__(self) -> int:
         return self.count
+
+    def audio(self, i: int) -> Any:
+        return self.source.audio(i)
+
+    def featurize(self, batch: Batch, device: Any = None) -> Batch:
+        return self.source.featurize(batch, device)
+
+    def segment(self, i: int, start: int, frames: int) -> Any:
+        return self.source.segment(i, start, frames)
 
     def __getitem__(self, i: int) -> Mapping[str, Tensor]:
         if not -self.count <= i < self.count:
@@ -156,6 +218,7 @@ class BatchStream:
         num_workers: int = 0,
         pin_memory: bool = False,
         shard: tuple[int, int] = (0, 1),
+        device: torch.device | str | None = None,
     ) -> None:
         if len(source) == 0:
             raise ConfigError("a linked set needs at least one example; this one is empty")
@@ -170,6 +233,9 @@ class BatchStream:
         self.shuffle = shuffle
         self.num_workers = num_workers
         self.pin_memory = pin_memory
+        self.device = device  # where a streamed source computes its features (None: on the CPU)
+        self.audio = reads_audio(source)
+        self.skipped: list[dict[str, Any]] = []  # examples a skip policy left out: name, where, reason, epoch
         self.lengths = lengths_of(source)
         rank, world = shard
         if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
@@ -222,26 +288,55 @@ class BatchStream:
         return self
 
     def __next__(self) -> Batch:
-        if self.num_workers > 0:
-            return self._next_from_loader()
-        return collate([self.source[i] for i in self.next_indices()], pin_memory=self.pin_memory)
+        if not self.audio:
+            if self.num_workers > 0:
+                return self._next_from_loader()
+            return collate([self.source[i] for i in self.next_indices()], pin_memory=self.pin_memory)
+        while True:  # a streamed source: collate its audio, then compute the features on the device
+            if self.num_workers > 0:
+                batch, skipped = self._next_from_loader()
+            else:
+                batch, skipped = collate_kept([self.source.audio(i) for i in self.next_indices()])
+                if batch is not None and self.pin_memory:
+                    batch = ({k: v.pin_memory() for k, v in batch[0].items()}, batch[1])
+            self.skipped.extend({**s.to_dict(), "epoch": self.epoch} for s in skipped)
+            if batch is not None:  # else every example of the batch was bad: draw the next
+                return self.source.featurize(batch, self.device)
 
-    def _next_from_loader(self) -> Batch:
+    def _next_from_loader(self) -> Any:
         batches = self.epoch_batches()
         if self.position >= len(batches):
             self._advance_epoch()
             batches = self.epoch_batches()
         if self._loader_iter is None:
             loader = torch.utils.data.DataLoader(
-                self.source,  # type: ignore[arg-type]
+                AudioItems(self.source) if self.audio else self.source,  # type: ignore[arg-type]
                 batch_sampler=batches[self.position :],
-                collate_fn=collate,
+                collate_fn=collate_kept if self.audio else collate,
                 num_workers=self.num_workers,
                 pin_memory=self.pin_memory,
+                # its own generator: creating workers must not draw from the global RNG (dropout, input
+                # noise), or training would depend on when loaders were (re)started, e.g. after a resume
+                generator=torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch),
             )
             self._loader_iter = iter(loader)
+        try:
+            batch = next(self._loader_iter)
+        except (RuntimeError, OSError, EOFError) as err:
+            # a dead worker shows as torch's RuntimeError, or as a broken connection while its batch was in
+            # transit; the same types raised by the data themselves come re-raised with "in DataLoader worker"
+            if "DataLoader worker (pid" not in str(err) if isinstance(err, RuntimeError) else \
+                    "in DataLoader worker process" in str(err):
+                raise
+            try:
+                self._loader_iter = None  # ends the loader: torch stops watching its workers; the next draw
+            except RuntimeError:  # starts fresh ones at the same position. torch's SIGCHLD handler may still
+                self._loader_iter = None  # raise its own report of the same death once, here
+            raise DataWorkerError(f"a data worker of this stream died at epoch {self.epoch}, batch {self.position} "
+                                  f"({err}); the position is kept, so the next draw retries the same batch. Check "
+                                  "memory (fewer num_workers) or the files of that batch") from err
         self.position += 1
-        return next(self._loader_iter)
+        return batch
 
     def seek(self, epoch: int, position: int) -> None:
         """Go to batch ``position`` of ``epoch`` (what ``state_dict`` saves)."""
@@ -281,9 +376,9 @@ class Streams(dict):
     that also saves and restores every position. ``shard=(rank, world_size)`` splits each linked set for
     data parallelism."""
 
-    def __init__(self, seed: int, pin_memory: bool = False) -> None:
+    def __init__(self, seed: int, pin_memory: bool = False, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.seed, self.pin_memory, self.shard = seed, pin_memory, (0, 1)
+        self.seed, self.pin_memory, self.shard, self.device = seed, pin_memory, (0, 1), device
 
     def get_stream(self, task: Any, linkedset: str) -> "BatchStream":
         """The stream of ``task.linkedsets[linkedset]`` (``task`` is a ``mtlab.Task``)."""
@@ -295,11 +390,22 @@ class Streams(dict):
                                   "batch=(data, seq_lengths) to process_minibatch or give LinkedSet(examples)")
             self[key] = BatchStream(ls.examples, task.batch_size, task.numbuckets,
                                     seed=derived_seed(self.seed, task.name, linkedset), num_workers=ls.num_workers,
-                                    pin_memory=self.pin_memory, shard=self.shard)
+                                    pin_memory=self.pin_memory, shard=self.shard, device=self.device)
         return self[key]
 
     def state_dict(self) -> dict[str, Any]:
         return {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self.items()}
+
+    def skipped(self) -> list[dict[str, Any]]:
+        """Every example a skip policy left out so far: name, where (list line), reason, epoch, task, linkedset."""
+        return [{**r, "task": t, "linkedset": s} for (t, s), st in self.items() for r in st.skipped]
+
+    def new_skipped(self) -> list[dict[str, Any]]:
+        """The records of :meth:`skipped` not returned by an earlier call (for announcing them once)."""
+        records = self.skipped()
+        fresh = records[getattr(self, "reported", 0):]
+        self.reported = len(records)
+        return fresh
 
     def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
         """Restore positions of the streams whose task and linked set ``tasks`` still has."""

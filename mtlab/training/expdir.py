@@ -136,6 +136,9 @@ def finish(trainer: Trainer, schedule: Schedule, path: Path, wall_s: float, step
     path.mkdir(parents=True, exist_ok=True)
     save(path / "final.pt")
     trainer.history.to_csv(path / "history.csv", index=False)
+    skipped = trainer.streams.skipped()  # examples a linked set's on_bad_data = "skip" left out
+    if skipped:
+        (path / "skipped.jsonl").write_text("".join(json.dumps(r) + "\n" for r in skipped))
     pd.DataFrame(schedule.validation).to_csv(path / "validation.csv", index=False)
     notes = _plot(trainer, schedule, path)
     for note in notes:

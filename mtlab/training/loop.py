@@ -169,6 +169,17 @@ def _target(target: Any) -> tuple[Trainer, Any, Mapping[str, Any] | None]:
     return trainer, getattr(target, "schedule", None), getattr(target, "recipe", None)
 
 
+def _note_bad_data(trainer: Trainer, progress: bool) -> None:
+    """Announce examples a linked set's ``on_bad_data = "skip"`` left out during the step (``skipped.jsonl`` in the
+    experiment folder lists them all)."""
+    fresh = trainer.streams.new_skipped()
+    if fresh:
+        for record in fresh:
+            record["step"] = trainer.step_count
+        say(f"step {trainer.step_count}: left out {len(fresh)} bad example(s), first {fresh[0]['reason']}", progress)
+        trainer.events.emit("data_skipped", {"step": trainer.step_count, "examples": fresh})
+
+
 def run(target: Any, schedule: Schedule | None = None, steps: int | None = None, progress: bool = True,
         expdir: str | Path | None = None, between_steps: Callable[[], bool] | None = None,
         recipe: Mapping[str, Any] | None = None) -> Schedule:
@@ -239,6 +250,7 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
                     trainer.lr = schedule.lr_at(trainer.step_count)
                 _guarded_step(trainer, guard)
                 done += 1
+                _note_bad_data(trainer, progress)
                 trainer.events.emit("step", {"step": trainer.step_count, "row": trainer.log.last()})
                 local = trainer.step_count - schedule.stage_start
                 if schedule.valid_frequency and local % schedule.valid_frequency == 0:

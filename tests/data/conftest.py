@@ -16,3 +16,7 @@ def corpus(tmp_path: Path) -> Callable[..., Path]:
         return make_corpus(tmp_path, names or ["a", "b", "c"], lengths)
 
     return build
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: starts subprocesses (data workers); left out of the fast tier")

@@ -1,0 +1,153 @@
+"""A linked set's lists held as compact columns: memory of a few dozen bytes per utterance, no Python object each.
+
+The lists (``mix_<set>.scp``, ``s1.scp`` ... ``sS.scp``, ``spk.txt``) are read one after the other, joined by
+utterance name onto the mixture list (as :func:`mtlab.data.lists.join_lists` does: names missing from a list are
+dropped with a :class:`DataWarning`), and kept as numpy arrays: each list's values as bytes without their common
+prefix, and its line numbers. DataLoader workers then share these pages without copying them (a list of Python
+objects would be copied page by page as reference counts change). :meth:`Column.entry` gives a
+:class:`ListEntry` back for one utterance when it is read.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataError, DataWarning
+from .lists import JoinReport, ListEntry
+
+
+@dataclass(frozen=True)
+class Column:
+    """One list file's values (common prefix + per-utterance suffix bytes) and line numbers, in manifest order."""
+
+    path: Path
+    prefix: str
+    suffixes: np.ndarray  # dtype S: the value after the prefix, UTF-8
+    lines: np.ndarray  # int32
+
+    def value(self, i: int) -> str:
+        return self.prefix + self.suffixes[i].decode("utf-8")
+
+    def resolved(self, i: int) -> str:
+        """The value as a path (relative ones from the list's folder), as a string: no Path object is made, as
+        pathlib keeps every file name it parses (interned) for the life of the process."""
+        value = self.value(i)
+        return value if os.path.isabs(value) else os.path.join(os.path.dirname(self.path), value)
+
+    def where(self, i: int) -> str:
+        """``list:line`` for error messages."""
+        return f"{self.path}:{int(self.lines[i])}"
+
+    def entry(self, i: int, name: str) -> ListEntry:
+        """Line ``i`` as :func:`mtlab.data.lists.read_list` gives it."""
+        return ListEntry(name, tuple(self.value(i).split()), self.path, int(self.lines[i]))
+
+    def subset(self, keep: np.ndarray) -> Column:
+        return Column(self.path, self.prefix, self.suffixes[keep], self.lines[keep])
+
+
+def _parse(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(names, values, line numbers) of a list as numpy arrays; the per-line Python objects live only here."""
+    if not path.is_file():
+        raise DataError(f"{path}: list file not found; check the data root and split name")
+    names: list[bytes] = []
+    values: list[bytes] = []
+    lines: list[int] = []
+    with path.open("rb") as f:
+        for number, text in enumerate(f, start=1):
+            parts = text.split(maxsplit=1)
+            if not parts:
+                continue
+            if len(parts) < 2:
+                raise DataError(f"{path}:{number}: expected 'name value', got {text.decode('utf-8', 'replace').rstrip()!r}")
+            names.append(parts[0])
+            values.append(b" ".join(parts[1].split()))
+            lines.append(number)
+    out = np.array(names, dtype=bytes), np.array(values, dtype=bytes), np.array(lines, dtype=np.int32)
+    del names, values, lines
+    order = np.argsort(out[0], kind="stable")
+    repeat = np.flatnonzero(out[0][order][1:] == out[0][order][:-1])
+    if repeat.size:
+        first, again = sorted(order[repeat[0]:repeat[0] + 2])
+        raise DataError(f"{path}:{out[2][again]}: name {out[0][again].decode()!r} repeats line {out[2][first]}; names "
+                        "must be unique")
+    return out
+
+
+def _column(path: Path, values: np.ndarray, lines: np.ndarray) -> Column:
+    if len(values) == 0 or values.dtype.itemsize == 0:
+        return Column(path, "", values.astype(bytes), lines.astype(np.int32))
+    ordered = np.sort(values)
+    prefix = os.path.commonprefix([bytes(ordered[0]), bytes(ordered[-1])])  # of all: the first and last agree on it
+    width = values.dtype.itemsize
+    cut = values.view(np.uint8).reshape(len(values), width)[:, len(prefix):].copy()
+    suffixes = cut.view(f"S{max(width - len(prefix), 1)}").reshape(-1) if width > len(prefix) else \
+        np.zeros(len(values), dtype="S1")
+    return Column(path, prefix.decode("utf-8"), suffixes, lines.astype(np.int32))
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Names and joined list columns of one linked set: ``mix``, ``sources`` (S), ``speakers``, ``vector``."""
+
+    names: np.ndarray  # dtype S, UTF-8
+    mix: Column
+    sources: tuple[Column, ...]
+    speakers: Column | None
+    vector: Column | None
+    report: JoinReport
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def name(self, i: int) -> str:
+        return self.names[i].decode("utf-8")
+
+    def subset(self, keep: np.ndarray) -> Manifest:
+        """The utterances where ``keep`` (bool) is true."""
+        part = (lambda c: c.subset(keep) if c is not None else None)
+        return Manifest(self.names[keep], self.mix.subset(keep), tuple(c.subset(keep) for c in self.sources),
+                        part(self.speakers), part(self.vector), self.report)
+
+
+def read_manifest(mix: Path, sources: list[Path], speakers: Path | None = None,
+                  vector: Path | None = None) -> Manifest:
+    """The mixture list ``mix`` joined by name with the source lists, the speaker list and the vector list."""
+    names, values, lines = _parse(mix)
+    if not len(names):
+        raise DataError(f"{mix}: the list has no utterances")
+    others = {**{f"s{k}": p for k, p in enumerate(sources, start=1)},
+              **({"spk": speakers} if speakers is not None else {}), **({"vector": vector} if vector is not None else {})}
+    order = np.argsort(names, kind="stable")
+    ordered = names[order]
+    present = np.ones(len(names), dtype=bool)
+    columns: dict[str, Column] = {}
+    missing: dict[str, tuple[str, ...]] = {}
+    extra: dict[str, None] = {}
+    for label, path in others.items():
+        o_names, o_values, o_lines = _parse(path)
+        pos = np.minimum(np.searchsorted(ordered, o_names), len(ordered) - 1)
+        hit = ordered[pos] == o_names
+        where = np.full(len(names), -1, dtype=np.int64)
+        where[order[pos[hit]]] = np.flatnonzero(hit)
+        extra.update(dict.fromkeys(n.decode() for n in o_names[~hit]))
+        found = where >= 0
+        present &= found
+        missing[path.name] = tuple(n.decode() for n in names[~found])
+        columns[label] = _column(path, np.where(found, o_values[np.maximum(where, 0)], b""),
+                                 np.where(found, o_lines[np.maximum(where, 0)], 0))
+    labels = (mix.name, *(p.name for p in others.values()))
+    dropped = tuple([*(n.decode() for n in names[~present]), *extra])
+    report = JoinReport(labels, int(present.sum()), dropped, {mix.name: tuple(extra), **missing})
+    if not present.any():
+        sizes = ", ".join(str(p) for p in (mix, *others.values()))
+        raise DataError(f"no utterance name is in all of: {sizes}; the lists describe different utterances")
+    if dropped:
+        warnings.warn(str(report), DataWarning, stacklevel=3)
+    full = Manifest(names, _column(mix, values, lines), tuple(columns[f"s{k}"] for k in range(1, len(sources) + 1)),
+                    columns.get("spk"), columns.get("vector"), report)
+    return full if present.all() else full.subset(present)

@@ -1,0 +1,195 @@
+"""A linked set as a manifest: names, paths, lengths from the WAV headers, speakers; audio is read per batch.
+
+``load_split(..., stream=True)`` returns a :class:`StreamedSplit`. It holds no audio and no features: its memory
+follows the number of utterances (a few hundred bytes each), not the hours of audio. A minibatch stream
+(:class:`mtlab.tasks.sampling.BatchStream`) reads ``split.audio(i)`` (int16 samples, in DataLoader workers when the
+linked set has ``num_workers``), collates them, and ``split.featurize(batch, device)`` computes the features and
+targets of the whole batch on the device that trains (:mod:`mtlab.data.ondevice`). ``split[i]`` still gives the
+precomputed-style example of one utterance (computed on the spot), for code that reads examples one by one.
+
+Bad data met while reading (unreadable, truncated, another sample rate, stereo, empty) raises a
+:class:`DataError` naming the file and its list line; with ``on_bad_data="skip"`` the utterance is left out of
+its batch instead and recorded (``BatchStream.skipped``; the training loop writes them to ``skipped.jsonl``).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..tasks.sampling import Skipped
+from . import features as F
+from .audio import SAMPLE_RATE, read_wav_int16, wav_samples
+from .errors import DataError
+from .lists import ListEntry
+from .manifest import Manifest
+from .ondevice import Featurizer
+from .vectors import VectorList, normalize, read_vector
+
+BAD_DATA = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One utterance's list lines, as the per-utterance example computer reads them."""
+
+    name: str
+    mix: ListEntry
+    sources: tuple[ListEntry, ...]
+    speakers: ListEntry | None
+    vector: ListEntry | None = None
+
+
+class StreamedSplit(torch.utils.data.Dataset):
+    """One split of one linked set read lazily; see the module docstring. ``lengths`` are frames (for bucketing),
+    ``samples`` the mixture's samples, both from the WAV headers; the lists are held as compact columns
+    (:class:`~mtlab.data.manifest.Manifest`)."""
+
+    def __init__(self, manifest: Manifest, samples: np.ndarray, stats: F.FeatureStats, split: str,
+                 linkedset: str, num_speakers: int, num_sources: int, featurizer: Featurizer,
+                 example: Any, ivec: VectorList | None = None, ivec_stats: Any = None,
+                 on_bad_data: str = "raise", skipped: list[Skipped] | None = None) -> None:
+        if on_bad_data not in BAD_DATA:
+            raise DataError(f"on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
+        self.manifest = manifest
+        self.samples = np.asarray(samples, dtype=np.int64)
+        self.lengths = [featurizer.spectral.num_frames(int(n)) for n in self.samples]
+        self.stats = stats
+        self.report = manifest.report
+        self.split = split
+        self.linkedset = linkedset
+        self.num_speakers = num_speakers
+        self.num_sources = num_sources
+        self.featurizer = featurizer
+        self.on_bad_data = on_bad_data
+        self.skipped = list(skipped or [])  # left out while the manifest was read (on_bad_data="skip")
+        self._example = example  # (row) -> the precomputed-style example; corpus owns how it is computed
+        self._ivec, self._ivec_stats = ivec, ivec_stats
+        keys = featurizer.keys
+        self.sequence_keys = tuple(k for k in ("features", "mix_mag", "src_mag", "binary_targets", "usedbins",
+                                               "frame_target") if k == "features" or k in keys)
+
+    @property
+    def names(self) -> list[str]:
+        """The utterance names, in list order (built on each call: the manifest keeps them as bytes)."""
+        return [n.decode("utf-8") for n in self.manifest.names]
+
+    def row(self, index: int) -> Row:
+        """The list lines of utterance ``index``."""
+        m, name = self.manifest, self.manifest.name(index)
+        part = (lambda c: c.entry(index, name) if c is not None else None)
+        return Row(name, m.mix.entry(index, name), tuple(c.entry(index, name) for c in m.sources),
+                   part(m.speakers), part(m.vector))
+
+    def __len__(self) -> int:
+        return len(self.manifest)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        """The example of utterance ``index`` with every key computed now, as ``load_split`` precomputes it."""
+        return self._example(self.row(index))
+
+    def audio(self, index: int) -> dict[str, torch.Tensor] | Skipped:
+        """What a batch carries for utterance ``index``: ``mix_wav`` [N] and ``src_wav`` [N, S] int16, speaker
+        ids and vectors; a :class:`Skipped` under ``on_bad_data="skip"`` when a file is bad."""
+        row = self.row(index)
+        try:
+            return self._read(row, int(self.samples[index]))
+        except DataError as err:
+            if self.on_bad_data == "skip":
+                return Skipped(row.name, row.mix.where, str(err))
+            raise
+
+    def _read(self, row: Row, samples: int) -> dict[str, torch.Tensor]:
+        keys = self.featurizer.keys
+        mix = read_wav_int16(row.mix.resolve(), SAMPLE_RATE, origin=row.mix.where)
+        if mix.shape[0] != samples:
+            raise DataError(f"{row.mix.resolve()} (listed at {row.mix.where}) has {mix.shape[0]} samples but had "
+                            f"{samples} when the manifest was read; the file changed: rebuild the linked set")
+        if self.featurizer.spectral.num_frames(mix.shape[0]) == 0 or mix.shape[0] < F.WIN_LENGTH:
+            raise DataError(f"{row.mix.resolve()} (listed at {row.mix.where}): {mix.shape[0]} samples is shorter "
+                            f"than one analysis window ({F.WIN_LENGTH} samples); remove it from the list")
+        out = {"mix_wav": mix}
+        if row.sources:
+            srcs = []
+            for src in row.sources:
+                wav = read_wav_int16(src.resolve(), SAMPLE_RATE, origin=src.where)
+                if wav.shape[0] != mix.shape[0]:
+                    raise DataError(f"{src.resolve()} (listed at {src.where}) has {wav.shape[0]} samples but its "
+                                    f"mixture {row.mix.resolve()} has {mix.shape[0]}; sources must match the mixture "
+                                    "sample for sample")
+                srcs.append(wav)
+            out["src_wav"] = torch.stack(srcs, dim=-1)
+        if row.speakers is not None:
+            ids = row.speakers.ints(self.num_sources)
+            if "spk" in keys:
+                out["spk"] = torch.tensor(ids[0], dtype=torch.long)
+            if "spk_pair" in keys:
+                out["spk_pair"] = torch.tensor(ids, dtype=torch.long)
+        if self._ivec is not None and row.vector is not None:
+            out["ivec"] = normalize(read_vector(row.vector, self._ivec.nrcol, self._ivec.nrs), self._ivec_stats)
+        return out
+
+    def segment(self, index: int, start: int, frames: int) -> dict[str, torch.Tensor] | Skipped:
+        """``audio(index)`` with ``segment = [start, frames]``: the frames the batch keeps of the utterance."""
+        out = self.audio(index)
+        if isinstance(out, Skipped):
+            return out
+        return {**out, "segment": torch.tensor([start, frames], dtype=torch.long)}
+
+    def featurize(self, batch: Any, device: torch.device | str | None = None) -> Any:
+        """Features and targets of a collated batch of :meth:`audio` items, computed on ``device``."""
+        return self.featurizer(batch, device)
+
+    def __repr__(self) -> str:
+        hours = int(self.samples.sum()) / SAMPLE_RATE / 3600
+        return (f"StreamedSplit({self.split}/{self.linkedset}: {len(self)} utterances, {sum(self.lengths)} frames, "
+                f"{hours:.2f} h; read per batch)")
+
+
+def _lengths_cache(manifest: Manifest) -> tuple[Path, str]:
+    """Where the header lengths of a manifest's mixtures are cached, and the checksum of what they depend on
+    (the mixture list's bytes and the utterances kept): a file changed in place after that is caught when it is
+    read (its length no longer matches)."""
+    mix = manifest.mix
+    digest = hashlib.sha256(Path(mix.path).read_bytes() + mix.prefix.encode() + mix.suffixes.tobytes()).hexdigest()
+    return Path(mix.path).with_suffix(".samples.npz"), digest
+
+
+def header_samples(manifest: Manifest, on_bad_data: str) -> tuple[Manifest, np.ndarray, list[Skipped]]:
+    """Samples of every mixture from its WAV header (cached beside the list: ``mix_<set>.samples.npz``); bad headers
+    raise, or are skipped (left out and returned)."""
+    cache, digest = _lengths_cache(manifest)
+    try:
+        with np.load(cache) as found:
+            if str(found["checksum"]) == digest and len(found["samples"]) == len(manifest):
+                return manifest, found["samples"].astype(np.int64), []
+    except (OSError, KeyError, ValueError):
+        pass  # no cache, or another one: read the headers
+    samples = np.zeros(len(manifest), dtype=np.int64)
+    skipped = []
+    mix = manifest.mix
+    for i in range(len(manifest)):
+        try:
+            samples[i] = wav_samples(mix.resolved(i), SAMPLE_RATE, origin=mix.where(i))
+        except DataError as err:
+            if on_bad_data != "skip":
+                raise
+            skipped.append(Skipped(manifest.name(i), mix.where(i), str(err)))
+    if not skipped:  # a read-only corpus folder just goes without the cache
+        try:
+            tmp = cache.with_name(f"{cache.stem}.tmp{os.getpid()}.npz")
+            np.savez(tmp, samples=samples, checksum=np.array(digest))
+            tmp.replace(cache)
+        except OSError:
+            pass
+    if len(skipped) == len(manifest):
+        raise DataError(f"every utterance of the list was skipped as bad data (first: {skipped[0].reason})")
+    if skipped:
+        keep = samples > 0
+        return manifest.subset(keep), samples[keep], skipped
+    return manifest, samples, skipped
