@@ -14,9 +14,10 @@ tells the source its epoch (``set_epoch``) before it collates, in the main proce
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -144,8 +145,8 @@ class DynamicMix(torch.utils.data.Dataset):
     def mixture(self, index: int, epoch: int | None = None) -> Mixture:
         """Mixture ``index`` of ``epoch`` (default: the current one), drawn from ``(seed, epoch, index)``."""
         epoch = self.epoch if epoch is None else int(epoch)
-        s, m, cfg = self.settings, self.base.manifest, self.settings
-        gen = np.random.Generator(np.random.PCG64([cfg.seed, epoch, int(index)]))
+        s, m = self.settings, self.base.manifest
+        gen = np.random.Generator(np.random.PCG64([s.seed, epoch, int(index)]))
         length, n_src = int(self.samples[index]), self.num_sources
         flat = self.speaker_ids.reshape(-1)
         first = index * n_src + int(gen.integers(n_src))

@@ -10,8 +10,8 @@ import torch
 from data_helpers import write_wav
 
 from mtlab.base.batching import collate
-from mtlab.data import load_split
 from mtlab.data import features as F
+from mtlab.data import load_split
 from mtlab.data.dynamic import DynamicMix, MixSettings
 from mtlab.data.errors import DataError
 from mtlab.tasks.sampling import BatchStream
