@@ -341,3 +341,29 @@ def test_resume_names_the_rule_that_stopped_the_run(monkeypatch: pytest.MonkeyPa
     assert exp.schedule.last_stop == "relative_improvement"
     assert main(["resume", str(tmp_path / "exp")]) == 0
     assert "nothing to resume, validation stopped it (relative_improvement)" in capsys.readouterr().out
+
+
+def test_dynamic_mix_key_trains_a_step_and_bad_settings_name_it(tiny_corpus: Path, tmp_path: Path) -> None:
+    from mtlab.data.dynamic import DynamicMix
+
+    text = TINY_TOML.format(root=tiny_corpus, num_steps=2, valid_frequency=2)
+    plain = 'linkedset = "noisy" }'
+    assert plain in text
+    path = tmp_path / "mixed.toml"
+    path.write_text(text.replace(plain, 'linkedset = "noisy", dynamic_mix = { gain_db = [-5, 5], seed = 1 } }'))
+    exp = from_recipe(path)
+    ls = exp.trainer.tasks["frames"].linkedsets["noisy"]
+    assert isinstance(ls.examples, DynamicMix) and ls.examples.settings.gain_db == (-5.0, 5.0)
+    assert not isinstance(ls.valid, DynamicMix)  # validation reads the corpus's own mixtures
+    assert not isinstance(exp.trainer.tasks["frames"].linkedsets["clean"].examples, DynamicMix)
+    exp.trainer.step()
+    assert exp.trainer.step_count == 1
+    for setting, message in [("{ gain_db = [5, -5] }", r"mixed.toml: .*dynamic_mix gain_db = \[5, -5\] must be"),
+                             ("{ gains = [0, 1] }", r"mixed.toml: .*unknown key\(s\) \['gains'\] in dynamic_mix"),
+                             ("{ noise = \"nope.scp\" }", r"mixed.toml: .*dynamic_mix noise = 'nope.scp': no such list")]:
+        path.write_text(text.replace(plain, f'linkedset = "noisy", dynamic_mix = {setting} }}'))
+        with pytest.raises(mtlab.ConfigError, match=message):
+            load_recipe(path)
+    path.write_text(text.replace(plain, 'linkedset = "noisy", stream = false, dynamic_mix = {} }'))
+    with pytest.raises(mtlab.ConfigError, match="dynamic_mix needs stream = true"):
+        load_recipe(path)

@@ -211,3 +211,16 @@ def test_import_separation_pulls_in_no_ui_library():
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_separator_trains_on_dynamic_mixtures() -> None:
+    from mtlab.data.dynamic import DynamicMix
+
+    sep = build_separator("pit", "clean", hidden=4, layers=1, batch_size=4, device="cpu",
+                          dynamic_mix={"gain_db": [-2.5, 2.5]})
+    examples = sep.trainer.tasks["separation"].linkedsets["clean"].examples
+    assert isinstance(examples, DynamicMix) and examples.settings.gain_db == (-2.5, 2.5)
+    assert torch.equal(examples.stats.mean, sep.train.stats.mean)  # normalized as the corpus's mixtures
+    before = {k: p.clone() for k, p in sep.trainer.params.items()}
+    assert sep.step(1) == 1
+    assert any(not torch.equal(before[k], p) for k, p in sep.trainer.params.items())

@@ -194,7 +194,9 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
         data = _check_data(sspec["data"], origin, f"{swhere} data", base)
         sspec["data"] = data
         if sspec.get("valid", False) is not False:
-            sspec["valid"] = _check_data({**data, **_table(sspec["valid"], origin, f"{swhere} valid")}, origin,
+            # validation reads the corpus's own mixtures unless its table asks for dynamic mixing itself
+            inherited = {k: v for k, v in data.items() if k != "dynamic_mix"}
+            sspec["valid"] = _check_data({**inherited, **_table(sspec["valid"], origin, f"{swhere} valid")}, origin,
                                          f"{swhere} valid", base)
         uses = [k for k in ("inputs", "targets") if "ivec" in spec[k]]
         if uses and "ivec" not in data:
@@ -246,6 +248,16 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             low = 0 if key == "num_workers" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{origin}: {where} {key} = {value!r} must be an integer >= {low}")
+        elif key == "dynamic_mix":  # a new mixture of the split's sources per example and epoch
+            from ..data.dynamic import MixSettings
+            from ..data.errors import DataError
+
+            try:
+                settings = MixSettings.from_dict(value, base)
+            except DataError as exc:
+                raise ConfigError(f"{origin}: {where} {exc}") from None
+            spec[key] = {"gain_db": list(settings.gain_db), "noise_snr_db": list(settings.noise_snr_db),
+                         "seed": settings.seed, **({"noise": settings.noise} if settings.noise else {})}
         elif key == "on_bad_data":  # a bad audio file mid-epoch: stop with its name, or skip and record it
             from ..data.streamed import BAD_DATA
 
@@ -257,6 +269,8 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
         raise ConfigError(f"{origin}: {where} needs exactly one of corpus = \"samples\" or root = \"path/to/corpus\"")
     if "corpus" in spec and spec["corpus"] not in CORPORA:
         raise _unknown(origin, f"{where} corpus", spec["corpus"], CORPORA, what="corpus")
+    if "dynamic_mix" in spec and spec.get("stream") is False:
+        raise ConfigError(f"{origin}: {where} dynamic_mix needs stream = true (mixtures are made per batch)")
     if "root" in spec:
         spec["root"] = str((base / spec["root"]).resolve())
     spec.setdefault("split", "train")
@@ -294,7 +308,8 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     mvn = data.get("mvn", "global")
     num_sources = data.get("num_sources", NUM_SOURCES)
     # streamed unless told otherwise: audio read per batch, features on the trainer's device
-    streamed = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances") if k in data}}
+    streamed = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances", "dynamic_mix")
+                                   if k in data}}
     key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), repr(ivec),
            mvn, num_sources, repr(sorted(streamed.items())), fingerprint)
     if key not in cache:

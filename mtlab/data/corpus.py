@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
+from typing import Any
 from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ import torch
 
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav
+from .dynamic import DynamicMix, MixSettings
 from .errors import DataError, DataWarning
 from .lists import JoinReport, ListEntry, join_lists, read_list
 from .ondevice import Featurizer
@@ -300,7 +302,8 @@ def load_split(
     on_bad_data: str = "raise",
     stats_utterances: int | None = STATS_UTTERANCES,
     progress: Progress | None | bool = True,
-) -> SeparationDataset | StreamedSplit:
+    dynamic_mix: Any = None,
+) -> SeparationDataset | StreamedSplit | DynamicMix:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
     ``targets`` picks the keys besides ``features`` (see the module docstring). ``stats`` normalizes the
@@ -317,7 +320,10 @@ per ``spk.txt`` line are read.
 and whose features are computed per batch on the training device (memory independent of the corpus size); its
 statistics (when ``stats`` is None) come from :func:`cached_stats`: from at most ``stats_utterances`` utterances
 spread evenly over the training list (all of a smaller list; None: all), with ``progress`` shown.
-``on_bad_data="skip"`` (streamed only) leaves bad files out and records them instead of raising. Example::
+``on_bad_data="skip"`` (streamed only) leaves bad files out and records them instead of raising.
+``dynamic_mix`` (streamed only: a :class:`~mtlab.data.dynamic.MixSettings` or its dict, e.g.
+``{"gain_db": [-5, 5], "noise": "noise.scp", "noise_snr_db": [10, 20]}``) returns a
+:class:`~mtlab.data.dynamic.DynamicMix`: a new mixture of the split's sources per example and epoch. Example::
 
         train = load_split(split="train", linkedset="noisy")
         dev = load_split(split="dev", linkedset="noisy", stats=train.stats)
@@ -347,11 +353,15 @@ spread evenly over the training list (all of a smaller list; None: all), with ``
         ivec_stats = vector_stats(ivec, base)
     if on_bad_data not in BAD_DATA:
         raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
+    mixing = MixSettings.from_dict(dynamic_mix, base) if dynamic_mix is not None else None
+    if mixing is not None and not stream:
+        raise DataError("load_split dynamic_mix needs stream=True (mixtures are made per batch from the sources)")
     if stream:
         _input_list_exists(folder, linkedset)
         manifest = read_manifest(folder / f"mix_{linkedset}.scp",
-                                 [folder / f"s{k}.scp" for k in range(1, num_sources + 1)] if keys & _SOURCE_KEYS else [],
-                                 folder / "spk.txt" if keys & _SPEAKER_KEYS else None, vector_list)
+                                 [folder / f"s{k}.scp" for k in range(1, num_sources + 1)]
+                                 if keys & _SOURCE_KEYS or mixing else [],
+                                 folder / "spk.txt" if keys & _SPEAKER_KEYS or mixing else None, vector_list)
         manifest, samples, skipped = header_samples(manifest, on_bad_data)
         if skipped:
             warnings.warn(f"{folder}/mix_{linkedset}.scp: left out {len(skipped)} bad file(s) (on_bad_data='skip'), "
@@ -363,9 +373,10 @@ spread evenly over the training list (all of a smaller list; None: all), with ``
         compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
                           ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
         featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn)
-        return StreamedSplit(manifest, samples, stats, split, linkedset,
-                             _speakers_of_manifest(base, manifest, num_sources), num_sources, featurizer, compute,
-                             ivec, ivec_stats, on_bad_data, skipped)
+        streamed = StreamedSplit(manifest, samples, stats, split, linkedset,
+                                 _speakers_of_manifest(base, manifest, num_sources), num_sources, featurizer, compute,
+                                 ivec, ivec_stats, on_bad_data, skipped)
+        return DynamicMix(streamed, mixing) if mixing is not None else streamed
     if on_bad_data != "raise":
         raise DataError("load_split on_bad_data='skip' needs stream=True (the in-memory path reads every file "
                         "before training and stops at the first bad one)")

@@ -61,6 +61,8 @@ class SeparatorConfig:
     input_noise: float = 0.0  # std of Gaussian noise on the features, training only
     dropout: float = 0.0  # between BLSTM layers, training only
     remix: int = 5000  # extra training mixtures from pairs of training sources (0: the 120 corpus mixtures only)
+    # train on a new mixture per example and epoch instead (mtlab.data.dynamic settings, e.g. {"gain_db": [-5, 5]})
+    dynamic_mix: dict[str, Any] | None = None
     usedbins_db: float = USEDBINS_THRESHOLD_DB  # used bins: within this many dB of the utterance's loudest bin
     lr: float = 1e-3
     batch_size: int = 8
@@ -98,7 +100,11 @@ def build_task(cfg: SeparatorConfig, train: SeparationDataset) -> Task:
         "deepattractornet": lambda: DeepAttractorNet(output=out),
     }[cfg.loss]()
     examples: Any = train
-    if cfg.remix > 0:
+    if cfg.dynamic_mix is not None:
+        examples = load_split(cfg.root, split="train", linkedset=cfg.linkedset, targets=_TARGETS[cfg.loss],
+                              stats=train.stats, usedbins_threshold_db=cfg.usedbins_db, stream=True,
+                              dynamic_mix={"seed": cfg.seed, **cfg.dynamic_mix}, progress=False)
+    elif cfg.remix > 0:
         keys = ("features", *_TARGETS[cfg.loss])
         examples = RemixedSet(train, cfg.remix, cfg.linkedset, seed=cfg.seed, keys=keys, root=cfg.root,
                               usedbins_db=cfg.usedbins_db)

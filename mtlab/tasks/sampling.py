@@ -45,6 +45,15 @@ def reads_audio(source: Any) -> bool:
     return callable(getattr(source, "audio", None)) and callable(getattr(source, "featurize", None))
 
 
+def tell_epoch(source: Any, epoch: int) -> None:
+    """Give ``epoch`` to a source whose examples change per epoch (``set_epoch``, e.g. dynamic mixing), through
+    the views wrapping it; before a batch is collated, so DataLoader workers receive it with their copy."""
+    while source is not None:
+        if callable(getattr(source, "set_epoch", None)):
+            source.set_epoch(epoch)
+        source = getattr(source, "source", None)
+
+
 class AudioItems(torch.utils.data.Dataset):
     """``items[i] = source.audio(i)``: what a DataLoader worker reads for a streamed source."""
 
@@ -296,7 +305,9 @@ class BatchStream:
             if self.num_workers > 0:
                 batch, skipped = self._next_from_loader()
             else:
-                batch, skipped = collate_kept([self.source.audio(i) for i in self.next_indices()])
+                indices = self.next_indices()
+                tell_epoch(self.source, self.epoch)
+                batch, skipped = collate_kept([self.source.audio(i) for i in indices])
                 if batch is not None and self.pin_memory:
                     batch = ({k: v.pin_memory() for k, v in batch[0].items()}, batch[1])
             self.skipped.extend({**s.to_dict(), "epoch": self.epoch} for s in skipped)
@@ -309,6 +320,7 @@ class BatchStream:
             self._advance_epoch()
             batches = self.epoch_batches()
         if self._loader_iter is None:
+            tell_epoch(self.source, self.epoch)  # before the workers copy the source
             loader = torch.utils.data.DataLoader(
                 AudioItems(self.source) if self.audio else self.source,  # type: ignore[arg-type]
                 batch_sampler=batches[self.position :],
