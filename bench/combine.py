@@ -98,7 +98,7 @@ def main() -> None:
     exp = mtlab.from_recipe(ROOT / "recipes" / "demo.toml")
     tr = exp.trainer
     data = batches(tr, steps)
-    snap = tr.snapshot()
+    snap = tr.state_dict()
     if args.directions_only:
         directions_cost(tr, data[0], args.methods, None)
         return
@@ -108,12 +108,12 @@ def main() -> None:
     runners: dict[str, tuple] = {}
     for method in args.methods:  # build and warm up each (solvers' first calls, buffers)
         try:
-            tr.restore(snap)
+            tr.load_state_dict(snap)
             tr.set_combine(method)
             mtlab_step(tr, data[0])
             way = None
             if method == "sum" or method in combine_mod.AGGREGATORS:
-                tr.restore(snap)
+                tr.load_state_dict(snap)
                 way = LibMTLWay(tr, method)
                 way.step(data[0])
             runners[method] = (way,)
@@ -124,7 +124,7 @@ def main() -> None:
     other_times: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(repeats):  # interleaved: every method once per round, so load swings hit all alike
         for method, (way,) in runners.items():
-            tr.restore(snap)
+            tr.load_state_dict(snap)
             tr.set_combine("sum" if method == "sum, no stats" else method)
             tr.update.record_stats = method != "sum, no stats"
             for d in data:
@@ -132,7 +132,7 @@ def main() -> None:
                 mtlab_step(tr, d)
                 times[method].append(time.perf_counter() - t0)
             if way is not None:
-                tr.restore(snap)
+                tr.load_state_dict(snap)
                 for d in data:
                     t0 = time.perf_counter()
                     way.step(d)
@@ -146,7 +146,7 @@ def main() -> None:
         o = f"{other:13.4f}{mine / other:14.2f}" if other else f"{'-':>13}{'-':>14}"
         print(f"{method:<14}{mine:14.4f}{mine / base:9.2f}{o}")
     print(f"{'sum, no stats':<14}{bare:14.4f}{bare / base:9.2f}   (history statistics off: cosines, norms)")
-    tr.restore(snap)
+    tr.load_state_dict(snap)
     directions_cost(tr, data[0], args.methods, base)
 
 

@@ -52,10 +52,10 @@ def test_gradients_live_in_one_flat_buffer_per_task_and_grad_is_a_view() -> None
 def test_views_survive_save_load_snapshot_restore_and_further_steps(tmp_path) -> None:
     tr = trainer()
     tr.step()
-    snap = tr.snapshot()
+    snap = tr.state_dict()
     buffers = [b.data_ptr() for t in tr.tasks for b in tr.state(t).buffers]
     tr.step()
-    tr.restore(snap)
+    tr.load_state_dict(snap)
     assert owned_grads_are_views(tr) and all(views_of(tr.state(t)) for t in tr.tasks)
     assert [b.data_ptr() for t in tr.tasks for b in tr.state(t).buffers] == buffers  # restored in place
     for t in tr.tasks:

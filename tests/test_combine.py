@@ -202,14 +202,14 @@ def test_switching_the_method_between_steps_and_restoring_switches_back() -> Non
     seen = []
     tr.add_callback(lambda ev, info: seen.append(info["method"]) if ev == "combine" else None)
     accumulate(tr); tr.apply()
-    snap = tr.snapshot()
+    snap = tr.state_dict()
     tr.set_combine("dwa+mgda")
     accumulate(tr); tr.apply()
     assert seen == ["dwa+mgda"] and isinstance(tr.update.combine, combine_mod.Aggregate)
     h = tr.history
     assert h["combine/enc/a"].isna().iloc[0] and not h["combine/enc/a"].isna().iloc[1]
     assert h["weighting/b"].iloc[1] == 1.0  # DWA: uniform until two periods are done
-    tr.restore(snap)
+    tr.load_state_dict(snap)
     assert tr.update.method is None and tr.update.weighting is None
 
 
@@ -315,12 +315,12 @@ def test_the_dashboard_selector_switches_the_method_and_follows_a_restore() -> N
     dash = mtlab.ui.dashboard(tr, plots=False)
     try:
         assert dash.combine_dropdown.value == "sum" and "upgrad" in dash.combine_dropdown.options
-        snap = tr.snapshot()
+        snap = tr.state_dict()
         dash.combine_dropdown.value = "upgrad"
         assert tr.update.method == "upgrad"
         accumulate(tr); tr.apply()
         assert "combine/enc/a" in tr.history.columns
-        tr.restore(snap)
+        tr.load_state_dict(snap)
         assert tr.update.method is None and dash.combine_dropdown.value == "sum"
     finally:
         dash.close()

@@ -152,10 +152,10 @@ def test_rows_cut_by_a_restore_are_not_logged(corpus: Path, tmp_path: Path) -> N
     trainer = build(recipe(corpus))
     logger = CSVLogger(tmp_path, flush_every=100).attach(trainer)
     trainer.step()
-    snapshot = trainer.snapshot()
+    snapshot = trainer.state_dict()
     trainer.step()
     trainer.step()
-    trainer.restore(snapshot)  # go_back: steps 2 and 3 are undone
+    trainer.load_state_dict(snapshot)  # go_back: steps 2 and 3 are undone
     trainer.step()
     logger.close()
     history = trainer.log.rows()

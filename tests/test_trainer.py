@@ -488,11 +488,11 @@ def test_snapshot_restore_and_checkpoint_continue_bit_for_bit(tmp_path):
 
     tr = build()
     tr.step()
-    snap = tr.snapshot()
+    snap = tr.state_dict()
     tr.step(); tr.step()
     ref_params = {k: v.detach().clone() for k, v in tr.params.items()}
     ref_hist = tr.history.copy()
-    tr.restore(snap)
+    tr.load_state_dict(snap)
     assert tr.step_count == 1 and len(tr.history) == 1
     tr.step(); tr.step()
     assert all(torch.equal(ref_params[k], v) for k, v in tr.params.items())

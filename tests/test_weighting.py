@@ -101,13 +101,13 @@ def test_famo_coefficients_are_torchjds_famo() -> None:
 def test_random_loss_weights_are_seeded_by_the_step_and_resume_exactly() -> None:
     tr = trainer("random_loss")
     tr.step()
-    snap = tr.snapshot()
+    snap = tr.state_dict()
     for _ in range(3):
         tr.step()
     c = coefs(tr)
     assert torch.allclose(c.sum(1), torch.ones(4, dtype=torch.float64)) and (c > 0).all()
     assert len({tuple(r.tolist()) for r in c}) == 4
-    tr.restore(snap)
+    tr.load_state_dict(snap)
     for _ in range(3):
         tr.step()
     assert torch.equal(coefs(tr), c)

@@ -508,7 +508,8 @@ class Trainer:
     # ------------------------------------------------------------------ state you can keep
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: weights, optimizer, accumulators, data positions, RNG,
-        step, settings, weights and history. Plain containers (loadable with ``weights_only=True``)."""
+        step, settings, weights and history, as a copy in plain containers (loadable with ``weights_only=True``):
+        keep it to undo with ``load_state_dict`` later."""
         with self.lock:
             return checkpoint.trainer_state(self)
 
@@ -517,14 +518,6 @@ class Trainer:
         with self.lock:
             checkpoint.load_trainer_state(self, state, history)
             self.events.emit("restore", {"step": self.step_count})
-
-    def snapshot(self) -> dict[str, Any]:
-        """An in-memory copy of the whole state (undo in a notebook; rollback in validation)."""
-        return self.state_dict()
-
-    def restore(self, snapshot: Mapping[str, Any], history: bool = True) -> None:
-        """Go back to a ``snapshot()``; the snapshot stays valid for later restores."""
-        self.load_state_dict(snapshot, history=history)
 
     def save(self, path: Any, extra: Mapping[str, Any] | None = None) -> Any:
         """Write a checkpoint atomically; returns its path, or None on a data-parallel rank other than 0

@@ -252,7 +252,7 @@ class Schedule:
         schedule.validation = [dict(r) for r in schedule.validation]
         schedule.best_state = state.get("best_state")
         if schedule.best_state is None and trainer is not None and schedule.best_step == trainer.step_count:
-            schedule.best_state = trainer.snapshot()
+            schedule.best_state = trainer.state_dict()
         return schedule
 
 

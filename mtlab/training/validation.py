@@ -96,7 +96,7 @@ def _decide(trainer: Trainer, schedule: Schedule, record: dict[str, Any], expdir
     actions: list[str] = []
     if better:
         schedule.best, schedule.best_step = loss, trainer.step_count
-        schedule.best_state = trainer.snapshot()
+        schedule.best_state = trainer.state_dict()
         if schedule.reset_tries:
             schedule.tries = 0
         actions.append("better")
@@ -107,7 +107,7 @@ def _decide(trainer: Trainer, schedule: Schedule, record: dict[str, Any], expdir
             actions.append("stop" if stop == "num_tries" else f"stop_{stop}")
         if (schedule.go_back or (stop is not None and schedule.best_model_final)) and schedule.best_state is not None:
             positions = trainer.streams.state_dict()
-            trainer.restore(schedule.best_state)
+            trainer.load_state_dict(schedule.best_state)
             actions.append(f"go_back_to_{schedule.best_step}")
             if schedule.go_back_data == "continue" and stop is None:
                 # Applied before the next step: the restored state stays exactly the best one (best.pt), and

@@ -37,9 +37,9 @@ TOOLTIPS = {
     "pause": "Pause the run after the current step (stepwise buttons work while paused); click again to resume. "
              "Needs: a run going.",
     "stop": "Stop the run of this trainer after the current step (whichever dashboard started it). Needs: a run going.",
-    "snapshot": "snapshot(): keep an in-memory copy of the whole state (weights, optimizer, step, history). "
+    "snapshot": "Snapshot: keep an in-memory copy of the whole state (trainer.state_dict(): weights, optimizer, step, history). "
                 "During a run it is taken at the end of the current step.",
-    "restore": "restore(): go back to the snapshot chosen at the left; the abandoned branch stays on the plot, grey. "
+    "restore": "Restore: go back to the snapshot chosen at the left (trainer.load_state_dict); the abandoned branch stays on the plot, grey. "
                "Needs: a snapshot taken first.",
     "export_png": "Write the current figure as PNG into the export folder and offer a download link.",
     "export_svg": "Write the current figure as SVG into the export folder and offer a download link.",
