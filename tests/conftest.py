@@ -54,6 +54,16 @@ SLOW_MODULES = {
 # Single tests that take over about a second on a quiet 2-core machine (train a recipe end to end, load the
 # corpus, read loggers back), by file and function name (every parameter).
 SLOW_TESTS = {
+    "ui/test_plot_layout.py::test_live_plot_has_no_overlapping_text_running_and_zoomed",
+    "ui/test_plot_layout.py::test_a_non_negative_loss_axis_is_not_padded_below_zero",
+    "ui/test_plots.py::test_pngs_are_sized_to_the_displayed_width",
+    "ui/test_plots.py::test_log_linear_toggle_and_smoothing",
+    "ui/test_plots.py::test_zoom_and_read_out_every_series_at_a_step",
+    "ui/test_runs.py::test_only_the_newest_dashboard_of_a_trainer_stays_attached",
+    "data/test_data_features.py::test_stats_normalize_and_round_trip",
+    "test_precision.py::test_the_precision_flag_is_written_into_the_recipe_the_checkpoint_carries",
+    "test_loop_stopping.py::test_the_summary_explains_an_early_stop_in_plain_words",
+    "ui/test_plots.py::test_validation_points_from_the_loop_and_from_evaluate",
     "test_separation.py::test_remixed_set_is_deterministic_and_shaped_like_the_corpus",
     "data/test_data_features.py::test_magnitude_matches_direct_stft",
     "data/test_data_corpus.py::test_example_keys_shapes_and_dtypes",

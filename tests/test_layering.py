@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -18,6 +19,12 @@ ENTRY = {"", "__main__", "_layers"}
 
 
 NON_MTLAB_OK = {"self", "cls", "torch", "np", "os", "sys", "signal", "_signal", "dist", "mp", "plt", "F", "nn", "pd"}
+
+
+@functools.cache
+def parse(path: Path) -> ast.Module:
+    """The syntax tree of a file of mtlab (parsed once for all the tests here)."""
+    return ast.parse(path.read_text(), filename=str(path))
 
 
 def module_name(path: Path) -> str:
@@ -65,7 +72,7 @@ def module_imports(path: Path, load_time: bool = False) -> list[tuple[str, str, 
     """(importer, imported mtlab module, imported name or '', line) for each import in one file; only those
     that run when it is loaded with ``load_time``."""
     current = module_name(path)
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     out = []
     for node in (load_time_nodes(tree) if load_time else ast.walk(tree)):
         if isinstance(node, ast.ImportFrom):
@@ -105,7 +112,7 @@ def test_plugin_strings_name_modules_that_exist_in_a_layer_above() -> None:
     bad = []
     for path in sorted(PACKAGE.rglob("*.py")):
         current = module_name(path)
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                     and re.fullmatch(r"mtlab(\.[a-z_]+)+", node.value):
                 rel = node.value[len("mtlab."):].replace(".", "/")
@@ -168,7 +175,7 @@ def test_no_module_reads_private_attributes_of_other_objects() -> None:
     so is ``self.other._name``."""
     bad = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = parse(path)
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
                 continue
@@ -243,7 +250,7 @@ def test_only_the_accumulator_assigns_its_fields() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         if path == PACKAGE / "core" / "accumulator.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in fields \
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno} assigns {ast.unparse(node)}")
