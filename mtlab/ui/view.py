@@ -328,9 +328,10 @@ class Dashboard(widgets.VBox):
         if controller is None:  # __init__ raised (bad argument): nothing to undo
             return
         controller.close(stop=stop)
-        if self.painter is not None:
-            self.painter.close()
-        for child in self.controls.every():
+        painter, controls = self.__dict__.get("painter"), self.__dict__.get("controls")  # absent if __init__ raised
+        if painter is not None:
+            painter.close()
+        for child in controls.every() if controls is not None else ():
             child.close()
         super().close()
 
