@@ -44,7 +44,7 @@ from .ondevice import Featurizer
 from .streamed import StreamedSplit
 from .vectors import VectorList, load_vectors
 
-from .stream import BatchStream, bucket_batches
+from ..tasks.sampling import BatchStream, bucket_batches  # the streams are a core concept; reachable here too
 
 __all__ = [
     "BatchStream",
