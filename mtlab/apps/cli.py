@@ -161,7 +161,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--train", default=None, help="librimix: train-100 (default) or train-360")
     p.set_defaults(threads=None)
     p = sub.add_parser("shard", help="write linked sets of a corpus (list layout) as tar shards for many-node runs")
-    p.add_argument("root", type=Path, help="the corpus in list layout (mix_<set>.scp, s1.scp, ...; e.g. from prepare)")
+    p.add_argument("root", type=Path, help="the corpus in list layout (mix_<set>.scp, s1.scp, ...; e.g. from prepare; "
+                                           "unused with --verify)")
     p.add_argument("out", type=Path, help="the shard folder (<out>/<split>/<linkedset>/shard-*.tar, index.npz)")
     p.add_argument("--splits", nargs="+", default=None, help="splits to write (default: every folder with lists)")
     p.add_argument("--linkedsets", nargs="+", default=None, help="linked sets to write (default: all found)")
@@ -431,7 +432,8 @@ def _shard(args: argparse.Namespace) -> int:
                                   ORIGINAL if args.spectral == "original" else MTLAB, progress=True)
             count = len(list(folder.glob("shard-*.tar")))
             print(f"{folder}: {count} shard(s)")
-    print(f'recipe data: {{ root = "{args.out}", split = "train", linkedset = "..." }} (or an fsspec URL of a copy)')
+    if not args.verify:
+        print(f'recipe data: {{ root = "{args.out}", split = "train", linkedset = "..." }} (or the URL of a copy)')
     return 0
 
 

@@ -85,8 +85,14 @@ def _exists(path: str) -> bool:
 
 
 def is_shard_root(root: str | Path | None, split: str, linkedset: str) -> bool:
-    """True when ``root`` holds ``<split>/<linkedset>/index.npz`` (any URL is taken as a shard root)."""
-    return root is not None and (is_url(root) or os.path.isfile(join(root, split, linkedset, INDEX)))
+    """True when ``root/<split>`` holds shard folders (``<linkedset>/index.npz``); any URL is taken as a shard root."""
+    return root is not None and (is_url(root) or os.path.isfile(join(root, split, linkedset, INDEX)) or
+                                 bool(_written(root, split)))
+
+
+def _written(root: str | Path, split: str) -> list[str]:
+    """The linked sets of a local shard folder's split."""
+    return [] if is_url(root) else sorted(p.parent.name for p in Path(root, split).glob(f"*/{INDEX}"))
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -203,7 +209,8 @@ def read_index(root: str | Path, split: str, linkedset: str) -> tuple[dict[str, 
     """The metadata and arrays of a shard folder's index, and the index's path."""
     path = join(root, split, linkedset, INDEX)
     if not _exists(path):
-        raise DataError(f"{path}: no shard index; write the shards with `mtlab shard CORPUS {root}` (or "
+        written = f" (written here: {_written(root, split)})" if not is_url(root) else ""
+        raise DataError(f"{path}: no shard index{written}; write the shards with `mtlab shard CORPUS {root}` (or "
                         f"mtlab.data.shards.write_shards), or check the split and linked set names")
     with _open_file(path) as f:
         raw = f.read()

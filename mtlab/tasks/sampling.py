@@ -223,18 +223,15 @@ def own_examples(parts: Sequence[int], lengths: Sequence[int], batch_size: int, 
                  world: int) -> tuple[list[int], int]:
     """The examples in the shards of ``rank`` (shard ``i`` belongs to rank ``i % world``) and the batches per epoch
     of every rank (the most any rank has: the others cycle, so the ranks stay in step)."""
-    shards = sorted(set(parts))
-    if len(shards) < world:
-        raise ConfigError(f"the linked set lies in {len(shards)} shard(s) but the run has {world} ranks, and each rank "
-                          f"reads whole shards of its own: write it as at least {world} shards (`mtlab shard ... "
-                          "--shard-size N` with a smaller N), or run on fewer ranks")
     counts = [0] * world
     for p in parts:
         counts[p % world] += 1
     empty = [r for r in range(world) if counts[r] == 0]
     if empty:
-        raise ConfigError(f"rank(s) {empty} of {world} get no example: the examples used (e.g. the head that "
-                          f"trainset_frac keeps) lie in shards {shards} only; write smaller shards or run fewer ranks")
+        raise ConfigError(f"rank(s) {empty} of {world} get no example: the examples used lie in {len(set(parts))} "
+                          f"shard(s), and each rank reads whole shards of its own (shard i on rank i % {world}); write "
+                          f"at least {world} shards (`mtlab shard ... --shard-size N` with a smaller N), or run on "
+                          "fewer ranks")
     own = [i for i, p in enumerate(parts) if p % world == rank]
     return own, max(batch_count(c, batch_size, numbuckets) for c in counts)
 
