@@ -191,3 +191,50 @@ def test_the_shard_command_writes_and_verifies(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "dev" / "noisy" / "shard-000001.tar").write_bytes(b"")
     assert main(["shard", "-", str(tmp_path), "--verify"]) == 2
     assert "shard-000001.tar: its SHA-256 or size differs" in capsys.readouterr().err
+
+
+def shard_recipe(tmp_path: Path, num_steps: int, workers: bool = False) -> Path:
+    """The tiny recipe of the recipe tests over shards of its corpus (train: 4 shards per linked set)."""
+    from test_recipe import make_tiny_corpus, write_tiny_recipe
+
+    corpus = make_tiny_corpus(tmp_path / "corpus")
+    assert main(["shard", str(corpus), str(tmp_path / "shards"), "--shard-size", "2"]) == 0
+    path = write_tiny_recipe(tmp_path / "tiny.toml", tmp_path / "shards", num_steps=num_steps, valid_frequency=2)
+    if workers:
+        text = path.read_text().replace('split = "train", linkedset = "clean" }',
+                                        'split = "train", linkedset = "clean", num_workers = 2 }')
+        assert "num_workers" in text
+        path.write_text(text)
+    return path
+
+
+@pytest.mark.slow  # starts DataLoader worker processes
+def test_a_recipe_over_shards_resumes_exactly_through_a_worker_restart(tmp_path: Path) -> None:
+    from mtlab.apps.recipe import from_recipe, load
+    from mtlab.training.loop import run
+
+    path = shard_recipe(tmp_path, num_steps=8, workers=True)
+    full = from_recipe(path)
+    examples = full.trainer.tasks["spk"].linkedsets["clean"].examples
+    assert isinstance(examples, ShardedSplit) and len(examples.files) == 4
+    assert isinstance(full.trainer.tasks["spk"].linkedsets["clean"].valid, ShardedSplit)
+    run(full, progress=False)
+    half = from_recipe(path)
+    run(half, steps=3, progress=False, expdir=tmp_path / "exp")
+    resumed = load(tmp_path / "exp" / "final.pt")  # new process state, new workers, mid-epoch
+    run(resumed, progress=False)
+    assert resumed.trainer.step_count == full.trainer.step_count == 8
+    assert all(torch.equal(p, full.trainer.params[k]) for k, p in resumed.trainer.params.items())
+    assert resumed.trainer.history.equals(full.trainer.history)
+
+
+@pytest.mark.slow  # spawns two training processes
+def test_a_recipe_over_shards_trains_on_two_ranks(tmp_path: Path) -> None:
+    import mtlab.apps.launch
+
+    path = shard_recipe(tmp_path, num_steps=4)
+    res = mtlab.apps.launch.launch(str(path), nprocs=2, steps=2, out_dir=str(tmp_path / "out"))
+    h0, h1 = res["history"][0], res["history"][1]
+    assert len(h0) == 2 and h0["frames/loss"].tolist() == pytest.approx(h1["frames/loss"].tolist())
+    state = torch.load(res["checkpoint"], weights_only=True)
+    assert state["step"] == 2 and state["streams"]["frames/noisy"]["world_size"] == 2
