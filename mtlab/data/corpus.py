@@ -337,15 +337,15 @@ index.npz``), local or an fsspec URL (``s3://...``): with ``stream=True`` it ret
         raise DataError(f"unknown target keys {unknown}; valid keys: {', '.join(TARGET_KEYS)}")
     keys = set(targets)
     if is_shard_root(root, split, linkedset):
-        if not stream or dynamic_mix is not None or ivec is not None:
-            raise DataError(f"{root}: a shard folder is read with stream=True, without dynamic_mix or ivec (its "
-                            "i-vectors are in the shards: ask for the 'ivec' target)")
+        if not stream or dynamic_mix is not None:
+            raise DataError(f"{root}: a shard folder is read with stream=True and without dynamic_mix (it draws "
+                            "sources from the whole split, not from a rank's own shards)")
         if on_bad_data not in BAD_DATA:
             raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
         if mvn not in F.MVN_TYPES:
             raise DataError(f"load_split mvn={mvn!r}; valid: {list(F.MVN_TYPES)}")
         return load_shards(root, split, linkedset, keys, stats, spectral, usedbins_threshold_db, mvn, num_sources,
-                           on_bad_data)
+                           on_bad_data, ivec)
     base = Path(root) if root is not None else data_samples_dir()
     folder = _split_dir(base, split)
     if isinstance(num_sources, bool) or not isinstance(num_sources, int) or num_sources < 1:

@@ -42,6 +42,7 @@ from . import features as F
 from .audio import SAMPLE_RATE
 from .errors import DataError
 from .ondevice import Featurizer
+from .statcache import printed_progress
 
 FORMAT = 1  # the index's layout version
 INDEX = "index.npz"
@@ -128,7 +129,7 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
     """Write ``split``/``linkedset`` of the corpus at ``root`` (list layout) as shards under
     ``out/<split>/<linkedset>/``; returns that folder. ``shard_size``: utterances per shard. The sources
     (``s1.scp`` ...) and speakers (``spk.txt``) are written when their lists exist; ``load`` goes to ``load_split``
-    (``ivec=``, ``stats_utterances=``, ``progress=``, ``on_bad_data="skip"``). The feature statistics written are the
+    (``ivec=``, ``stats_utterances=``, ``progress=``: also of the writing, ``on_bad_data="skip"``). The feature statistics written are the
     training split's under ``spectral``, as the streamed path computes them."""
     from .corpus import DEFAULT_TARGETS, NUM_SOURCES, data_samples_dir, load_split  # corpus reads shards
 
@@ -146,6 +147,8 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
         targets.append("ivec")
     data = load_split(base, split, linkedset, targets=targets, stream=True, num_sources=num_sources,
                       spectral=spectral, **load)
+    progress = load.get("progress", True)
+    show = printed_progress(f"shards of {split}/{linkedset}") if progress is True else (progress or None)
     target = Path(out) / split / linkedset
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{linkedset}.tmp{os.getpid()}"
@@ -165,11 +168,13 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
                     for m, (suffix, blob) in enumerate(blobs):
                         offsets[i, m] = _add(tar, f"{i:08d}.{suffix}", blob)
                         sizes[i, m], crcs[i, m] = len(blob), zlib.crc32(blob)
+                    if show is not None:
+                        show(i + 1, n)
             shards.append({"file": name, "bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name),
                            "utterances": min(shard_size, n - first)})
         meta = {"format": FORMAT, "split": split, "linkedset": linkedset, "num_sources": num_sources,
                 "sources": sources, "speakers": speakers, "num_speakers": data.num_speakers,
-                "ivec": load.get("ivec") is not None, "spectral": asdict(spectral), "stats": data.stats.to_dict(),
+                "ivec": load["ivec"].to_dict() if load.get("ivec") is not None else None, "spectral": asdict(spectral), "stats": data.stats.to_dict(),
                 "shards": shards, "skipped": [s.to_dict() for s in data.skipped]}
         shard_of = np.repeat(np.arange(len(shards), dtype=np.int32), [s["utterances"] for s in shards])
         with (tmp / "index.tmp").open("wb") as f:  # np.savez would add .npz to a name without it
@@ -297,7 +302,7 @@ class ShardedSplit(torch.utils.data.Dataset):
     def name(self, i: int) -> str:
         return self.manifest_names[i].decode("utf-8")
 
-    def _wav(self, blob: bytes, i: int) -> torch.Tensor:
+    def _wav(self, blob: bytes) -> torch.Tensor:
         with wave.open(io.BytesIO(blob), "rb") as w:
             frames = w.readframes(w.getnframes())
         return torch.from_numpy(np.frombuffer(frames, dtype="<i2").copy())
@@ -313,9 +318,9 @@ class ShardedSplit(torch.utils.data.Dataset):
 
     def _read(self, i: int) -> dict[str, torch.Tensor]:
         keys = self.featurizer.keys
-        out = {"mix_wav": self._wav(self._member(i, 0), i)}
+        out = {"mix_wav": self._wav(self._member(i, 0))}
         if keys & _SOURCE_KEYS:
-            out["src_wav"] = torch.stack([self._wav(self._member(i, 1 + k), i) for k in range(self.num_sources)], -1)
+            out["src_wav"] = torch.stack([self._wav(self._member(i, 1 + k)) for k in range(self.num_sources)], -1)
         if "spk" in keys:
             out["spk"] = torch.tensor(int(self._speakers[i, 0]), dtype=torch.long)
         if "spk_pair" in keys:
@@ -353,9 +358,16 @@ class ShardedSplit(torch.utils.data.Dataset):
 
 def load_shards(root: str | Path, split: str, linkedset: str, keys: set[str], stats: F.FeatureStats | None,
                 spectral: F.Spectral, threshold_db: float, mvn: str, num_sources: int,
-                on_bad_data: str = "raise") -> ShardedSplit:
-    """The :class:`ShardedSplit` ``load_split`` returns for a shard folder (arguments checked there)."""
+                on_bad_data: str = "raise", ivec: Any = None) -> ShardedSplit:
+    """The :class:`ShardedSplit` ``load_split`` returns for a shard folder (arguments checked there). The i-vectors
+    are those written in the shards; ``ivec`` (a :class:`~mtlab.data.vectors.VectorList`), when given, must name
+    the same shape and normalization."""
     meta, arrays, path = read_index(root, split, linkedset)
+    if ivec is not None and "ivec" in keys and meta["ivec"]:
+        written = {k: meta["ivec"][k] for k in ("nrcol", "nrs", "mvn")}
+        if written != {k: getattr(ivec, k) for k in written}:
+            raise DataError(f"{path}: its i-vectors were written with {written}, the load asks for nrcol = "
+                            f"{ivec.nrcol}, nrs = {ivec.nrs}, mvn = {ivec.mvn!r}; match them or write the shards again")
     if meta["num_sources"] != num_sources:
         raise DataError(f"{path}: written with num_sources = {meta['num_sources']}, asked for {num_sources}; set "
                         f"num_sources = {meta['num_sources']} or write the shards again")

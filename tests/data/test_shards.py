@@ -175,7 +175,7 @@ def test_loading_checks_what_the_shards_hold(shard_root: Path) -> None:
     assert load_split(shard_root, "dev", "clean", stream=True, spectral=ORIGINAL, stats=stats).stats is stats
     with pytest.raises(DataError, match="num_sources = 2, asked for 3"):
         load_split(shard_root, "dev", "clean", stream=True, num_sources=3)
-    with pytest.raises(DataError, match="read with stream=True"):
+    with pytest.raises(DataError, match="read with stream=True and without dynamic_mix"):
         load_split(shard_root, "dev", "clean")
     with pytest.raises(DataError, match="shard_size=0"):
         write_shards(None, "dev", "clean", shard_root, shard_size=0)
@@ -238,3 +238,33 @@ def test_a_recipe_over_shards_trains_on_two_ranks(tmp_path: Path) -> None:
     assert len(h0) == 2 and h0["frames/loss"].tolist() == pytest.approx(h1["frames/loss"].tolist())
     state = torch.load(res["checkpoint"], weights_only=True)
     assert state["step"] == 2 and state["streams"]["frames/noisy"]["world_size"] == 2
+
+
+def test_i_vectors_are_written_and_read_as_the_list_path_gives_them(tmp_path: Path) -> None:
+    from mtlab.data.vectors import VectorList
+
+    names = load_split(None, "dev", "clean", stream=True, progress=False).names
+    gen = np.random.default_rng(0)
+    lines = []
+    for name in names:
+        (tmp_path / f"{name}.txt").write_text(",".join(" ".join(str(x) for x in row)
+                                                       for row in gen.normal(size=(2, 3)).round(4)) + "\n")
+        lines.append(f"{name} {name}.txt\n")
+    (tmp_path / "ivecs.txt").write_text("".join(lines))
+    ivec = VectorList(str(tmp_path / "ivecs.txt"), nrcol=3, nrs=2, mvn="global")
+    targets = ("frame_target", "ivec")
+    lists = load_split(None, "dev", "clean", targets=targets, ivec=ivec, stream=True, progress=False)
+    write_shards(None, "dev", "clean", tmp_path / "out", shard_size=10, ivec=ivec, progress=False)
+    sharded = load_split(tmp_path / "out", "dev", "clean", targets=targets, stream=True)
+    assert load_split(tmp_path / "out", "dev", "clean", targets=targets, stream=True, ivec=ivec).lengths
+    with pytest.raises(DataError, match=r"written with \{'nrcol': 3, 'nrs': 2, 'mvn': 'global'\}"):
+        load_split(tmp_path / "out", "dev", "clean", targets=targets, stream=True,
+                   ivec=VectorList(ivec.list, nrcol=3, nrs=2))
+    a, b = BatchStream(lists, 8, 2, seed=4), BatchStream(sharded, 8, 2, seed=4)
+    for _ in range(len(a)):
+        (da, _), (db, _) = next(a), next(b)
+        assert sorted(da) == sorted(db) and da["ivec"].shape == (len(da["ivec"]), 6)
+        assert all(torch.equal(da[k], db[k]) for k in da)
+    write_shards(None, "dev", "clean", tmp_path / "plain", shard_size=10, progress=False)
+    with pytest.raises(DataError, match=r"hold no data for targets \['ivec'\]"):
+        load_split(tmp_path / "plain", "dev", "clean", targets=targets, stream=True)
