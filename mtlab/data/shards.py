@@ -28,6 +28,7 @@ import os
 import shutil
 import tarfile
 import wave
+import zipfile
 import zlib
 from dataclasses import asdict
 from pathlib import Path
@@ -116,6 +117,15 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> int:
     return tar.offset - -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE  # the data ends padded to a block
 
 
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez`` with a fixed time stamp on every zip member (``np.savez`` stamps the time of writing)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for key, value in arrays.items():
+            with archive.open(zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0)), "w",
+                              force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -129,8 +139,8 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
     """Write ``split``/``linkedset`` of the corpus at ``root`` (list layout) as shards under
     ``out/<split>/<linkedset>/``; returns that folder. ``shard_size``: utterances per shard. The sources
     (``s1.scp`` ...) and speakers (``spk.txt``) are written when their lists exist; ``load`` goes to ``load_split``
-    (``ivec=``, ``stats_utterances=``, ``progress=``: also of the writing, ``on_bad_data="skip"``). The feature statistics written are the
-    training split's under ``spectral``, as the streamed path computes them."""
+    (``ivec=``, ``stats_utterances=``, ``progress=``: also of the writing, ``on_bad_data="skip"``). The feature
+    statistics written are the training split's under ``spectral``, as the streamed path computes them."""
     from .corpus import DEFAULT_TARGETS, NUM_SOURCES, data_samples_dir, load_split  # corpus reads shards
 
     if isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1:
@@ -142,7 +152,8 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
     folder = base / split
     sources = all((folder / f"s{k}.scp").is_file() for k in range(1, num_sources + 1))
     speakers = (folder / "spk.txt").is_file()
-    targets = [k for k in DEFAULT_TARGETS if (k not in _SOURCE_KEYS or sources) and (k not in _SPEAKER_KEYS or speakers)]
+    targets = [k for k in DEFAULT_TARGETS
+               if (k not in _SOURCE_KEYS or sources) and (k not in _SPEAKER_KEYS or speakers)]
     if load.get("ivec") is not None:
         targets.append("ivec")
     data = load_split(base, split, linkedset, targets=targets, stream=True, num_sources=num_sources,
@@ -174,13 +185,13 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
                            "utterances": min(shard_size, n - first)})
         meta = {"format": FORMAT, "split": split, "linkedset": linkedset, "num_sources": num_sources,
                 "sources": sources, "speakers": speakers, "num_speakers": data.num_speakers,
-                "ivec": load["ivec"].to_dict() if load.get("ivec") is not None else None, "spectral": asdict(spectral), "stats": data.stats.to_dict(),
-                "shards": shards, "skipped": [s.to_dict() for s in data.skipped]}
+                "ivec": load["ivec"].to_dict() if load.get("ivec") is not None else None,
+                "spectral": asdict(spectral), "stats": data.stats.to_dict(), "shards": shards,
+                "skipped": [s.to_dict() for s in data.skipped]}
         shard_of = np.repeat(np.arange(len(shards), dtype=np.int32), [s["utterances"] for s in shards])
-        with (tmp / "index.tmp").open("wb") as f:  # np.savez would add .npz to a name without it
-            np.savez(f, meta=np.array(json.dumps(meta, sort_keys=True)), names=data.manifest.names,
-                     samples=data.samples, shard=shard_of, offset=offsets, size=sizes, crc=crcs, speakers=spk)
-        (tmp / "index.tmp").replace(tmp / INDEX)
+        _save_npz(tmp / INDEX, {"meta": np.array(json.dumps(meta, sort_keys=True)), "names": data.manifest.names,
+                                "samples": data.samples, "shard": shard_of, "offset": offsets, "size": sizes,
+                                "crc": crcs, "speakers": spk})
         old = target.parent / f".{linkedset}.old{os.getpid()}"
         if target.exists():
             target.replace(old)
@@ -278,8 +289,8 @@ class ShardedSplit(torch.utils.data.Dataset):
             try:
                 handle = _open_file(path)
             except FileNotFoundError:
-                raise DataError(f"{path}: shard {shard} of {len(self.files)} is missing; the shard folder is incomplete: "
-                                "copy it again, or write it again with `mtlab shard`") from None
+                raise DataError(f"{path}: shard {shard} of {len(self.files)} is missing; the shard folder is "
+                                "incomplete: copy it again, or write it again with `mtlab shard`") from None
             self.opened.add(path)
             size = handle.seek(0, io.SEEK_END)
             if size != expected:
