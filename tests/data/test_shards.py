@@ -272,3 +272,22 @@ def test_i_vectors_are_written_and_read_as_the_list_path_gives_them(tmp_path: Pa
     write_shards(None, "dev", "clean", tmp_path / "plain", shard_size=10, progress=False)
     with pytest.raises(DataError, match=r"hold no data for targets \['ivec'\]"):
         load_split(tmp_path / "plain", "dev", "clean", targets=targets, stream=True)
+
+
+@pytest.mark.slow  # builds and steps a recipe's trainer (seconds): the slow tier, as the other recipe-level tests
+def test_a_recipe_reads_shards_at_a_url(tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    from mtlab.apps.recipe import from_recipe
+
+    path = shard_recipe(tmp_path, num_steps=1)
+    memory = fsspec.filesystem("memory")
+    memory.put(str(tmp_path / "shards"), "/recipe21", recursive=True)
+    path.write_text(path.read_text().replace(str(tmp_path / "shards"), "memory://recipe21"))
+    try:
+        exp = from_recipe(path)
+        examples = exp.trainer.tasks["frames"].linkedsets["noisy"].examples
+        assert isinstance(examples, ShardedSplit) and examples.files[0].startswith("memory://recipe21/train/noisy/")
+        exp.trainer.step()
+        assert examples.opened and all(f.startswith("memory://") for f in examples.opened)
+    finally:
+        memory.rm("/recipe21", recursive=True)
