@@ -148,6 +148,8 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
     base = Path(root) if root is not None else data_samples_dir()
     if is_shard_root(base, split, linkedset):
         raise DataError(f"{base}: already shards; write_shards reads a corpus in list layout (mix_<set>.scp ...)")
+    if Path(out).resolve() == base.resolve():  # the corpus's own loads would then find shards instead of its lists
+        raise DataError(f"write_shards out={out}: that is the corpus itself; write the shards to another folder")
     num_sources = NUM_SOURCES if num_sources is None else num_sources
     folder = base / split
     sources = all((folder / f"s{k}.scp").is_file() for k in range(1, num_sources + 1))

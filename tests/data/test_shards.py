@@ -183,6 +183,10 @@ def test_loading_checks_what_the_shards_hold(shard_root: Path) -> None:
         load_split(shard_root, "dev", "clean")
     with pytest.raises(DataError, match="shard_size=0"):
         write_shards(None, "dev", "clean", shard_root, shard_size=0)
+    with pytest.raises(DataError, match="that is the corpus itself"):
+        write_shards(None, "dev", "clean", data_samples_dir())
+    with pytest.raises(DataError, match="already shards"):
+        write_shards(shard_root, "dev", "clean", shard_root / "again")
 
 
 def test_the_shard_command_writes_and_verifies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
