@@ -219,7 +219,7 @@ def batch_count(n: int, batch_size: int, numbuckets: int) -> int:
     return sum(-(-(bounds[k + 1] - bounds[k]) // batch_size) for k in range(nb))
 
 
-def own_examples(parts: Sequence[int], lengths: Sequence[int], batch_size: int, numbuckets: int, rank: int,
+def own_examples(parts: Sequence[int], batch_size: int, numbuckets: int, rank: int,
                  world: int) -> tuple[list[int], int]:
     """The examples in the shards of ``rank`` (shard ``i`` belongs to rank ``i % world``) and the batches per epoch
     of every rank (the most any rank has: the others cycle, so the ranks stay in step)."""
@@ -289,7 +289,7 @@ class BatchStream:
         self.rank, self.world_size = rank, world
         self.parts = shard_parts(source)
         if self.parts is not None:
-            self._own, self._epoch_size = own_examples(self.parts, self.lengths, batch_size, numbuckets, rank, world)
+            self._own, self._epoch_size = own_examples(self.parts, batch_size, numbuckets, rank, world)
         self.epoch = 0
         self.position = 0
         self._batches: list[list[int]] | None = None
@@ -302,7 +302,9 @@ class BatchStream:
     def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
         """This shard's batches of an epoch. Every rank computes the same global order; with
         several ranks it is padded (cycling from its start) to a multiple of the world size, so
-        every rank has the same number of batches and stays in step with the others."""
+        every rank has the same number of batches and stays in step with the others. A source written as shards
+        (``source.shard_of``) is split by shard instead: each rank draws only from its own shards (see
+        :func:`own_examples`), so it opens no other rank's files."""
         if epoch is None or epoch == self.epoch:
             if self._batches is None:
                 self._batches = self._epoch_batches(self.epoch)
