@@ -160,6 +160,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--linkedsets", nargs="+", default=None, help="mixture modes to list (default: all found)")
     p.add_argument("--train", default=None, help="librimix: train-100 (default) or train-360")
     p.set_defaults(threads=None)
+    p = sub.add_parser("shard", help="write linked sets of a corpus (list layout) as tar shards for many-node runs")
+    p.add_argument("root", type=Path, help="the corpus in list layout (mix_<set>.scp, s1.scp, ...; e.g. from prepare; "
+                                           "unused with --verify)")
+    p.add_argument("out", type=Path, help="the shard folder (<out>/<split>/<linkedset>/shard-*.tar, index.npz)")
+    p.add_argument("--splits", nargs="+", default=None, help="splits to write (default: every folder with lists)")
+    p.add_argument("--linkedsets", nargs="+", default=None, help="linked sets to write (default: all found)")
+    p.add_argument("--shard-size", type=_positive, default=None, metavar="N",
+                   help="utterances per shard (default: 1000); a run needs at least as many shards as ranks")
+    p.add_argument("--num-sources", type=_positive, default=2, help="sources per mixture (default: 2)")
+    p.add_argument("--spectral", choices=["mtlab", "original"], default="mtlab",
+                   help="STFT settings of the feature statistics written with them (default: mtlab)")
+    p.add_argument("--verify", action="store_true", help="check an existing shard folder (OUT) against its index "
+                                                         "instead of writing")
+    p.set_defaults(threads=None)
     p = sub.add_parser("score", help="separation metrics (SI-SDR, SDR, SNR, STOI, PESQ) of estimated sources: "
                                      "a per-utterance CSV and a summary with the mixture baseline")
     p.add_argument("--mixture", type=Path, required=True, help="list file of the mixtures (name path lines)")
@@ -399,6 +413,30 @@ def _init_distributed() -> None:
                             world_size=world)
 
 
+def _shard(args: argparse.Namespace) -> int:
+    """``mtlab shard``: write (or ``--verify``) the shards of every split and linked set asked for."""
+    from ..data.corpus import SPLITS, linked_sets
+    from ..data.features import MTLAB, ORIGINAL
+    from ..data.shards import INDEX, SHARD_SIZE, verify_shards, write_shards
+
+    base = args.out if args.verify else args.root
+    splits = args.splits or [s for s in SPLITS if (base / s).is_dir()]
+    for split in splits:
+        found = sorted(p.parent.name for p in (base / split).glob(f"*/{INDEX}")) if args.verify else \
+            linked_sets(base, split)
+        for linkedset in args.linkedsets or found:
+            if args.verify:
+                print(f"{split}/{linkedset}: {len(verify_shards(base, split, linkedset))} shards match the index")
+                continue
+            folder = write_shards(base, split, linkedset, args.out, args.shard_size or SHARD_SIZE, args.num_sources,
+                                  ORIGINAL if args.spectral == "original" else MTLAB, progress=True)
+            count = len(list(folder.glob("shard-*.tar")))
+            print(f"{folder}: {count} shard(s)")
+    if not args.verify:
+        print(f'recipe data: {{ root = "{args.out}", split = "train", linkedset = "..." }} (or the URL of a copy)')
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``mtlab`` and ``python -m mtlab``; returns the exit code."""
     args = _parser().parse_args(argv)
@@ -471,6 +509,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "score":
             return _score(args)
+        if args.command == "shard":
+            return _shard(args)
         return _evaluate(args)
     except MtlabError as exc:
         print(f"mtlab {args.command}: error: {exc}", file=sys.stderr)

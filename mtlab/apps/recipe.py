@@ -271,7 +271,7 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
         raise _unknown(origin, f"{where} corpus", spec["corpus"], CORPORA, what="corpus")
     if "dynamic_mix" in spec and spec.get("stream") is False:
         raise ConfigError(f"{origin}: {where} dynamic_mix needs stream = true (mixtures are made per batch)")
-    if "root" in spec:
+    if "root" in spec and "://" not in spec["root"]:  # a URL (shards on an object store) stays as it is
         spec["root"] = str((base / spec["root"]).resolve())
     spec.setdefault("split", "train")
     return spec
@@ -281,9 +281,11 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
 Datasets = dict  # (root, split, linked set, targets, stats fingerprint) -> dataset; one per experiment
 
 
-def _root(data: Mapping[str, Any]) -> Path:
+def _root(data: Mapping[str, Any]) -> Path | str:
     from ..data import data_samples_dir
 
+    if "://" in data.get("root", ""):  # shards at a URL: Path would fold its "//"
+        return data["root"]
     return Path(data["root"]) if "root" in data else data_samples_dir()
 
 

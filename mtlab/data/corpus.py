@@ -42,6 +42,7 @@ from .lists import JoinReport, ListEntry, join_lists, read_list
 from .ondevice import Featurizer
 from .statcache import Progress, checksum, load_cached, printed_progress, save_cached, stats_sample, streaming_stats
 from .manifest import Column, Manifest, read_manifest
+from .shards import ShardedSplit, is_shard_root, load_shards
 from .streamed import BAD_DATA, StreamedSplit, header_samples
 from .vectors import VectorList, normalize, read_vector, vector_stats
 
@@ -303,7 +304,7 @@ def load_split(
     stats_utterances: int | None = STATS_UTTERANCES,
     progress: Progress | None | bool = True,
     dynamic_mix: Any = None,
-) -> SeparationDataset | StreamedSplit | DynamicMix:
+) -> SeparationDataset | StreamedSplit | DynamicMix | ShardedSplit:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
     ``targets`` picks the keys besides ``features`` (see the module docstring). ``stats`` normalizes the
@@ -321,6 +322,9 @@ and whose features are computed per batch on the training device (memory indepen
 statistics (when ``stats`` is None) come from :func:`cached_stats`: from at most ``stats_utterances`` utterances
 spread evenly over the training list (all of a smaller list; None: all), with ``progress`` shown.
 ``on_bad_data="skip"`` (streamed only) leaves bad files out and records them instead of raising.
+``root`` may be a folder of shards that :func:`mtlab.data.shards.write_shards` wrote (``<root>/<split>/<linkedset>/
+index.npz``), local or an fsspec URL (``s3://...``): with ``stream=True`` it returns a
+:class:`~mtlab.data.shards.ShardedSplit`, whose statistics (when ``stats`` is None) are those the shards hold.
 ``dynamic_mix`` (streamed only: a :class:`~mtlab.data.dynamic.MixSettings` or its dict, e.g.
 ``{"gain_db": [-5, 5], "noise": "noise.scp", "noise_snr_db": [10, 20]}``) returns a
 :class:`~mtlab.data.dynamic.DynamicMix`: a new mixture of the split's sources per example and epoch. Example::
@@ -332,6 +336,16 @@ spread evenly over the training list (all of a smaller list; None: all), with ``
     if unknown:
         raise DataError(f"unknown target keys {unknown}; valid keys: {', '.join(TARGET_KEYS)}")
     keys = set(targets)
+    if is_shard_root(root, split, linkedset):
+        if not stream or dynamic_mix is not None:
+            raise DataError(f"{root}: a shard folder is read with stream=True and without dynamic_mix (it draws "
+                            "sources from the whole split, not from a rank's own shards)")
+        if on_bad_data not in BAD_DATA:
+            raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
+        if mvn not in F.MVN_TYPES:
+            raise DataError(f"load_split mvn={mvn!r}; valid: {list(F.MVN_TYPES)}")
+        return load_shards(root, split, linkedset, keys, stats, spectral, usedbins_threshold_db, mvn, num_sources,
+                           on_bad_data, ivec)
     base = Path(root) if root is not None else data_samples_dir()
     folder = _split_dir(base, split)
     if isinstance(num_sources, bool) or not isinstance(num_sources, int) or num_sources < 1:

@@ -199,6 +199,43 @@ class HeadExamples:
         return f"HeadExamples(first {self.count} of {len(self.source)})"
 
 
+def shard_parts(source: Any) -> list[int] | None:
+    """The shard of each example of a source written as shards (``source.shard_of``, through segment and head
+    views), or None for any other source."""
+    if isinstance(source, SegmentedExamples):
+        inner = shard_parts(source.source)
+        return None if inner is None else [inner[i] for i, _, _ in source.index]
+    if isinstance(source, HeadExamples):
+        inner = shard_parts(source.source)
+        return None if inner is None else inner[: source.count]
+    found = getattr(source, "shard_of", None)
+    return None if found is None else [int(x) for x in found]
+
+
+def batch_count(n: int, batch_size: int, numbuckets: int) -> int:
+    """Batches per epoch that :func:`bucket_batches` cuts from ``n`` examples."""
+    nb = max(1, min(numbuckets, n))
+    bounds = [round(k * n / nb) for k in range(nb + 1)]
+    return sum(-(-(bounds[k + 1] - bounds[k]) // batch_size) for k in range(nb))
+
+
+def own_examples(parts: Sequence[int], batch_size: int, numbuckets: int, rank: int,
+                 world: int) -> tuple[list[int], int]:
+    """The examples in the shards of ``rank`` (shard ``i`` belongs to rank ``i % world``) and the batches per epoch
+    of every rank (the most any rank has: the others cycle, so the ranks stay in step)."""
+    counts = [0] * world
+    for p in parts:
+        counts[p % world] += 1
+    empty = [r for r in range(world) if counts[r] == 0]
+    if empty:
+        raise ConfigError(f"rank(s) {empty} of {world} get no example: the examples used lie in {len(set(parts))} "
+                          f"shard(s), and each rank reads whole shards of its own (shard i on rank i % {world}); write "
+                          f"at least {world} shards (`mtlab shard ... --shard-size N` with a smaller N), or run on "
+                          "fewer ranks")
+    own = [i for i, p in enumerate(parts) if p % world == rank]
+    return own, max(batch_count(c, batch_size, numbuckets) for c in counts)
+
+
 def trainset_fraction(source: ExampleSource, frac: float) -> HeadExamples:
     """The first ``int(len(source) x frac)`` examples (the original's ``trainset_frac``), at least one."""
     if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac <= 1:
@@ -250,6 +287,9 @@ class BatchStream:
         if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
             raise ConfigError(f"shard must be (rank, world_size) with 0 <= rank < world_size, got {shard!r}")
         self.rank, self.world_size = rank, world
+        self.parts = shard_parts(source)
+        if self.parts is not None:
+            self._own, self._epoch_size = own_examples(self.parts, batch_size, numbuckets, rank, world)
         self.epoch = 0
         self.position = 0
         self._batches: list[list[int]] | None = None
@@ -262,13 +302,24 @@ class BatchStream:
     def epoch_batches(self, epoch: int | None = None) -> list[list[int]]:
         """This shard's batches of an epoch. Every rank computes the same global order; with
         several ranks it is padded (cycling from its start) to a multiple of the world size, so
-        every rank has the same number of batches and stays in step with the others."""
+        every rank has the same number of batches and stays in step with the others. A source written as shards
+        (``source.shard_of``) is split by shard instead: each rank draws only from its own shards (see
+        :func:`own_examples`), so it opens no other rank's files."""
         if epoch is None or epoch == self.epoch:
             if self._batches is None:
-                self._batches = self._shard(bucket_batches(
-                    self.lengths, self.batch_size, self.numbuckets, self.seed, self.epoch, self.shuffle))
+                self._batches = self._epoch_batches(self.epoch)
             return self._batches
-        return self._shard(bucket_batches(self.lengths, self.batch_size, self.numbuckets, self.seed, epoch, self.shuffle))
+        return self._epoch_batches(epoch)
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        if self.parts is not None:  # a source written as shards: this rank's batches come from its own shards only
+            seed = self.seed + 1_000_033 * self.rank  # rank 0 draws as a single process does
+            local = bucket_batches([self.lengths[i] for i in self._own], self.batch_size, self.numbuckets, seed,
+                                   epoch, self.shuffle)
+            batches = [[self._own[j] for j in b] for b in local]
+            return [batches[i % len(batches)] for i in range(self._epoch_size)]  # every rank: as many batches
+        return self._shard(bucket_batches(self.lengths, self.batch_size, self.numbuckets, self.seed, epoch,
+                                          self.shuffle))
 
     def _shard(self, batches: list[list[int]]) -> list[list[int]]:
         if self.world_size == 1:
