@@ -11,12 +11,12 @@ from typing import Any
 from ..base.errors import ConfigError
 
 RECURRENT = ("BLSTM", "ResetBLSTM", "ResetBLSTMInsert", "LeakyBLSTM", "BRNN")
-KNOWN = (*RECURRENT, "Dense", "Constant", "Concat")
+KNOWN = (*RECURRENT, "Dense", "Constant", "Concat", "EncoderDecoderCNN")
 
 
 def shrink(recipe: dict[str, Any], cap: int) -> None:
-    """Cap hidden sizes (BLSTM units, Dense layers that are no task output) at ``cap`` and fix the input
-    sizes that follow from them, walking each task's graph as the importer does."""
+    """Cap hidden sizes (BLSTM units, Dense layers and CNN channels that are no task output) at ``cap`` and fix
+    the input sizes that follow from them, walking each task's graph as the importer does. Kernel sizes stay."""
     if cap < 1:
         raise ConfigError(f"--shrink {cap}: the cap on hidden sizes must be at least 1")
     other = sorted({m["type"] for m in recipe["models"].values()} - set(KNOWN))
@@ -45,6 +45,11 @@ def shrink(recipe: dict[str, Any], cap: int) -> None:
                 out = spec.get("output_shape", spec["units"])[-1]
             elif spec["type"] == "Constant":
                 out = spec["shape"][-1]
+            elif spec["type"] == "EncoderDecoderCNN":
+                spec["filters"] = [min(f, cap) for f in spec["filters"]]
+                if node["name"] not in outputs:
+                    spec["output_filters"] = min(spec["output_filters"], cap)
+                out = spec["output_filters"]
             else:  # Concat
                 out = sum(d for d in dims if d is not None)
             sizes[node["name"]] = out
