@@ -442,9 +442,9 @@ def test_shrink_caps_the_filters_and_the_sizes_that_follow(tmp_path: Path) -> No
     recipe = import_nabu(cnn_recipe(tmp_path / "MERL_DC_CNN"))
     shrink(recipe, 32)
     models = recipe["models"]
-    assert models["main"]["filters"] == [32, 32] and models["main"]["output_filters"] == 32
-    assert models["main"]["kernels"] == [[12, 15], [12, 12]]
-    assert models["feedforward"]["input_dim"] == 32 + 16
+    assert models["main"]["filters"] == [8, 8] and models["main"]["output_filters"] == 8  # a quarter of the cap
+    assert models["main"]["kernels"] == [[3, 3], [3, 3]] and models["main"]["pools"] == [[1, 2], [1, 2]]
+    assert models["feedforward"]["input_dim"] == 8 + 16
 
 
 RECIPES = Path(__file__).resolve().parents[2] / "shared" / "nabu" / "config" / "recipes"

@@ -110,7 +110,10 @@ class EncoderDecoderCNN(nn.Module):
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
         h = x.unsqueeze(1)  # [B, 1, T, F]
-        sizes, pooled, before, indices = [], [], [], []
+        sizes: list[torch.Size] = []  # each encoder layer's input (T, F): what its decoder layer gives back
+        before: list[torch.Size] = []  # each encoder layer's output size before pooling
+        pooled: list[Tensor] = []
+        indices: list[Tensor | None] = []  # where each window's maximum was (unpool only)
         index = 0
         for conv, pool in zip(self.encoder, self.pools):
             sizes.append(h.shape[-2:])
