@@ -1,6 +1,7 @@
 """Import every original Nabu-MSSS recipe under a folder and report what mtlab makes of it.
 
     python scripts/nabu_survey.py ../shared/nabu/config/recipes [--train] [--test] [--shrink 32] [--jobs 2]
+                                  [--only PATTERN]
 
 For each folder with a trainer.cfg: "imported" when every setting is one mtlab honours (strict
 import), else "refused" with the first reason; every recipe is also read leniently, which lists
@@ -93,11 +94,17 @@ def main() -> int:
     ap.add_argument("--shrink", type=int, default=0, help="cap hidden sizes at this many units (0: as written)")
     ap.add_argument("--jobs", type=int, default=1, help="recipes surveyed at once, in separate processes")
     ap.add_argument("--test-utts", type=int, default=2, help="utterances per test task with --test (default 2)")
+    ap.add_argument("--only", action="append", metavar="PATTERN", help="survey only the recipes whose path below "
+                    "the folder contains PATTERN (repeat for several)")
     ap.add_argument("--utts", type=int, default=16, help="utterances per training and validation folder made from "
                                                          "the samples (default 16; 0: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     folders = sorted(p.parent for p in args.folder.rglob("trainer.cfg"))
+    if args.only:
+        folders = [f for f in folders if any(p in str(f.relative_to(args.folder)) for p in args.only)]
+        if not folders:
+            ap.error(f"--only {' '.join(args.only)}: no recipe folder below {args.folder} matches")
     width = max(len(str(f.relative_to(args.folder))) for f in folders)
     rows = []
     reasons: collections.Counter[str] = collections.Counter()

@@ -1,7 +1,7 @@
 """Plain ``nn.Module`` building blocks usable as graph nodes, by name for recipes (``MODELS``).
 
-``blocks`` holds the generic ones, ``recurrent`` the original's recurrent models, ``heads`` the source-separation
-heads.
+``blocks`` holds the generic ones, ``recurrent`` the original's recurrent models, ``cnn`` its encoder-decoder CNN,
+``heads`` the source-separation heads.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from .blocks import BLSTM, Concat, Constant, Dense, FeedForward, Linear, MeanPool
+from .cnn import EncoderDecoderCNN
 from .heads import DeepClusteringHead, MaskHead
 from .recurrent import BRNN, LeakyBLSTM, ResetBLSTM, ResetBLSTMInsert
 
@@ -18,6 +19,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "Concat": Concat, "ResetBLSTM": ResetBLSTM,
     "ResetBLSTMInsert": ResetBLSTMInsert, "LeakyBLSTM": LeakyBLSTM, "BRNN": BRNN,
     "DeepClusteringHead": DeepClusteringHead, "MaskHead": MaskHead, "Constant": Constant,
+    "EncoderDecoderCNN": EncoderDecoderCNN,
 }
 
 
@@ -28,5 +30,5 @@ def build_model(type_name: str, **settings: object) -> nn.Module:
     return build("model", MODELS, type_name, settings)
 
 
-__all__ = ["BLSTM", "BRNN", "Concat", "Constant", "Dense", "DeepClusteringHead", "FeedForward", "LeakyBLSTM", "Linear",
-           "MODELS", "MaskHead", "MeanPool", "ResetBLSTM", "ResetBLSTMInsert", "build_model"]
+__all__ = ["BLSTM", "BRNN", "Concat", "Constant", "Dense", "DeepClusteringHead", "EncoderDecoderCNN", "FeedForward",
+           "LeakyBLSTM", "Linear", "MODELS", "MaskHead", "MeanPool", "ResetBLSTM", "ResetBLSTMInsert", "build_model"]

@@ -118,10 +118,11 @@ class MeanPool(nn.Module):
 class Concat(nn.Module):
     """Concatenate inputs on the last axis.
 
-    ``expand`` (the original's ``expand_dim_to_first_input``): one flag per input; a flagged input is a
-    per-utterance ``[B, D]`` tensor, repeated over the time frames of the first input ``[B, T, F]`` before
-    the concatenation (``[B, T, F + D]``), and zero on the first input's padded frames when ``seq_lengths``
-    (the first input's) is given. ``input_noise``: one standard deviation per input, Gaussian noise added
+    ``expand`` (the original's ``expand_dim_to_first_input``): one flag per input; a flagged input has one
+    axis fewer than the first and is repeated over the first input's axis -2 before the concatenation: a
+    per-utterance ``[B, D]`` over the time frames of ``[B, T, F]`` (``[B, T, F + D]``), zero on the first
+    input's padded frames when ``seq_lengths`` (the first input's) is given; a per-frame ``[B, T, D]`` over
+    the bins of a per-bin ``[B, T, F, C]`` (``[B, T, F, C + D]``). ``input_noise``: one standard deviation per input, Gaussian noise added
     in training mode only, before the repeat (one draw per utterance for a repeated input)."""
 
     def __init__(self, expand: list[bool] | None = None, input_noise: list[float] | None = None) -> None:
@@ -145,23 +146,25 @@ class Concat(nn.Module):
         if not any(self.expand):
             return torch.cat(xs, dim=-1)
         first = xs[0]
-        if first.dim() != 3:
+        if first.dim() not in (3, 4):
             from ..base.errors import BatchError
 
-            raise BatchError(f"Concat expand: the first input must be a sequence [B, T, F], got {tuple(first.shape)}")
-        frames = first.shape[1]
+            raise BatchError(f"Concat expand: the first input must be a sequence [B, T, F] or per bin [B, T, F, C], "
+                             f"got {tuple(first.shape)}")
+        over = first.shape[-2]  # the frames of [B, T, F], the bins of [B, T, F, C]
         mask = None
-        if seq_lengths is not None:
-            mask = torch.arange(frames, device=first.device)[None, :] < seq_lengths.to(first.device)[:, None]
+        if seq_lengths is not None and first.dim() == 3:
+            mask = torch.arange(over, device=first.device)[None, :] < seq_lengths.to(first.device)[:, None]
         parts = []
         for x, flag in zip(xs, self.expand):
             if flag:
-                if x.dim() != 2 or x.shape[0] != first.shape[0]:
+                if x.dim() != first.dim() - 1 or x.shape[:-1] != first.shape[:-2]:
                     from ..base.errors import BatchError
 
-                    raise BatchError(f"Concat expand: an expanded input must be [B, D] per utterance to repeat over "
-                                     f"the frames of {tuple(first.shape)}, got {tuple(x.shape)}")
-                x = x.unsqueeze(1).expand(-1, frames, -1)
+                    want = "[B, D] per utterance" if first.dim() == 3 else "[B, T, D] per frame"
+                    raise BatchError(f"Concat expand: an expanded input must be {want} to repeat over axis -2 of "
+                                     f"{tuple(first.shape)}, got {tuple(x.shape)}")
+                x = x.unsqueeze(-2).expand(*x.shape[:-1], over, x.shape[-1])
                 if mask is not None:
                     x = x * mask.unsqueeze(-1).to(x.dtype)
             parts.append(x)

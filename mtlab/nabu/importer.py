@@ -99,7 +99,7 @@ deepattractornetnoisesoft noisefilter deepattractornet_noisefilter pit_noise dee
 deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusteringnoise_dconly
 deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
 ARCHITECTURES = ("dblstm", "dbresetlstm", "dbresetlstm_insert_additional_input", "linear", "feedforward", "concat", "constant_generator",
-                 "leaky_dblstm", "leaky_dblstm_notrec", "leaky_dblstm_iznotrec", "dbrnn")
+                 "leaky_dblstm", "leaky_dblstm_notrec", "leaky_dblstm_iznotrec", "dbrnn", "encoder_decoder_cnn")
 # The original's leaky LSTMs: which of their cell's gates read the recurrent output (LeakyBLSTM's recurrent).
 LEAKY_RECURRENT = {"leaky_dblstm": "all", "leaky_dblstm_iznotrec": "forget_output", "leaky_dblstm_notrec": "none"}
 # Processor configs some recipes name but the repository lacks, with the settings every copy it has holds
@@ -110,6 +110,9 @@ DEFAULT_PROCESSORS: dict[str, dict[str, str]] = {
                                 "include_energy": "False"},
 }
 # The original's stopping rules, as its multi_task_trainer applies them.
+# What a node gives, by its number of axes, and the architectures whose output has a fixed number of them.
+RANKS = {2: "one vector per utterance", 3: "per frame", 4: "per time-frequency bin"}
+OUTPUT_RANKS = {"constant_generator": 2, "encoder_decoder_cnn": 4}
 STOPPING = {"best_model_final": True, "validate_at_step_0": True, "relative_improvement_threshold": 0.004,
             "relative_improvement_after_step": 1000, "relative_improvement_window": 0}
 
@@ -232,9 +235,9 @@ class Importer:
         return {name: section(parser, name, path) for name in names}
 
     def model_spec(self, name: str, conf: Mapping[str, str], input_dims: list[int | None],
-                   stages: int, per_utterance: list[bool] | None = None) -> tuple[dict[str, Any], int | None]:
-        """(mtlab model spec, output size per frame) for one original model section; ``per_utterance`` flags
-        the inputs that are one vector per utterance (an i-vector) rather than one per frame."""
+                   stages: int, ranks: list[int] | None = None) -> tuple[dict[str, Any], int | None]:
+        """(mtlab model spec, output size on the last axis) for one original model section; ``ranks`` gives
+        each input's number of axes (RANKS: an i-vector has 2, per-frame features 3, the CNN's output 4)."""
         file = "model.cfg"
         arch = conf.get("architecture", "")
         where = f"[{name}]"
@@ -264,6 +267,13 @@ class Importer:
             self.refuse(file, f"{where} architecture", f"{arch!r} has no mtlab implementation (mtlab has "
                                                        f"{', '.join(ARCHITECTURES)})")
             return {"type": f"nabu:{arch}"}, None
+        if arch == "encoder_decoder_cnn":  # its keys and sizes: mtlab.nabu.cnn
+            from .cnn import encoder_decoder_spec
+
+            if len(input_dims) != 1:
+                raise ConfigError(f"{self.folder / file}: {where} architecture {arch!r} reads one input (the "
+                                  f"original raises otherwise), its nodes give {len(input_dims)}")
+            return encoder_decoder_spec(self, where, conf)
         known = {"architecture", "input_noise", "dropout", "trainable"}
         if flag("trainable", "True") != "True":
             self.refuse(file, f"{where} trainable", "frozen models: mtlab trains every model a task uses")
@@ -430,10 +440,9 @@ class Importer:
             if expand and expand[0]:
                 raise ConfigError(f"{self.folder / file}: {where} expand_dim_to_first_input: the first input cannot "
                                   "be expanded (the others are repeated over its frames); make the first False")
-            for i, (flag, vector) in enumerate(zip(expand, per_utterance or [])):
-                if i and flag != (vector and not per_utterance[0]):  # type: ignore[index]
-                    why = "is per-frame: only a per-utterance vector (an i-vector) is repeated over the frames" if \
-                        flag else "is one vector per utterance: it must be expanded (True) to join per-frame inputs"
+            for i, (flag, rank) in enumerate(zip(expand, ranks or [])):
+                why = concat_mismatch(flag, rank, ranks[0]) if i else None  # type: ignore[index]
+                if why:
                     given = conf.get("expand_dim_to_first_input", "(the default, every input after the first)")
                     self.refuse(file, f"{where} expand_dim_to_first_input", f"{given!r}: input {i + 1} {why}")
             spec = {"type": "Concat"}
@@ -870,10 +879,26 @@ def data_spec(datafiles: str) -> dict[str, str]:
             "linkedset": stem[4:] if stem.startswith("mix_") else stem}
 
 
+def concat_mismatch(expand: bool, rank: int, first: int) -> str | None:
+    """Why the original's concat cannot join an input of ``rank`` axes to a first input of ``first`` axes with
+    this ``expand_dim_to_first_input`` flag (it repeats a flagged input over axis -2 of the first), or None."""
+    if expand == (rank == first - 1) and rank in (first, first - 1):
+        return None
+    if first == 3 and rank in (2, 3):  # an i-vector beside per-frame features
+        return "is per-frame: only a per-utterance vector (an i-vector) is repeated over the frames" if expand \
+            else "is one vector per utterance: it must be expanded (True) to join per-frame inputs"
+    if rank == first - 1:
+        return f"is {RANKS[rank]}: it must be expanded (True) to join the first input, {RANKS[first]}"
+    if rank == first:
+        return f"is {RANKS[rank]} like the first input: only an input with one axis fewer is expanded"
+    return f"is {RANKS.get(rank, f'{rank}-d')}, the first input {RANKS.get(first, f'{first}-d')}: the original's " \
+           "concat cannot join them"
+
+
 def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapping[str, Any], stages: int) -> dict[str, dict[str, Any]]:
     """mtlab model specs with their input sizes, found by running each task's graph on per-frame sizes."""
     sizes_in: dict[str, list[int | None]] = {}
-    vectors_in: dict[str, list[bool]] = {}  # per model: which inputs are one vector per utterance
+    ranks_in: dict[str, list[int]] = {}  # per model: its inputs' axes (RANKS)
     for tname, task in tasks.items():
         first = next(iter(task["linkedsets"].values()), {}).get("data", {})
         feature_dim = first.get("spectral", {}).get("n_fft", 256) // 2 + 1
@@ -881,14 +906,14 @@ def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapp
         if "ivec" in first:
             known["ivec"] = first["ivec"]["nrcol"] * first["ivec"]["nrs"]
         sizes: dict[str, int | None] = {k: known.get(k) for k in task["inputs"]}
-        vectors = {k: k == "ivec" for k in task["inputs"]}
+        ranks = {k: 2 if k == "ivec" else 3 for k in task["inputs"]}
         for node in task["nodes"]:
             model = node["model"]
             if model not in raw:
                 raise ConfigError(f"{imp.folder / 'trainer.cfg'}: [{tname}] node {node['name']!r} uses model "
                                   f"{model!r}, not in model.cfg's model_names ({', '.join(raw)})")
             dims = [sizes.get(i) for i in node["inputs"]]
-            flags = vectors_in.setdefault(model, [vectors.get(i, False) for i in node["inputs"]])
+            flags = ranks_in.setdefault(model, [ranks.get(i, 3) for i in node["inputs"]])
             previous = sizes_in.setdefault(model, dims)
             if previous != dims:
                 imp.refuse("model.cfg", f"[{model}]", f"used with input sizes {previous} and {dims}")
@@ -896,14 +921,14 @@ def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapp
             _, out = quiet.model_spec(model, raw[model], dims, stages, flags)
             for name in node.get("outputs", [node["name"]]):
                 sizes[name] = out
-                # per utterance: a constant, or a model whose first input is (a Concat repeats vectors over
-                # the frames of a per-frame first input)
-                vectors[name] = raw[model].get("architecture") == "constant_generator" or bool(flags and flags[0])
+                # a constant is per utterance, the CNN per bin, others keep their first input's axes (a Concat
+                # repeats the others over the frames or bins of its first input)
+                ranks[name] = OUTPUT_RANKS.get(raw[model].get("architecture", ""), flags[0] if flags else 3)
     models: dict[str, dict[str, Any]] = {}
     for name, conf in raw.items():
         if name not in sizes_in:
             continue  # declared but used by no training task (e.g. only by an evaluator)
-        spec, _ = imp.model_spec(name, conf, sizes_in[name], stages, vectors_in[name])
+        spec, _ = imp.model_spec(name, conf, sizes_in[name], stages, ranks_in[name])
         models[name] = {k: v for k, v in spec.items() if v is not None}  # unknown sizes (refused) left out
     return models
 

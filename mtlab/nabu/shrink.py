@@ -11,12 +11,13 @@ from typing import Any
 from ..base.errors import ConfigError
 
 RECURRENT = ("BLSTM", "ResetBLSTM", "ResetBLSTMInsert", "LeakyBLSTM", "BRNN")
-KNOWN = (*RECURRENT, "Dense", "Constant", "Concat")
+KNOWN = (*RECURRENT, "Dense", "Constant", "Concat", "EncoderDecoderCNN")
 
 
 def shrink(recipe: dict[str, Any], cap: int) -> None:
-    """Cap hidden sizes (BLSTM units, Dense layers that are no task output) at ``cap`` and fix the input
-    sizes that follow from them, walking each task's graph as the importer does."""
+    """Cap hidden sizes (BLSTM units, Dense layers that are no task output) at ``cap`` (a CNN's channels at
+    ``cap // 4``, its kernels at 3 x 3) and fix the input sizes that follow from them, walking each task's graph
+    as the importer does."""
     if cap < 1:
         raise ConfigError(f"--shrink {cap}: the cap on hidden sizes must be at least 1")
     other = sorted({m["type"] for m in recipe["models"].values()} - set(KNOWN))
@@ -45,6 +46,18 @@ def shrink(recipe: dict[str, Any], cap: int) -> None:
                 out = spec.get("output_shape", spec["units"])[-1]
             elif spec["type"] == "Constant":
                 out = spec["shape"][-1]
+            elif spec["type"] == "EncoderDecoderCNN":
+                # a channel spans every bin (129 units per frame) and each kernel tap costs as much again:
+                # channels are capped at a quarter of the cap and kernels at 3 x 3
+                channels = max(1, cap // 4)
+                spec["filters"] = [min(f, channels) for f in spec["filters"]]
+                if node["name"] not in outputs:
+                    spec["output_filters"] = min(spec["output_filters"], channels)
+                for key in ("kernels", "centre_kernel"):
+                    if key in spec:
+                        spec[key] = [min(k, 3) for k in spec[key]] if key == "centre_kernel" else \
+                            [[min(k, 3) for k in pair] for pair in spec[key]]
+                out = spec["output_filters"]
             else:  # Concat
                 out = sum(d for d in dims if d is not None)
             sizes[node["name"]] = out
