@@ -73,15 +73,16 @@ def _mixture(cut: Any, num_sources: int) -> tuple[str, str, list[str], list[str]
     from lhotse import MonoCut
 
     if not isinstance(cut, MonoCut):
-        raise DataError(f"cut {cut.id!r}: a {type(cut).__name__} (e.g. mixed on the fly, as lhotse's LibriMix recipe "
-                        "does); mtlab reads mixtures from files: save its audio (cut.save_audio) and describe it as "
-                        "a MonoCut of that file with source_1 ... source_S fields")
+        raise DataError(f"cut {cut.id!r}: a {type(cut).__name__}, not a MonoCut (a MixedCut is mixed on the fly, as "
+                        "lhotse's LibriMix recipe does); mtlab reads each mixture from one mono file: save its audio "
+                        "(cut.save_audio) and describe it as a MonoCut of that file with source_1 ... source_S fields")
     if len(cut.id.split()) != 1:
         raise DataError(f"cut {cut.id!r}: an id with white space cannot be a list name; rename the cut")
     rec = cut.recording
     if rec is None:
         raise DataError(f"cut {cut.id!r}: no recording; mtlab needs the mixture audio")
-    if cut.start != 0 or abs(cut.num_samples - rec.num_samples) > 0:
+    # a sample of slack: durations are floats in seconds, and a whole-file cut may round to one sample less
+    if round(cut.start * rec.sampling_rate) != 0 or abs(cut.num_samples - rec.num_samples) > 1:
         raise DataError(f"cut {cut.id!r}: covers {cut.start}-{cut.end} s of recording {rec.id!r} "
                         f"({rec.duration} s); mtlab reads whole files: save the cut's audio to its own file")
     mix = _file(rec, cut.id, "mixture")

@@ -64,6 +64,33 @@ def test_streamed_split_reads_what_lhotse_reads(tmp_path: Path) -> None:
             assert int(item["spk"]) == ids[0]
 
 
+def test_a_recipe_trains_on_the_lists(tmp_path: Path, one_thread: None) -> None:
+    import mtlab
+
+    prepared = from_lhotse({"train": sample_cuts("train", 8), "dev": sample_cuts("dev", 4)}, tmp_path)
+    data = {"root": str(tmp_path), "split": "train", "linkedset": "clean"}
+    spec = {
+        "name": "lhotse",
+        "trainer": {"num_steps": 2, "batch_size": 4, "initial_learning_rate": 1e-3, "numbuckets": 1, "seed": 0,
+                    "device": "cpu"},
+        "models": {"enc": {"type": "BLSTM", "input_dim": 129, "hidden": 8}, "pool": {"type": "MeanPool"},
+                   "head": {"type": "Linear", "in_features": 16, "out_features": len(prepared.speakers)}},
+        "tasks": {"spk": {"inputs": ["features"], "targets": ["spk"], "outputs": ["logits"],
+                          "nodes": [{"name": "h", "model": "enc", "inputs": ["features"]},
+                                    {"name": "pooled", "model": "pool", "inputs": ["h"]},
+                                    {"name": "logits", "model": "head", "inputs": ["pooled"]}],
+                          "loss": {"type": "crossentropy", "output": "logits", "target": "spk"},
+                          "linkedsets": {"clean": {"data": data, "valid": {"split": "dev"}}}}},
+    }
+    trainer = mtlab.from_recipe(spec).trainer
+    before = trainer.models["head"].weight.detach().clone()
+    for _ in range(2):
+        trainer.step()
+    assert [r["step"] for r in trainer.log.rows()] == [1, 2]
+    assert torch.isfinite(torch.tensor(trainer.log.rows()[-1]["spk/clean/loss"]))
+    assert not torch.equal(before, trainer.models["head"].weight)
+
+
 def test_lazy_manifest_gives_the_same_lists(tmp_path: Path) -> None:
     cuts = sample_cuts("train", 6)
     cuts.to_file(tmp_path / "cuts.jsonl.gz")
