@@ -23,6 +23,7 @@ from .corpus import (
     load_split,
 )
 from .errors import DataError, DataWarning
+from .fromlhotse import from_lhotse
 from .features import (
     FRAME_CLASSES,
     HOP_LENGTH,
@@ -87,4 +88,5 @@ __all__ = [
     "read_list",
     "read_wav",
     "used_bins",
+    "from_lhotse",
 ]
