@@ -227,7 +227,7 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
     """Fill each test task's data folders from the sample corpus's ``test`` split (see ``make_sample_root``), with
     the vector lists of tasks that read i-vectors; a folder that holds its mixture list already is left as it is."""
     from ..data import data_samples_dir
-    from .samples import SAMPLE_SOURCES, _fill, write_vectors
+    from .samples import SAMPLE_SOURCES, _fill, write_input_lists, write_vectors
 
     source = Path(samples) if samples is not None else data_samples_dir()
     made = []
@@ -243,6 +243,7 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
                 made.append(folder)
             if "ivec" in data and not Path(data["ivec"]["list"]).is_file():  # the task's test i-vector list
                 made.append(write_vectors(folder, name, data["ivec"]))
+            made += write_input_lists(folder, data.get("feature_inputs", {}), data.get("num_sources", SAMPLE_SOURCES))
         nrs = test.reconstructor["nrs"] if test.reconstructor else None
         for scorer in test.scorers.values():
             listed = Path(scorer["org_src"]["datafiles"])

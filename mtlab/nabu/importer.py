@@ -785,6 +785,8 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
             if keys.get(item, key) != key:
                 imp.refuse("trainer.cfg", f"[{tname}] {item}", "its linked sets give it different kinds of data")
             keys[item] = key
+    extra = extra_feature_inputs(imp, tname, orig, keys)
+    keys.update({item: item for item in extra})
     if len(set(keys.values())) != len(keys):
         imp.refuse("trainer.cfg", f"[{tname}] inputs/targets", "two of them are the same kind of data for mtlab "
                                                               f"({keys})")
@@ -805,8 +807,10 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
                 spec["data"]["ivec"] = {"list": vector[1]["datafiles"], **vector[1]["ivec"]}
             if "mvn" in sec:
                 spec["data"]["mvn"] = sec["mvn"]
-            folders = {str(Path(s["datafiles"]).parent) for s in lset["sections"].values()
-                       if "datafiles" in s and s.get("key") != "ivec"}
+            if extra:  # the other inputs' audio lists, featurized as the mixture is
+                spec["data"]["feature_inputs"] = {i: lset["sections"][i]["datafiles"] for i in extra}
+            folders = {str(Path(s["datafiles"]).parent) for i, s in lset["sections"].items()
+                       if "datafiles" in s and s.get("key") != "ivec" and i not in extra}
             if len(folders) > 1:
                 imp.refuse("trainer.cfg", f"[{tname}] linked set {set_name!r}", "its inputs and targets come from "
                            f"different folders ({sorted(folders)}); mtlab reads a linked set from one folder")
@@ -836,6 +840,9 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
                 vdata = data_spec(sec["datafiles"])
                 spec["valid"] = {k: v for k, v in vdata.items() if spec["data"].get(k) != v} or \
                     {"split": vdata["split"]}
+                if extra:
+                    spec["valid"]["feature_inputs"] = {i: vset["sections"][i]["datafiles"]  # type: ignore[index]
+                                                       for i in extra}
                 vnrs = source_count(imp, tname, set_name, vset["sections"])  # type: ignore[index]
                 if vnrs != spec["data"].get("num_sources", NUM_SOURCES):
                     spec["valid"]["num_sources"] = vnrs
@@ -851,6 +858,31 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
     if "trainset_frac" in orig:
         task["trainset_frac"] = orig["trainset_frac"]
     return task, extras
+
+
+def extra_feature_inputs(imp: Importer, tname: str, orig: Mapping[str, Any], keys: Mapping[str, str]) -> list[str]:
+    """The task's inputs that are features of other audio than the mixture: every ``features`` input after the
+    one that reads the mixture (named ``features``, else the first). Each keeps its own name as its data key, and
+    its linked set's ``data.feature_inputs`` gives its audio list; it must be normalized as the mixture is."""
+    same = [i for i in orig["inputs"] if keys.get(i) == "features"]
+    if len(same) < 2:
+        return []
+    main = "features" if "features" in same else same[0]
+    extra = [i for i in same if i != main]
+    from ..data import TARGET_KEYS
+
+    for item in extra:
+        if item in TARGET_KEYS or item == "features":
+            imp.refuse("trainer.cfg", f"[{tname}] {item}", f"an input of features named as mtlab's data key {item!r}; "
+                       "rename it in the task (inputs and the nodes reading it)")
+        for set_name, lset in orig["linkedsets"].items():
+            sec, ref = lset["sections"].get(item, {}), lset["sections"].get(main, {})
+            mvn = sec.get("mvn", "global")
+            if mvn != ref.get("mvn", "global") or mvn == "global":
+                imp.refuse("trainer.cfg", f"[{tname}] {item}", f"its processor's mvn_type ({mvn!r}) must be the one of "
+                           f"{main!r} ({ref.get('mvn', 'global')!r}), and per utterance (local) or none: mtlab "
+                           "computes no separate statistics for the other inputs' audio")
+    return extra
 
 
 def source_count(imp: Importer, tname: str, set_name: str, sections: Mapping[str, Mapping[str, Any]]) -> int:
@@ -877,7 +909,7 @@ def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapp
     for tname, task in tasks.items():
         first = next(iter(task["linkedsets"].values()), {}).get("data", {})
         feature_dim = first.get("spectral", {}).get("n_fft", 256) // 2 + 1
-        known = {"features": feature_dim}
+        known = {"features": feature_dim, **{k: feature_dim for k in first.get("feature_inputs", {})}}
         if "ivec" in first:
             known["ivec"] = first["ivec"]["nrcol"] * first["ivec"]["nrs"]
         sizes: dict[str, int | None] = {k: known.get(k) for k in task["inputs"]}
