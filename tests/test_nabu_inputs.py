@@ -11,6 +11,7 @@ import torch
 
 from mtlab.base.errors import ConfigError
 from mtlab.nabu import import_nabu, make_sample_root, plain_recipe
+from mtlab.nabu.shrink import shrink
 from test_nabu_import import PROC, replace_in, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -108,6 +109,10 @@ def test_each_input_gets_its_own_data_key(tmp_path: Path) -> None:
                                                       / "reconstructions" / "task_2spk_tr" / f"s{k}.scp")
                                       for k in (1, 2)}
     assert recipe["models"]["main"]["input_dim"] == 2 * 129
+    shrunk = import_nabu(folder, data_root=tmp_path / "data")
+    shrink(shrunk, 4)  # the layer joined into the output by a concat keeps its size; the inputs' sizes are known
+    assert shrunk["models"]["outlayer"]["units"] == [129] and shrunk["models"]["main"]["hidden"] == 4
+    assert shrunk["models"]["main"]["input_dim"] == 2 * 129 and shrunk["models"]["outlayer"]["input_dim"] == 8
     # an input normalized otherwise than the mixture's features cannot share its statistics
     (folder / "recs_processor.cfg").write_text(PROC.format(processor="audio_feat_processor", feature="logspec",
                                                            winstep="0.008", energy="False", extra="mvn_type = None"))

@@ -24,9 +24,14 @@ def shrink(recipe: dict[str, Any], cap: int) -> None:
         raise ConfigError(f"--shrink caps the model types of original Nabu-MSSS recipes ({', '.join(KNOWN)}); "
                           f"this recipe also has {other}: set their sizes in the recipe instead")
     outputs = {o for task in recipe["tasks"].values() for o in task["outputs"]}
+    for task in recipe["tasks"].values():  # a node a Concat joins into an output sizes that output too
+        for node in reversed(task["nodes"]):
+            if node["name"] in outputs and recipe["models"][node["model"]]["type"] == "Concat":
+                outputs.update(node["inputs"])
     for task in recipe["tasks"].values():
         data = next(iter(task["linkedsets"].values()))["data"]
         known = {"features": data.get("spectral", {}).get("n_fft", 256) // 2 + 1}
+        known.update({k: known["features"] for k in data.get("feature_inputs", {})})
         if "ivec" in data:
             known["ivec"] = data["ivec"]["nrcol"] * data["ivec"]["nrs"]
         first = recipe["models"][task["nodes"][0]["model"]].get("input_dim")
