@@ -93,3 +93,74 @@ def test_each_scorer_scores_against_its_own_references(tmp_path: Path) -> None:
         alt_sdrs.append(float(row["task_dc_alt.sdr"]))
         assert float(row["task_dc_alt.sdr"]) != pytest.approx(float(row["sdr"]), abs=1e-3)
     assert float(summary["task_dc"]["task_dc_alt.sdr"]) == pytest.approx(np.mean(alt_sdrs), abs=1e-3)
+
+
+ROOT3 = "/esat/corpora/wsjMix/data/3speakers/wav8k/min/tt"
+TASK_PIT3 = """
+[task_pit3]
+requested_utts = 2
+batch_size = 2
+loss_type = pit_sig
+evaluator = task_loss_evaluator
+inputs = features
+outputs = bin_est
+nodes = n0 hidden cat bin_est
+n0_model = main
+n0_inputs = features
+hidden_model = ff
+hidden_inputs = features
+cat_model = concat
+cat_inputs = n0 hidden
+bin_est_model = pitlayer
+bin_est_inputs = cat
+targets = multi_targets mix_to_mask
+features = testspec3spk
+multi_targets = testmultitargets3spk
+mix_to_mask = testmixtomask3spk
+"""
+
+
+@pytest.mark.slow
+def test_a_two_mask_model_on_three_speaker_test_data_is_refused_by_name(tmp_path: Path) -> None:
+    """The 2-mask PIT model tested on 3-speaker mixtures (as SS/DBLSTM/MERL_PIT_2spk's task_3spk asks): the task is
+    refused with its reason, the other tasks are tested."""
+    import mtlab
+    from mtlab.apps.nabu_test import run_test
+    from mtlab.nabu import plain_recipe
+    from mtlab.training.checkpoint import save_checkpoint
+
+    folder = write_test_recipe(tmp_path / "PIT3")
+    replace_in(folder, "test_evaluator.cfg", "tasks = task_dc task_pit", "tasks = task_dc task_pit task_pit3")
+    with (folder / "test_evaluator.cfg").open("a") as f:
+        f.write(TASK_PIT3)
+    with (folder / "reconstructor.cfg").open("a") as f:
+        f.write("\n[task_pit3]\nreconstruct_type = stackedmasks\norg_mix = testorgmix3spk\nnrs = 3\n"
+                "activation = sigmoid\n")
+    with (folder / "scorer.cfg").open("a") as f:
+        f.write("\n[task_pit3]\nscore_type = sdr\norg_src = testorgsrc3spk\nbase = testbase3spk\n"
+                "spkinfo = testspkinfo3spk\n")
+    (folder / "multitarget3_processor.cfg").write_text(
+        (folder / "multitarget_processor.cfg").read_text().replace("nrs = 2", "nrs = 3"))
+    with (folder / "database.conf").open("a") as f:
+        f.write(f"\n[testmultitargets3spk]\ndatafiles = {ROOT3}/allS_wav.scp\n"
+                "processor_config = multitarget3_processor.cfg\n"
+                f"\n[testmixtomask3spk]\ndatafiles = {ROOT3}/mix_wav.scp\nprocessor_config = mixtomask_processor.cfg\n"
+                f"\n[testorgmix3spk]\ndatafiles = {ROOT3}/mix_wav.scp\nprocessor_config = rec_processor.cfg\n"
+                f"\n[testorgsrc3spk]\ndatafiles = {ROOT3}/allS_wav.scp\n"
+                f"\n[testbase3spk]\ndatafiles = {ROOT3}/mix_wav.scp\n"
+                f"\n[testspkinfo3spk]\ndatafiles = {ROOT3}/utt_spkinfo.txt\n")
+    data = tmp_path / "data"
+    recipe = import_nabu(folder, data_root=data)
+    make_sample_root(recipe, limit=6)
+    tests = read_test(folder, data)
+    assert tests["task_pit3"].task["linkedsets"]["set0"]["data"]["num_sources"] == 3
+    make_test_root(tests, limit=3)
+    exp = mtlab.from_recipe(plain_recipe(recipe))
+    save_checkpoint(exp.trainer, exp.schedule, tmp_path / "exp" / "final.pt", recipe=exp.recipe)
+    result = run_test(tmp_path / "exp", limit=2, recipe_dir=folder, data_root=data)
+    rows = {r["task"]: r for r in result.summary}
+    assert "error" not in rows["task_dc"] and "error" not in rows["task_pit"] and "sdr" in rows["task_pit"]
+    refused = rows["task_pit3"].get("refused", "")
+    assert "2 masks" in refused and "3 speakers" in refused and "test_evaluator.cfg [task_pit3]" in refused
+    assert "error" not in rows["task_pit3"]
+    assert not (tmp_path / "exp" / "test" / "task_pit3" / "s1").exists()
