@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from .blocks import BLSTM, Concat, Constant, Dense, FeedForward, Linear, MeanPool
-from .heads import DeepClusteringHead, MaskHead
+from .heads import Attractor, DeepClusteringHead, MaskHead
 from .recurrent import BRNN, LeakyBLSTM, ResetBLSTM, ResetBLSTMInsert
 
 # Model types by name, for recipes: ``type = "BLSTM"`` plus its settings.
@@ -17,7 +17,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "BLSTM": BLSTM, "FeedForward": FeedForward, "Linear": Linear, "Dense": Dense, "MeanPool": MeanPool,
     "Concat": Concat, "ResetBLSTM": ResetBLSTM,
     "ResetBLSTMInsert": ResetBLSTMInsert, "LeakyBLSTM": LeakyBLSTM, "BRNN": BRNN,
-    "DeepClusteringHead": DeepClusteringHead, "MaskHead": MaskHead, "Constant": Constant,
+    "DeepClusteringHead": DeepClusteringHead, "MaskHead": MaskHead, "Constant": Constant, "Attractor": Attractor,
 }
 
 
@@ -28,5 +28,5 @@ def build_model(type_name: str, **settings: object) -> nn.Module:
     return build("model", MODELS, type_name, settings)
 
 
-__all__ = ["BLSTM", "BRNN", "Concat", "Constant", "Dense", "DeepClusteringHead", "FeedForward", "LeakyBLSTM", "Linear",
+__all__ = ["Attractor", "BLSTM", "BRNN", "Concat", "Constant", "Dense", "DeepClusteringHead", "FeedForward", "LeakyBLSTM", "Linear",
            "MODELS", "MaskHead", "MeanPool", "ResetBLSTM", "ResetBLSTMInsert", "build_model"]

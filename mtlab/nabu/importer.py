@@ -99,7 +99,7 @@ deepattractornetnoisesoft noisefilter deepattractornet_noisefilter pit_noise dee
 deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusteringnoise_dconly
 deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
 ARCHITECTURES = ("dblstm", "dbresetlstm", "dbresetlstm_insert_additional_input", "linear", "feedforward", "concat", "constant_generator",
-                 "leaky_dblstm", "leaky_dblstm_notrec", "leaky_dblstm_iznotrec", "dbrnn")
+                 "leaky_dblstm", "leaky_dblstm_notrec", "leaky_dblstm_iznotrec", "dbrnn", "attractor")
 # The original's leaky LSTMs: which of their cell's gates read the recurrent output (LeakyBLSTM's recurrent).
 LEAKY_RECURRENT = {"leaky_dblstm": "all", "leaky_dblstm_iznotrec": "forget_output", "leaky_dblstm_notrec": "none"}
 # Processor configs some recipes name but the repository lacks, with the settings every copy it has holds
@@ -389,6 +389,21 @@ class Importer:
             spec = {"type": "Dense", "input_dim": dim, "units": units, "activation": flag("activation_func", "tanh"),
                     "input_noise": num("input_noise", "0"), "dropout": keep_to_drop("dropout")}
             out = units[-1] if units else dim
+        elif arch == "attractor":
+            known = {"architecture", "normalization", "trainable"}
+            if len(input_dims) != 3:
+                self.refuse(file, where, f"its nodes give {len(input_dims)} inputs: mtlab's Attractor takes the "
+                                         "original's three (embeddings, binary targets, usedbins), not the form with "
+                                         "embeddings per speaker")
+                return {"type": "Attractor"}, None
+            emb, labels, bins = input_dims
+            if emb is None or labels is None or bins is None or emb % bins or labels % bins:
+                self.refuse(file, where, f"input sizes {input_dims}: the embeddings and binary targets must be known "
+                                         "multiples of the usedbins' bins")
+                return {"type": "Attractor"}, None
+            spec = {"type": "Attractor", "bins": bins,
+                    "normalize": self.value(file, f"{where} normalization", "bool", flag("normalization", "False"))}
+            out = emb // bins
         elif arch == "constant_generator":
             known = {"architecture", "constant_value", "tensor_shape", "include_batch_size", "output_noise",
                      "trainable"}
@@ -909,7 +924,8 @@ def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapp
     for tname, task in tasks.items():
         first = next(iter(task["linkedsets"].values()), {}).get("data", {})
         feature_dim = first.get("spectral", {}).get("n_fft", 256) // 2 + 1
-        known = {"features": feature_dim, **{k: feature_dim for k in first.get("feature_inputs", {})}}
+        known = {"features": feature_dim, **{k: feature_dim for k in first.get("feature_inputs", {})},
+                 "usedbins": feature_dim, "binary_targets": feature_dim * first.get("num_sources", NUM_SOURCES)}
         if "ivec" in first:
             known["ivec"] = first["ivec"]["nrcol"] * first["ivec"]["nrs"]
         sizes: dict[str, int | None] = {k: known.get(k) for k in task["inputs"]}
