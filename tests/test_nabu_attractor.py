@@ -77,3 +77,30 @@ def test_the_danet_recipe_imports_its_attractor_layer(tmp_path: Path) -> None:
     assert task["inputs"] == ["features", "binary_targets", "usedbins"]
     assert [n["inputs"] for n in task["nodes"] if n["name"] == "attractor"] == \
         [["speaker_bin_embeddings", "binary_targets", "usedbins"]]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DANET.is_dir(), reason="the original's recipes are not beside the repository")
+def test_the_danet_speaker_task_feeds_its_attractors_and_trains(tmp_path: Path) -> None:
+    """task_sr: attractors of the speaker embeddings over the binary targets and used bins, by hand, then a step."""
+    import mtlab
+    from mtlab.base.batching import collate
+    from mtlab.nabu import import_nabu, make_sample_root, plain_recipe
+    from mtlab.nabu.shrink import shrink
+    from mtlab.tasks.forward import eval_mode
+
+    recipe = import_nabu(DANET, data_root=tmp_path / "data")
+    make_sample_root(recipe, limit=4)
+    shrink(recipe, 8)
+    exp = mtlab.from_recipe(plain_recipe(recipe), init_weights=False)
+    ds = exp.trainer.tasks["task_sr"].linkedsets["set0"].examples
+    batch = collate([ds[i] for i in range(2)])
+    models, plan = exp.trainer.models, exp.trainer.plans["task_sr"]
+    with eval_mode(models), torch.no_grad():
+        got = plan.forward(batch).outputs["attractor"]
+        data, lengths = batch
+        emb = models["speaker_embeddings_model"](models["main"](data["features"], seq_lengths=lengths["features"]))
+    want = original_attractors(emb.double().numpy(), data["binary_targets"].numpy(), data["usedbins"].numpy(), False)
+    assert got.shape == (2, 2, 20)
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-4, atol=1e-5)
+    exp.trainer.step()

@@ -69,6 +69,7 @@ class EvalTask:
     reconstructor: dict[str, Any] | None = None
     scorers: dict[str, dict[str, Any]] = field(default_factory=dict)  # scorer.cfg section name -> scorer
     notes: list[str] = field(default_factory=list)
+    refused: str | None = None  # why the task is not run (then ``task`` is empty)
 
     @property
     def scorer(self) -> dict[str, Any] | None:
@@ -118,6 +119,15 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
     out: dict[str, EvalTask] = {}
     for tname in words(ev.get("tasks", "")):
         conf = section(parser, tname, path)
+        handling = conf.get("output_handling_type")
+        if handling is not None:  # speaker verification on the outputs: no reconstructor or scorer section either
+            out[tname] = EvalTask(tname, {}, 0, None, refused=(
+                f"{path}: [{tname}] output_handling_type = {handling!r}: mtlab tests a task by its loss, separation "
+                "and scores; this handling of its outputs (with loss_type "
+                f"{conf.get('loss_type')!r}) is neither in mtlab nor in the original's test script of this revision, "
+                "which reads the task's reconstructor.cfg section"
+                + ("" if rparser is not None and rparser.has_section(tname) else " (absent here)")))
+            continue
         post = conf.pop("postprocessors_names", None)  # i-vector extraction after the test: not run here
         scorers_names = words(conf.pop("scorers_names", "")) or [tname]  # the original's default: the task's name
         if conf.get("evaluator", "task_loss_evaluator") != "task_loss_evaluator":
@@ -236,7 +246,7 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
     source = Path(samples) if samples is not None else data_samples_dir()
     made = []
     for test in tests.values():
-        for lset in test.task["linkedsets"].values():
+        for lset in test.task.get("linkedsets", {}).values():
             data = lset["data"]
             folder = Path(data["root"]) / data["split"]
             name = data.get("linkedset", "wav")
@@ -312,6 +322,8 @@ def stats_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask],
     stats = dict(recipe.get("stats", {}))
     trained = recipe.get("tasks", {})
     for name, test in tests.items():
+        if test.refused:
+            continue
         source = trained.get(name) or next(iter(trained.values()), None)
         if source is None:
             continue
@@ -335,6 +347,11 @@ def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit
     rng = np.random.RandomState(seed)
     for tname, test in tests.items():
         result.notes.extend(f"{tname}: {note}" for note in test.notes)
+        if test.refused:
+            result.summary.append({"task": tname, "refused": test.refused})
+            result.notes.append(f"{tname}: refused: {test.refused}")
+            say(f"{tname}: refused: {test.refused}")
+            continue
         try:
             summary, rows = _test_task(trainer, tname, test, limit, rng, metrics, out)
         except TestRefused as exc:  # what the configs ask cannot be run on this model (nor in the original)
