@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_nabu_import import PROC, replace_in, write_recipe
 
 from mtlab.base.errors import ConfigError
 from mtlab.nabu import import_nabu, make_sample_root, plain_recipe
 from mtlab.nabu.shrink import shrink
-from test_nabu_import import PROC, replace_in, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -127,8 +127,8 @@ def test_imported_graph_feeds_each_input_to_its_node(tmp_path: Path) -> None:
     """Oracle: the features of each list computed by hand and the graph built by hand from the same models."""
     import mtlab
     from mtlab.base.batching import collate
-    from mtlab.data import read_list, read_wav
     from mtlab.data import features as F
+    from mtlab.data import read_list, read_wav
     from mtlab.tasks.forward import eval_mode
 
     folder = write_enh_recipe(tmp_path / "ENH")

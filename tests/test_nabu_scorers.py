@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_nabu_import import replace_in
+from test_nabu_test import write_test_recipe
 
 from mtlab.base.errors import ConfigError
 from mtlab.nabu import import_nabu, make_sample_root
 from mtlab.nabu.evaluation import format_table, make_test_root, read_test
-from test_nabu_import import replace_in
-from test_nabu_test import write_test_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
