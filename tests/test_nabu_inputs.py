@@ -162,3 +162,19 @@ def test_imported_graph_feeds_each_input_to_its_node(tmp_path: Path) -> None:
                 want = torch.cat(est, dim=-1)[0]
                 torch.testing.assert_close(got[j, :want.shape[0]], want, atol=2e-4, rtol=1e-3)
     exp.trainer.step()  # and it trains
+
+
+def test_feature_inputs_the_loader_cannot_honour_are_errors(tmp_path: Path) -> None:
+    from mtlab.data import DataError, data_samples_dir, load_split
+
+    lists = {"recs1": str(data_samples_dir() / "train" / "s1.scp")}
+    with pytest.raises(DataError, match=r"feature_inputs \['recs1'\] need stream=True.*mvn 'local'"):
+        load_split(split="train", linkedset="clean", feature_inputs=lists, stream=True, mvn="global", progress=False)
+    with pytest.raises(DataError, match=r"need stream=True"):
+        load_split(split="train", linkedset="clean", feature_inputs=lists, stream=False, mvn="local")
+    with pytest.raises(DataError, match=r"feature_inputs \['usedbins'\]: name them otherwise"):
+        load_split(split="train", linkedset="clean", feature_inputs={"usedbins": lists["recs1"]}, stream=True,
+                   mvn="local", progress=False)
+    split = load_split(split="train", linkedset="clean", feature_inputs=lists, stream=True, mvn="none",
+                       progress=False)
+    assert split[0]["recs1"].shape == split[0]["features"].shape

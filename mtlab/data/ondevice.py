@@ -78,10 +78,7 @@ class Featurizer:
         feats = F.log_magnitude(mix_mag)
         m3 = mask[:, :, None]
         if self.mvn == "local":
-            n = frames.to(device)[:, None, None].to(feats.dtype)
-            mean = (feats * m3).sum(dim=1, keepdim=True) / n
-            std = (((feats - mean) * m3).square().sum(dim=1, keepdim=True) / n).sqrt()
-            feats = (feats - mean) / (std + 1e-12)
+            feats = _local_mvn(feats, m3, frames)
         elif self.mvn == "global" and self.stats is not None:
             feats = (feats - self.stats.mean.to(device)) / self.stats.std.to(device)
         out: dict[str, Tensor] = {"features": feats * m3}
@@ -92,13 +89,7 @@ class Featurizer:
                                      self.spectral)
             logs = F.log_magnitude(mags).reshape(b, e, *mags.shape[1:])
             for k, key in enumerate(self.inputs):
-                x = logs[:, k]
-                if self.mvn == "local":
-                    n_ = frames.to(device)[:, None, None].to(x.dtype)
-                    mean = (x * m3).sum(dim=1, keepdim=True) / n_
-                    std = (((x - mean) * m3).square().sum(dim=1, keepdim=True) / n_).sqrt()
-                    x = (x - mean) / (std + 1e-12)
-                out[key] = x * m3
+                out[key] = (_local_mvn(logs[:, k], m3, frames) if self.mvn == "local" else logs[:, k]) * m3
             lens.pop("input_wav", None)
         if "mix_mag" in self.keys:
             out["mix_mag"] = mix_mag * m3
@@ -135,6 +126,14 @@ class Featurizer:
                 lens[key] = segment[:, 1].to(torch.long)
         rest = {k: v.to(device, non_blocking=True) for k, v in data.items()}
         return {**out, **rest}, {k: lens[k] for k in [*out, *rest]}
+
+
+def _local_mvn(feats: Tensor, m3: Tensor, frames: Tensor) -> Tensor:
+    """Per-utterance mean and variance normalization over each row's own frames (``m3`` [B, T, 1] marks them)."""
+    n = frames.to(feats.device)[:, None, None].to(feats.dtype)
+    mean = (feats * m3).sum(dim=1, keepdim=True) / n
+    std = (((feats - mean) * m3).square().sum(dim=1, keepdim=True) / n).sqrt()
+    return (feats - mean) / (std + 1e-12)
 
 
 def _cut(out: dict[str, Tensor], segment: Tensor, width: int) -> dict[str, Tensor]:
