@@ -11,7 +11,8 @@ database.conf describes ("ran"); ``--shrink`` caps model sizes (hidden units) at
 A recipe whose ``init_file`` (a checkpoint of an earlier experiment) is absent trains from fresh weights,
 and its line says so. With ``--test`` the trained step is then tested as ``mtlab test`` does (test loss of
 ``test_evaluator.cfg``, reconstruction and scores of the first ``--test-utts`` utterances per test task, on
-test folders made from the samples' test split): "tested". A row is printed as soon as its recipe ends, with
+test folders made from the samples' test split): "tested"; "partly" when a test task is refused by name (its
+configs ask what the trained model cannot give, e.g. 3 masks of a 2-mask model) and every other one is tested. A row is printed as soon as its recipe ends, with
 its time, so a partial run still reports; ``--jobs N`` runs N recipes at once in separate processes.
 """
 
@@ -75,12 +76,16 @@ def survey(folder: Path, top: Path, root: Path, train: bool, test: bool, shrink_
                 tests = read_test(folder, root)
                 make_test_root(tests, limit=test_utts)
                 result = run_test(root / "exp", limit=test_utts, recipe_dir=folder, data_root=root)
-                cells = [f"{r['task']}: " + (f"error: {r['error']}" if "error" in r else f"loss {r['loss']:.3g}"
+                cells = [f"{r['task']}: " + (f"error: {r['error']}" if "error" in r else
+                                              f"refused: {r['refused']}" if "refused" in r else f"loss {r['loss']:.3g}"
                                               + (f", SDRi {r['sdri']:.2f}" if "sdri" in r else ""))
                          for r in result.summary]
                 failed = any("error" in r for r in result.summary)
-                status = "failed:test" if failed else "tested"
-                detail = "; ".join(sorted(cells, key=lambda c: "error:" not in c)) + detail.replace("one step", "")
+                # a test task refused by name (the model cannot run what its configs ask, nor could the original)
+                partly = any("refused" in r for r in result.summary)
+                status = "failed:test" if failed else "partly" if partly else "tested"
+                detail = "; ".join(sorted(cells, key=lambda c: "error:" not in c and "refused:" not in c)) + \
+                    detail.replace("one step", "")
         except Exception as exc:  # noqa: BLE001 - the survey reports every failure
             status, detail = f"failed:{stage}", f"{type(exc).__name__}: {exc}"
     return name, status, detail, time.perf_counter() - start, reasons
@@ -127,12 +132,13 @@ def main() -> int:
             for w in work:
                 report(survey(*w))
     counts = collections.Counter(r[1].split(":")[0] for r in rows)
-    imported = counts["imported"] + counts["ran"] + counts["tested"] + counts["failed"]
+    imported = counts["imported"] + counts["ran"] + counts["tested"] + counts["partly"] + counts["failed"]
     print(f"\n{len(folders)} recipes in {time.perf_counter() - began:.0f} s: "
           f"read {len(folders) - counts['unreadable']}, imported {imported}, refused {counts['refused']}"
-          + (f", ran {sum(1 for r in rows if r[1] in ('ran', 'tested', 'failed:test'))}" if args.train or args.test
+          + (f", ran {sum(1 for r in rows if r[1] in ('ran', 'tested', 'partly', 'failed:test'))}"
+             if args.train or args.test else "")
+          + (f", tested {counts['tested']}, partly tested {counts['partly']} (a test task refused)" if args.test
              else "")
-          + (f", tested {counts['tested']}" if args.test else "")
           + (f", failed {counts['failed']}" if args.train or args.test else ""))
     print("\nsettings mtlab cannot honour (lenient read, occurrences over all recipes):")
     for reason, n in reasons.most_common():

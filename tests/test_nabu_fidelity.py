@@ -134,9 +134,7 @@ def test_the_danet_recipes_without_their_mixtomask_processor_import() -> None:
     from mtlab.nabu import import_nabu
 
     folder = RECIPES / "papers" / "Journal_paper_reset_LSTM_2020"
-    for name in ("MERL_DANet_statereset_2spk", "MERL_DANet_statereset_ivec10_2spk"):
+    for name in ("MERL_DANet_statereset_2spk", "MERL_DANet_statereset_ivec10_2spk",
+                 "MERL_DANet_Drude2018_statereset_2spk"):  # the third with its attractor layer
         recipe = import_nabu(folder / name, data_root="/data")
         assert recipe["tasks"] and recipe["nabu"]["defaults"], name
-    # the third is refused next for its model (an attractor layer), no longer for the processor config
-    with pytest.raises(ConfigError, match=r"\[attractor_layer\] architecture: 'attractor'"):
-        import_nabu(folder / "MERL_DANet_Drude2018_statereset_2spk", data_root="/data")

@@ -18,8 +18,9 @@ from .recipe import from_recipe, load_initial_weights, stats_key
 def recipe_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask]) -> dict[str, Any]:
     """An mtlab recipe of the test tasks over the experiment's models and feature statistics."""
     trainer = {k: recipe["trainer"][k] for k in ("seed", "device") if k in recipe.get("trainer", {})}
-    return {"name": f"{recipe.get('name', 'experiment')} (test)", "trainer": {**trainer, "tasks": list(tests)},
-            "models": recipe["models"], "tasks": {n: t.task for n, t in tests.items()},
+    runs = {n: t for n, t in tests.items() if not t.refused}  # a refused task is reported, not built
+    return {"name": f"{recipe.get('name', 'experiment')} (test)", "trainer": {**trainer, "tasks": list(runs)},
+            "models": recipe["models"], "tasks": {n: t.task for n, t in runs.items()},
             "stats": stats_for_test(recipe, tests, stats_key)}
 
 
@@ -29,9 +30,12 @@ def run_test(expdir: str | Path, out: str | Path | None = None, checkpoint: str 
     """Test the experiment in ``expdir`` (its ``final.pt``, ``best.pt`` or a checkpoint path); the recipe folder
     and data root are the ones it was imported with unless given. Writes under ``out`` (``EXPDIR/test``)."""
     ckpt, recipe, tests = open_test(expdir, checkpoint, recipe_dir, data_root)
-    exp = from_recipe(recipe_for_test(recipe, tests), init_weights=False)
-    load_initial_weights(exp.trainer, ckpt, origin=str(ckpt))
-    return evaluate_tests(exp.trainer, tests, Path(out) if out is not None else Path(expdir) / "test", limit, pesq,
+    trainer = None
+    if any(not t.refused for t in tests.values()):  # else every task is reported as refused
+        exp = from_recipe(recipe_for_test(recipe, tests), init_weights=False)
+        load_initial_weights(exp.trainer, ckpt, origin=str(ckpt))
+        trainer = exp.trainer
+    return evaluate_tests(trainer, tests, Path(out) if out is not None else Path(expdir) / "test", limit, pesq,
                           seed, echo)
 
 

@@ -140,7 +140,10 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
     for key in ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets"):
         if key not in spec:
             raise ConfigError(f"{origin}: {where} needs {key!r}; a task has {', '.join(TASK_KEYS[:6])}")
-    example_keys = ("features", *TARGET_KEYS)
+    example_keys: tuple[str, ...] = ("features", *TARGET_KEYS)
+    if isinstance(spec.get("linkedsets"), Mapping):  # more inputs featurized from audio lists of their own
+        example_keys += tuple(dict.fromkeys(k for s in spec["linkedsets"].values() if isinstance(s, Mapping)
+                                            for k in (s.get("data") or {}).get("feature_inputs", {})))
     for key in ("inputs", "targets"):
         for item in _names(spec[key], origin, f"{where} {key}"):
             if item not in example_keys:
@@ -258,6 +261,13 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
                 raise ConfigError(f"{origin}: {where} {exc}") from None
             spec[key] = {"gain_db": list(settings.gain_db), "noise_snr_db": list(settings.noise_snr_db),
                          "seed": settings.seed, **({"noise": settings.noise} if settings.noise else {})}
+        elif key == "feature_inputs":  # more data keys: features of other audio lists, as the mixture's
+            table = _table(value, origin, f"{where} feature_inputs")
+            for name, path in table.items():
+                if not isinstance(path, str) or not path:
+                    raise ConfigError(f"{origin}: {where} feature_inputs {name} must be the path of an audio list, "
+                                      f"got {path!r}")
+            spec[key] = {name: str((base / path).resolve()) for name, path in table.items()}
         elif key == "on_bad_data":  # a bad audio file mid-epoch: stop with its name, or skip and record it
             from ..data.streamed import BAD_DATA
 
@@ -312,12 +322,13 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     # streamed unless told otherwise: audio read per batch, features on the trainer's device
     streamed = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances", "dynamic_mix")
                                    if k in data}}
+    inputs = dict(data.get("feature_inputs", {}))
     key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), repr(ivec),
-           mvn, num_sources, repr(sorted(streamed.items())), fingerprint)
+           mvn, num_sources, repr(sorted(streamed.items())), repr(sorted(inputs.items())), fingerprint)
     if key not in cache:
         cache[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
                                 targets=targets, stats=stats, spectral=spectral, ivec=ivec, mvn=mvn,
-                                num_sources=num_sources, **streamed)
+                                num_sources=num_sources, **streamed, **({"feature_inputs": inputs} if inputs else {}))
         if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
             computed = cache[key].stats
             cache[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = cache[key]

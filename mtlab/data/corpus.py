@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from functools import partial
 from dataclasses import dataclass
@@ -304,6 +304,7 @@ def load_split(
     stats_utterances: int | None = STATS_UTTERANCES,
     progress: Progress | None | bool = True,
     dynamic_mix: Any = None,
+    feature_inputs: Mapping[str, str | Path] | None = None,
 ) -> SeparationDataset | StreamedSplit | DynamicMix | ShardedSplit:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
@@ -327,7 +328,11 @@ index.npz``), local or an fsspec URL (``s3://...``): with ``stream=True`` it ret
 :class:`~mtlab.data.shards.ShardedSplit`, whose statistics (when ``stats`` is None) are those the shards hold.
 ``dynamic_mix`` (streamed only: a :class:`~mtlab.data.dynamic.MixSettings` or its dict, e.g.
 ``{"gain_db": [-5, 5], "noise": "noise.scp", "noise_snr_db": [10, 20]}``) returns a
-:class:`~mtlab.data.dynamic.DynamicMix`: a new mixture of the split's sources per example and epoch. Example::
+:class:`~mtlab.data.dynamic.DynamicMix`: a new mixture of the split's sources per example and epoch.
+``feature_inputs`` (streamed only; ``mvn`` ``"local"`` or ``"none"``) maps more data keys to audio lists (a relative
+path is taken from ``root``) whose utterances match the mixtures sample for sample: each key gets the features of its
+list's audio, computed and normalized as the mixture's (e.g. an earlier separation's outputs fed to a second model).
+Example::
 
         train = load_split(split="train", linkedset="noisy")
         dev = load_split(split="dev", linkedset="noisy", stats=train.stats)
@@ -370,12 +375,22 @@ index.npz``), local or an fsspec URL (``s3://...``): with ``stream=True`` it ret
     mixing = MixSettings.from_dict(dynamic_mix, base) if dynamic_mix is not None else None
     if mixing is not None and not stream:
         raise DataError("load_split dynamic_mix needs stream=True (mixtures are made per batch from the sources)")
+    others = {k: (Path(p) if Path(p).is_absolute() else base / p) for k, p in (feature_inputs or {}).items()}
+    if others and (not stream or mixing is not None or mvn == "global"):
+        raise DataError(f"load_split feature_inputs {sorted(others)} need stream=True, no dynamic_mix and mvn 'local' "
+                        f"or 'none' (got stream={stream}, mvn={mvn!r}): their features are computed per batch and "
+                        "have no statistics of their own")
+    clash = sorted(set(others) & {"features", *TARGET_KEYS})
+    if clash:
+        raise DataError(f"load_split feature_inputs {clash}: name them otherwise than mtlab's data keys "
+                        f"(features, {', '.join(TARGET_KEYS)})")
     if stream:
         _input_list_exists(folder, linkedset)
         manifest = read_manifest(folder / f"mix_{linkedset}.scp",
                                  [folder / f"s{k}.scp" for k in range(1, num_sources + 1)]
                                  if keys & _SOURCE_KEYS or mixing else [],
-                                 folder / "spk.txt" if keys & _SPEAKER_KEYS or mixing else None, vector_list)
+                                 folder / "spk.txt" if keys & _SPEAKER_KEYS or mixing else None, vector_list,
+                                 tuple(others.values()))
         manifest, samples, skipped = header_samples(manifest, on_bad_data)
         if skipped:
             warnings.warn(f"{folder}/mix_{linkedset}.scp: left out {len(skipped)} bad file(s) (on_bad_data='skip'), "
@@ -386,10 +401,10 @@ index.npz``), local or an fsspec URL (``s3://...``): with ``stream=True`` it ret
                                  manifest.mix if split == "train" else None)
         compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
                           ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
-        featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn)
+        featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn, tuple(others))
         streamed = StreamedSplit(manifest, samples, stats, split, linkedset,
                                  _speakers_of_manifest(base, manifest, num_sources), num_sources, featurizer, compute,
-                                 ivec, ivec_stats, on_bad_data, skipped)
+                                 ivec, ivec_stats, on_bad_data, skipped, tuple(others))
         return DynamicMix(streamed, mixing) if mixing is not None else streamed
     if on_bad_data != "raise":
         raise DataError("load_split on_bad_data='skip' needs stream=True (the in-memory path reads every file "

@@ -92,7 +92,8 @@ def _column(path: Path, values: np.ndarray, lines: np.ndarray) -> Column:
 
 @dataclass(frozen=True)
 class Manifest:
-    """Names and joined list columns of one linked set: ``mix``, ``sources`` (S), ``speakers``, ``vector``."""
+    """Names and joined list columns of one linked set: ``mix``, ``sources`` (S), ``speakers``, ``vector`` and
+    ``inputs``: audio lists featurized as the mixture is (other inputs of the same kind)."""
 
     names: np.ndarray  # dtype S, UTF-8
     mix: Column
@@ -100,6 +101,7 @@ class Manifest:
     speakers: Column | None
     vector: Column | None
     report: JoinReport
+    inputs: tuple[Column, ...] = ()
 
     def __len__(self) -> int:
         return len(self.names)
@@ -111,17 +113,20 @@ class Manifest:
         """The utterances where ``keep`` (bool) is true."""
         part = (lambda c: c.subset(keep) if c is not None else None)
         return Manifest(self.names[keep], self.mix.subset(keep), tuple(c.subset(keep) for c in self.sources),
-                        part(self.speakers), part(self.vector), self.report)
+                        part(self.speakers), part(self.vector), self.report,
+                        tuple(c.subset(keep) for c in self.inputs))
 
 
 def read_manifest(mix: Path, sources: list[Path], speakers: Path | None = None,
-                  vector: Path | None = None) -> Manifest:
-    """The mixture list ``mix`` joined by name with the source lists, the speaker list and the vector list."""
+                  vector: Path | None = None, inputs: tuple[Path, ...] = ()) -> Manifest:
+    """The mixture list ``mix`` joined by name with the source lists, the speaker list, the vector list and the
+    audio lists of other inputs."""
     names, values, lines = _parse(mix)
     if not len(names):
         raise DataError(f"{mix}: the list has no utterances")
     others = {**{f"s{k}": p for k, p in enumerate(sources, start=1)},
-              **({"spk": speakers} if speakers is not None else {}), **({"vector": vector} if vector is not None else {})}
+              **({"spk": speakers} if speakers is not None else {}), **({"vector": vector} if vector is not None else {}),
+              **{f"input{k}": p for k, p in enumerate(inputs)}}
     order = np.argsort(names, kind="stable")
     ordered = names[order]
     present = np.ones(len(names), dtype=bool)
@@ -149,5 +154,6 @@ def read_manifest(mix: Path, sources: list[Path], speakers: Path | None = None,
     if dropped:
         warnings.warn(str(report), DataWarning, stacklevel=3)
     full = Manifest(names, _column(mix, values, lines), tuple(columns[f"s{k}"] for k in range(1, len(sources) + 1)),
-                    columns.get("spk"), columns.get("vector"), report)
+                    columns.get("spk"), columns.get("vector"), report,
+                    tuple(columns[f"input{k}"] for k in range(len(inputs))))
     return full if present.all() else full.subset(present)

@@ -20,8 +20,9 @@ import torch
 from torch import Tensor
 
 from . import features as F
+from .errors import DataError
 
-AUDIO_KEYS = ("mix_wav", "src_wav")
+AUDIO_KEYS = ("mix_wav", "src_wav", "input_wav")
 Batch = tuple[dict[str, Tensor], dict[str, Tensor]]
 
 
@@ -52,6 +53,18 @@ class Featurizer:
     stats: F.FeatureStats | None
     threshold_db: float = F.USEDBINS_THRESHOLD_DB
     mvn: str = "global"
+    inputs: tuple[str, ...] = ()  # keys of ``input_wav``'s columns: other audio featurized as the mixture
+
+    def input_features(self, wav: Tensor, frames: int, where: str = "") -> Tensor:
+        """Features [T, F] of one utterance of another input's audio (float samples in [-1, 1]), normalized as
+        the mixture's are (per utterance, or not at all: such inputs have no statistics of their own)."""
+        if self.mvn == "global":
+            raise DataError(f"{where}: other inputs' features need mvn 'local' or 'none' (no statistics of theirs)")
+        feats = F.log_magnitude(F.magnitude(wav.float(), self.spectral))
+        if feats.shape[0] != frames:
+            raise DataError(f"{where}: {feats.shape[0]} frames, its mixture has {frames}; an input's audio must "
+                            "match the mixture sample for sample")
+        return F.local_mvn(feats) if self.mvn == "local" else feats
 
     def __call__(self, batch: Batch, device: torch.device | str | None = None) -> Batch:
         """The batch with its audio replaced by features and targets, on ``device`` (default: where it is)."""
@@ -65,13 +78,19 @@ class Featurizer:
         feats = F.log_magnitude(mix_mag)
         m3 = mask[:, :, None]
         if self.mvn == "local":
-            n = frames.to(device)[:, None, None].to(feats.dtype)
-            mean = (feats * m3).sum(dim=1, keepdim=True) / n
-            std = (((feats - mean) * m3).square().sum(dim=1, keepdim=True) / n).sqrt()
-            feats = (feats - mean) / (std + 1e-12)
+            feats = _local_mvn(feats, m3, frames)
         elif self.mvn == "global" and self.stats is not None:
             feats = (feats - self.stats.mean.to(device)) / self.stats.std.to(device)
         out: dict[str, Tensor] = {"features": feats * m3}
+        if "input_wav" in data:  # other inputs' audio [B, N, E]: features as the mixture's, normalized the same way
+            other = data.pop("input_wav").to(device, non_blocking=True).float() / F.INT16_SCALE
+            b, n, e = other.shape
+            mags = batched_magnitude(other.permute(0, 2, 1).reshape(b * e, n), samples.repeat_interleave(e),
+                                     self.spectral)
+            logs = F.log_magnitude(mags).reshape(b, e, *mags.shape[1:])
+            for k, key in enumerate(self.inputs):
+                out[key] = (_local_mvn(logs[:, k], m3, frames) if self.mvn == "local" else logs[:, k]) * m3
+            lens.pop("input_wav", None)
         if "mix_mag" in self.keys:
             out["mix_mag"] = mix_mag * m3
         if "usedbins" in self.keys:
@@ -107,6 +126,14 @@ class Featurizer:
                 lens[key] = segment[:, 1].to(torch.long)
         rest = {k: v.to(device, non_blocking=True) for k, v in data.items()}
         return {**out, **rest}, {k: lens[k] for k in [*out, *rest]}
+
+
+def _local_mvn(feats: Tensor, m3: Tensor, frames: Tensor) -> Tensor:
+    """Per-utterance mean and variance normalization over each row's own frames (``m3`` [B, T, 1] marks them)."""
+    n = frames.to(feats.device)[:, None, None].to(feats.dtype)
+    mean = (feats * m3).sum(dim=1, keepdim=True) / n
+    std = (((feats - mean) * m3).square().sum(dim=1, keepdim=True) / n).sqrt()
+    return (feats - mean) / (std + 1e-12)
 
 
 def _cut(out: dict[str, Tensor], segment: Tensor, width: int) -> dict[str, Tensor]:

@@ -43,6 +43,7 @@ class Row:
     sources: tuple[ListEntry, ...]
     speakers: ListEntry | None
     vector: ListEntry | None = None
+    inputs: tuple[ListEntry, ...] = ()  # audio of other inputs of the same kind (``feature_inputs``)
 
 
 class StreamedSplit(torch.utils.data.Dataset):
@@ -53,7 +54,8 @@ class StreamedSplit(torch.utils.data.Dataset):
     def __init__(self, manifest: Manifest, samples: np.ndarray, stats: F.FeatureStats, split: str,
                  linkedset: str, num_speakers: int, num_sources: int, featurizer: Featurizer,
                  example: Any, ivec: VectorList | None = None, ivec_stats: Any = None,
-                 on_bad_data: str = "raise", skipped: list[Skipped] | None = None) -> None:
+                 on_bad_data: str = "raise", skipped: list[Skipped] | None = None,
+                 feature_inputs: tuple[str, ...] = ()) -> None:
         if on_bad_data not in BAD_DATA:
             raise DataError(f"on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
         self.manifest = manifest
@@ -70,6 +72,7 @@ class StreamedSplit(torch.utils.data.Dataset):
         self.skipped = list(skipped or [])  # left out while the manifest was read (on_bad_data="skip")
         self._example = example  # (row) -> the precomputed-style example; corpus owns how it is computed
         self._ivec, self._ivec_stats = ivec, ivec_stats
+        self.feature_inputs = tuple(feature_inputs)  # data keys of manifest.inputs, in order
         keys = featurizer.keys
         self.sequence_keys = tuple(k for k in ("features", "mix_mag", "src_mag", "binary_targets", "usedbins",
                                                "frame_target") if k == "features" or k in keys)
@@ -84,14 +87,19 @@ class StreamedSplit(torch.utils.data.Dataset):
         m, name = self.manifest, self.manifest.name(index)
         part = (lambda c: c.entry(index, name) if c is not None else None)
         return Row(name, m.mix.entry(index, name), tuple(c.entry(index, name) for c in m.sources),
-                   part(m.speakers), part(m.vector))
+                   part(m.speakers), part(m.vector), tuple(c.entry(index, name) for c in m.inputs))
 
     def __len__(self) -> int:
         return len(self.manifest)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         """The example of utterance ``index`` with every key computed now, as ``load_split`` precomputes it."""
-        return self._example(self.row(index))
+        row = self.row(index)
+        example = self._example(row)
+        for key, entry in zip(self.feature_inputs, row.inputs):
+            wav = read_wav_int16(entry.resolve(), SAMPLE_RATE, origin=entry.where).double() / F.INT16_SCALE
+            example[key] = self.featurizer.input_features(wav, example["features"].shape[0], entry.where)
+        return example
 
     def audio(self, index: int) -> dict[str, torch.Tensor] | Skipped:
         """What a batch carries for utterance ``index``: ``mix_wav`` [N] and ``src_wav`` [N, S] int16, speaker
@@ -132,6 +140,16 @@ class StreamedSplit(torch.utils.data.Dataset):
                 out["spk_pair"] = torch.tensor(ids, dtype=torch.long)
         if self._ivec is not None and row.vector is not None:
             out["ivec"] = normalize(read_vector(row.vector, self._ivec.nrcol, self._ivec.nrs), self._ivec_stats)
+        if row.inputs:
+            wavs = []
+            for entry in row.inputs:
+                wav = read_wav_int16(entry.resolve(), SAMPLE_RATE, origin=entry.where)
+                if wav.shape[0] != mix.shape[0]:
+                    raise DataError(f"{entry.resolve()} (listed at {entry.where}) has {wav.shape[0]} samples but its "
+                                    f"mixture {row.mix.resolve()} has {mix.shape[0]}; an input's audio must match the "
+                                    "mixture sample for sample (its features frame for frame)")
+                wavs.append(wav)
+            out["input_wav"] = torch.stack(wavs, dim=-1)
         return out
 
     def segment(self, index: int, start: int, frames: int) -> dict[str, torch.Tensor] | Skipped:

@@ -10,7 +10,7 @@ from torch import nn
 
 from .blocks import BLSTM, Concat, Constant, Dense, FeedForward, Linear, MeanPool
 from .cnn import EncoderDecoderCNN
-from .heads import DeepClusteringHead, MaskHead
+from .heads import Attractor, DeepClusteringHead, MaskHead
 from .recurrent import BRNN, LeakyBLSTM, ResetBLSTM, ResetBLSTMInsert
 
 # Model types by name, for recipes: ``type = "BLSTM"`` plus its settings.
@@ -18,7 +18,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "BLSTM": BLSTM, "FeedForward": FeedForward, "Linear": Linear, "Dense": Dense, "MeanPool": MeanPool,
     "Concat": Concat, "ResetBLSTM": ResetBLSTM,
     "ResetBLSTMInsert": ResetBLSTMInsert, "LeakyBLSTM": LeakyBLSTM, "BRNN": BRNN,
-    "DeepClusteringHead": DeepClusteringHead, "MaskHead": MaskHead, "Constant": Constant,
+    "DeepClusteringHead": DeepClusteringHead, "MaskHead": MaskHead, "Constant": Constant, "Attractor": Attractor,
     "EncoderDecoderCNN": EncoderDecoderCNN,
 }
 
@@ -30,5 +30,6 @@ def build_model(type_name: str, **settings: object) -> nn.Module:
     return build("model", MODELS, type_name, settings)
 
 
-__all__ = ["BLSTM", "BRNN", "Concat", "Constant", "Dense", "DeepClusteringHead", "EncoderDecoderCNN", "FeedForward",
-           "LeakyBLSTM", "Linear", "MODELS", "MaskHead", "MeanPool", "ResetBLSTM", "ResetBLSTMInsert", "build_model"]
+__all__ = ["Attractor", "BLSTM", "BRNN", "Concat", "Constant", "Dense", "DeepClusteringHead", "EncoderDecoderCNN",
+           "FeedForward", "LeakyBLSTM", "Linear", "MODELS", "MaskHead", "MeanPool", "ResetBLSTM", "ResetBLSTMInsert",
+           "build_model"]

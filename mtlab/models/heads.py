@@ -56,3 +56,38 @@ class MaskHead(nn.Module):
         z = self.linear(self.drop(x)).reshape(*x.shape[:-1], self.num_bins, self.num_sources)
         m = torch.sigmoid(z) if self.activation == "sigmoid" else torch.softmax(z, dim=-1)
         return m.reshape(*x.shape[:-1], self.num_bins * self.num_sources)
+
+
+class Attractor(nn.Module):
+    """The original's DANet attractor layer (``architecture = attractor``): per utterance and speaker, the mean
+    embedding over the used bins the speaker dominates.
+
+    ``forward(embeddings [B, T, F*D], labels [B, T, F*S], usedbins [B, T, F])`` (labels: the one-hot
+    ``binary_targets``, index ``f*S + s``) gives ``[B, S, D]``: ``Σ y·u·v / max(Σ y·u, 1)`` over the frames and bins,
+    so a speaker without a used bin gets a zero attractor; padded frames carry no used bins and do not count.
+    ``normalize`` (the original's ``normalization = True``) scales each attractor to unit length."""
+
+    def __init__(self, bins: int = 129, normalize: bool = False) -> None:
+        super().__init__()
+        if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+            from ..base.errors import ConfigError
+
+            raise ConfigError(f"Attractor bins = {bins!r}: the number of frequency bins (usedbins' last size), >= 1")
+        self.bins, self.normalize = bins, bool(normalize)
+
+    def forward(self, embeddings: Tensor, labels: Tensor, usedbins: Tensor) -> Tensor:
+        f = self.bins
+        if embeddings.shape[-1] % f or labels.shape[-1] % f or usedbins.shape[-1] != f:
+            from ..base.errors import BatchError
+
+            raise BatchError(f"Attractor(bins={f}): embeddings {tuple(embeddings.shape)} and labels "
+                             f"{tuple(labels.shape)} need a multiple of {f} values per frame, usedbins "
+                             f"{tuple(usedbins.shape)} {f}")
+        b = embeddings.shape[0]
+        used = usedbins.to(embeddings.dtype).reshape(b, -1, 1)
+        v = embeddings.reshape(b, -1, embeddings.shape[-1] // f) * used  # [B, T*F, D]
+        y = labels.to(embeddings.dtype).reshape(b, -1, labels.shape[-1] // f) * used  # [B, T*F, S]
+        counts = y.sum(dim=1).clamp_min(1.0)  # the original sets counts under 1 to 1
+        a = torch.einsum("bns,bnd->bsd", y, v) / counts[..., None]
+        # tf.nn.l2_normalize: x / sqrt(max(Σx², 1e-12))
+        return a * torch.rsqrt(a.square().sum(dim=-1, keepdim=True).clamp_min(1e-12)) if self.normalize else a

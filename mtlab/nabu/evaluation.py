@@ -17,6 +17,12 @@ is. ``reconstructor.cfg`` says how each task's outputs become separated signals
   speaker order matched to the references;
 - ``summary.csv``: per task, the test loss and the means of those columns.
 
+``scorers_names`` in a test task's section names the ``scorer.cfg`` sections that score it (the original's default:
+the task's own name). Each scores the same separated signals against the references of its own ``org_src`` list
+(``name s1.wav ... sN.wav``; where the list does not exist, the folder's ``s1.scp`` ... ``sN.scp``): the task's own
+scorer gives the plain columns, another one its columns with its name before them (``<scorer>.sdr``, ...), in
+``scores.csv`` and ``summary.csv``, and a line ``task [scorer]`` of its own in the printed table.
+
 Audio is read as the original reads it (int16 values); the mixture's spectrum is the reconstructor's
 ``org_mix`` processor's (``rec_processor.cfg``), the references are the sources ``s1 ... sN`` of the test
 folder, cut to the snipped length as the original's score processor cuts them. Unlike the original, the
@@ -48,6 +54,10 @@ SCORERS = ("sdr", "sdr_snr")
 METRICS = ("sdr", "si_sdr", "stoi")
 
 
+class TestRefused(ConfigError):
+    """A test task the trained model cannot run as its configs ask (reported as refused, the other tasks go on)."""
+
+
 @dataclass
 class EvalTask:
     """One test task: its mtlab task table, batch size and utterance limit, reconstructor and scorer."""
@@ -57,8 +67,14 @@ class EvalTask:
     batch_size: int
     requested_utts: int | None
     reconstructor: dict[str, Any] | None = None
-    scorer: dict[str, Any] | None = None
+    scorers: dict[str, dict[str, Any]] = field(default_factory=dict)  # scorer.cfg section name -> scorer
     notes: list[str] = field(default_factory=list)
+    refused: str | None = None  # why the task is not run (then ``task`` is empty)
+
+    @property
+    def scorer(self) -> dict[str, Any] | None:
+        """The first scorer (the task's own section of ``scorer.cfg`` unless ``scorers_names`` says otherwise)."""
+        return next(iter(self.scorers.values()), None)
 
 
 @dataclass
@@ -103,7 +119,17 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
     out: dict[str, EvalTask] = {}
     for tname in words(ev.get("tasks", "")):
         conf = section(parser, tname, path)
+        handling = conf.get("output_handling_type")
+        if handling is not None:  # speaker verification on the outputs: no reconstructor or scorer section either
+            out[tname] = EvalTask(tname, {}, 0, None, refused=(
+                f"{path}: [{tname}] output_handling_type = {handling!r}: mtlab tests a task by its loss, separation "
+                "and scores; this handling of its outputs (with loss_type "
+                f"{conf.get('loss_type')!r}) is neither in mtlab nor in the original's test script of this revision, "
+                "which reads the task's reconstructor.cfg section"
+                + ("" if rparser is not None and rparser.has_section(tname) else " (absent here)")))
+            continue
         post = conf.pop("postprocessors_names", None)  # i-vector extraction after the test: not run here
+        scorers_names = words(conf.pop("scorers_names", "")) or [tname]  # the original's default: the task's name
         if conf.get("evaluator", "task_loss_evaluator") != "task_loss_evaluator":
             raise ConfigError(f"{path}: [{tname}] evaluator = {conf['evaluator']!r}: mtlab evaluates a test task "
                               "with its loss (task_loss_evaluator)")
@@ -119,9 +145,14 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
             rpath = folder / "reconstructor.cfg"
             test.reconstructor = _reconstructor(imp, rpath, tname, section(rparser, tname, rpath), db, globalvars,
                                                 reroot)
-        if sparser is not None and sparser.has_section(tname):
-            spath = folder / "scorer.cfg"
-            test.scorer = _scorer(imp, spath, tname, section(sparser, tname, spath), db, globalvars, reroot)
+        spath = folder / "scorer.cfg"
+        for name in scorers_names:
+            if sparser is None or not sparser.has_section(name):
+                if name == tname and len(scorers_names) == 1:
+                    continue  # no scorer for this task: test loss and separation only
+                raise ConfigError(f"{spath}: no [{name}] section, named by test_evaluator.cfg [{tname}] "
+                                  f"scorers_names; sections: {', '.join(sparser.sections()) if sparser else 'none'}")
+            test.scorers[name] = _scorer(imp, spath, name, section(sparser, name, spath), db, globalvars, reroot)
         out[tname] = test
     if not out:
         raise ConfigError(f"{path}: [evaluator] tasks names no task")
@@ -210,12 +241,12 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
     """Fill each test task's data folders from the sample corpus's ``test`` split (see ``make_sample_root``), with
     the vector lists of tasks that read i-vectors; a folder that holds its mixture list already is left as it is."""
     from ..data import data_samples_dir
-    from .samples import SAMPLE_SOURCES, _fill, write_vectors
+    from .samples import SAMPLE_SOURCES, _fill, write_input_lists, write_vectors
 
     source = Path(samples) if samples is not None else data_samples_dir()
     made = []
     for test in tests.values():
-        for lset in test.task["linkedsets"].values():
+        for lset in test.task.get("linkedsets", {}).values():
             data = lset["data"]
             folder = Path(data["root"]) / data["split"]
             name = data.get("linkedset", "wav")
@@ -226,7 +257,24 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
                 made.append(folder)
             if "ivec" in data and not Path(data["ivec"]["list"]).is_file():  # the task's test i-vector list
                 made.append(write_vectors(folder, name, data["ivec"]))
+            made += write_input_lists(folder, data.get("feature_inputs", {}), data.get("num_sources", SAMPLE_SOURCES))
+        nrs = test.reconstructor["nrs"] if test.reconstructor else None
+        for scorer in test.scorers.values():
+            listed = Path(scorer["org_src"]["datafiles"])
+            if nrs and not listed.is_file() and (listed.parent / f"s{nrs}.scp").is_file():
+                write_references(listed, nrs)  # inside a folder made above (or the training one)
     return made
+
+
+def write_references(path: Path, nrs: int) -> Path:
+    """A scorer's ``org_src`` list in the original's format (``name s1.wav ... s<nrs>.wav``, absolute paths), made
+    from the ``s1.scp`` ... ``s<nrs>.scp`` beside it; returns ``path``."""
+    from ..data import read_list
+
+    sources = [read_list(path.parent / f"s{s}.scp") for s in range(1, nrs + 1)]
+    path.write_text("".join(f"{name} {' '.join(str(lst[name].resolve().absolute()) for lst in sources)}\n"
+                            for name in sources[0] if all(name in lst for lst in sources)))
+    return path
 
 
 # ---------------------------------------------------------------------------------- running
@@ -274,6 +322,8 @@ def stats_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask],
     stats = dict(recipe.get("stats", {}))
     trained = recipe.get("tasks", {})
     for name, test in tests.items():
+        if test.refused:
+            continue
         source = trained.get(name) or next(iter(trained.values()), None)
         if source is None:
             continue
@@ -297,16 +347,28 @@ def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit
     rng = np.random.RandomState(seed)
     for tname, test in tests.items():
         result.notes.extend(f"{tname}: {note}" for note in test.notes)
+        if test.refused:
+            result.summary.append({"task": tname, "refused": test.refused})
+            result.notes.append(f"{tname}: refused: {test.refused}")
+            say(f"{tname}: refused: {test.refused}")
+            continue
         try:
             summary, rows = _test_task(trainer, tname, test, limit, rng, metrics, out)
+        except TestRefused as exc:  # what the configs ask cannot be run on this model (nor in the original)
+            result.summary.append({"task": tname, "refused": str(exc)})
+            result.notes.append(f"{tname}: refused: {exc}")
+            say(f"{tname}: refused: {exc}")
+            continue
         except MtlabError as exc:  # a test task the model cannot run (the original stopped there) is reported
             summary, rows = {"task": tname, "error": str(exc)}, []
             result.notes.append(f"{tname}: failed: {exc}")
             say(f"{tname}: failed: {exc}")
             result.summary.append(summary)
             continue
-        if test.scorer is not None and test.scorer["type"] == "sdr_snr":
-            result.notes.append(f"{tname}: score_type sdr_snr scored as sdr (its noise terms are not computed)")
+        for sname, scorer in test.scorers.items():
+            if scorer["type"] == "sdr_snr":
+                result.notes.append(f"{tname}: scorer {sname} score_type sdr_snr scored as sdr (its noise terms are "
+                                    "not computed)")
         if test.reconstructor is None:
             result.notes.append(f"{tname}: no [{tname}] in reconstructor.cfg: test loss only")
         result.summary.append(summary)
@@ -328,7 +390,8 @@ def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng:
     rows: list[dict[str, Any]] = []
     sums = [0.0, 0.0]
     rec = test.reconstructor
-    for lset in task.linkedsets.values():
+    for lname, lset in task.linkedsets.items():
+        lset_data = test.task["linkedsets"].get(lname, {}).get("data", {})
         ds = lset.examples
         n = len(ds) if test.requested_utts is None else min(len(ds), test.requested_utts)
         n = n if limit is None else min(n, limit)
@@ -338,7 +401,10 @@ def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng:
         for start in range(0, n, test.batch_size):
             index = list(range(start, min(n, start + test.batch_size)))
             with eval_mode(trainer.models), torch.no_grad():
-                r = plan.loss(collate([ds[i] for i in index]), keep_outputs=True)
+                batch = collate([ds[i] for i in index])
+                if start == 0:
+                    _check_masks(plan, batch, tname, test, lset_data)
+                r = plan.loss(batch, keep_outputs=True)
             sums[0] += float(r.loss_sum)
             sums[1] += float(r.normalizer)
             if rec is None:
@@ -352,10 +418,33 @@ def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng:
     summary: dict[str, Any] = {"task": tname, "utterances": len(rows) if rec is not None else None, "loss": loss}
     if rows:
         for key in rows[0]:
-            if key not in ("utterance", "perm"):
+            if key != "utterance" and not key.endswith("perm"):
                 summary[key] = float(np.mean([row[key] for row in rows]))
         _write_csv(out / tname / "scores.csv", rows)
     return summary, rows
+
+
+def _check_masks(plan: Any, batch: Any, tname: str, test: EvalTask, data: Mapping[str, Any]) -> None:
+    """Refuse a mask-estimating test task (``pit``, ``direct`` loss) whose model gives another number of masks than
+    the test data has speakers: a 2-mask model on 3-speaker mixtures has no third estimate to score or to put in
+    the loss (the original fails on it too). Scoring 2 estimates against 2 of the 3 references would be another
+    protocol than the recipe's (its loss and its reconstructor's nrs ask for 3), so it is not made up here."""
+    loss = test.task.get("loss", {})
+    if loss.get("type") not in ("pit", "direct"):
+        return
+    out = plan.forward(batch).outputs.get(loss.get("output", ""))
+    if out is None:
+        return
+    bins = data.get("spectral", {}).get("n_fft", 256) // 2 + 1
+    speakers = data.get("num_sources", 2)
+    masks = out.shape[-1] if out.dim() == 4 else out.shape[-1] / bins
+    if masks != speakers:
+        shown = int(masks) if float(masks).is_integer() else f"{out.shape[-1]} / {bins}"
+        nrs = f", reconstructor.cfg [{tname}] nrs = {test.reconstructor['nrs']}" if test.reconstructor else ""
+        raise TestRefused(f"test_evaluator.cfg [{tname}]: the model gives {shown} masks (output {loss.get('output')!r} "
+                          f"has {out.shape[-1]} values per frame, {bins} bins each) but the test data has {speakers} "
+                          f"speakers (its target processors' nrs{nrs}); a mask model separates as many speakers as "
+                          "it has masks, so this test cannot run (the original fails on it too)")
 
 
 def _separate(tname: str, test: EvalTask, name: str, outputs: dict[str, np.ndarray], rng: np.random.RandomState,
@@ -388,24 +477,45 @@ def _separate(tname: str, test: EvalTask, name: str, outputs: dict[str, np.ndarr
         (task_dir / "masks").mkdir(parents=True, exist_ok=True)
         np.save(task_dir / "masks" / f"{name}.npy", masks)
     row: dict[str, Any] = {"utterance": name}
-    if test.scorer is None:
-        return row
-    folder = Path(test.scorer["org_src"]["datafiles"]).parent
-    refs = []
-    for s in range(1, rec["nrs"] + 1):
-        entry = read_list(folder / f"s{s}.scp").get(name)
-        if entry is None:
-            raise ConfigError(f"{folder / f's{s}.scp'}: no utterance {name!r} (the scorer's org_src "
-                              f"[{test.scorer['org_src']['section']}] folder holds the sources s1 ... s{rec['nrs']})")
-        refs.append(_read_int16(entry.resolve()))
-    base_list = read_list(test.scorer["base"]["datafiles"])
-    base = _read_int16(base_list[name].resolve()) if name in base_list else mixture
     n = estimates.shape[1]
-    sc = score(torch.from_numpy(estimates), torch.from_numpy(np.stack([r[:n] for r in refs])),
-               torch.from_numpy(base[:n]), metrics, SAMPLE_RATE)
-    row.update(sc.row())
-    row["perm"] = " ".join(str(p + 1) for p in sc.perm)
+    for sname, scorer in test.scorers.items():
+        refs = _references(scorer, name, rec["nrs"])
+        base_list = read_list(scorer["base"]["datafiles"])
+        base = _read_int16(base_list[name].resolve()) if name in base_list else mixture
+        sc = score(torch.from_numpy(estimates), torch.from_numpy(np.stack([r[:n] for r in refs])),
+                   torch.from_numpy(base[:n]), metrics, SAMPLE_RATE)
+        # the task's own scorer (the original's default) gives the plain columns, another its name before them
+        prefix = "" if sname == tname else f"{sname}."
+        row.update({f"{prefix}{k}": v for k, v in sc.row().items()})
+        row[f"{prefix}perm"] = " ".join(str(p + 1) for p in sc.perm)
     return row
+
+
+def _references(scorer: Mapping[str, Any], name: str, nrs: int) -> list[np.ndarray]:
+    """The reference signals of one utterance: the ``nrs`` paths of its line in the scorer's ``org_src`` list
+    (the original's ``name s1.wav s2.wav ...``), or, where that list does not exist, the folder's ``s1.scp`` ...
+    ``s<nrs>.scp``."""
+    from ..data import read_list
+
+    listed = Path(scorer["org_src"]["datafiles"])
+    section_name = scorer["org_src"]["section"]
+    if listed.is_file():
+        entry = read_list(listed).get(name)
+        if entry is None:
+            raise ConfigError(f"{listed}: no utterance {name!r} (the scorer's org_src [{section_name}] must list the "
+                              "test task's utterances)")
+        if len(entry.fields) != nrs:
+            raise ConfigError(f"{entry.where}: {len(entry.fields)} reference signals, the reconstructor's nrs is {nrs} "
+                              f"(the scorer's org_src [{section_name}] lists one path per speaker)")
+        return [_read_int16(p if p.is_absolute() else listed.parent / p) for p in map(Path, entry.fields)]
+    refs = []
+    for s in range(1, nrs + 1):
+        entry = read_list(listed.parent / f"s{s}.scp").get(name)
+        if entry is None:
+            raise ConfigError(f"{listed.parent / f's{s}.scp'}: no utterance {name!r} (the scorer's org_src "
+                              f"[{section_name}] folder holds the sources s1 ... s{nrs})")
+        refs.append(_read_int16(entry.resolve()))
+    return refs
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -423,8 +533,21 @@ COLUMNS = (("task", "task", "{}"), ("utts", "utterances", "{}"), ("test loss", "
            ("SI-SDRi", "si_sdri", "{:.2f}"), ("STOI", "stoi", "{:.3f}"), ("PESQ", "pesq", "{:.2f}"))
 
 
+def _scorer_lines(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        out.append(row)
+        scorers = dict.fromkeys(k.split(".", 1)[0] for k in row if "." in k)
+        for scorer in scorers:
+            out.append({"task": f"{row['task']} [{scorer}]", "utterances": row.get("utterances"),
+                        **{k.split(".", 1)[1]: v for k, v in row.items() if k.startswith(f"{scorer}.")}})
+    return out
+
+
 def format_table(rows: list[dict[str, Any]], header: bool = True) -> str:
-    """A short fixed-width table of summary rows (the columns a row has)."""
+    """A short fixed-width table of summary rows (the columns a row has); a task's other scorers (columns
+    ``<scorer>.<metric>``) get a line each, ``task [scorer]``."""
+    rows = _scorer_lines(rows)
     cols = [(title, key, fmt) for title, key, fmt in COLUMNS if any(r.get(key) is not None for r in rows)] \
         if header or rows else []
     width = max([len(str(r["task"])) for r in rows] + [4])

@@ -99,7 +99,8 @@ deepattractornetnoisesoft noisefilter deepattractornet_noisefilter pit_noise dee
 deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusteringnoise_dconly
 deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
 ARCHITECTURES = ("dblstm", "dbresetlstm", "dbresetlstm_insert_additional_input", "linear", "feedforward", "concat", "constant_generator",
-                 "leaky_dblstm", "leaky_dblstm_notrec", "leaky_dblstm_iznotrec", "dbrnn", "encoder_decoder_cnn")
+                 "leaky_dblstm", "leaky_dblstm_notrec", "leaky_dblstm_iznotrec", "dbrnn", "encoder_decoder_cnn",
+                 "attractor")
 # The original's leaky LSTMs: which of their cell's gates read the recurrent output (LeakyBLSTM's recurrent).
 LEAKY_RECURRENT = {"leaky_dblstm": "all", "leaky_dblstm_iznotrec": "forget_output", "leaky_dblstm_notrec": "none"}
 # Processor configs some recipes name but the repository lacks, with the settings every copy it has holds
@@ -399,6 +400,21 @@ class Importer:
             spec = {"type": "Dense", "input_dim": dim, "units": units, "activation": flag("activation_func", "tanh"),
                     "input_noise": num("input_noise", "0"), "dropout": keep_to_drop("dropout")}
             out = units[-1] if units else dim
+        elif arch == "attractor":
+            known = {"architecture", "normalization", "trainable"}
+            if len(input_dims) != 3:
+                self.refuse(file, where, f"its nodes give {len(input_dims)} inputs: mtlab's Attractor takes the "
+                                         "original's three (embeddings, binary targets, usedbins), not the form with "
+                                         "embeddings per speaker")
+                return {"type": "Attractor"}, None
+            emb, labels, bins = input_dims
+            if emb is None or labels is None or bins is None or emb % bins or labels % bins:
+                self.refuse(file, where, f"input sizes {input_dims}: the embeddings and binary targets must be known "
+                                         "multiples of the usedbins' bins")
+                return {"type": "Attractor"}, None
+            spec = {"type": "Attractor", "bins": bins,
+                    "normalize": self.value(file, f"{where} normalization", "bool", flag("normalization", "False"))}
+            out = emb // bins
         elif arch == "constant_generator":
             known = {"architecture", "constant_value", "tensor_shape", "include_batch_size", "output_noise",
                      "trainable"}
@@ -794,6 +810,8 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
             if keys.get(item, key) != key:
                 imp.refuse("trainer.cfg", f"[{tname}] {item}", "its linked sets give it different kinds of data")
             keys[item] = key
+    extra = extra_feature_inputs(imp, tname, orig, keys)
+    keys.update({item: item for item in extra})
     if len(set(keys.values())) != len(keys):
         imp.refuse("trainer.cfg", f"[{tname}] inputs/targets", "two of them are the same kind of data for mtlab "
                                                               f"({keys})")
@@ -814,8 +832,10 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
                 spec["data"]["ivec"] = {"list": vector[1]["datafiles"], **vector[1]["ivec"]}
             if "mvn" in sec:
                 spec["data"]["mvn"] = sec["mvn"]
-            folders = {str(Path(s["datafiles"]).parent) for s in lset["sections"].values()
-                       if "datafiles" in s and s.get("key") != "ivec"}
+            if extra:  # the other inputs' audio lists, featurized as the mixture is
+                spec["data"]["feature_inputs"] = {i: lset["sections"][i]["datafiles"] for i in extra}
+            folders = {str(Path(s["datafiles"]).parent) for i, s in lset["sections"].items()
+                       if "datafiles" in s and s.get("key") != "ivec" and i not in extra}
             if len(folders) > 1:
                 imp.refuse("trainer.cfg", f"[{tname}] linked set {set_name!r}", "its inputs and targets come from "
                            f"different folders ({sorted(folders)}); mtlab reads a linked set from one folder")
@@ -845,6 +865,9 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
                 vdata = data_spec(sec["datafiles"])
                 spec["valid"] = {k: v for k, v in vdata.items() if spec["data"].get(k) != v} or \
                     {"split": vdata["split"]}
+                if extra:
+                    spec["valid"]["feature_inputs"] = {i: vset["sections"][i]["datafiles"]  # type: ignore[index]
+                                                       for i in extra}
                 vnrs = source_count(imp, tname, set_name, vset["sections"])  # type: ignore[index]
                 if vnrs != spec["data"].get("num_sources", NUM_SOURCES):
                     spec["valid"]["num_sources"] = vnrs
@@ -860,6 +883,31 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
     if "trainset_frac" in orig:
         task["trainset_frac"] = orig["trainset_frac"]
     return task, extras
+
+
+def extra_feature_inputs(imp: Importer, tname: str, orig: Mapping[str, Any], keys: Mapping[str, str]) -> list[str]:
+    """The task's inputs that are features of other audio than the mixture: every ``features`` input after the
+    one that reads the mixture (named ``features``, else the first). Each keeps its own name as its data key, and
+    its linked set's ``data.feature_inputs`` gives its audio list; it must be normalized as the mixture is."""
+    same = [i for i in orig["inputs"] if keys.get(i) == "features"]
+    if len(same) < 2:
+        return []
+    main = "features" if "features" in same else same[0]
+    extra = [i for i in same if i != main]
+    from ..data import TARGET_KEYS
+
+    for item in extra:
+        if item in TARGET_KEYS or item == "features":
+            imp.refuse("trainer.cfg", f"[{tname}] {item}", f"an input of features named as mtlab's data key {item!r}; "
+                       "rename it in the task (inputs and the nodes reading it)")
+        for set_name, lset in orig["linkedsets"].items():
+            sec, ref = lset["sections"].get(item, {}), lset["sections"].get(main, {})
+            mvn = sec.get("mvn", "global")
+            if mvn != ref.get("mvn", "global") or mvn == "global":
+                imp.refuse("trainer.cfg", f"[{tname}] {item}", f"its processor's mvn_type ({mvn!r}) must be the one of "
+                           f"{main!r} ({ref.get('mvn', 'global')!r}), and per utterance (local) or none: mtlab "
+                           "computes no separate statistics for the other inputs' audio")
+    return extra
 
 
 def source_count(imp: Importer, tname: str, set_name: str, sections: Mapping[str, Mapping[str, Any]]) -> int:
@@ -902,7 +950,8 @@ def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapp
     for tname, task in tasks.items():
         first = next(iter(task["linkedsets"].values()), {}).get("data", {})
         feature_dim = first.get("spectral", {}).get("n_fft", 256) // 2 + 1
-        known = {"features": feature_dim}
+        known = {"features": feature_dim, **{k: feature_dim for k in first.get("feature_inputs", {})},
+                 "usedbins": feature_dim, "binary_targets": feature_dim * first.get("num_sources", NUM_SOURCES)}
         if "ivec" in first:
             known["ivec"] = first["ivec"]["nrcol"] * first["ivec"]["nrs"]
         sizes: dict[str, int | None] = {k: known.get(k) for k in task["inputs"]}

@@ -137,6 +137,23 @@ def add_speakers(folder: Path, source: Path, linkedset: str, mix: str, limit: in
     (folder / "spk.txt").write_text("".join(lines["spk"]))
 
 
+def write_input_lists(folder: Path, lists: Mapping[str, str], num_sources: int = SAMPLE_SOURCES) -> list[Path]:
+    """Stand-ins for the audio lists of a linked set's other inputs (``data.feature_inputs``, e.g. an earlier
+    experiment's separated signals): the k-th list (from 0) names, for each mixture of ``folder``, its source
+    ``s<k mod num_sources + 1>``, so it matches the mixture sample for sample. A list that exists is kept."""
+    from ..data import read_list
+
+    written = []
+    for k, path in enumerate(Path(p) for p in lists.values()):
+        if path.is_file():
+            continue
+        sources = read_list(folder / f"s{k % num_sources + 1}.scp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(f"{name} {entry.resolve().absolute()}\n" for name, entry in sources.items()))
+        written.append(path)
+    return written
+
+
 def speaker_vector(speaker: int, nrcol: int) -> list[float]:
     """The fixed ``nrcol``-dimensional vector of a sample speaker (a seeded standard normal draw)."""
     gen = torch.Generator().manual_seed(VECTOR_SEED * nrcol + speaker)
@@ -189,6 +206,7 @@ def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = Non
             made.append(root / data["split"])
             if "ivec" in data:
                 made.append(write_vectors(root / data["split"], name, data["ivec"]))
+            made += write_input_lists(root / data["split"], data.get("feature_inputs", {}), num_sources)
             if data["split"] != "train" and not (root / "train").exists():
                 (root / "train").symlink_to(root / data["split"], target_is_directory=True)
             valid = lset.get("valid")
@@ -199,4 +217,6 @@ def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = Non
                 made.append(vroot / valid["split"])
                 if "ivec" in valid:
                     made.append(write_vectors(vroot / valid["split"], valid.get("linkedset", name), valid["ivec"]))
+                made += write_input_lists(vroot / valid["split"], valid.get("feature_inputs", {}),
+                                          valid.get("num_sources", num_sources))
     return made

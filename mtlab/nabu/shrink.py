@@ -11,7 +11,7 @@ from typing import Any
 from ..base.errors import ConfigError
 
 RECURRENT = ("BLSTM", "ResetBLSTM", "ResetBLSTMInsert", "LeakyBLSTM", "BRNN")
-KNOWN = (*RECURRENT, "Dense", "Constant", "Concat", "EncoderDecoderCNN")
+KNOWN = (*RECURRENT, "Dense", "Constant", "Concat", "EncoderDecoderCNN", "Attractor")
 
 
 def shrink(recipe: dict[str, Any], cap: int) -> None:
@@ -25,9 +25,18 @@ def shrink(recipe: dict[str, Any], cap: int) -> None:
         raise ConfigError(f"--shrink caps the model types of original Nabu-MSSS recipes ({', '.join(KNOWN)}); "
                           f"this recipe also has {other}: set their sizes in the recipe instead")
     outputs = {o for task in recipe["tasks"].values() for o in task["outputs"]}
+    for task in recipe["tasks"].values():  # a node a Concat joins into an output sizes that output too
+        for node in reversed(task["nodes"]):
+            kind = recipe["models"][node["model"]]["type"]
+            if node["name"] in outputs and kind == "Concat":
+                outputs.update(node["inputs"])
+            if kind == "Attractor":  # its embeddings keep their bins x embedding size
+                outputs.update(node["inputs"][:1])
     for task in recipe["tasks"].values():
         data = next(iter(task["linkedsets"].values()))["data"]
         known = {"features": data.get("spectral", {}).get("n_fft", 256) // 2 + 1}
+        known.update({k: known["features"] for k in data.get("feature_inputs", {})})
+        known.update(usedbins=known["features"], binary_targets=known["features"] * data.get("num_sources", 2))
         if "ivec" in data:
             known["ivec"] = data["ivec"]["nrcol"] * data["ivec"]["nrs"]
         first = recipe["models"][task["nodes"][0]["model"]].get("input_dim")
@@ -58,6 +67,8 @@ def shrink(recipe: dict[str, Any], cap: int) -> None:
                         spec[key] = [min(k, 3) for k in spec[key]] if key == "centre_kernel" else \
                             [[min(k, 3) for k in pair] for pair in spec[key]]
                 out = spec["output_filters"]
+            elif spec["type"] == "Attractor":
+                out = dims[0] // spec["bins"] if dims[0] is not None else None
             else:  # Concat
                 out = sum(d for d in dims if d is not None)
             sizes[node["name"]] = out
