@@ -43,7 +43,7 @@ from .ondevice import Featurizer
 from .statcache import Progress, checksum, load_cached, printed_progress, save_cached, stats_sample, streaming_stats
 from .inplace import split_names, tree_split
 from .layouts import get_layout
-from .manifest import Column, Manifest, read_manifest
+from .manifest import Column, Manifest, read_manifest, read_manifest_cached
 from .streamed import BAD_DATA, StreamedSplit, header_samples
 from .vectors import VectorList, normalize, read_vector, vector_stats
 
@@ -374,7 +374,7 @@ Example::
         raise DataError("load_split dynamic_mix needs stream=True (mixtures are made per batch from the sources)")
     if stream:
         _input_list_exists(folder, linkedset)
-        manifest = read_manifest(folder / f"mix_{linkedset}.scp",
+        manifest = read_manifest_cached(folder / f"mix_{linkedset}.scp",
                                  [folder / f"s{k}.scp" for k in range(1, num_sources + 1)]
                                  if keys & _SOURCE_KEYS or mixing else [],
                                  folder / "spk.txt" if keys & _SPEAKER_KEYS or mixing else None, vector_list)

@@ -12,6 +12,7 @@ line numbers count the mixtures from 1, so error messages read ``<folder>:<posit
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,7 +23,7 @@ import numpy as np
 from .errors import DataError
 from .layouts import ALIASES, LAYOUTS, Layout, Mixture, find_split_root, get_layout, read_corpus
 from .lists import JoinReport
-from .manifest import Column, Manifest, _column
+from .manifest import Column, Manifest, _column, pack_manifest, unpack_manifest
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,17 @@ def tree_split(layout: str, root: str | Path, split: str, linkedset: str, num_so
 
 
 def _signature(layout: Layout, root: Path) -> tuple[int, ...]:
-    """Modification times of the tree's split and file folders: a file added, removed or renamed changes one."""
+    """Modification times of the tree's split and file folders (a file added, removed or renamed changes one)
+    and of LibriMix's metadata files."""
     try:
         split_root = find_split_root(layout, root)
     except DataError:
         return ()
     times = []
     for split in layout.splits:
+        metadata = sorted((split_root / "metadata").glob(f"mixture_{split}_*.csv"))  # edited in place, too
         for folder in (split_root / split, *(split_root / split / f for f in (*layout.modes, "s1", "s2")),
-                       split_root / "metadata"):
+                       *metadata):
             try:
                 times.append(folder.stat().st_mtime_ns)
             except OSError:
@@ -84,7 +87,40 @@ def _signature(layout: Layout, root: Path) -> tuple[int, ...]:
 def _read_tree(layout: str, root: str, linkedset: str,
                signature: tuple[int, ...]) -> tuple[dict[str, tuple[Manifest, Path]], int]:
     """Every split's manifest and the corpus's speaker count, kept for the process while the tree's folders are
-    unchanged (``signature``): train and dev each ask. Only compact columns are kept, not the readers' objects."""
+    unchanged (``signature``): train and dev each ask. Only compact columns are kept, not the readers' objects.
+    They are also kept in the user cache folder (``trees/<key>.npz``), as listing and sorting the folders of a
+    30 h corpus takes seconds."""
+    from .statcache import user_cache
+
+    key = hashlib.sha256(repr((layout, root, linkedset, signature)).encode()).hexdigest()
+    path = user_cache() / "trees" / f"{key}.npz"
+    if signature:
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                found = {k: data[k] for k in data.files}
+            splits = [str(s) for s in found["splits"]]
+            return ({s: (unpack_manifest({k[len(s) + 1:]: v for k, v in found.items() if k.startswith(s + "/")}),
+                         Path(str(found[f"{s}/folder"]))) for s in splits}, int(found["speakers"]))
+        except (OSError, KeyError, ValueError):
+            pass  # not cached yet: read the tree
+    out, speakers = _scan_tree(layout, root, linkedset)
+    if signature:
+        arrays = {"splits": np.array(list(out)), "speakers": np.array(speakers)}
+        for s, (manifest, folder) in out.items():
+            arrays.update({f"{s}/{k}": v for k, v in pack_manifest(manifest).items()})
+            arrays[f"{s}/folder"] = np.array(str(folder))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
+            np.savez(tmp, **arrays)
+            tmp.replace(path)
+        except OSError:
+            pass  # no writable cache folder: the tree is read each time
+    return out, speakers
+
+
+def _scan_tree(layout: str, root: str, linkedset: str) -> tuple[dict[str, tuple[Manifest, Path]], int]:
+    """Every split's manifest and the speaker count, read from the tree by :mod:`mtlab.data.layouts`."""
     import warnings
 
     with warnings.catch_warnings():  # a tree without its test split is fine to train on
