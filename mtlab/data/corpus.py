@@ -296,6 +296,13 @@ def column_stats(column: Column, list_file: Path | None, label: str, spectral: F
     return stats
 
 
+def _own_stats(base: Path, split: str) -> bool:
+    """Whether a split without given statistics computes its own: the ``train`` split, or any split of a root
+    that has no ``train`` folder (a Nabu recipe's lists in the corpus's own ``tr``/``cv`` folders, read in place:
+    the recipe loads its training data first and gives those statistics to the others)."""
+    return split == "train" or not (base / "train").is_dir()
+
+
 def load_split(
     root: str | Path | None = None,
     split: str = "train",
@@ -384,8 +391,9 @@ Example::
                           f"first {skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=2)
         if stats is None:
             # the training split: the utterances its lists share (as the in-memory path); another split: train's
-            stats = cached_stats(base, linkedset, "train", spectral, stats_utterances, progress, on_bad_data,
-                                 manifest.mix if split == "train" else None)
+            own = _own_stats(base, split)
+            stats = cached_stats(base, linkedset, split if own else "train", spectral, stats_utterances, progress,
+                                 on_bad_data, manifest.mix if own else None)
         compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
                           ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
         featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn)
@@ -401,7 +409,7 @@ Example::
         return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn, num_sources)
 
     if stats is None:
-        if split == "train":
+        if _own_stats(base, split):
             raw = [example(r, None) for r in rows]
             stats = F.FeatureStats.from_features((e["features"] for e in raw), source=f"{split}/mix_{linkedset}.scp")
             if mvn == "global":
