@@ -131,6 +131,7 @@ def test_a_read_only_list_folder_caches_lengths_and_statistics_in_the_user_cache
         lists.chmod(0o755), (lists / "train").chmod(0o755)
 
 
+@pytest.mark.slow  # builds and trains a recipe: kept out of the fast tier
 def test_a_recipe_trains_on_a_tree_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MTLAB_CACHE", str(tmp_path / "cache"))
     make_layouts.make_tree("wham", tmp_path / "corpus", PER_SPLIT)
