@@ -210,3 +210,15 @@ def test_manifests_are_cached_by_content_and_a_changed_tree_or_list_is_read_agai
     changed = load_split(lists, split="train", stream=True, progress=False)
     assert [changed.row(i).speakers.ints(2) for i in range(len(changed))] == \
         [listed.row(i).speakers.ints(2)[::-1] for i in range(len(listed))]
+
+
+def test_dynamic_mixing_draws_from_a_tree_in_place(tree: tuple[str, Path]) -> None:
+    from mtlab.data.dynamic import DynamicMix
+
+    layout, root = tree
+    mixed = load_split(root, layout=layout, split="train", stream=True, progress=False,
+                       dynamic_mix={"gain_db": [-5, 5], "seed": 1})
+    assert isinstance(mixed, DynamicMix) and len(mixed) == PER_SPLIT
+    item = mixed.audio(0)
+    # the mixture is the sum of its two int16 sources, sample for sample, as for list files
+    assert torch.equal(item["mix_wav"].long(), item["src_wav"].long().sum(dim=-1))
