@@ -50,7 +50,7 @@ class Replay:
         self.batches, self.epoch, self.position = batches, 0, 0
         self.skipped: list[dict[str, Any]] = []
 
-    def __iter__(self) -> "Replay":
+    def __iter__(self) -> Replay:
         return self
 
     def __next__(self) -> Any:
@@ -91,7 +91,7 @@ def delivery(recipe: dict[str, Any], workers: int, batches: int, featurize: bool
     trainer = exp.trainer
     streams = []
     for task in trainer.tasks.values():
-        for name, ls in task.linkedsets.items():
+        for ls in task.linkedsets.values():
             stream = BatchStream(ls.examples, task.batch_size, task.numbuckets, seed=0, num_workers=workers)
             if not featurize:
                 ls.examples.featurize = lambda batch, device=None: batch  # type: ignore[method-assign]
@@ -115,7 +115,7 @@ def end_to_end(recipe: dict[str, Any], workers: int, steps: int) -> float:
     trainer = exp.trainer
     for _ in range(2):
         trainer.step()
-    drawn = lambda: sum(s.position + s.epoch * len(s) for s in trainer.streams.values())  # noqa: E731
+    drawn = lambda: sum(s.position + s.epoch * len(s) for s in trainer.streams.values())
     per_batch = trainer.tasks[next(iter(trainer.tasks))].batch_size
     before, start = drawn(), time.perf_counter()
     for _ in range(steps):

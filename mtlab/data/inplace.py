@@ -21,7 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .layouts import ALIASES, LAYOUTS, Layout, Mixture, find_split_root, get_layout, read_corpus
+from .layouts import (
+    ALIASES,
+    LAYOUTS,
+    Layout,
+    Mixture,
+    find_split_root,
+    get_layout,
+    read_corpus,
+)
 from .lists import JoinReport
 from .manifest import Column, Manifest, _column, pack_manifest, unpack_manifest
 
