@@ -2,7 +2,7 @@
 
     python bench/separation.py [--minutes 10] [--steps N] [--remix 5000] [--usedbins-db clean=40 noisy=20]
                                [--threads 1] [--losses deepclustering pit] [--linkedsets clean noisy]
-                               [--mixing remix dynamic] [--dynamic-gain-db -2.5 2.5]
+                               [--mixing static remix dynamic] [--dynamic-gain-db -2.5 2.5]
 
 Each (loss, linked set) run trains a fresh BLSTM separator (mtlab.separation.train_separator, seed 0)
 until its per-run budget is spent (``--minutes`` of wall clock and/or ``--steps``), then separates every
@@ -11,7 +11,9 @@ mixture phase and prints the mean SI-SDR improvement over the (clean or noisy) m
 table: rows = losses, columns = linked sets. ``--remix N`` adds N training mixtures made from pairs of
 the training split's own sources (mtlab.separation.remix); ``--remix 0`` trains on the 120 corpus
 mixtures only, which a BLSTM memorizes (dev SI-SDRi stays near 2 dB while train SI-SDRi climbs).
-``--mixing remix dynamic`` adds a row per loss trained with dynamic mixing instead (mtlab.data.dynamic: a
+``--mixing static remix dynamic`` trains three rows per loss on the same budget: ``static`` the 120
+corpus mixtures only (as ``--remix 0``), ``remix`` the corpus plus ``--remix`` pre-remixed ones, and
+``dynamic`` dynamic mixing instead; ``dynamic`` adds a row per loss trained with dynamic mixing instead (mtlab.data.dynamic: a
 new mixture of two training speakers per example and epoch, gains uniform in ``--dynamic-gain-db``, no noise
 files, so on the noisy set its mixtures are clean sources: compare it on ``clean``).
 ``--usedbins-db noisy=20``: deep clustering on the noisy set learns and clusters only bins within 20 dB
@@ -33,10 +35,11 @@ from mtlab.separation import build_separator, load_data
 
 def run(loss: str, linkedset: str, data, minutes: float | None, steps: int | None, args,
         mixing: str = "remix") -> dict[str, float]:
-    """Train one separator within the budget and score it on dev."""
+    """Train one separator within the budget and score it on dev (``mixing``: static, remix or dynamic)."""
     dynamic = {"gain_db": list(args.dynamic_gain_db)} if mixing == "dynamic" else None
+    remix = args.remix if mixing == "remix" else 0
     sep = build_separator(loss, linkedset, data=data, hidden=args.hidden, layers=args.layers, lr=args.lr,
-                          batch_size=args.batch_size, seed=args.seed, device=args.device, remix=args.remix,
+                          batch_size=args.batch_size, seed=args.seed, device=args.device, remix=remix,
                           usedbins_db=args.thresholds[linkedset], dynamic_mix=dynamic)
     every = max(1, args.log_every)
     t0 = time.perf_counter()
@@ -64,8 +67,9 @@ def main() -> None:
     ap.add_argument("--losses", nargs="+", default=["deepclustering", "pit"])
     ap.add_argument("--linkedsets", nargs="+", default=["clean", "noisy"])
     ap.add_argument("--remix", type=int, default=5000, help="extra training mixtures from training sources")
-    ap.add_argument("--mixing", nargs="+", default=["remix"], choices=["remix", "dynamic"],
-                    help="training mixtures: the corpus plus --remix pre-remixed ones, and/or dynamic mixing")
+    ap.add_argument("--mixing", nargs="+", default=["remix"], choices=["static", "remix", "dynamic"],
+                    help="training mixtures, a row per choice and loss: the 120 corpus mixtures only, the corpus "
+                         "plus --remix pre-remixed ones, and/or dynamic mixing")
     ap.add_argument("--dynamic-gain-db", nargs=2, type=float, default=[-2.5, 2.5],
                     help="dynamic mixing: range of each source's gain, dB")
     ap.add_argument("--usedbins-db", nargs="+", default=["clean=40", "noisy=20"],
@@ -90,13 +94,13 @@ def main() -> None:
           f"thread(s), device {args.device}",
           flush=True)
     results: dict[tuple[str, str], dict[str, float]] = {}
-    rows = [loss if mixing == "remix" else f"{loss}+dynamic" for loss in args.losses for mixing in args.mixing]
+    rows = [loss if mixing == "remix" else f"{loss}+{mixing}" for loss in args.losses for mixing in args.mixing]
     for linkedset in args.linkedsets:
         data = load_data(linkedset, usedbins_db=args.thresholds[linkedset])
         for row in rows:
-            loss, _, dynamic = row.partition("+")
+            loss, _, mixing = row.partition("+")
             r = results[(row, linkedset)] = run(loss, linkedset, data, minutes, args.steps, args,
-                                                "dynamic" if dynamic else "remix")
+                                                mixing or "remix")
             print(f"{row}/{linkedset}: SI-SDRi {r['si_sdri']:+.2f} dB, SDRi {r['sdri']:+.2f} dB after "
                   f"{r['steps']} steps, {r['train_s']:.0f} s training + {r['eval_s']:.0f} s dev", flush=True)
     print("\nDev SI-SDR improvement over the mixture, dB (steps, training seconds)")

@@ -153,7 +153,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", default="best", help="best, final or a path (default: best, else final)")
     p.add_argument("--split", default=None, help="evaluate this split (default: each linked set's valid data)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p = sub.add_parser("prepare", help="write the list files of a corpus (wsj0-2mix, wham, librimix) for recipes")
+    p = sub.add_parser("prepare", help="write the list files of a corpus (wsj0-2mix, wham, librimix) for recipes "
+                                       "(optional: data = { root = ..., layout = ... } reads the tree in place)")
     p.add_argument("layout", help="wsj0-2mix, wham or librimix")
     p.add_argument("root", type=Path, help="the corpus folder (e.g. .../Libri2Mix or .../wav8k/min)")
     p.add_argument("--out", type=Path, default=None, help="where the lists go (default: lists/LAYOUT)")

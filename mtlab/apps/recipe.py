@@ -268,6 +268,11 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
                     raise ConfigError(f"{origin}: {where} feature_inputs {name} must be the path of an audio list, "
                                       f"got {path!r}")
             spec[key] = {name: str((base / path).resolve()) for name, path in table.items()}
+        elif key == "layout":  # root is a corpus tree (wsj0-2mix, wham, librimix) read in place, no list files
+            from ..data.layouts import ALIASES, LAYOUTS
+
+            if not isinstance(value, str) or ALIASES.get(value.lower(), value.lower()) not in LAYOUTS:
+                raise _unknown(origin, f"{where} layout", str(value), tuple(LAYOUTS), what="layout")
         elif key == "on_bad_data":  # a bad audio file mid-epoch: stop with its name, or skip and record it
             from ..data.streamed import BAD_DATA
 
@@ -279,6 +284,9 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
         raise ConfigError(f"{origin}: {where} needs exactly one of corpus = \"samples\" or root = \"path/to/corpus\"")
     if "corpus" in spec and spec["corpus"] not in CORPORA:
         raise _unknown(origin, f"{where} corpus", spec["corpus"], CORPORA, what="corpus")
+    if "layout" in spec and ("root" not in spec or spec.get("stream") is False):
+        raise ConfigError(f"{origin}: {where} layout = {spec['layout']!r} reads the corpus tree at root = \"...\" in "
+                          "place, streamed: give root and leave stream = true")
     if "dynamic_mix" in spec and spec.get("stream") is False:
         raise ConfigError(f"{origin}: {where} dynamic_mix needs stream = true (mixtures are made per batch)")
     if "root" in spec and "://" not in spec["root"]:  # a URL (shards on an object store) stays as it is
@@ -320,8 +328,8 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     mvn = data.get("mvn", "global")
     num_sources = data.get("num_sources", NUM_SOURCES)
     # streamed unless told otherwise: audio read per batch, features on the trainer's device
-    streamed = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances", "dynamic_mix")
-                                   if k in data}}
+    streamed = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances", "dynamic_mix",
+                                                        "layout") if k in data}}
     inputs = dict(data.get("feature_inputs", {}))
     key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), repr(ivec),
            mvn, num_sources, repr(sorted(streamed.items())), repr(sorted(inputs.items())), fingerprint)

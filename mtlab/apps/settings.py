@@ -86,7 +86,7 @@ TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "wei
 NODE_KEYS = ("name", "model", "inputs", "outputs")
 LINKEDSET_KEYS = ("weight", "data", "valid")
 DATA_KEYS = ("corpus", "root", "split", "linkedset", "spectral", "ivec", "mvn", "num_sources", "stream", "num_workers",
-             "on_bad_data", "stats_utterances", "dynamic_mix", "feature_inputs")
+             "on_bad_data", "stats_utterances", "dynamic_mix", "feature_inputs", "layout")
 CORPORA = ("samples",)
 
 

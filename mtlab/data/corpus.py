@@ -41,7 +41,9 @@ from .errors import DataError, DataWarning
 from .lists import JoinReport, ListEntry, join_lists, read_list
 from .ondevice import Featurizer
 from .statcache import Progress, checksum, load_cached, printed_progress, save_cached, stats_sample, streaming_stats
-from .manifest import Column, Manifest, read_manifest
+from .inplace import split_names, tree_split
+from .layouts import get_layout
+from .manifest import Column, Manifest, read_manifest, read_manifest_cached
 from .shards import ShardedSplit, is_shard_root, load_shards
 from .streamed import BAD_DATA, StreamedSplit, header_samples
 from .vectors import VectorList, normalize, read_vector, vector_stats
@@ -275,17 +277,31 @@ def cached_stats(root: str | Path | None = None, linkedset: str = "clean", split
     _input_list_exists(folder, linkedset)
     list_file = folder / f"mix_{linkedset}.scp"
     column = utterances if utterances is not None else read_manifest(list_file, []).mix
+    return column_stats(column, list_file, f"{split}/mix_{linkedset}.scp", spectral, stats_utterances, progress,
+                        on_bad_data)
+
+
+def column_stats(column: Column, list_file: Path | None, label: str, spectral: F.Spectral = F.MTLAB,
+                 stats_utterances: int | None = None, progress: Progress | None | bool = True,
+                 on_bad_data: str = "raise") -> F.FeatureStats:
+    """:func:`cached_stats` of a manifest's mixture column; ``list_file`` None (a corpus tree read in place) caches
+    them in the user cache folder only."""
     sample = stats_sample(len(column.lines), stats_utterances)
     digest = checksum(list_file, column, spectral, sample)
     found = load_cached(list_file, digest)
     if found is not None:
         return found
-    show = printed_progress(f"feature statistics of {split}/mix_{linkedset}.scp") if progress is True else \
-        (progress or None)
-    stats = streaming_stats(column, sample, spectral, f"{split}/mix_{linkedset}.scp", show,
-                            skip_bad=on_bad_data == "skip")
+    show = printed_progress(f"feature statistics of {label}") if progress is True else (progress or None)
+    stats = streaming_stats(column, sample, spectral, label, show, skip_bad=on_bad_data == "skip")
     save_cached(list_file, digest, stats)
     return stats
+
+
+def _own_stats(base: Path, split: str) -> bool:
+    """Whether a split without given statistics computes its own: the ``train`` split, or any split of a root
+    that has no ``train`` folder (a Nabu recipe's lists in the corpus's own ``tr``/``cv`` folders, read in place:
+    the recipe loads its training data first and gives those statistics to the others)."""
+    return split == "train" or not (base / "train").is_dir()
 
 
 def load_split(
@@ -305,6 +321,7 @@ def load_split(
     progress: Progress | None | bool = True,
     dynamic_mix: Any = None,
     feature_inputs: Mapping[str, str | Path] | None = None,
+    layout: str | None = None,
 ) -> SeparationDataset | StreamedSplit | DynamicMix | ShardedSplit:
     """Load one split of one linked set as a :class:`SeparationDataset`.
 
@@ -332,6 +349,8 @@ index.npz``), local or an fsspec URL (``s3://...``): with ``stream=True`` it ret
 ``feature_inputs`` (streamed only; ``mvn`` ``"local"`` or ``"none"``) maps more data keys to audio lists (a relative
 path is taken from ``root``) whose utterances match the mixtures sample for sample: each key gets the features of its
 list's audio, computed and normalized as the mixture's (e.g. an earlier separation's outputs fed to a second model).
+``layout`` (``"wsj0-2mix"``, ``"wham"`` or ``"librimix"``; streamed only) reads the corpus tree at ``root`` in
+place, without list files (:mod:`mtlab.data.inplace`); ``split`` is mtlab's name or the corpus's folder (``tr``).
 Example::
 
         train = load_split(split="train", linkedset="noisy")
@@ -352,6 +371,9 @@ Example::
         return load_shards(root, split, linkedset, keys, stats, spectral, usedbins_threshold_db, mvn, num_sources,
                            on_bad_data, ivec)
     base = Path(root) if root is not None else data_samples_dir()
+    if layout is not None:
+        return _load_tree(base, layout, split, linkedset, keys, stats, usedbins_threshold_db, spectral, ivec, mvn,
+                          num_sources, stream, on_bad_data, stats_utterances, progress, dynamic_mix)
     folder = _split_dir(base, split)
     if isinstance(num_sources, bool) or not isinstance(num_sources, int) or num_sources < 1:
         raise DataError(f"load_split num_sources={num_sources!r}: the number of sources per mixture, a positive "
@@ -386,7 +408,7 @@ Example::
                         f"(features, {', '.join(TARGET_KEYS)})")
     if stream:
         _input_list_exists(folder, linkedset)
-        manifest = read_manifest(folder / f"mix_{linkedset}.scp",
+        manifest = read_manifest_cached(folder / f"mix_{linkedset}.scp",
                                  [folder / f"s{k}.scp" for k in range(1, num_sources + 1)]
                                  if keys & _SOURCE_KEYS or mixing else [],
                                  folder / "spk.txt" if keys & _SPEAKER_KEYS or mixing else None, vector_list,
@@ -397,8 +419,9 @@ Example::
                           f"first {skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=2)
         if stats is None:
             # the training split: the utterances its lists share (as the in-memory path); another split: train's
-            stats = cached_stats(base, linkedset, "train", spectral, stats_utterances, progress, on_bad_data,
-                                 manifest.mix if split == "train" else None)
+            own = _own_stats(base, split)
+            stats = cached_stats(base, linkedset, split if own else "train", spectral, stats_utterances, progress,
+                                 on_bad_data, manifest.mix if own else None)
         compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
                           ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
         featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn, tuple(others))
@@ -414,7 +437,7 @@ Example::
         return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn, num_sources)
 
     if stats is None:
-        if split == "train":
+        if _own_stats(base, split):
             raw = [example(r, None) for r in rows]
             stats = F.FeatureStats.from_features((e["features"] for e in raw), source=f"{split}/mix_{linkedset}.scp")
             if mvn == "global":
@@ -429,3 +452,40 @@ Example::
     return SeparationDataset(
         examples, [r.name for r in rows], stats, report, split, linkedset, _num_speakers(base, examples), num_sources
     )
+
+
+def _load_tree(base: Path, layout: str, split: str, linkedset: str, keys: set[str], stats: F.FeatureStats | None,
+               threshold_db: float, spectral: F.Spectral, ivec: VectorList | None, mvn: str, num_sources: int,
+               stream: bool, on_bad_data: str, stats_utterances: int | None, progress: Progress | None | bool,
+               dynamic_mix: Any) -> StreamedSplit | DynamicMix:
+    """``load_split(layout=...)``: one split of a corpus tree read in place (see :mod:`mtlab.data.inplace`)."""
+    if not stream:
+        raise DataError(f"load_split layout={layout!r} reads the corpus tree in place and needs stream=True; for the "
+                        "in-memory path write list files first (mtlab prepare)")
+    if ivec is not None and "ivec" in keys:
+        raise DataError(f"load_split layout={layout!r}: a corpus tree has no vector list (ivec); write list files "
+                        "with mtlab prepare and add the vector list beside them")
+    if mvn not in F.MVN_TYPES:
+        raise DataError(f"load_split mvn={mvn!r}; valid: {list(F.MVN_TYPES)}")
+    if on_bad_data not in BAD_DATA:
+        raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
+    mixing = MixSettings.from_dict(dynamic_mix, base) if dynamic_mix is not None else None
+    tree = tree_split(layout, base, split, linkedset, num_sources)
+    full = tree.manifest
+    manifest = Manifest(full.names, full.mix, full.sources if keys & _SOURCE_KEYS or mixing else (),
+                        full.speakers if keys & _SPEAKER_KEYS or mixing else None, None, full.report)
+    manifest, samples, skipped = header_samples(manifest, on_bad_data, beside=False)
+    if skipped:
+        warnings.warn(f"{tree.folder}: left out {len(skipped)} bad file(s) (on_bad_data='skip'), first "
+                      f"{skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=3)
+    if stats is None:  # the training split's, as for list files
+        train = manifest if split_names(get_layout(layout))[split] == "train" else \
+            tree_split(layout, base, "train", linkedset, num_sources).manifest
+        stats = column_stats(train.mix, None, f"{layout} train/{linkedset} at {base}", spectral, stats_utterances,
+                             progress, on_bad_data)
+    compute = partial(_example, keys=keys, stats=stats, threshold_db=threshold_db, spectral=spectral, mvn=mvn,
+                      num_sources=num_sources)
+    featurizer = Featurizer(frozenset(keys), spectral, stats, threshold_db, mvn)
+    streamed = StreamedSplit(manifest, samples, stats, split, linkedset, tree.num_speakers, num_sources, featurizer,
+                             compute, None, None, on_bad_data, skipped)
+    return DynamicMix(streamed, mixing) if mixing is not None else streamed

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import warnings
 import wave
 from collections.abc import Callable, Sequence
@@ -130,7 +131,11 @@ def find_split_root(layout: Layout, root: str | Path) -> Path:
 
 
 def _wav_names(folder: Path) -> dict[str, Path]:
-    return {p.stem: p for p in sorted(folder.glob("*.wav"))}
+    """``{name: file}`` of the folder's WAVs in name order (names sorted as strings: sorting 10^5 Path objects
+    takes seconds)."""
+    with os.scandir(folder) as entries:
+        names = sorted(e.name for e in entries if e.name.endswith(".wav") and e.is_file())
+    return {n[:-4]: folder / n for n in names}
 
 
 def _metadata(split_root: Path, split: str, folder: str) -> dict[str, tuple[Path, ...]] | None:

@@ -9,10 +9,13 @@ objects would be copied page by page as reference counts change). :meth:`Column.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -157,3 +160,83 @@ def read_manifest(mix: Path, sources: list[Path], speakers: Path | None = None,
                     columns.get("spk"), columns.get("vector"), report,
                     tuple(columns[f"input{k}"] for k in range(len(inputs))))
     return full if present.all() else full.subset(present)
+
+
+def pack_manifest(m: Manifest) -> dict[str, np.ndarray]:
+    """The manifest as named arrays (for ``np.savez``); :func:`unpack_manifest` reads them back."""
+    out: dict[str, np.ndarray] = {"names": m.names, "labels": np.array(m.report.labels), "kept": np.array(m.report.kept)}
+    columns = {"mix": m.mix, **{f"s{k}": c for k, c in enumerate(m.sources, start=1)},
+               **({"spk": m.speakers} if m.speakers is not None else {}), **({"vector": m.vector} if m.vector else {}),
+               **{f"input{k}": c for k, c in enumerate(m.inputs)}}
+    for label, c in columns.items():
+        out.update({f"{label}.path": np.array(str(c.path)), f"{label}.prefix": np.array(c.prefix),
+                    f"{label}.suffixes": c.suffixes, f"{label}.lines": c.lines})
+    return out
+
+
+def unpack_manifest(data: Any) -> Manifest:
+    """The manifest of :func:`pack_manifest`'s arrays (a mapping); KeyError when they are not one."""
+    def column(label: str) -> Column | None:
+        if f"{label}.path" not in data:
+            return None
+        return Column(Path(str(data[f"{label}.path"])), str(data[f"{label}.prefix"]), data[f"{label}.suffixes"],
+                      data[f"{label}.lines"])
+
+    sources = []
+    while (c := column(f"s{len(sources) + 1}")) is not None:
+        sources.append(c)
+    inputs = []
+    while (c := column(f"input{len(inputs)}")) is not None:
+        inputs.append(c)
+    labels = tuple(str(x) for x in data["labels"])
+    report = JoinReport(labels, int(data["kept"]), (), {label: () for label in labels})
+    mix = column("mix")
+    if mix is None:
+        raise KeyError("mix.path")  # not a manifest file
+    return Manifest(data["names"], mix, tuple(sources), column("spk"), column("vector"), report, tuple(inputs))
+
+
+def cached_manifest(key: bytes, build: Callable[[], Manifest]) -> Manifest:
+    """``build()``, kept in the user cache folder (``manifests/<sha256 of key>.npz``) and read back next time:
+    a list of many utterances parses in about a second, its arrays load in a few milliseconds. ``key`` must hold
+    everything the manifest depends on (the lists' bytes, or a corpus tree's folder times). A manifest that
+    dropped utterances in its join is not cached (its warning is shown again each time)."""
+    from .statcache import user_cache
+
+    path = user_cache() / "manifests" / f"{hashlib.sha256(key).hexdigest()}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return unpack_manifest({k: data[k] for k in data.files})
+    except (OSError, KeyError, ValueError):
+        pass  # not cached yet, or unreadable: build it
+    manifest = build()
+    if not manifest.report.dropped:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
+            np.savez(tmp, **pack_manifest(manifest))
+            tmp.replace(path)  # atomic: ranks starting together never read half a file
+        except OSError:
+            pass  # no writable cache folder: parse the lists each time
+    return manifest
+
+
+def read_manifest_cached(mix: Path, sources: list[Path], speakers: Path | None = None,
+                         vector: Path | None = None, inputs: tuple[Path, ...] = ()) -> Manifest:
+    """:func:`read_manifest`, through :func:`cached_manifest` keyed by the lists' paths and bytes."""
+    key = hashlib.sha256()
+    for path in (mix, *sources, speakers, vector, *inputs):
+        if path is not None:
+            key.update(str(Path(path).resolve()).encode() + b"\0")
+            try:
+                key.update(Path(path).read_bytes())
+            except OSError:
+                return read_manifest(mix, sources, speakers, vector, inputs)  # its own error names the missing list
+            key.update(b"\0")
+        key.update(b"|")  # an absent list (None) and the next one's position stay apart
+    m = cached_manifest(key.digest(), lambda: read_manifest(mix, sources, speakers, vector, inputs))
+    # the lists as this call names them (the cache may hold another spelling of the same files' paths)
+    at = (lambda c, p: replace(c, path=Path(p)) if c is not None and p is not None else c)
+    return Manifest(m.names, at(m.mix, mix), tuple(at(c, p) for c, p in zip(m.sources, sources)),
+                    at(m.speakers, speakers), at(m.vector, vector), m.report,
+                    tuple(at(c, p) for c, p in zip(m.inputs, inputs)))

@@ -2,8 +2,8 @@
 
 The pass reads one mixture at a time and merges per-utterance mean and sum of squared deviations (Chan et al.'s
 pairwise update, in float64), so memory holds one utterance whatever the corpus size. The result is written to
-``<split>/mix_<linkedset>.stats.json`` (or, where that folder is read-only, ``$MTLAB_CACHE`` /
-``~/.cache/mtlab``) with a checksum of what it was computed from: the list file's bytes, the STFT settings, the
+``<split>/mix_<linkedset>.stats.json`` (or, where that folder is read-only, and always for a corpus tree read in
+place, ``$MTLAB_CACHE`` / ``~/.cache/mtlab``) with a checksum of what it was computed from: the list file's bytes, the STFT settings, the
 sample of utterances, and the size and modification time of every audio file read. A later pass with the same
 checksum reads the file instead.
 """
@@ -36,10 +36,12 @@ def stats_sample(count: int, limit: int | None) -> list[int]:
     return sorted({round(k * (count - 1) / max(limit - 1, 1)) for k in range(limit)})
 
 
-def checksum(list_file: Path, column: Column, spectral: F.Spectral, sample: Sequence[int]) -> str:
-    """What the statistics depend on, hashed: list bytes, STFT settings, sample, and each audio file's stat."""
+def checksum(list_file: Path | None, column: Column, spectral: F.Spectral, sample: Sequence[int]) -> str:
+    """What the statistics depend on, hashed: list bytes (a corpus tree read in place has none: its column is
+    the list), STFT settings, sample, and each audio file's stat."""
     h = hashlib.sha256()
-    h.update(list_file.read_bytes())
+    if list_file is not None:
+        h.update(list_file.read_bytes())
     h.update(repr(spectral).encode())
     h.update(repr(list(sample)).encode())
     h.update(column.prefix.encode() + column.suffixes.tobytes())  # the utterances a join kept
@@ -52,13 +54,19 @@ def checksum(list_file: Path, column: Column, spectral: F.Spectral, sample: Sequ
     return h.hexdigest()
 
 
-def cache_paths(list_file: Path, digest: str) -> list[Path]:
-    """Where the statistics of ``list_file`` are looked for and written, in order."""
-    home = Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "mtlab"))
-    return [list_file.with_suffix(".stats.json"), home / "stats" / f"{digest}.json"]
+def user_cache() -> Path:
+    """The user cache folder: ``$MTLAB_CACHE``, else ``~/.cache/mtlab``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mtlab")
 
 
-def load_cached(list_file: Path, digest: str) -> F.FeatureStats | None:
+def cache_paths(list_file: Path | None, digest: str) -> list[Path]:
+    """Where the statistics of ``list_file`` are looked for and written, in order: beside the list, then the user
+    cache folder (the only place for a corpus tree read in place, ``list_file`` None)."""
+    home = user_cache() / "stats" / f"{digest}.json"
+    return [list_file.with_suffix(".stats.json"), home] if list_file is not None else [home]
+
+
+def load_cached(list_file: Path | None, digest: str) -> F.FeatureStats | None:
     """The cached statistics whose checksum is ``digest``, else None (a stale or unreadable file is ignored)."""
     for path in cache_paths(list_file, digest):
         try:
@@ -70,7 +78,7 @@ def load_cached(list_file: Path, digest: str) -> F.FeatureStats | None:
     return None
 
 
-def save_cached(list_file: Path, digest: str, stats: F.FeatureStats) -> Path | None:
+def save_cached(list_file: Path | None, digest: str, stats: F.FeatureStats) -> Path | None:
     """Write the statistics to the first writable cache path; returns it (None when none is writable)."""
     for path in cache_paths(list_file, digest):
         try:

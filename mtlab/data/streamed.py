@@ -169,25 +169,46 @@ class StreamedSplit(torch.utils.data.Dataset):
                 f"{hours:.2f} h; read per batch)")
 
 
-def _lengths_cache(manifest: Manifest) -> tuple[Path, str]:
-    """Where the header lengths of a manifest's mixtures are cached, and the checksum of what they depend on
-    (the mixture list's bytes and the utterances kept): a file changed in place after that is caught when it is
-    read (its length no longer matches)."""
+def _lengths_cache(manifest: Manifest, beside: bool = True) -> tuple[list[Path], str]:
+    """Where the header lengths of a manifest's mixtures are cached (beside the mixture list, then in the user
+    cache folder; only there for a corpus tree read in place, ``beside=False``), and the checksum of what they
+    depend on (the list's bytes and the utterances kept): a file changed in place after that is caught when it
+    is read (its length no longer matches)."""
+    from .statcache import user_cache
+
     mix = manifest.mix
-    digest = hashlib.sha256(Path(mix.path).read_bytes() + mix.prefix.encode() + mix.suffixes.tobytes()).hexdigest()
-    return Path(mix.path).with_suffix(".samples.npz"), digest
+    listed = Path(mix.path).read_bytes() if beside else b""
+    digest = hashlib.sha256(listed + mix.prefix.encode() + mix.suffixes.tobytes()).hexdigest()
+    home = user_cache() / "samples" / f"{digest}.npz"
+    return ([Path(mix.path).with_suffix(".samples.npz"), home] if beside else [home]), digest
 
 
-def header_samples(manifest: Manifest, on_bad_data: str) -> tuple[Manifest, np.ndarray, list[Skipped]]:
-    """Samples of every mixture from its WAV header (cached beside the list: ``mix_<set>.samples.npz``); bad headers
-    raise, or are skipped (left out and returned)."""
-    cache, digest = _lengths_cache(manifest)
-    try:
-        with np.load(cache) as found:
-            if str(found["checksum"]) == digest and len(found["samples"]) == len(manifest):
-                return manifest, found["samples"].astype(np.int64), []
-    except (OSError, KeyError, ValueError):
-        pass  # no cache, or another one: read the headers
+def _save_lengths(paths: list[Path], samples: np.ndarray, digest: str) -> Path | None:
+    """Write the lengths to the first writable path (a read-only corpus folder goes to the user cache)."""
+    for path in paths:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
+            np.savez(tmp, samples=samples, checksum=np.array(digest))
+            tmp.replace(path)  # atomic: ranks reading the same corpus never see half a file
+            return path
+        except OSError:
+            continue
+    return None
+
+
+def header_samples(manifest: Manifest, on_bad_data: str,
+                   beside: bool = True) -> tuple[Manifest, np.ndarray, list[Skipped]]:
+    """Samples of every mixture from its WAV header (cached beside the list as ``mix_<set>.samples.npz``, else in
+    the user cache folder; see :func:`_lengths_cache`); bad headers raise, or are skipped (left out and returned)."""
+    caches, digest = _lengths_cache(manifest, beside)
+    for cache in caches:
+        try:
+            with np.load(cache) as found:
+                if str(found["checksum"]) == digest and len(found["samples"]) == len(manifest):
+                    return manifest, found["samples"].astype(np.int64), []
+        except (OSError, KeyError, ValueError):
+            pass  # no cache, or another one: read the headers
     samples = np.zeros(len(manifest), dtype=np.int64)
     skipped = []
     mix = manifest.mix
@@ -198,13 +219,8 @@ def header_samples(manifest: Manifest, on_bad_data: str) -> tuple[Manifest, np.n
             if on_bad_data != "skip":
                 raise
             skipped.append(Skipped(manifest.name(i), mix.where(i), str(err)))
-    if not skipped:  # a read-only corpus folder just goes without the cache
-        try:
-            tmp = cache.with_name(f"{cache.stem}.tmp{os.getpid()}.npz")
-            np.savez(tmp, samples=samples, checksum=np.array(digest))
-            tmp.replace(cache)
-        except OSError:
-            pass
+    if not skipped:
+        _save_lengths(caches, samples, digest)
     if len(skipped) == len(manifest):
         raise DataError(f"every utterance of the list was skipped as bad data (first: {skipped[0].reason})")
     if skipped:

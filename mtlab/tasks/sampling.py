@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -95,7 +96,7 @@ def bucket_batches(
 ) -> list[list[int]]:
     """The batches (lists of example indices) of one epoch."""
     n = len(lengths)
-    order = sorted(range(n), key=lambda i: (lengths[i], i))
+    order = np.argsort(np.asarray(lengths), kind="stable").tolist()  # by length, ties by index; fast at 10^5
     nb = max(1, min(numbuckets, n))
     bounds = [round(k * n / nb) for k in range(nb + 1)]
     gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(epoch)) % (2**63))
