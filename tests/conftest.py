@@ -9,6 +9,10 @@ import pytest  # noqa: E402
 import os  # noqa: E402
 
 os.environ.setdefault("LOKY_MAX_CPU_COUNT", "1")  # scikit-learn's k-means would count cores in a subprocess
+if "MTLAB_CACHE" not in os.environ:  # parsed lists, header lengths, statistics: not in the user's own cache
+    import tempfile
+
+    os.environ["MTLAB_CACHE"] = tempfile.mkdtemp(prefix="mtlab-test-cache-")
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 

@@ -178,3 +178,21 @@ def test_feature_inputs_the_loader_cannot_honour_are_errors(tmp_path: Path) -> N
     split = load_split(split="train", linkedset="clean", feature_inputs=lists, stream=True, mvn="none",
                        progress=False)
     assert split[0]["recs1"].shape == split[0]["features"].shape
+
+
+def test_feature_inputs_survive_the_manifest_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second load reads the parsed lists from the user cache: the other inputs' column must come back too."""
+    from mtlab.data import data_samples_dir, load_split
+
+    monkeypatch.setenv("MTLAB_CACHE", str(tmp_path / "cache"))
+    lists = {"recs1": str(data_samples_dir() / "train" / "s1.scp")}
+    first = load_split(split="train", linkedset="clean", feature_inputs=lists, stream=True, mvn="none", progress=False)
+    assert list((tmp_path / "cache" / "manifests").glob("*.npz")), "the first load caches the parsed lists"
+    again = load_split(split="train", linkedset="clean", feature_inputs=lists, stream=True, mvn="none", progress=False)
+    assert len(again.manifest.inputs) == 1
+    assert again.manifest.inputs[0].path == first.manifest.inputs[0].path
+    for i in (0, len(first) - 1):
+        torch.testing.assert_close(again[i]["recs1"], first[i]["recs1"])
+    # without the other input the same lists are another manifest (no input column)
+    plain = load_split(split="train", linkedset="clean", stream=True, mvn="none", progress=False)
+    assert plain.manifest.inputs == ()
