@@ -1,7 +1,7 @@
 """Plain ``nn.Module`` building blocks usable as graph nodes, by name for recipes (``MODELS``).
 
 ``blocks`` holds the generic ones, ``recurrent`` the original's recurrent models, ``cnn`` its encoder-decoder CNN,
-``heads`` the source-separation heads.
+``capsule`` its capsule network, ``heads`` the source-separation heads.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from .blocks import BLSTM, Concat, Constant, Dense, FeedForward, Linear, MeanPool
+from .capsule import CapsNet
 from .cnn import EncoderDecoderCNN
 from .heads import Attractor, DeepClusteringHead, MaskHead
 from .recurrent import BRNN, LeakyBLSTM, ResetBLSTM, ResetBLSTMInsert
@@ -19,7 +20,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "Concat": Concat, "ResetBLSTM": ResetBLSTM,
     "ResetBLSTMInsert": ResetBLSTMInsert, "LeakyBLSTM": LeakyBLSTM, "BRNN": BRNN,
     "DeepClusteringHead": DeepClusteringHead, "MaskHead": MaskHead, "Constant": Constant, "Attractor": Attractor,
-    "EncoderDecoderCNN": EncoderDecoderCNN,
+    "EncoderDecoderCNN": EncoderDecoderCNN, "CapsNet": CapsNet,
 }
 
 
@@ -30,6 +31,23 @@ def build_model(type_name: str, **settings: object) -> nn.Module:
     return build("model", MODELS, type_name, settings)
 
 
-__all__ = ["Attractor", "BLSTM", "BRNN", "Concat", "Constant", "Dense", "DeepClusteringHead", "EncoderDecoderCNN",
-           "FeedForward", "LeakyBLSTM", "Linear", "MODELS", "MaskHead", "MeanPool", "ResetBLSTM", "ResetBLSTMInsert",
-           "build_model"]
+__all__ = [
+    "BLSTM",
+    "BRNN",
+    "MODELS",
+    "Attractor",
+    "CapsNet",
+    "Concat",
+    "Constant",
+    "DeepClusteringHead",
+    "Dense",
+    "EncoderDecoderCNN",
+    "FeedForward",
+    "LeakyBLSTM",
+    "Linear",
+    "MaskHead",
+    "MeanPool",
+    "ResetBLSTM",
+    "ResetBLSTMInsert",
+    "build_model",
+]

@@ -11,13 +11,13 @@ from typing import Any
 from ..base.errors import ConfigError
 
 RECURRENT = ("BLSTM", "ResetBLSTM", "ResetBLSTMInsert", "LeakyBLSTM", "BRNN")
-KNOWN = (*RECURRENT, "Dense", "Constant", "Concat", "EncoderDecoderCNN", "Attractor")
+KNOWN = (*RECURRENT, "Dense", "Constant", "Concat", "EncoderDecoderCNN", "Attractor", "CapsNet")
 
 
 def shrink(recipe: dict[str, Any], cap: int) -> None:
     """Cap hidden sizes (BLSTM units, Dense layers that are no task output) at ``cap`` (a CNN's channels at
-    ``cap // 4``, its kernels at 3 x 3) and fix the input sizes that follow from them, walking each task's graph
-    as the importer does."""
+    ``cap // 4``, its kernels at 3 x 3; a CapsNet's capsules at ``cap // 4`` of at most 4 dimensions) and fix the
+    input sizes that follow from them, walking each task's graph as the importer does."""
     if cap < 1:
         raise ConfigError(f"--shrink {cap}: the cap on hidden sizes must be at least 1")
     other = sorted({m["type"] for m in recipe["models"].values()} - set(KNOWN))
@@ -67,6 +67,12 @@ def shrink(recipe: dict[str, Any], cap: int) -> None:
                         spec[key] = [min(k, 3) for k in spec[key]] if key == "centre_kernel" else \
                             [[min(k, 3) for k in pair] for pair in spec[key]]
                 out = spec["output_filters"]
+            elif spec["type"] == "CapsNet":
+                # routing costs num_capsules^2 * capsule_dim^2 per frame and layer: cap // 4 capsules of at most
+                # 4 dimensions keep num_capsules * capsule_dim within the cap
+                spec["num_capsules"] = min(spec["num_capsules"], max(1, cap // 4))
+                spec["capsule_dim"] = min(spec["capsule_dim"], 4)
+                out = spec["num_capsules"] * spec["capsule_dim"]
             elif spec["type"] == "Attractor":
                 out = dims[0] // spec["bins"] if dims[0] is not None else None
             else:  # Concat
