@@ -31,23 +31,6 @@ def build_model(type_name: str, **settings: object) -> nn.Module:
     return build("model", MODELS, type_name, settings)
 
 
-__all__ = [
-    "BLSTM",
-    "BRNN",
-    "MODELS",
-    "Attractor",
-    "CapsNet",
-    "Concat",
-    "Constant",
-    "DeepClusteringHead",
-    "Dense",
-    "EncoderDecoderCNN",
-    "FeedForward",
-    "LeakyBLSTM",
-    "Linear",
-    "MaskHead",
-    "MeanPool",
-    "ResetBLSTM",
-    "ResetBLSTMInsert",
-    "build_model",
-]
+__all__ = ["Attractor", "BLSTM", "BRNN", "CapsNet", "Concat", "Constant", "DeepClusteringHead", "Dense",
+           "EncoderDecoderCNN", "FeedForward", "LeakyBLSTM", "Linear", "MODELS", "MaskHead", "MeanPool", "ResetBLSTM",
+           "ResetBLSTMInsert", "build_model"]
