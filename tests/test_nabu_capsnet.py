@@ -292,3 +292,112 @@ def test_a_recipe_with_the_capsnet_trains_a_step(tmp_path: Path) -> None:
     before = [p.detach().clone() for p in net.parameters()]
     exp.trainer.step()
     assert all(not torch.equal(a, b) for a, b in zip(before, net.parameters()))
+
+
+# ---------------------------------------------------------------- dbr_capsnet: the recurrent capsule network
+def original_rnn_linear_out(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """``RNNCellLinearOut`` over one sequence [t, in]: output ``[x, h] W + b``, state its tanh."""
+    h = np.zeros(kernel.shape[1])
+    out = []
+    for frame in x:
+        gate_inputs = np.concatenate([frame, h]) @ kernel + bias
+        out.append(gate_inputs)
+        h = np.tanh(gate_inputs)
+    return np.array(out)
+
+
+def original_rec_capsule_cell(inputs: np.ndarray, state: np.ndarray, w: dict, routing_iters: int,
+                              rec_only_vote: bool, probability: str, acc_in: bool, acc_state: bool) -> np.ndarray:
+    """``RecCapsuleCell.call`` / ``RecCapsuleCellRecOnlyVote.call`` for one frame of one sequence (shared axes
+    none): predict with einsum 'wx,wxyz->wyz', logits from the init variables, the while loop, the final m step."""
+    u = np.einsum("wx,wxyz->wyz", inputs, w["input_kernel"])
+    v = np.einsum("wx,wxyz->wyz", state, w["recurrent_kernel"])
+    init_in, init_state = w["init_input_logits"], w["init_recurrent_logits"]
+
+    def rec_prob(l: np.ndarray) -> np.ndarray:
+        return 1 / (1 + np.exp(-l)) if probability == "sigmoid" else np.ones_like(l)
+
+    def m_step(in_l: np.ndarray, state_l: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        in_caps = np.sum(original_softmax(in_l)[..., None] * u, -3)
+        state_caps = np.sum(rec_prob(state_l)[..., None] * v, -3)
+        return in_caps + state_caps, in_caps, state_caps
+
+    in_l, state_l = init_in, init_state
+    for _ in range(routing_iters):
+        caps = original_squash(m_step(in_l, state_l)[0])
+        in_sim = np.sum(u * caps[None], -1)
+        state_sim = np.sum(v * caps[None], -1)
+        if not rec_only_vote:  # RecCapsuleCell's body always accumulates
+            in_l, state_l = in_l + in_sim, state_l + state_sim
+        else:
+            in_l = in_l + in_sim if acc_in else in_sim + init_in
+            state_l = state_l + state_sim if acc_state else state_sim + init_state
+    caps, in_caps, _ = m_step(in_l, state_l)
+    return original_squash(in_caps if rec_only_vote else caps)
+
+
+def original_bidirectional(x: np.ndarray, length: int, run_fw, run_bw) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """``bidirectional_dynamic_rnn`` on one padded sequence: each direction over its first ``length`` frames (the
+    backward one reversed), zeros after, outputs joined on the first axis after time."""
+    fw, bw = run_fw(x[:length]), run_bw(x[:length][::-1])[::-1]
+    out = np.concatenate([fw, bw], axis=1)
+    return np.concatenate([out, np.zeros((x.shape[0] - length, *out.shape[1:]))])
+
+
+def original_dbr_capsnet(x: np.ndarray, lengths: list[int], model: torch.nn.Module, settings: dict) -> np.ndarray:
+    """``DBRCapsNet._get_outputs`` in test mode, utterance by utterance, with ``model``'s weights."""
+    n, d = settings["num_capsules"], settings["capsule_dim"]
+    prim = [(lin.weight.detach().numpy().T, lin.bias.detach().numpy()) for lin in model.primary]
+    layers = [[{k: v.detach().numpy() for k, v in [*cell.named_parameters(), *cell.named_buffers()]}
+               for cell in cells] for cells in model.layers]
+    flags = (settings.get("routing_iters", 3), settings.get("rec_only_vote", False),
+             settings.get("recurrent_probability", "sigmoid"), settings.get("accumulate_input_logits", True),
+             settings.get("accumulate_state_logits", True))
+    outs = []
+    for b, length in enumerate(lengths):
+        h = original_bidirectional(x[b], length, lambda s: original_rnn_linear_out(s, *prim[0]),
+                                   lambda s: original_rnn_linear_out(s, *prim[1]))
+        h = original_squash(h.reshape(x.shape[1], 2 * n, d))
+        for cells in layers:
+            def run(w: dict):  # type: ignore[no-untyped-def]
+                def go(seq: np.ndarray) -> np.ndarray:
+                    state, out = np.zeros((n, d)), []
+                    for frame in seq:
+                        state = original_rec_capsule_cell(frame, state, w, *flags)
+                        out.append(state)
+                    return np.array(out).reshape(len(seq), n, d)
+                return go
+            h = original_bidirectional(h, length, run(cells[0]), run(cells[1]))
+        outs.append(h.reshape(x.shape[1], 2 * n * d))
+    return np.stack(outs)
+
+
+DBR_CASES = {
+    "recipe": {"input_dim": 6, "num_capsules": 3, "capsule_dim": 2, "num_layers": 2, "routing_iters": 3,
+               "rec_only_vote": True, "recurrent_probability": "sigmoid", "accumulate_input_logits": True,
+               "accumulate_state_logits": False},
+    "plain-cell": {"input_dim": 5, "num_capsules": 2, "capsule_dim": 3, "num_layers": 3, "routing_iters": 2},
+    "unit-no-accumulation": {"input_dim": 4, "num_capsules": 3, "capsule_dim": 2, "num_layers": 2,
+                             "routing_iters": 3, "rec_only_vote": True, "recurrent_probability": "unit",
+                             "accumulate_input_logits": False, "accumulate_state_logits": False},
+}
+
+
+@pytest.mark.parametrize("name", DBR_CASES)
+def test_dbr_capsnet_matches_the_numpy_oracle_of_the_original(name: str) -> None:
+    from mtlab.models import DBRCapsNet
+
+    settings = DBR_CASES[name]
+    torch.manual_seed(0)
+    model = DBRCapsNet(**settings).double().eval()
+    with torch.no_grad():  # nonzero biases and initial logits, so each is checked
+        for p in [*model.parameters(), *model.buffers()]:
+            if p.dim() <= 2:
+                p.copy_(0.3 * torch.randn_like(p))
+    x = np.random.default_rng(1).normal(size=(3, 6, settings["input_dim"]))
+    lengths = [6, 4, 1]
+    got = model(torch.from_numpy(x), torch.tensor(lengths)).detach().numpy()
+    want = original_dbr_capsnet(x, lengths, model, settings)
+    assert got.shape == (3, 6, 2 * settings["num_capsules"] * settings["capsule_dim"])
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    assert np.abs(want[:, :1]).max() > 1e-3 and not got[1, 4:].any()

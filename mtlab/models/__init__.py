@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from .blocks import BLSTM, Concat, Constant, Dense, FeedForward, Linear, MeanPool
-from .capsule import CapsNet
+from .capsule import CapsNet, DBRCapsNet
 from .cnn import EncoderDecoderCNN
 from .heads import Attractor, DeepClusteringHead, MaskHead
 from .recurrent import BRNN, LeakyBLSTM, ResetBLSTM, ResetBLSTMInsert
@@ -21,6 +21,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "ResetBLSTMInsert": ResetBLSTMInsert, "LeakyBLSTM": LeakyBLSTM, "BRNN": BRNN,
     "DeepClusteringHead": DeepClusteringHead, "MaskHead": MaskHead, "Constant": Constant, "Attractor": Attractor,
     "EncoderDecoderCNN": EncoderDecoderCNN, "CapsNet": CapsNet,
+    "DBRCapsNet": DBRCapsNet,
 }
 
 
@@ -31,6 +32,6 @@ def build_model(type_name: str, **settings: object) -> nn.Module:
     return build("model", MODELS, type_name, settings)
 
 
-__all__ = ["Attractor", "BLSTM", "BRNN", "CapsNet", "Concat", "Constant", "DeepClusteringHead", "Dense",
-           "EncoderDecoderCNN", "FeedForward", "LeakyBLSTM", "Linear", "MODELS", "MaskHead", "MeanPool", "ResetBLSTM",
-           "ResetBLSTMInsert", "build_model"]
+__all__ = ["Attractor", "BLSTM", "BRNN", "CapsNet", "Concat", "Constant", "DBRCapsNet", "DeepClusteringHead",
+           "Dense", "EncoderDecoderCNN", "FeedForward", "LeakyBLSTM", "Linear", "MODELS", "MaskHead", "MeanPool",
+           "ResetBLSTM", "ResetBLSTMInsert", "build_model"]
