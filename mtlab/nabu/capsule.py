@@ -1,4 +1,4 @@
-"""model.cfg's ``capsnet`` as an :class:`mtlab.models.CapsNet` spec."""
+"""model.cfg's ``capsnet`` and ``dbr_capsnet`` as :class:`mtlab.models.CapsNet` and ``DBRCapsNet`` specs."""
 
 from __future__ import annotations
 
@@ -48,3 +48,33 @@ def capsnet_spec(imp: Importer, where: str, conf: Mapping[str, str], input_dims:
     if input_dims[0] is None:
         imp.refuse(file, where, "the size of its input is unknown (it comes from data or a model mtlab cannot build)")
     return spec, num_capsules * capsule_dim
+
+
+DBR_KEYS = KEYS | {"rec_only_vote", "recurrent_probability_fn", "accumulate_input_logits", "accumulate_state_logits"}
+# Keys some recipes hold that the original's dbr_capsnet never reads (a misspelling of accumulate_input_logits).
+DBR_UNREAD = ("accumulate_inputs_logits",)
+
+
+def dbr_capsnet_spec(imp: Importer, where: str, conf: Mapping[str, str], input_dims: list[int | None]
+                     ) -> tuple[dict[str, Any], int | None]:
+    """(DBRCapsNet spec, output size per frame) of one ``dbr_capsnet`` section."""
+    file = "model.cfg"
+    path = imp.folder / file
+    for key in conf:
+        if key not in DBR_KEYS and key not in DBR_UNREAD:
+            raise imp.unknown(file, where, key, sorted(DBR_KEYS))
+        if key in DBR_UNREAD:
+            imp.defaults.append(f"{where} {key}: the original's dbr_capsnet never reads it (it reads "
+                                "accumulate_input_logits), so the input logits accumulate, its default, as there")
+    plain = {k: v for k, v in conf.items() if k in KEYS}
+    spec, out = capsnet_spec(imp, where, plain, input_dims)
+    probability = conf.get("recurrent_probability_fn", "sigmoid")  # absent: the cell's default, sigmoid
+    if probability not in ("sigmoid", "unit"):
+        raise ConfigError(f"{path}: {where} recurrent_probability_fn = {probability!r}: the original's dbr_capsnet "
+                          "knows sigmoid and unit")
+    spec.update(type="DBRCapsNet", rec_only_vote=conf.get("rec_only_vote", "False") == "True",
+                recurrent_probability=probability,
+                # only 'False' switches accumulation off in the original
+                accumulate_input_logits=conf.get("accumulate_input_logits", "True") != "False",
+                accumulate_state_logits=conf.get("accumulate_state_logits", "True") != "False")
+    return spec, None if out is None else 2 * out

@@ -100,7 +100,7 @@ deepclusteringnoise_alpha_as_weight deepclusteringnoise_snr_target deepclusterin
 deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split())
 ARCHITECTURES = ("dblstm", "dbresetlstm", "dbresetlstm_insert_additional_input", "linear", "feedforward", "concat", "constant_generator",
                  "leaky_dblstm", "leaky_dblstm_notrec", "leaky_dblstm_iznotrec", "dbrnn", "encoder_decoder_cnn",
-                 "attractor", "capsnet")
+                 "attractor", "capsnet", "dbr_capsnet")
 # The original's leaky LSTMs: which of their cell's gates read the recurrent output (LeakyBLSTM's recurrent).
 LEAKY_RECURRENT = {"leaky_dblstm": "all", "leaky_dblstm_iznotrec": "forget_output", "leaky_dblstm_notrec": "none"}
 # Processor configs some recipes name but the repository lacks, with the settings every copy it has holds
@@ -275,10 +275,10 @@ class Importer:
                 raise ConfigError(f"{self.folder / file}: {where} architecture {arch!r} reads one input (the "
                                   f"original raises otherwise), its nodes give {len(input_dims)}")
             return encoder_decoder_spec(self, where, conf)
-        if arch == "capsnet":  # its keys and sizes: mtlab.nabu.capsule
-            from .capsule import capsnet_spec
+        if arch in ("capsnet", "dbr_capsnet"):  # their keys and sizes: mtlab.nabu.capsule
+            from .capsule import capsnet_spec, dbr_capsnet_spec
 
-            return capsnet_spec(self, where, conf, input_dims)
+            return (capsnet_spec if arch == "capsnet" else dbr_capsnet_spec)(self, where, conf, input_dims)
         known = {"architecture", "input_noise", "dropout", "trainable"}
         if flag("trainable", "True") != "True":
             self.refuse(file, f"{where} trainable", "frozen models: mtlab trains every model a task uses")

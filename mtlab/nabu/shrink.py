@@ -11,7 +11,7 @@ from typing import Any
 from ..base.errors import ConfigError
 
 RECURRENT = ("BLSTM", "ResetBLSTM", "ResetBLSTMInsert", "LeakyBLSTM", "BRNN")
-KNOWN = (*RECURRENT, "Dense", "Constant", "Concat", "EncoderDecoderCNN", "Attractor", "CapsNet")
+KNOWN = (*RECURRENT, "Dense", "Constant", "Concat", "EncoderDecoderCNN", "Attractor", "CapsNet", "DBRCapsNet")
 
 
 def shrink(recipe: dict[str, Any], cap: int) -> None:
@@ -67,12 +67,12 @@ def shrink(recipe: dict[str, Any], cap: int) -> None:
                         spec[key] = [min(k, 3) for k in spec[key]] if key == "centre_kernel" else \
                             [[min(k, 3) for k in pair] for pair in spec[key]]
                 out = spec["output_filters"]
-            elif spec["type"] == "CapsNet":
+            elif spec["type"] in ("CapsNet", "DBRCapsNet"):
                 # routing costs num_capsules^2 * capsule_dim^2 per frame and layer: cap // 4 capsules of at most
                 # 4 dimensions keep num_capsules * capsule_dim within the cap
                 spec["num_capsules"] = min(spec["num_capsules"], max(1, cap // 4))
                 spec["capsule_dim"] = min(spec["capsule_dim"], 4)
-                out = spec["num_capsules"] * spec["capsule_dim"]
+                out = spec["num_capsules"] * spec["capsule_dim"] * (2 if spec["type"] == "DBRCapsNet" else 1)
             elif spec["type"] == "Attractor":
                 out = dims[0] // spec["bins"] if dims[0] is not None else None
             else:  # Concat
