@@ -11,6 +11,7 @@ import torch
 
 import mtlab
 from mtlab.nabu import import_nabu, plain_recipe, toml_text, write_toml
+from mtlab.tasks.task import applied_weight
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -248,6 +249,8 @@ def test_trainer_section_stages_and_stopping(recipe_dir: Path) -> None:
     assert (t["relative_improvement_threshold"], t["relative_improvement_after_step"]) == (0.004, 1000)
     assert t["relative_improvement_window"] == 0 and t["num_tries"] == 3  # the window is num_tries
     assert "unsupported" not in r["nabu"]
+    # the original's update: TensorFlow 1's Adam, named in the recipe and its description
+    assert t["optimizer"] == "adam_tf1" and "tf.train.AdamOptimizer" in r["description"]
 
 
 def test_num_tries_none_and_a_single_full_stage(tmp_path: Path) -> None:
@@ -279,9 +282,10 @@ def test_tasks_graph_data_keys_and_linked_sets(recipe_dir: Path) -> None:
     assert dc["linkedsets"]["set0"] == {"weight": 1.0, "data": {"root": "/data/2speakers/wav8k/min", "split": "tr",
                                                                 "linkedset": "wav", "spectral": original_stft},
                                         "valid": {"split": "cv"}}
-    # linked sets with weights relative to the first; validation attached to the first set
+    # linked-set weights as written (2 1), applied relative to the first set; validation attached to the first set
     assert set(pit["linkedsets"]) == {"clean", "noisy"}
-    assert pit["linkedsets"]["clean"]["weight"] == 1.0 and pit["linkedsets"]["noisy"]["weight"] == 0.5
+    assert pit["linkedsets"]["clean"]["weight"] == 2.0 and pit["linkedsets"]["noisy"]["weight"] == 1.0
+    assert r["trainer"]["linkedset_weights"] == "relative"
     assert pit["linkedsets"]["noisy"]["data"]["linkedset"] == "noisy"
     assert pit["linkedsets"]["clean"]["valid"] == {"split": "cv"} and "valid" not in pit["linkedsets"]["noisy"]
     assert dc["trainset_frac"] == 0.5 and "trainset_frac" not in pit
@@ -372,6 +376,11 @@ def test_an_imported_recipe_builds_and_trains_a_step(tmp_path: Path) -> None:
     exp = mtlab.from_recipe(plain_recipe(r))
     assert [s["segment_length"] for s in exp.schedule.stages] == [100, "full"]
     trainer = exp.trainer
+    # the original's update: one TensorFlow-1 Adam per task (acc_steps), linked sets relative to the first (2 1)
+    assert trainer.optimizer_name == "adam_tf1" and trainer.linkedset_weights == "relative"
+    assert {type(o).__name__ for o in trainer.task_optimizers.values()} == {"AdamTF1"}
+    pit = trainer.tasks["task_pit"]
+    assert [applied_weight(pit, s, "relative") for s in ("clean", "noisy")] == [1.0, 0.5]
     # the linked sets read their audio with the original's STFT (sine window, snip framing, int16 scale)
     from mtlab.data import read_wav
     from mtlab.data.features import ORIGINAL
@@ -383,6 +392,7 @@ def test_an_imported_recipe_builds_and_trains_a_step(tmp_path: Path) -> None:
     before = {k: p.detach().clone() for k, p in trainer.models["main"].named_parameters()}
     trainer.step()
     assert any(not torch.equal(before[k], p) for k, p in trainer.models["main"].named_parameters())
+    assert {r.linkedset: r.weight for r in trainer.state("task_pit").records} == {"clean": 1.0, "noisy": 0.5}
     assert isinstance(trainer.models["outlayer"], mtlab.models.Dense)
     assert files == sorted(str(p) for p in root.rglob("*") if not p.name.endswith((".stats.json", ".samples.npz")))
 

@@ -378,7 +378,9 @@ def _import_nabu(args: argparse.Namespace) -> int:
     recipe = import_nabu(args.recipe_dir, data_root=args.data_root, strict=not args.lenient)
     path = write_toml(recipe, args.output)
     refused = recipe["nabu"].get("unsupported", [])
-    print(f"{path}: {len(recipe['tasks'])} task(s), {len(recipe['models'])} model(s)"
+    print(f"{path}: {len(recipe['tasks'])} task(s), {len(recipe['models'])} model(s); trains with the original's "
+          f"update: optimizer = {recipe['trainer']['optimizer']!r} (TensorFlow 1's Adam), linkedset_weights = "
+          f"{recipe['trainer']['linkedset_weights']!r}"
           + (f"; {len(refused)} setting(s) mtlab cannot honour, listed under [nabu] unsupported" if refused else ""))
     return 0
 

@@ -451,7 +451,8 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                           normalize_weights_acc_steps=settings["normalize_weights_acc_steps"],
                           combine=settings["combine"], clip_grad_norm=settings["clip_grad_norm"] or None,
                           clip_grad_percentile=settings["clip_grad_percentile"] or None,
-                          precision=settings["precision"], compile=settings["compile"])
+                          precision=settings["precision"], compile=settings["compile"],
+                          optimizer=settings["optimizer"], linkedset_weights=settings["linkedset_weights"])
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
     if settings["init_file"] and init_weights:

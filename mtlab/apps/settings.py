@@ -69,6 +69,11 @@ TRAINER_KEYS: dict[str, Key] = {
     "task_weights": Key("floats", None, "weight of each task in the update, in task order"),
     "acc_steps": Key("bool", False, "one Adam per task (lr x task weight), applied one after another"),
     "normalize_weights_acc_steps": Key("bool", False, "acc_steps: divide by the summed weights of a parameter's tasks"),
+    "optimizer": Key("str", "adam", "mtlab: adam (torch's Adam) or adam_tf1 (the original's tf.train.AdamOptimizer: "
+                     "epsilon on the uncorrected sqrt(v); what imported recipes use)", choices=("adam", "adam_tf1")),
+    "linkedset_weights": Key("str", "absolute", "mtlab: linked-set weights as given (absolute) or divided by the "
+                             "task's first set's weight (relative, the original's; what imported recipes use)",
+                             choices=("absolute", "relative")),
     "seed": Key("int", 0, "mtlab: seeds model initialization, shuffling and noise", 0),
     "nonfinite": Key("str", "raise", "mtlab: a NaN/inf step raises, or is skipped", choices=("raise", "skip")),
     "device": Key("str", "auto", "mtlab: auto, cpu, cuda or cuda:N"),

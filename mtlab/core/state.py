@@ -197,6 +197,15 @@ def check_precision_state(state: dict[str, Any], mode: str) -> None:
                           "state taken between steps")
 
 
+def check_optimizer_state(state: dict[str, Any], name: str) -> None:
+    """Refuse a state whose optimizer state is another named optimizer's (torch's Adam and ``adam_tf1`` keep
+    moments of the same shapes, so it would load and continue silently with the other update)."""
+    saved = state.get("settings", {}).get("optimizer", "adam")
+    if saved != name and "custom" not in (saved, name):
+        raise ConfigError(f"the state was saved with optimizer={saved!r} and this trainer has optimizer={name!r}; "
+                          f"build it with optimizer={saved!r} (a recipe's [trainer] optimizer)")
+
+
 def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int = 0,
                  extra: dict[str, Any] | None = None) -> Path | None:
     """Write a trainer state (plus ``extra`` entries such as the recipe) atomically. Data parallel: only rank 0
@@ -238,7 +247,8 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
         "precision": tr.precision.state_dict(),
         "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,
                      "numbatches_to_aggregate": tr.numbatches_to_aggregate, "seed": tr.seed,
-                     "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps},
+                     "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps,
+                     "optimizer": tr.optimizer_name, "linkedset_weights": tr.linkedset_weights},
     })
 
 
@@ -248,6 +258,7 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, sou
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps)
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
     check_precision_state(state, tr.precision.mode)
+    check_optimizer_state(state, tr.optimizer_name)
     for k, m in tr.models.items():
         m.load_state_dict(state["models"][k])
     tr.update.load_state_dict(clone_tree(state["update"]))

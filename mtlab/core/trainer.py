@@ -31,9 +31,11 @@ from .history import History, step_row
 from .precision import Precision, compile_models
 from ..base.report import trainer_html
 from ..tasks.sampling import BatchStream, Streams
-from ..tasks.task import LinkedSet, Task, check_count, check_models, check_positive, check_tasks, check_weight
+from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
+                          check_positive, check_relative_weights, check_tasks, check_weight)
+from .optimizers import OptimizerFactory, optimizer_factory
 from .transforms import Chain
-from .update import OptimizerFactory, PerTaskUpdate, Update, make_adam
+from .update import PerTaskUpdate, Update
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -67,7 +69,10 @@ class Trainer:
     >>> trainer.step()  # the whole cycle for every task
 
     ``precision`` ("32", "bf16-mixed", "16-mixed" or ``{"type": ..., **GradScaler options}``) and ``compile``
-    are described in ``mtlab.core.precision``.
+    are described in ``mtlab.core.precision``. ``optimizer``: ``"adam"`` (torch's Adam, the default),
+    ``"adam_tf1"`` (the original's ``tf.train.AdamOptimizer``, ``mtlab.core.optimizers``) or a function
+    ``params -> torch.optim.Optimizer``. ``linkedset_weights``: ``"absolute"`` (the default: each linked set's
+    weight as given) or ``"relative"`` (divided by the task's first set's weight, as the original).
     """
 
     def __init__(self, models: Mapping[str, nn.Module], tasks: Sequence[Task] | Task, lr: float = 1e-3,
@@ -75,9 +80,9 @@ class Trainer:
                  numbatches_to_aggregate: int = 1, device: str | torch.device = "auto", seed: int = 0,
                  nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
-                 clip_grad_norm: float | None = None, optimizer: OptimizerFactory | None = None,
+                 clip_grad_norm: float | None = None, optimizer: str | OptimizerFactory | None = None,
                  combine: Any = None, clip_grad_percentile: float | None = None, precision: Any = "32",
-                 compile: bool = False) -> None:
+                 compile: bool = False, linkedset_weights: str = "absolute") -> None:
         check_models(models)
         tasks = check_tasks(tasks)
         check_count(numbatches_to_aggregate, "numbatches_to_aggregate", "minibatch rounds per step")
@@ -93,6 +98,10 @@ class Trainer:
         if self.compiled:
             compile_models(self.models)
         self.tasks: dict[str, Task] = {t.name: t for t in tasks}
+        self.linkedset_weights = check_linkedset_weights(linkedset_weights)
+        if self.linkedset_weights == "relative":
+            for t in tasks:
+                check_relative_weights(t)
         self.plans: dict[str, TaskPlan] = {t.name: TaskPlan(t, self.models, self.device) for t in tasks}
         self.numbatches_to_aggregate = numbatches_to_aggregate
         self.normalize_gradients = bool(normalize_gradients)
@@ -116,7 +125,7 @@ class Trainer:
         self._accs = {t: Accumulator(t, {n: self.params[n] for n in ps}, [n for n in ps if len(users[n]) > 1],
                                      self.device) for t, ps in self.task_params.items()}
         self.adam_options = dict(adam or {})
-        factory = optimizer or (lambda ps: make_adam(ps, lr=self.lr, **self.adam_options))
+        self.optimizer_name, factory = optimizer_factory(optimizer, lambda: self.lr, self.adam_options)
         self.update: Update | PerTaskUpdate = (
             PerTaskUpdate({t: {n: self.params[n] for n in ps} for t, ps in self.task_params.items()}, users,
                           factory, self.normalize_weights_acc_steps) if self.acc_steps
@@ -180,7 +189,10 @@ class Trainer:
     def set_weight(self, task: str, linkedset: str, weight: float) -> None:
         """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""
         ls = self.linkedset(task, linkedset)
-        ls.weight = check_weight(weight, f"weight of linked set {linkedset!r} of task {task!r}")
+        weight = check_weight(weight, f"weight of linked set {linkedset!r} of task {task!r}")
+        if self.linkedset_weights == "relative":
+            check_relative_weights(self.tasks[task], {linkedset: weight})
+        ls.weight = weight
         self.events.emit("weight", {"task": task, "linkedset": linkedset, "weight": ls.weight})
 
     def set_task_weight(self, task: str, weight: float) -> None:
@@ -295,7 +307,7 @@ class Trainer:
             if acc.position > 0 and acc.phase is not Phase.APPLIED:
                 raise PhaseError(f"task {task!r} is {acc.phase}; call apply() to finish this step "
                                  f"(or reset({task!r}) to discard it) before processing more minibatches")
-            weight = ls.weight  # read once: a slider may move it while we run
+            weight = applied_weight(t, linkedset, self.linkedset_weights)  # read once: a slider may move it
             stream_state = None
             if batch is None:
                 stream = self.streams.get_stream(t, linkedset)

@@ -35,10 +35,10 @@ from .accumulator import Accumulator
 from ..base.errors import ConfigError
 from ..base.registry import Registry, add_plugin, build
 from ..tasks.sampling import derived_seed
+from .optimizers import OptimizerFactory, make_adam  # noqa: F401 (make_adam: re-exported for its users)
 
 logger = logging.getLogger("mtlab")
 
-OptimizerFactory = Callable[[list[Any]], torch.optim.Optimizer]
 
 # Fused optimizers accept a device-side ``found_inf`` (as torch.amp.GradScaler uses) from torch 2.4 on.
 _FOUND_INF_MIN = (2, 4)
@@ -50,7 +50,10 @@ def _torch_version() -> tuple[int, int]:
 
 
 def skips_on_device(opt: torch.optim.Optimizer) -> bool:
-    """Whether ``opt`` can skip a step on the device from a ``found_inf`` tensor (no host sync)."""
+    """Whether ``opt`` can skip a step on the device from a ``found_inf`` tensor (no host sync): torch's fused
+    optimizers (torch 2.4 on) and mtlab's own that say so (``takes_found_inf``, e.g. ``AdamTF1``)."""
+    if getattr(opt, "takes_found_inf", False):
+        return True
     return bool(opt.defaults.get("fused")) and _torch_version() >= _FOUND_INF_MIN
 
 
@@ -70,15 +73,6 @@ def optimizer_step(opt: torch.optim.Optimizer, found_inf: Tensor | None) -> None
             del opt.found_inf  # type: ignore[attr-defined]
     elif not bool(found_inf):  # sync point: this optimizer cannot skip on the device
         opt.step()
-
-
-def make_adam(params: list[Any], lr: float, **options: Any) -> torch.optim.Optimizer:
-    """torch's Adam; fused where every parameter allows it (so a non-finite step is skipped on the device)."""
-    flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
-    opts = dict(options)
-    if "fused" not in opts and "foreach" not in opts:
-        opts["fused"] = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in flat)
-    return torch.optim.Adam(params, lr=lr, **opts)
 
 
 Weight = float | Tensor  # a task's weight in the combination: a number, or a 0-d tensor when a weighting scales it

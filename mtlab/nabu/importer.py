@@ -8,7 +8,9 @@ The folder's ``trainer.cfg`` (``[trainer]`` and the ``[task_*]`` sections), ``mo
 read. The result is an mtlab recipe (``trainer``, ``models``, ``tasks``: what ``mtlab.recipe`` reads):
 per-stage values become ``[trainer] stages`` (the ``segment_lengths`` curriculum), the original's
 stopping rules are switched on (``best_model_final``, ``validate_at_step_0``, the relative-improvement
-stop, ``per_task_validation`` under ``acc_steps``), ``init_file``, ``num_tries = None`` (``"none"``) and
+stop, ``per_task_validation`` under ``acc_steps``), the original's update is chosen
+(``optimizer = "adam_tf1"``, TensorFlow 1's Adam, and ``linkedset_weights = "relative"``: weights as written,
+divided by the first set's), ``init_file``, ``num_tries = None`` (``"none"``) and
 ``trainset_frac`` are kept, ``database.conf`` paths are re-rooted under ``data_root`` and each linked
 set's data carries the STFT settings of its processors (``spectral``) and, where its target processors' ``nrs``
 is not 2, the speakers per mixture (``num_sources``: the loader reads s1 ... s<nrs>). ``recipe["nabu"]`` records the
@@ -32,6 +34,13 @@ from ..base.errors import ConfigError
 from .ini import read_ini, section, words
 
 SAMPLE_RATE = 8000  # the original recipes' corpora (wav8k)
+
+# The original's update, which mtlab's own recipes do not use by default: TensorFlow 1's Adam (epsilon on the
+# uncorrected sqrt(v); mtlab.core.optimizers.AdamTF1) and linked-set weights divided by the first set's.
+ORIGINAL_UPDATE = {"optimizer": "adam_tf1", "linkedset_weights": "relative"}
+ORIGINAL_UPDATE_NOTE = ("it trains with the original's tf.train.AdamOptimizer ([trainer] optimizer = \"adam_tf1\"; "
+                        "mtlab's own recipes use torch's Adam) and linked-set weights relative to the first set "
+                        "([trainer] linkedset_weights = \"relative\")")
 
 # The original's [trainer] keys: how each value is read. "stage" kinds may give one value per segment length.
 TRAINER_KEYS: dict[str, str] = {
@@ -204,6 +213,7 @@ class Importer:
         # the original's stopping rules (multi_task_trainer), which mtlab's schedule offers as settings
         plain.update(STOPPING)
         plain["per_task_validation"] = bool(plain.get("acc_steps", False))
+        plain.update(ORIGINAL_UPDATE)
         return plain, stages, extras
 
     def value(self, file: str, key: str, kind: str, text: str) -> Any:
@@ -650,7 +660,7 @@ class Importer:
             if len(weights) != len(sets) or weights[0] == 0:
                 raise ConfigError(f"{self.folder / file}: [{name}] linkedset_weighting needs one weight per linked "
                                   f"set ({len(sets)}), the first not 0")
-            weights = [w / weights[0] for w in weights]  # the original: relative to the first set
+            # kept as written: [trainer] linkedset_weights = "relative" divides by the first, as the original
         for set_name, weight in zip(sets, weights):
             sections: dict[str, dict[str, Any] | None] = {}
             for item in (*inputs, *targets):
@@ -781,7 +791,7 @@ def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: 
     models = size_models(imp, imp.models(mparser), tasks, len(stages))
     recipe: dict[str, Any] = {
         "name": folder.name,
-        "description": f"imported from the Nabu-MSSS recipe {folder}",
+        "description": f"imported from the Nabu-MSSS recipe {folder}; {ORIGINAL_UPDATE_NOTE}",
         "trainer": plain,
         "models": models,
         "tasks": tasks,

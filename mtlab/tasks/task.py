@@ -64,6 +64,40 @@ def check_weight(value: Any, what: str) -> float:
     return _number(value, what, lambda v: v >= 0 and math.isfinite(v), ">= 0 and finite")
 
 
+LINKEDSET_WEIGHTS = ("absolute", "relative")  # how a linked set's weight is applied (see applied_weight)
+
+
+def check_linkedset_weights(mode: Any) -> str:
+    if mode not in LINKEDSET_WEIGHTS:
+        raise ConfigError(f"linkedset_weights must be one of {LINKEDSET_WEIGHTS} (absolute: each set's weight as "
+                          f"given; relative: divided by the first set's weight, as Nabu-MSSS), got {mode!r}")
+    return str(mode)
+
+
+def applied_weight(task: "Task", linkedset: str, mode: str = "absolute") -> float:
+    """The factor on a minibatch's summed loss and norm from ``linkedset`` of ``task``.
+
+    ``"absolute"`` (mtlab's default): the set's weight as given. ``"relative"`` (Nabu-MSSS, what imported recipes
+    set): the weight divided by the first linked set's, so the first set always counts 1 (the original's
+    ``task_trainer.py:57-60``: ``linkedset_weighting /= linkedset_weighting[0]``)."""
+    w = task.linkedsets[linkedset].weight
+    if mode == "absolute" or w == 0.0:
+        return w
+    check_relative_weights(task)
+    return w / next(iter(task.linkedsets.values())).weight
+
+
+def check_relative_weights(task: "Task", changed: Mapping[str, float] | None = None) -> None:
+    """Refuse relative linked-set weights whose first set has weight 0 while another has not (the original
+    would divide by 0); ``changed`` checks weights about to be set, before setting them."""
+    weights = {k: ls.weight for k, ls in task.linkedsets.items()} | dict(changed or {})
+    first, *rest = weights
+    if weights[first] == 0.0 and any(weights[k] > 0 for k in rest):
+        raise ConfigError(f"task {task.name!r}: linked set weights are relative to the first set {first!r} "
+                          f"(linkedset_weights='relative'), so {first!r} needs a positive weight while another set "
+                          "has one; raise it, set the others to 0 too, or use linkedset_weights='absolute'")
+
+
 class LinkedSet:
     """A weighted data source for a task: ``LinkedSet(examples, weight=0.5)``.
 
