@@ -118,3 +118,28 @@ def test_mse_equals_the_previous_form_and_padding_gets_no_gradient():
     loss_all, norm_all = mtlab.losses.MSE(output="o", target="t")({"t": tgt}, {"o": clean.detach()}, {})
     torch.testing.assert_close(loss_all, ((clean.detach() - tgt) ** 2).sum())
     assert float(norm_all) == clean.numel()
+
+
+def test_cross_entropy_takes_the_originals_b_by_1_speaker_ids():
+    """The original as written, ``nabu/neuralnetworks/loss_computers/crossentropy_loss.py:33-39`` and
+    ``components/ops.py:1513-1520``::
+
+        spkids = tf.squeeze(targets['spkids'], 1)
+        logits = logits['spkest']
+        loss = tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=spkids, logits=logits))
+        norm = tf.to_float(batch_size)
+
+    transcribed in NumPy (a full batch: the original's norm is the configured batch size)."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(7)
+    logits, spkids = torch.randn(4, 6, generator=g, dtype=torch.float64), torch.randint(0, 6, (4, 1), generator=g)
+    z = logits.numpy()
+    labels = np.squeeze(spkids.numpy(), 1)
+    log_softmax = z - z.max(1, keepdims=True) - np.log(np.exp(z - z.max(1, keepdims=True)).sum(1, keepdims=True))
+    expected = -log_softmax[np.arange(4), labels].sum()
+    loss, norm = mtlab.losses.CrossEntropy(output="spkest", target="spkids")({"spkids": spkids}, {"spkest": logits}, {})
+    assert abs(float(loss) - expected) < 1e-12 and float(norm) == 4.0
+    with pytest.raises(mtlab.BatchError, match="frame-level target"):  # [B, 2] is not the original's form
+        mtlab.losses.CrossEntropy(output="o", target="y")({"y": torch.zeros(4, 2, dtype=torch.long)},
+                                                          {"o": logits}, {})

@@ -49,7 +49,9 @@ class CrossEntropy:
 
     Frame level when the target has a time axis (``target [B, T]``, ``output [B, T, C]``):
     padded frames are masked and ``norm`` is the number of valid frames. Utterance level when
-    the target has no time axis (``target [B]``, ``output [B, C]``): ``norm`` is the batch size.
+    the target has no time axis (``target [B]``, ``output [B, C]``): ``norm`` is the batch size. The
+    original's speaker ids ``[B, 1]`` with ``output [B, C]`` are utterance level too (its
+    ``crossentropy_loss.py:33`` squeezes that axis: ``tf.squeeze(targets['spkids'], 1)``).
     """
 
     def __init__(self, output: str, target: str) -> None:
@@ -64,6 +66,8 @@ class CrossEntropy:
     ) -> LossResult:
         logits = lookup("output", outputs, self.output, self)
         target = lookup("target", targets, self.target, self)
+        if target.dim() == 2 and target.shape[1] == 1 and logits.dim() == 2:
+            target = target[:, 0]  # the original's [B, 1] speaker ids
         if target.dim() == 1:
             if logits.dim() != 2 or logits.shape[0] != target.shape[0]:
                 raise BatchError(
