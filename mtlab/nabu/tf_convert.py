@@ -6,6 +6,20 @@ them from the checkpoint's variables, found by the original's variable scopes: `
 ``leaky_dblstm_iznotrec``), ``{model}/fully_connected{_n}/weights`` and ``biases`` for ``linear`` and
 ``feedforward``. Optimizer slots (``.../kernel/Adam``) and other models' variables are left out.
 
+The names of the other models follow the original's code (its ``layer.py``, ``rnn_cell.py`` and models, at the
+revision in ``ORIGIN.md``):
+
+- ``encoder_decoder_cnn``: ``{model}/{encoder|centre|decoder}/layer_{l}/Conv2D/{conv2d|conv2d_transpose}/kernel``
+  (``[kt, kf, in, out]``; ``[kt, kf, out, in]`` transposed) and ``bias``, and with ``layer_norm``
+  ``{model}/.../layer_{l}/batch_normalization/{gamma, beta, moving_mean, moving_variance}``. The original never
+  updates the moving statistics (it calls ``batch_normalization`` without ``training``), so they stay 0 and 1;
+  whatever they hold is folded into the per-channel scale and shift of ``FixedStatsNorm`` exactly.
+- ``capsnet``: ``{model}/primary_capsule/dense/kernel`` (no bias), ``{model}/layer{l}/capsule/kernel`` and
+  ``init_logits``.
+- ``dbr_capsnet``: ``{model}/primary_capsule/BRNNLayer/bidirectional_rnn/{fw|bw}/rnn_cell_linear_out/kernel``
+  and ``bias``, ``{model}/layer{l}/BRCapsuleLayer/bidirectional_rnn/{fw|bw}/rec_capsule_cell[_rec_only_vote]/``
+  ``input_kernel``, ``recurrent_kernel``, ``init_input_logits`` and ``init_recurrent_logits``.
+
 The original's LSTM cells (TensorFlow's ``LayerNormBasicLSTMCell`` and the reset cells) hold one kernel
 ``[input + hidden, 4 * hidden]`` with the gates in the order ``i, j, f, o`` and add a forget bias of 1 at
 run time; ``nn.LSTM`` keeps ``weight_ih [4H, input]`` and ``weight_hh [4H, H]`` in the order ``i, f, g, o``
@@ -32,11 +46,16 @@ from .tf_checkpoint import TFCheckpoint
 
 # the original's variable names (last scope) and the name older TensorFlow layers gave the same variable
 _KEYS = {"kernel": "kernel", "weights": "kernel", "bias": "bias", "biases": "bias", "kernel_inonly": "kernel_inonly",
-         "bias_inonly": "bias_inonly", "gamma": "gamma", "beta": "beta"}
+         "bias_inonly": "bias_inonly", "gamma": "gamma", "beta": "beta", "moving_mean": "moving_mean",
+         "moving_variance": "moving_variance", "init_logits": "init_logits", "input_kernel": "input_kernel",
+         "recurrent_kernel": "recurrent_kernel", "init_input_logits": "init_input_logits",
+         "init_recurrent_logits": "init_recurrent_logits"}
 _DIRECTIONS = {"fw": 0, "forward": 0, "bw": 1, "backward": 1}
 _TF_TO_TORCH_GATES = [0, 2, 1, 3]  # torch's i, f, g, o are TensorFlow's blocks i, f, j, o
 FORGET_BIAS = 1.0  # the original never sets its cells' forget_bias, so TensorFlow's default of 1 applies
 _PARAMETERLESS = ("Concat", "Constant", "MeanPool")
+_NORMALIZED = ("EncoderDecoderCNN",)  # kinds whose gamma and beta mtlab keeps (the CNN's batch normalization)
+BATCH_NORM_EPSILON = 1e-3  # tf.layers.batch_normalization's default
 
 
 class _ModelVariables:
@@ -48,7 +67,7 @@ class _ModelVariables:
                       if n.startswith(f"{model}/") and n.rsplit("/", 1)[-1] in _KEYS}
         self.used: set[str] = set()
         norms = sorted(n for n, k in self.names.items() if k in ("gamma", "beta"))
-        if norms:
+        if norms and kind not in _NORMALIZED:
             raise ConfigError(f"{ckpt.prefix}: model {model!r} has layer normalization weights ({norms[0]}, ...); "
                               f"mtlab's {kind} has no layer normalization, so it cannot take them")
 
@@ -57,6 +76,14 @@ class _ModelVariables:
         found = [n for n, k in self.names.items() if k == key and f"layer{layer}" in n.split("/")
                  and [_DIRECTIONS[p] for p in n.split("/") if p in _DIRECTIONS] == [direction]]
         where = f"{self.model}/layer{layer}/.../{('fw', 'bw')[direction]}/.../{key}"
+        return self._take(found, where, shape)
+
+    def at(self, scopes: tuple[str, ...], key: str, shape: tuple[int, ...], direction: int | None = None
+           ) -> torch.Tensor:
+        """The ``key`` variable under every scope in ``scopes`` (and of ``direction``: 0 forward, 1 backward)."""
+        found = [n for n, k in self.names.items() if k == key and all(s in n.split("/")[:-1] for s in scopes)
+                 and (direction is None or [_DIRECTIONS[p] for p in n.split("/") if p in _DIRECTIONS] == [direction])]
+        where = "/.../".join([self.model, *scopes, *([("fw", "bw")[direction]] if direction is not None else []), key])
         return self._take(found, where, shape)
 
     def dense(self) -> list[dict[str, str]]:
@@ -163,10 +190,47 @@ def _fill(model: nn.Module, kind: str, v: _ModelVariables) -> None:
             if linear.bias is not None:
                 values["bias"] = v.take(names.get("bias"), f"{where}/biases", (linear.out_features,))
             _set(linear, values)
+    elif kind == "EncoderDecoderCNN":
+        _fill_cnn(model, v)
+    elif kind == "CapsNet":
+        _set(model.primary, {"weight": v.at(("primary_capsule",), "kernel", tuple(model.primary.weight.shape[::-1])).T})
+        for l, layer in enumerate(model.layers, start=1):
+            _set(layer, {k: v.at((f"layer{l}",), k, tuple(getattr(layer, k).shape)) for k in ("kernel", "init_logits")})
+    elif kind == "DBRCapsNet":
+        for d, linear in enumerate(model.primary):
+            _set(linear, {"weight": v.at(("primary_capsule",), "kernel", tuple(linear.weight.shape[::-1]), d).T,
+                          "bias": v.at(("primary_capsule",), "bias", tuple(linear.bias.shape), d)})
+        for l, cells in enumerate(model.layers, start=1):
+            for d, cell in enumerate(cells):
+                _set(cell, {k: v.at((f"layer{l}",), k, tuple(getattr(cell, k).shape), d)
+                            for k in ("input_kernel", "recurrent_kernel", "init_input_logits", "init_recurrent_logits")})
     else:
         raise ConfigError(f"model {v.model!r}: mtlab cannot convert original weights into a {kind!r} model "
-                          f"(converted: BLSTM, ResetBLSTM, ResetBLSTMInsert, LeakyBLSTM, BRNN, Dense)")
+                          f"(converted: BLSTM, ResetBLSTM, ResetBLSTMInsert, LeakyBLSTM, BRNN, Dense, "
+                          f"EncoderDecoderCNN, CapsNet, DBRCapsNet)")
     v.check_all_used()
+
+
+def _fill_cnn(model: nn.Module, v: _ModelVariables) -> None:
+    """``EncoderDecoderCNN`` from the original's ``Conv2D`` layers: kernels to torch's layouts (``[out, in, kt,
+    kf]``, transposed ``[in, out, kt, kf]``: both ``permute(3, 2, 0, 1)``) and each batch normalization folded
+    into ``FixedStatsNorm``: ``(x - mean) / sqrt(var + eps) * gamma + beta = x / sqrt(1 + eps) * scale + shift``."""
+    layers = [*(("encoder", i, c, "conv2d") for i, c in enumerate(model.encoder)),
+              *(("centre", i, c, "conv2d") for i, c in enumerate(model.centre)),
+              *(("decoder", i, c, "conv2d_transpose") for i, c in enumerate(model.decoder))]
+    for index, (part, i, conv, op) in enumerate(layers):
+        scope = (part, f"layer_{i}")
+        kt, kf = conv.kernel_size
+        channels = (conv.in_channels, conv.out_channels) if op == "conv2d" else (conv.out_channels, conv.in_channels)
+        kernel = v.at((*scope, op), "kernel", (kt, kf, *channels))
+        _set(conv, {"weight": kernel.permute(3, 2, 0, 1), "bias": v.at((*scope, op), "bias", (conv.out_channels,))})
+        if model.norms is None:
+            continue
+        stats = {k: v.at((*scope, "batch_normalization"), k, (conv.out_channels,)).double()
+                 for k in ("gamma", "beta", "moving_mean", "moving_variance")}
+        factor = stats["gamma"] / torch.sqrt(stats["moving_variance"] + BATCH_NORM_EPSILON)
+        _set(model.norms[index], {"scale": factor * (1.0 + BATCH_NORM_EPSILON) ** 0.5,
+                                  "shift": stats["beta"] - stats["moving_mean"] * factor})
 
 
 def _fill_leaky(model: nn.Module, v: _ModelVariables) -> None:
