@@ -160,3 +160,17 @@ def test_names_and_options_are_checked() -> None:
         e = torch.nn.Embedding(3, 2, sparse=True)
         e(torch.tensor([1])).sum().backward()
         make_adam_tf1(list(e.parameters()), lr=0.1).step()
+
+
+def test_a_trainer_with_nonfinite_skip_drops_a_nan_step_on_the_device_and_goes_on() -> None:
+    tr = one_task(nonfinite="skip")
+    run_steps(tr, 1)
+    before = {k: p.detach().clone() for k, p in tr.params.items()}
+    state = {k: v.clone() for k, v in tr.optimizer.state[tr.params["enc.lin.weight"]].items()}
+    tr.process_minibatch("a", "clean")
+    tr.state("a").grads["enc.lin.weight"][0, 0] = float("nan")  # before normalize(), which records the norm
+    tr.normalize(); tr.clip(); tr.apply()
+    assert all(torch.equal(p, before[k]) for k, p in tr.params.items())
+    assert all(torch.equal(v, state[k]) for k, v in tr.optimizer.state[tr.params["enc.lin.weight"]].items())
+    run_steps(tr, 1)
+    assert float(tr.optimizer.state[tr.params["enc.lin.weight"]]["step"]) == 2
