@@ -214,6 +214,10 @@ def _parser() -> argparse.ArgumentParser:
                                                               "experiment was imported from)")
     p.add_argument("--data-root", type=Path, default=None, help="default: the experiment's")
     p.add_argument("--seed", type=int, default=0, help="k-means initialization seed")
+    p.add_argument("--order", choices=("sir", "si_sdr"), default="sir", help="match estimates to references by "
+                   "mean SIR (the original's, default) or by SI-SDR")
+    p.add_argument("--wav-format", choices=("int16", "float32"), default="int16", help="separated WAVs: 16-bit PCM "
+                   "(default) or 32-bit float as the original writes them")
     p.set_defaults(threads=None)
     return parser
 
@@ -487,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .nabu_test import cli
 
             return cli(args.expdir, args.out, args.checkpoint, args.limit, args.pesq, args.recipe, args.data_root,
-                       args.seed)
+                       args.seed, args.order, args.wav_format)
         if args.command == "train":
             return _elastic_train(args)
         if args.command == "demo":

@@ -26,9 +26,12 @@ def recipe_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask]) ->
 
 def run_test(expdir: str | Path, out: str | Path | None = None, checkpoint: str = "final", limit: int | None = None,
              pesq: bool = False, recipe_dir: str | Path | None = None, data_root: str | Path | None = None,
-             seed: int = 0, echo: Callable[[str], None] | None = None) -> EvalResult:
+             seed: int = 0, echo: Callable[[str], None] | None = None, order: str = "sir",
+             wav_format: str = "int16") -> EvalResult:
     """Test the experiment in ``expdir`` (its ``final.pt``, ``best.pt`` or a checkpoint path); the recipe folder
-    and data root are the ones it was imported with unless given. Writes under ``out`` (``EXPDIR/test``)."""
+    and data root are the ones it was imported with unless given. Writes under ``out`` (``EXPDIR/test``).
+    ``order``: speakers matched by the original's mean SIR (``"sir"``) or by SI-SDR; ``wav_format``: ``"int16"``
+    or the original's ``"float32"``."""
     ckpt, recipe, tests = open_test(expdir, checkpoint, recipe_dir, data_root)
     trainer = None
     if any(not t.refused for t in tests.values()):  # else every task is reported as refused
@@ -36,13 +39,14 @@ def run_test(expdir: str | Path, out: str | Path | None = None, checkpoint: str 
         load_initial_weights(exp.trainer, ckpt, origin=str(ckpt))
         trainer = exp.trainer
     return evaluate_tests(trainer, tests, Path(out) if out is not None else Path(expdir) / "test", limit, pesq,
-                          seed, echo)
+                          seed, echo, order, wav_format)
 
 
 def cli(expdir: Path, out: Path | None, checkpoint: str, limit: int | None, pesq: bool, recipe_dir: Path | None,
-        data_root: Path | None, seed: int) -> int:
+        data_root: Path | None, seed: int, order: str = "sir", wav_format: str = "int16") -> int:
     """Run the test, print the table and where the files went; exit code 1 when a test task failed."""
-    result = run_test(expdir, out, checkpoint, limit, pesq, recipe_dir, data_root, seed, echo=print)
+    result = run_test(expdir, out, checkpoint, limit, pesq, recipe_dir, data_root, seed, echo=print, order=order,
+                      wav_format=wav_format)
     print()
     print(format_table(result.summary))
     for note in result.notes:

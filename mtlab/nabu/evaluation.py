@@ -9,12 +9,17 @@ is. ``reconstructor.cfg`` says how each task's outputs become separated signals
 (:data:`mtlab.separation.reconstruct.RECONSTRUCTORS`: deep-clustering k-means, attractors, stacked masks),
 ``scorer.cfg`` how they are scored (``sdr``, ``sdr_snr``). Per task, under the output folder (``EXPDIR/test``):
 
-- ``<task>/s1 ... sN/<utterance>.wav``: the separated signals (16-bit, peak 1 as the original scales them),
+- ``<task>/s1 ... sN/<utterance>.wav``: the separated signals (16-bit, peak 1 as the original scales them; with
+  ``wav_format="float32"`` 32-bit float as the original writes them),
   always written, as the original does; ``store_output = True`` adds ``raw_output/<output>_<utterance>.npy``;
   ``store_masks = True`` adds ``masks/<utterance>.npy``;
-- ``<task>/scores.csv``: per utterance, SDR (BSS-eval, 512 taps) of the separated signals, of the mixture and
-  the improvement, SI-SDR and STOI beside them (PESQ when asked), each the mean over the speakers, and the
-  speaker order matched to the references;
+- ``<task>/scores.csv``: per utterance, BSS-eval's SDR, SIR and SAR (512 taps) of the separated signals, of the
+  mixture and the improvements, SI-SDR and STOI beside them (PESQ when asked), each the mean over the speakers, and
+  the speaker order matched to the references: by mean SIR as the original's ``bss_eval.py:542-543``
+  (``order="si_sdr"``: by SI-SDR, as mtlab's own evaluation);
+- ``<task>/summary_original.csv``: the original's summary (``scorer.py:262-316``): SDR, SIR and SAR of the
+  separated signals (``SS``) and of the mixture (``base``) with mean, std and median, over all utterances and per
+  mixture type (``all_m``, ``all_f``, ``same_gen``, ``diff_gen``) where the scorer's ``spkinfo`` list exists;
 - ``summary.csv``: per task, the test loss and the means of those columns.
 
 ``scorers_names`` in a test task's section names the ``scorer.cfg`` sections that score it (the original's default:
@@ -25,15 +30,15 @@ scorer gives the plain columns, another one its columns with its name before the
 
 Audio is read as the original reads it (int16 values); the mixture's spectrum is the reconstructor's
 ``org_mix`` processor's (``rec_processor.cfg``), the references are the sources ``s1 ... sN`` of the test
-folder, cut to the snipped length as the original's score processor cuts them. Unlike the original, the
-speaker order is chosen by SI-SDR (the original's bss_eval by SIR), and ``sdr_snr``'s noise terms are not
-computed (it is scored as ``sdr``; the summary says so).
+folder, cut to the snipped length as the original's score processor cuts them. Unlike the original,
+``sdr_snr``'s noise terms are not computed (it is scored as ``sdr``; the summary says so).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import struct
 import wave
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -230,9 +235,13 @@ def _scorer(imp: Importer, file: Path, tname: str, conf: Mapping[str, str], db: 
     for key in ("org_src", "base"):
         if key not in conf:
             raise ConfigError(f"{file}: [{tname}] needs {key} (the original reads it)")
-    return {"type": kind, "org_src": _list_section(imp, file, f"[{tname}] org_src", conf["org_src"], db, globalvars,
-                                                   reroot, processor=False),
-            "base": _list_section(imp, file, f"[{tname}] base", conf["base"], db, globalvars, reroot, processor=False)}
+    out = {"type": kind, "org_src": _list_section(imp, file, f"[{tname}] org_src", conf["org_src"], db, globalvars,
+                                                  reroot, processor=False),
+           "base": _list_section(imp, file, f"[{tname}] base", conf["base"], db, globalvars, reroot, processor=False)}
+    if "spkinfo" in conf and db.has_section(conf["spkinfo"].strip()):  # the mixture types of the summary
+        out["spkinfo"] = _list_section(imp, file, f"[{tname}] spkinfo", conf["spkinfo"], db, globalvars, reroot,
+                                       processor=False)
+    return out
 
 
 # ---------------------------------------------------------------------------------- test data from the samples
@@ -284,8 +293,17 @@ def _read_int16(path: Path) -> np.ndarray:
     return read_wav(path).double().numpy() * 32768.0  # the int16 values, as the original reads them
 
 
-def _write_wav(path: Path, signal: np.ndarray) -> None:
+WAV_FORMATS = ("int16", "float32")  # mtlab's default 16-bit PCM; the original's 32-bit float (reconstructor.py:166-173)
+
+
+def _write_wav(path: Path, signal: np.ndarray, wav_format: str = "int16") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    if wav_format == "float32":  # IEEE float (format 3), as scipy.io.wavfile.write writes the original's float32
+        data = np.asarray(signal, "<f4").tobytes()
+        fmt = struct.pack("<HHIIHH", 3, 1, SAMPLE_RATE, SAMPLE_RATE * 4, 4, 32)
+        path.write_bytes(b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE" + b"fmt " +
+                         struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+        return
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -336,10 +354,17 @@ def stats_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask],
 
 
 def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit: int | None = None,
-                   pesq: bool = False, seed: int = 0, echo: Callable[[str], None] | None = None) -> EvalResult:
+                   pesq: bool = False, seed: int = 0, echo: Callable[[str], None] | None = None,
+                   order: str = "sir", wav_format: str = "int16") -> EvalResult:
     """Run the test tasks on ``trainer`` (built from their recipe, holding the trained weights); see the module
     doc. ``limit`` caps the utterances per task (after ``requested_utts``); ``pesq`` adds PESQ; ``seed`` seeds
-    the k-means runs."""
+    the k-means runs; ``order`` matches estimates to references (``"sir"``: the original's mean SIR, or
+    ``"si_sdr"``); ``wav_format``: ``"int16"`` or the original's ``"float32"``."""
+    from ..separation.metrics import ORDERS
+
+    if order not in ORDERS or wav_format not in WAV_FORMATS:
+        raise ConfigError(f"evaluate_tests: order {order!r} (valid: {', '.join(ORDERS)}), wav_format {wav_format!r} "
+                          f"(valid: {', '.join(WAV_FORMATS)})")
     out.mkdir(parents=True, exist_ok=True)
     metrics = (*METRICS, "pesq") if pesq else METRICS
     result = EvalResult([], {}, out)
@@ -353,7 +378,7 @@ def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit
             say(f"{tname}: refused: {test.refused}")
             continue
         try:
-            summary, rows = _test_task(trainer, tname, test, limit, rng, metrics, out)
+            summary, rows = _test_task(trainer, tname, test, limit, rng, metrics, out, order, wav_format)
         except TestRefused as exc:  # what the configs ask cannot be run on this model (nor in the original)
             result.summary.append({"task": tname, "refused": str(exc)})
             result.notes.append(f"{tname}: refused: {exc}")
@@ -380,7 +405,8 @@ def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit
 
 
 def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng: np.random.RandomState,
-               metrics: tuple[str, ...], out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+               metrics: tuple[str, ...], out: Path, order: str = "sir", wav_format: str = "int16"
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One test task: its summary row and its utterance rows (see :func:`evaluate_tests`)."""
     from ..base.batching import collate
     from ..tasks.forward import eval_mode
@@ -413,7 +439,7 @@ def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng:
                 outputs = {k: r.outputs[k][j, :ds.lengths[i]].double().cpu().numpy()
                            for k in RECONSTRUCTORS[rec["type"]]}
                 rows.append(_separate(tname, test, names[i], outputs, rng, metrics, out,
-                                      apply_and_resynthesize, reconstruct))
+                                      apply_and_resynthesize, reconstruct, order, wav_format))
     loss = sums[0] / sums[1] if sums[1] else math.nan
     summary: dict[str, Any] = {"task": tname, "utterances": len(rows) if rec is not None else None, "loss": loss}
     if rows:
@@ -421,6 +447,8 @@ def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng:
             if key != "utterance" and not key.endswith("perm"):
                 summary[key] = float(np.mean([row[key] for row in rows]))
         _write_csv(out / tname / "scores.csv", rows)
+        if "sir" in rows[0]:
+            _write_csv(out / tname / "summary_original.csv", original_summary(rows, _spkinfo(test, rows)))
     return summary, rows
 
 
@@ -449,7 +477,7 @@ def _check_masks(plan: Any, batch: Any, tname: str, test: EvalTask, data: Mappin
 
 def _separate(tname: str, test: EvalTask, name: str, outputs: dict[str, np.ndarray], rng: np.random.RandomState,
               metrics: tuple[str, ...], out: Path, resynth: Callable[..., np.ndarray],
-              reconstruct: Callable[..., np.ndarray]) -> dict[str, Any]:
+              reconstruct: Callable[..., np.ndarray], order: str = "sir", wav_format: str = "int16") -> dict[str, Any]:
     """Reconstruct, write and score one utterance; returns its row."""
     from ..data import read_list
     from ..data.features import used_bins
@@ -468,7 +496,7 @@ def _separate(tname: str, test: EvalTask, name: str, outputs: dict[str, np.ndarr
     estimates = resynth(mixture, masks, spectral)
     task_dir = out / tname
     for s, signal in enumerate(estimates):
-        _write_wav(task_dir / f"s{s + 1}" / f"{name}.wav", signal)
+        _write_wav(task_dir / f"s{s + 1}" / f"{name}.wav", signal, wav_format)
     if rec["store_output"]:
         (task_dir / "raw_output").mkdir(parents=True, exist_ok=True)
         for key, value in outputs.items():
@@ -483,12 +511,68 @@ def _separate(tname: str, test: EvalTask, name: str, outputs: dict[str, np.ndarr
         base_list = read_list(scorer["base"]["datafiles"])
         base = _read_int16(base_list[name].resolve()) if name in base_list else mixture
         sc = score(torch.from_numpy(estimates), torch.from_numpy(np.stack([r[:n] for r in refs])),
-                   torch.from_numpy(base[:n]), metrics, SAMPLE_RATE)
+                   torch.from_numpy(base[:n]), metrics, SAMPLE_RATE, order=order)
         # the task's own scorer (the original's default) gives the plain columns, another its name before them
         prefix = "" if sname == tname else f"{sname}."
         row.update({f"{prefix}{k}": v for k, v in sc.row().items()})
         row[f"{prefix}perm"] = " ".join(str(p + 1) for p in sc.perm)
     return row
+
+
+MIX_TYPES = ("all_m", "all_f", "same_gen", "diff_gen")  # the original's (scorer.py:81)
+STATISTICS = ("mean", "std", "median")  # scorer.py:19, get_statistics: np.mean, np.std (ddof 0), np.median
+
+
+def mix_types(genders: list[str]) -> list[str]:
+    """The original's mixture types of one utterance from its speakers' genders (``scorer.py:249-258``)."""
+    if all(g == "M" for g in genders):
+        return ["all_m", "same_gen"]
+    if all(g == "F" for g in genders):
+        return ["all_f", "same_gen"]
+    return ["diff_gen"]
+
+
+def original_summary(rows: list[dict[str, Any]], genders: Mapping[str, list[str]] | None) -> list[dict[str, Any]]:
+    """The original's ``Scorer.summarize`` (``scorer.py:262-316``): for SDR, SIR and SAR of the separated signals
+    (``SS``) and of the mixture (``base``), each utterance's mean over its speakers, then mean, std and median over
+    all utterances and over each mixture type (from ``genders``: utterance -> speakers' genders; without them, all
+    only). One row per metric, scenario and utterance group."""
+    out = []
+    groups = {"all": [r["utterance"] for r in rows]}
+    if genders is not None:
+        for kind in MIX_TYPES:
+            groups[kind] = [r["utterance"] for r in rows if kind in mix_types(genders.get(r["utterance"], []))]
+    values = {(m, scen): {r["utterance"]: r[m if scen == "SS" else f"{m}_mix"] for r in rows}
+              for m in ("sdr", "sir", "sar") for scen in ("SS", "base")}
+    for (metric, scen), per_utt in values.items():
+        for group, utts in groups.items():
+            data = np.array([per_utt[u] for u in utts], dtype=np.float64)
+            stats = {"mean": np.mean(data), "std": np.std(data), "median": np.median(data)} if len(data) else \
+                {k: math.nan for k in STATISTICS}
+            out.append({"metric": metric.upper(), "scenario": scen, "mix_type": group, "utterances": len(data),
+                        **{k: float(v) for k, v in stats.items()}})
+    return out
+
+
+def read_spkinfo(path: Path) -> dict[str, list[str]]:
+    """utterance -> its speakers' genders from the original's ``utt_spkinfo`` list: ``name x id1 g1 id2 g2 ...``
+    (``scorer.py:71-77`` keeps the fields after the second; ``scorer.py:241-245`` reads id, gender pairs)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        fields = line.strip().split(" ")
+        if len(fields) >= 4:
+            out[fields[0]] = fields[3::2]
+    return out
+
+
+def _spkinfo(test: EvalTask, rows: list[dict[str, Any]]) -> dict[str, list[str]] | None:
+    """The genders of the task's scorer's ``spkinfo`` list, where it names one that exists and covers the rows."""
+    scorer = test.scorer
+    info = scorer.get("spkinfo") if scorer else None
+    if not info or not Path(info["datafiles"]).is_file():
+        return None
+    genders = read_spkinfo(Path(info["datafiles"]))
+    return genders if all(r["utterance"] in genders for r in rows) else None
 
 
 def _references(scorer: Mapping[str, Any], name: str, nrs: int) -> list[np.ndarray]:

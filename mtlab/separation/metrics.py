@@ -109,6 +109,63 @@ def sdr(estimate: Tensor, reference: Tensor, filter_length: int = BSS_FILTER_LEN
     return torch.from_numpy(value).reshape(lead)
 
 
+def bss_eval(estimates: np.ndarray, references: np.ndarray, filter_length: int = BSS_FILTER_LENGTH
+             ) -> dict[str, np.ndarray]:
+    """BSS-eval's SDR, SIR and SAR (dB) of every estimate against every reference: ``{"sdr", "sir", "sar"}``, each
+    ``[estimate, reference]``, as ``mir_eval.separation.bss_eval_sources`` (and the original's ``bss_eval.py``, a
+    copy of it) computes them pair by pair with ``compute_permutation=True``.
+
+    With ``P_j`` the estimate's projection on ``filter_length`` delayed copies of reference ``j`` and ``P`` its
+    projection on those of every reference: SDR = ‖P_j‖² / ‖ŝ − P_j‖², SIR = ‖P_j‖² / ‖P − P_j‖²,
+    SAR = ‖P‖² / ‖ŝ − P‖² (ŝ zero-padded by ``filter_length - 1``). ``P`` does not depend on ``j``, so one
+    solve of the joint Gram system serves every pair. numpy, float64 (see :func:`sdr` for why not torch)."""
+    e, s = np.asarray(estimates, np.float64), np.asarray(references, np.float64)
+    if e.ndim != 2 or e.shape != s.shape:
+        raise BatchError(f"bss_eval: estimates {e.shape} and references {s.shape} must both be [S, N]")
+    S, n = s.shape
+    F = filter_length
+    if n < F:
+        raise BatchError(f"bss_eval: {n} samples is shorter than the {F}-tap BSS-eval filter")
+    length = n + F - 1
+    nfft = 1 << (length - 1).bit_length()
+    s_f, e_f = np.fft.rfft(s, nfft), np.fft.rfft(e, nfft)
+    corr = np.fft.irfft(s_f[:, None] * s_f[None].conj(), nfft)  # corr[i, j, k] = sum_t s_i[t + k] s_j[t]
+    lags = np.arange(F)[None, :] - np.arange(F)[:, None]  # block (i, j)[a, b] = sum_t s_i[t - a] s_j[t - b]
+    gram = corr[:, :, lags % nfft].transpose(0, 2, 1, 3).reshape(S * F, S * F)
+    cross = np.fft.irfft(e_f[:, None] * s_f[None].conj(), nfft)[..., :F]  # [est, ref, a]: sum_t e[t] s[t - a]
+
+    def solve(matrix: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        try:
+            return np.linalg.solve(matrix, rhs)
+        except np.linalg.LinAlgError:  # a silent reference: mir_eval falls back to least squares the same way
+            return np.linalg.lstsq(matrix, rhs, rcond=None)[0]
+
+    joint = solve(gram, cross.reshape(S, S * F).T).T.reshape(S, S, F)  # [est, ref, tap]
+    p_all = np.fft.irfft((np.fft.rfft(joint, nfft) * s_f[None]).sum(1), nfft)[:, :length]  # [est, length]
+    single = np.stack([solve(gram[j * F:(j + 1) * F, j * F:(j + 1) * F], cross[:, j].T).T for j in range(S)], 1)
+    p_one = np.fft.irfft(np.fft.rfft(single, nfft) * s_f[None], nfft)[..., :length]  # [est, ref, length]
+    padded = np.pad(e, ((0, 0), (0, F - 1)))
+
+    def db(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):  # a zero error is +inf dB, as the original's _safe_db gives
+            return 10 * np.log10(num / den)
+
+    energy = (p_one ** 2).sum(-1)
+    sar = db((p_all ** 2).sum(-1), ((padded - p_all) ** 2).sum(-1))
+    return {"sdr": db(energy, ((padded[:, None] - p_one) ** 2).sum(-1)),
+            "sir": db(energy, ((p_all[:, None] - p_one) ** 2).sum(-1)),
+            "sar": np.repeat(sar[:, None], S, axis=1)}
+
+
+def order_by_mean_sir(pairs: dict[str, np.ndarray]) -> tuple[int, ...]:
+    """The original's speaker order (``bss_eval.py:542-543``): the permutation with the largest mean SIR over
+    the references, the first of equal ones (``np.argmax``); ``perm[s]`` is the estimate matched to reference s."""
+    S = pairs["sir"].shape[0]
+    perms = list(itertools.permutations(range(S)))
+    mean_sir = [np.mean(pairs["sir"][list(p), np.arange(S)]) for p in perms]
+    return perms[int(np.argmax(mean_sir))]
+
+
 def stoi(estimate: Tensor, reference: Tensor, sample_rate: int, extended: bool = False) -> Tensor:
     """STOI (or extended STOI) over the last axis, batched over (broadcast) leading axes; ``pystoi``."""
     pystoi = _need("pystoi", "stoi")
@@ -205,24 +262,44 @@ class SeparationScores:
         return out
 
 
+ORDERS = ("si_sdr", "sir")  # how score() matches estimates to references
+
+
 def score(estimates: Tensor, references: Tensor, mixture: Tensor, metrics: Sequence[str] = DEFAULT_METRICS,
-          sample_rate: int = 8000) -> SeparationScores:
-    """``metrics`` of the estimates (best permutation by SI-SDR) and of the mixture as the baseline.
+          sample_rate: int = 8000, order: str = "si_sdr") -> SeparationScores:
+    """``metrics`` of the estimates and of the mixture as the baseline, the estimates matched to the references
+    by ``order``: ``"si_sdr"`` (mtlab's: the permutation of the largest summed SI-SDR) or ``"sir"`` (the
+    original's: the largest mean BSS-eval SIR, :func:`order_by_mean_sir`; then ``sdr``, ``sir`` and ``sar`` are
+    BSS-eval's of that match, as the original's scorer reports them, besides ``metrics``).
 
     Signals are cut to the shortest of the three (an iSTFT can be a few samples short).
     """
+    if order not in ORDERS:
+        raise ConfigError(f"score order {order!r}; valid: {', '.join(ORDERS)}")
     n = min(estimates.shape[-1], references.shape[-1], mixture.shape[-1])
     est, ref, mix = estimates[..., :n].double(), references[..., :n].double(), mixture[..., :n].double()
-    si, perm = best_permutation(est, ref, si_sdr)
-    matched = est[list(perm)]
     mix_rep = mix.expand_as(ref)
     scores: dict[str, Tensor] = {}
     baseline: dict[str, Tensor] = {}
+    if order == "sir":
+        pairs = bss_eval(est.numpy(), ref.numpy())
+        perm = order_by_mean_sir(pairs)
+        base = bss_eval(mix_rep.numpy(), ref.numpy())
+        diag = list(range(ref.shape[0]))
+        for name in ("sdr", "sir", "sar"):
+            scores[name] = torch.from_numpy(pairs[name][list(perm), diag].copy())
+            baseline[name] = torch.from_numpy(base[name][diag, diag].copy())
+        si = None
+    else:
+        si, perm = best_permutation(est, ref, si_sdr)
+    matched = est[list(perm)]
     for name in metrics:
+        if name in scores:
+            continue
         fn = metric_function(name, sample_rate)
-        scores[name] = si if name == "si_sdr" else fn(matched, ref)
+        scores[name] = si if name == "si_sdr" and si is not None else fn(matched, ref)
         baseline[name] = fn(mix_rep, ref)
-    return SeparationScores(scores, baseline, perm, tuple(metrics))
+    return SeparationScores(scores, baseline, perm, tuple(scores))
 
 
 # ---------------------------------------------------------------------------------- tables
