@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import make_examples, make_models, task_a
 
 import mtlab
-from helpers import make_examples, make_models, task_a
 from mtlab.base.errors import ConfigError
 from mtlab.tasks.task import applied_weight
 

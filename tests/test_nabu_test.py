@@ -150,7 +150,7 @@ def test_reading_the_test_configs_and_refusals(tmp_path: Path) -> None:
 def test_train_then_test_writes_wavs_and_scores(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from mtlab.data import read_list, read_wav
     from mtlab.data.features import ORIGINAL
-    from mtlab.separation.metrics import sdr
+    from mtlab.separation.metrics import bss_eval, order_by_mean_sir, sdr
     from mtlab.separation.reconstruct import apply_and_resynthesize, stacked_masks
 
     folder = write_test_recipe(tmp_path / "MERL_TEST")
@@ -186,7 +186,21 @@ def test_train_then_test_writes_wavs_and_scores(tmp_path: Path, capsys: pytest.C
         assert float(row["sdr"]) == pytest.approx(float(mine), abs=0.05)  # written at 16 bits, scored before
         mix = torch.from_numpy(mixture[:written.shape[1]] / 32768).expand(2, -1)
         assert float(row["sdr_mix"]) == pytest.approx(float(sdr(mix, torch.from_numpy(refs)).mean()), abs=1e-3)
+        # the original's speaker order (bss_eval.py:542-543): the permutation of the largest mean SIR
+        assert tuple(perm) == order_by_mean_sir(bss_eval(written, refs))
+        assert {"sir", "sir_mix", "sar", "sar_mix"} <= set(row)
     assert len(list((expdir / "test" / "task_dc" / "s1").glob("*.wav"))) == 3
+    original = list(csv.DictReader((expdir / "test" / "task_pit" / "summary_original.csv").open()))
+    assert {(r["metric"], r["scenario"]) for r in original} == {(m, s) for m in ("SDR", "SIR", "SAR")
+                                                                for s in ("SS", "base")}
+    sdr_ss = next(r for r in original if (r["metric"], r["scenario"], r["mix_type"]) == ("SDR", "SS", "all"))
+    assert float(sdr_ss["mean"]) == pytest.approx(np.mean([float(r["sdr"]) for r in rows]), abs=1e-3)  # CSV: 4 digits
+    assert float(sdr_ss["median"]) == pytest.approx(np.median([float(r["sdr"]) for r in rows]), abs=1e-3)
+    # the original's 32-bit float WAVs, on request
+    assert main(["test", str(expdir), "--out", str(tmp_path / "f32"), "--wav-format", "float32", "--limit", "1"]) == 0
+    from scipy.io import wavfile
+
+    assert wavfile.read(next((tmp_path / "f32" / "task_pit" / "s1").glob("*.wav")))[1].dtype == np.float32
 
 
 def test_postprocessors_are_noted_and_a_filled_folder_is_kept(tmp_path: Path) -> None:

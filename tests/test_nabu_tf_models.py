@@ -16,8 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_nabu_capsnet import (original_bidirectional, original_capsnet, original_rec_capsule_cell,
-                               original_rnn_linear_out, original_squash)
+from test_nabu_capsnet import (
+    original_bidirectional,
+    original_capsnet,
+    original_rec_capsule_cell,
+    original_rnn_linear_out,
+    original_squash,
+)
 from test_nabu_cnn import oracle as original_cnn
 from test_nabu_tf_checkpoint import FIXTURE_PREFIX, fixture_values
 from tf_bundle import write_bundle

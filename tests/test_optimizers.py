@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import make_examples, make_models, task_a, task_b
 
 import mtlab
-from helpers import make_examples, make_models, task_a, task_b
 from mtlab.base.errors import ConfigError
 from mtlab.core.optimizers import AdamTF1, make_adam_tf1
 from mtlab.core.update import optimizer_step, skips_on_device

@@ -44,7 +44,7 @@ def original_bss_eval_sources() -> Any:
                                  "fftconvolve": fftconvolve, "itertools": itertools, "warnings": warnings,
                                  "MAX_SOURCES": 100}
     for name in FUNCTIONS:
-        match = re.search(rf"^def {name}\(.*?(?=^def |\Z)", text, re.S | re.M)
+        match = re.search(rf"^def {name}\(.*?(?=^def |\Z)", text, re.DOTALL | re.MULTILINE)
         assert match, name
         exec(compile(match.group(0), str(path), "exec"), namespace)  # noqa: S102 (the original's code, as written)
     return namespace["bss_eval_sources"]

@@ -74,7 +74,7 @@ def check_linkedset_weights(mode: Any) -> str:
     return str(mode)
 
 
-def applied_weight(task: "Task", linkedset: str, mode: str = "absolute") -> float:
+def applied_weight(task: Task, linkedset: str, mode: str = "absolute") -> float:
     """The factor on a minibatch's summed loss and norm from ``linkedset`` of ``task``.
 
     ``"absolute"`` (mtlab's default): the set's weight as given. ``"relative"`` (Nabu-MSSS, what imported recipes
@@ -87,7 +87,7 @@ def applied_weight(task: "Task", linkedset: str, mode: str = "absolute") -> floa
     return w / next(iter(task.linkedsets.values())).weight
 
 
-def check_relative_weights(task: "Task", changed: Mapping[str, float] | None = None) -> None:
+def check_relative_weights(task: Task, changed: Mapping[str, float] | None = None) -> None:
     """Refuse relative linked-set weights whose first set has weight 0 while another has not (the original
     would divide by 0); ``changed`` checks weights about to be set, before setting them."""
     weights = {k: ls.weight for k, ls in task.linkedsets.items()} | dict(changed or {})

@@ -8,8 +8,8 @@ from pathlib import Path
 
 here = Path(__file__).resolve().parent
 sys.path.insert(0, str(here.parent))
-from test_nabu_tf_models import MODELS_FIXTURE, models_fixture_values  # noqa: E402
-from tf_bundle import write_bundle  # noqa: E402
+from test_nabu_tf_models import MODELS_FIXTURE, models_fixture_values
+from tf_bundle import write_bundle
 
 if __name__ == "__main__":
     print(f"{write_bundle(here / 'models.ckpt', models_fixture_values())}: {len(MODELS_FIXTURE)} variables")
