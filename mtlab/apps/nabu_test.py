@@ -51,5 +51,7 @@ def cli(expdir: Path, out: Path | None, checkpoint: str, limit: int | None, pesq
     print(format_table(result.summary))
     for note in result.notes:
         print(f"note: {note}")
-    print(f"\nper-utterance scores: {result.out}/<task>/scores.csv; summary: {result.out / 'summary.csv'}")
+    print(f"\nper-utterance scores: {result.out}/<task>/scores.csv; summary: {result.out / 'summary.csv'}; the "
+          f"original's summary (SDR, SIR, SAR: mean, std, median per mixture type): {result.out}/<task>/"
+          "summary_original.csv")
     return 1 if any("error" in row for row in result.summary) else 0

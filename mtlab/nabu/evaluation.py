@@ -614,7 +614,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 COLUMNS = (("task", "task", "{}"), ("utts", "utterances", "{}"), ("test loss", "loss", "{:.4g}"),
            ("SDR", "sdr", "{:.2f}"), ("SDR mix", "sdr_mix", "{:.2f}"), ("SDRi", "sdri", "{:.2f}"),
-           ("SI-SDRi", "si_sdri", "{:.2f}"), ("STOI", "stoi", "{:.3f}"), ("PESQ", "pesq", "{:.2f}"))
+           ("SIR", "sir", "{:.2f}"), ("SAR", "sar", "{:.2f}"), ("SI-SDRi", "si_sdri", "{:.2f}"), ("STOI", "stoi", "{:.3f}"), ("PESQ", "pesq", "{:.2f}"))
 
 
 def _scorer_lines(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
