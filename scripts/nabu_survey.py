@@ -37,7 +37,7 @@ from mtlab.nabu.shrink import shrink  # noqa: E402
 
 
 def survey(folder: Path, top: Path, root: Path, train: bool, test: bool, shrink_to: int,
-           test_utts: int, utts: int | None) -> tuple[str, str, str, float, list[str]]:
+           test_utts: int, utts: int | None, sv_utts: int = 24) -> tuple[str, str, str, float, list[str]]:
     """(name, status, detail, seconds, unsupported settings) of one recipe folder."""
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -74,11 +74,14 @@ def survey(folder: Path, top: Path, root: Path, train: bool, test: bool, shrink_
                 stage = "test"
                 save_checkpoint(exp.trainer, exp.schedule, root / "exp" / "final.pt", recipe=exp.recipe)
                 tests = read_test(folder, root)
-                make_test_root(tests, limit=test_utts)
-                result = run_test(root / "exp", limit=test_utts, recipe_dir=folder, data_root=root)
+                # speaker verification scores trials between mixtures that share a speaker: it needs more of them
+                n = max(test_utts, sv_utts) if any(t.handler is not None for t in tests.values()) else test_utts
+                make_test_root(tests, limit=n)
+                result = run_test(root / "exp", limit=n, recipe_dir=folder, data_root=root)
                 cells = [f"{r['task']}: " + (f"error: {r['error']}" if "error" in r else
                                               f"refused: {r['refused']}" if "refused" in r else f"loss {r['loss']:.3g}"
-                                              + (f", SDRi {r['sdri']:.2f}" if "sdri" in r else ""))
+                                              + (f", SDRi {r['sdri']:.2f}" if "sdri" in r else "")
+                                              + (f", EER {r['eer']:.1%}" if "eer" in r else ""))
                          for r in result.summary]
                 failed = any("error" in r for r in result.summary)
                 # a test task refused by name (the model cannot run what its configs ask, nor could the original)
@@ -99,6 +102,9 @@ def main() -> int:
     ap.add_argument("--shrink", type=int, default=0, help="cap hidden sizes at this many units (0: as written)")
     ap.add_argument("--jobs", type=int, default=1, help="recipes surveyed at once, in separate processes")
     ap.add_argument("--test-utts", type=int, default=2, help="utterances per test task with --test (default 2)")
+    ap.add_argument("--sv-utts", type=int, default=24, help="utterances per test task of a recipe with speaker-"
+                    "verification test tasks (default 24: the samples' whole test split; trials need recurring "
+                    "speakers)")
     ap.add_argument("--only", action="append", metavar="PATTERN", help="survey only the recipes whose path below "
                     "the folder contains PATTERN (repeat for several)")
     ap.add_argument("--utts", type=int, default=16, help="utterances per training and validation folder made from "
@@ -123,7 +129,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         work: list[tuple[Any, ...]] = [(f, args.folder, Path(tmp) / f"r{i}", args.train, args.test, args.shrink,
-                                        args.test_utts, args.utts or None) for i, f in enumerate(folders)]
+                                        args.test_utts, args.utts or None, args.sv_utts) for i, f in enumerate(folders)]
         if args.jobs > 1:
             with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
                 for future in concurrent.futures.as_completed([pool.submit(survey, *w) for w in work]):

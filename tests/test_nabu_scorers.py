@@ -42,13 +42,6 @@ def test_scorers_names_are_read_per_task(tmp_path: Path) -> None:
     alt = tests["task_dc"].scorers["task_dc_alt"]
     assert alt["org_src"]["datafiles"].endswith("tt/allS_alt_wav.scp")
     assert tests["task_dc"].scorers["task_dc"]["org_src"]["datafiles"].endswith("tt/allS_wav.scp")
-    # a speaker-verification test task (the DANet recipes' task_sr): refused by name, the others read
-    replace_in(folder, "test_evaluator.cfg", "tasks = task_dc task_pit", "tasks = task_dc task_pit task_sv")
-    with (folder / "test_evaluator.cfg").open("a") as f:
-        f.write("\n[task_sv]\nloss_type = dummy\noutput_handling_type = speaker_verification\ninputs = features\n")
-    tests = read_test(folder, tmp_path / "data")
-    assert "output_handling_type = 'speaker_verification'" in tests["task_sv"].refused
-    assert tests["task_dc"].refused is None and list(tests["task_dc"].scorers) == ["task_dc", "task_dc_alt"]
     replace_in(folder, "test_evaluator.cfg", "scorers_names = task_dc task_dc_alt", "scorers_names = task_dc nope")
     with pytest.raises(ConfigError, match=r"scorer\.cfg: no \[nope\] section.*scorers_names"):
         read_test(folder, tmp_path / "data")

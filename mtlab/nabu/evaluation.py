@@ -75,6 +75,9 @@ class EvalTask:
     scorers: dict[str, dict[str, Any]] = field(default_factory=dict)  # scorer.cfg section name -> scorer
     notes: list[str] = field(default_factory=list)
     refused: str | None = None  # why the task is not run (then ``task`` is empty)
+    handler: dict[str, Any] | None = None  # speaker verification: speaker_verification_handler.cfg's section
+    sv_scorers: dict[str, dict[str, Any]] = field(default_factory=dict)  # speaker_verification_scorer.cfg sections
+    keep_masks: bool = False  # a speaker-verification task reads this task's masks, used bins and speaker order
 
     @property
     def scorer(self) -> dict[str, Any] | None:
@@ -124,21 +127,22 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
     out: dict[str, EvalTask] = {}
     for tname in words(ev.get("tasks", "")):
         conf = section(parser, tname, path)
-        handling = conf.get("output_handling_type")
-        if handling is not None:  # speaker verification on the outputs: no reconstructor or scorer section either
-            out[tname] = EvalTask(tname, {}, 0, None, refused=(
-                f"{path}: [{tname}] output_handling_type = {handling!r}: mtlab tests a task by its loss, separation "
-                "and scores; this handling of its outputs (with loss_type "
-                f"{conf.get('loss_type')!r}) is neither in mtlab nor in the original's test script of this revision, "
-                "which reads the task's reconstructor.cfg section"
-                + ("" if rparser is not None and rparser.has_section(tname) else " (absent here)")))
-            continue
+        handling = conf.pop("output_handling_type", "reconstructor")
+        if handling not in ("reconstructor", "speaker_verification"):  # test.py:44-71 knows these two
+            raise ConfigError(f"{path}: [{tname}] output_handling_type = {handling!r}: the original's test script "
+                              "knows reconstructor and speaker_verification")
         post = conf.pop("postprocessors_names", None)  # i-vector extraction after the test: not run here
         scorers_names = words(conf.pop("scorers_names", "")) or [tname]  # the original's default: the task's name
         if conf.get("evaluator", "task_loss_evaluator") != "task_loss_evaluator":
             raise ConfigError(f"{path}: [{tname}] evaluator = {conf['evaluator']!r}: mtlab evaluates a test task "
                               "with its loss (task_loss_evaluator)")
         orig = imp.task("test_evaluator.cfg", tname, conf, data, evaluator=True)
+        if handling == "speaker_verification" and orig["loss_type"] in ("dummy", "dummy_loss"):
+            for lset in orig["linkedsets"].values():  # the dummy loss reads no target (dummy_loss.py)
+                for target in orig["targets"]:
+                    if target not in orig["inputs"]:
+                        lset["sections"].pop(target, None)
+            orig["targets"] = []
         table, _ = build_task(imp, tname, orig, None, losses, {})
         batch = orig.get("batch_size") or int(ev.get("batch_size", "1"))
         requested = orig.get("requested_utts") or (int(ev["requested_utts"]) if "requested_utts" in ev else None)
@@ -146,6 +150,10 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
         if post:
             test.notes.append(f"postprocessors {post!r} (test_evaluator.cfg [{tname}] postprocessors_names) are not "
                               "run: mtlab extracts no i-vectors")
+        if handling == "speaker_verification":
+            _verification(imp, folder, test, scorers_names, db, globalvars, reroot)
+            out[tname] = test
+            continue
         if rparser is not None and rparser.has_section(tname):
             rpath = folder / "reconstructor.cfg"
             test.reconstructor = _reconstructor(imp, rpath, tname, section(rparser, tname, rpath), db, globalvars,
@@ -162,6 +170,30 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
     if not out:
         raise ConfigError(f"{path}: [evaluator] tasks names no task")
     return out
+
+
+def _verification(imp: Importer, folder: Path, test: EvalTask, scorers_names: list[str], db: Any,
+                  globalvars: Mapping[str, str], reroot: Callable[[str], str]) -> None:
+    """A speaker-verification test task's handler and scorers (test.py:58-67: speaker_verification_handler.cfg and
+    speaker_verification_scorer.cfg, sections by the task's name and its scorers_names)."""
+    from .verification import read_handler, read_sv_scorer
+
+    hpath, spath = folder / "speaker_verification_handler.cfg", folder / "speaker_verification_scorer.cfg"
+    hparser, sparser = read_ini(hpath, required=False), read_ini(spath, required=False)
+    if hparser is None or not hparser.has_section(test.name):
+        raise ConfigError(f"{hpath}: no [{test.name}] section for the speaker-verification test task (the original "
+                          "reads it)")
+
+    def reader(file: Path, name: str) -> Callable[[str, str], dict[str, Any]]:
+        return lambda key, value: _list_section(imp, file, f"[{name}] {key}", value, db, globalvars, reroot,
+                                                processor=False)
+
+    test.handler = read_handler(hpath, test.name, section(hparser, test.name, hpath), reader(hpath, test.name))
+    for name in scorers_names:
+        if sparser is None or not sparser.has_section(name):
+            raise ConfigError(f"{spath}: no [{name}] section, named by test_evaluator.cfg [{test.name}] scorers_names "
+                              "(or the task's own name)")
+        test.sv_scorers[name] = read_sv_scorer(spath, name, section(sparser, name, spath), reader(spath, name))
 
 
 def _list_section(imp: Importer, file: Path, key: str, name: str, db: Any, globalvars: Mapping[str, str],
@@ -250,7 +282,7 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
     """Fill each test task's data folders from the sample corpus's ``test`` split (see ``make_sample_root``), with
     the vector lists of tasks that read i-vectors; a folder that holds its mixture list already is left as it is."""
     from ..data import data_samples_dir
-    from .samples import SAMPLE_SOURCES, _fill, write_input_lists, write_vectors
+    from .samples import SAMPLE_SOURCES, _fill, write_input_lists, write_spkinfo, write_vectors
 
     source = Path(samples) if samples is not None else data_samples_dir()
     made = []
@@ -272,6 +304,15 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
             listed = Path(scorer["org_src"]["datafiles"])
             if nrs and not listed.is_file() and (listed.parent / f"s{nrs}.scp").is_file():
                 write_references(listed, nrs)  # inside a folder made above (or the training one)
+            if "spkinfo" in scorer and not Path(scorer["spkinfo"]["datafiles"]).is_file() \
+                    and (listed.parent / "spk.txt").is_file():
+                write_spkinfo(Path(scorer["spkinfo"]["datafiles"]), listed.parent / "spk.txt", source)
+        for scorer in test.sv_scorers.values():  # speaker verification: the speakers of the task's own folder
+            spk = [Path(ls["data"]["root"]) / ls["data"]["split"] / "spk.txt"
+                   for ls in test.task.get("linkedsets", {}).values()]
+            target = Path(scorer["spkinfo"]["datafiles"])
+            if spk and spk[0].is_file() and not target.is_file():
+                write_spkinfo(target, spk[0], source)
     return made
 
 
@@ -366,6 +407,14 @@ def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit
         raise ConfigError(f"evaluate_tests: order {order!r} (valid: {', '.join(ORDERS)}), wav_format {wav_format!r} "
                           f"(valid: {', '.join(WAV_FORMATS)})")
     out.mkdir(parents=True, exist_ok=True)
+    for test in tests.values():
+        if test.handler is not None and "task_for_masks" in test.handler:
+            source = tests.get(test.handler["task_for_masks"])
+            if source is None or source.reconstructor is None:
+                raise ConfigError(f"speaker_verification_handler.cfg [{test.name}] task_for_masks = "
+                                  f"{test.handler['task_for_masks']!r}: not a separation test task of this test "
+                                  f"({', '.join(n for n, t in tests.items() if t.reconstructor)})")
+            source.keep_masks = True
     metrics = (*METRICS, "pesq") if pesq else METRICS
     result = EvalResult([], {}, out)
     say = echo or (lambda _: None)
@@ -378,6 +427,13 @@ def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit
             say(f"{tname}: refused: {test.refused}")
             continue
         try:
+            if test.handler is not None:
+                summary = _verify_task(trainer, tname, test, limit, out, tests, seed, result.notes)
+                result.summary.append(summary)
+                say(f"{tname}: speaker verification, EER " + ", ".join(
+                    f"{v:.2%} ({k.split('.')[0] if '.' in k else tname})" for k, v in summary.items()
+                    if k.endswith("eer")))
+                continue
             summary, rows = _test_task(trainer, tname, test, limit, rng, metrics, out, order, wav_format)
         except TestRefused as exc:  # what the configs ask cannot be run on this model (nor in the original)
             result.summary.append({"task": tname, "refused": str(exc)})
@@ -452,6 +508,75 @@ def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng:
     return summary, rows
 
 
+def _verify_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, out: Path,
+                 tests: Mapping[str, EvalTask], seed: int, notes: list[str]) -> dict[str, Any]:
+    """A speaker-verification test task (see :mod:`mtlab.nabu.verification`): its loss, the handled vector of each
+    utterance (``<task>/data/<utterance>.npy``) and each scorer's equal error rate; its summary row."""
+    from ..base.batching import collate
+    from ..tasks.forward import eval_mode
+    from .verification import attractors_from_embeddings, ivectors, score_eer
+
+    handler = test.handler
+    assert handler is not None
+    plan, task = trainer.plans[tname], trainer.tasks[tname]
+    task_dir = out / tname
+    (task_dir / "data").mkdir(parents=True, exist_ok=True)
+    perms: dict[str, list[int]] = {}
+    if handler["type"] == "attractor_from_embeddings":
+        source = handler["task_for_masks"]
+        scores = out / source / "scores.csv"
+        if not scores.is_file():
+            raise ConfigError(f"test task {tname!r}: the separation task {source!r} wrote no scores ({scores}); "
+                              "it must run and be scored first (the original reads its masks and speaker order)")
+        with scores.open() as f:
+            perms = {row["utterance"]: [int(p) - 1 for p in row["perm"].split()] for row in csv.DictReader(f)}
+    vectors: dict[str, np.ndarray] = {}
+    sums = [0.0, 0.0]
+    for lset in task.linkedsets.values():
+        ds = lset.examples
+        n = len(ds) if test.requested_utts is None else min(len(ds), test.requested_utts)
+        n = n if limit is None else min(n, limit)
+        names = getattr(ds, "names", None)
+        if names is None:
+            raise ConfigError(f"test task {tname!r}: its data gives no utterance names")
+        for start in range(0, n, test.batch_size):
+            index = list(range(start, min(n, start + test.batch_size)))
+            with eval_mode(trainer.models), torch.no_grad():
+                r = plan.loss(collate([ds[i] for i in index]), keep_outputs=True)
+            sums[0] += float(r.loss_sum)
+            sums[1] += float(r.normalizer)
+            if handler["output"] not in r.outputs:
+                raise ConfigError(f"speaker_verification_handler.cfg [{tname}]: the task's graph gives no output "
+                                  f"{handler['output']!r} (it gives {', '.join(r.outputs)})")
+            for j, i in enumerate(index):
+                name = names[i]
+                value = r.outputs[handler["output"]][j].double().cpu().numpy()
+                if handler["type"] == "attractor_from_embeddings":
+                    if name not in perms:
+                        raise ConfigError(f"test task {tname!r}: utterance {name!r} was not separated by "
+                                          f"{handler['task_for_masks']!r}; test as many utterances there")
+                    source_dir = out / handler["task_for_masks"]
+                    vec = attractors_from_embeddings(value[:ds.lengths[i]], np.load(source_dir / "masks" / f"{name}.npy"),
+                                                     np.load(source_dir / "usedbins" / f"{name}.npy"), perms[name],
+                                                     handler)
+                else:
+                    vec = ivectors(value, handler)
+                np.save(task_dir / "data" / f"{name}.npy", vec)
+                if handler["store_output"]:
+                    (task_dir / "raw_output").mkdir(exist_ok=True)
+                    np.save(task_dir / "raw_output" / f"{handler['output']}_{name}.npy", value)
+                vectors[name] = vec
+    summary: dict[str, Any] = {"task": tname, "utterances": len(vectors),
+                               "loss": sums[0] / sums[1] if sums[1] else math.nan}
+    local: list[str] = []
+    for sname, scorer in test.sv_scorers.items():
+        res = score_eer(task_dir, sname, scorer, vectors, seed, local)
+        prefix = "" if sname == tname else f"{sname}."
+        summary[f"{prefix}eer"] = res["eer"]
+    notes.extend(f"{tname}: {note}" for note in local)
+    return summary
+
+
 def _check_masks(plan: Any, batch: Any, tname: str, test: EvalTask, data: Mapping[str, Any]) -> None:
     """Refuse a mask-estimating test task (``pit``, ``direct`` loss) whose model gives another number of masks than
     the test data has speakers: a 2-mask model on 3-speaker mixtures has no third estimate to score or to put in
@@ -501,9 +626,12 @@ def _separate(tname: str, test: EvalTask, name: str, outputs: dict[str, np.ndarr
         (task_dir / "raw_output").mkdir(parents=True, exist_ok=True)
         for key, value in outputs.items():
             np.save(task_dir / "raw_output" / f"{key}_{name}.npy", value)
-    if rec["store_masks"]:
+    if rec["store_masks"] or test.keep_masks:
         (task_dir / "masks").mkdir(parents=True, exist_ok=True)
         np.save(task_dir / "masks" / f"{name}.npy", masks)
+    if test.keep_masks:  # a speaker-verification task weights its embeddings by them (with the used bins)
+        (task_dir / "usedbins").mkdir(parents=True, exist_ok=True)
+        np.save(task_dir / "usedbins" / f"{name}.npy", usedbins)
     row: dict[str, Any] = {"utterance": name}
     n = estimates.shape[1]
     for sname, scorer in test.scorers.items():
@@ -614,7 +742,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 COLUMNS = (("task", "task", "{}"), ("utts", "utterances", "{}"), ("test loss", "loss", "{:.4g}"),
            ("SDR", "sdr", "{:.2f}"), ("SDR mix", "sdr_mix", "{:.2f}"), ("SDRi", "sdri", "{:.2f}"),
-           ("SIR", "sir", "{:.2f}"), ("SAR", "sar", "{:.2f}"), ("SI-SDRi", "si_sdri", "{:.2f}"), ("STOI", "stoi", "{:.3f}"), ("PESQ", "pesq", "{:.2f}"))
+           ("SIR", "sir", "{:.2f}"), ("SAR", "sar", "{:.2f}"), ("EER", "eer", "{:.2%}"),
+           ("SI-SDRi", "si_sdri", "{:.2f}"), ("STOI", "stoi", "{:.3f}"), ("PESQ", "pesq", "{:.2f}"))
 
 
 def _scorer_lines(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -154,6 +154,32 @@ def write_input_lists(folder: Path, lists: Mapping[str, str], num_sources: int =
     return written
 
 
+def speaker_genders(samples: Path) -> dict[int, str]:
+    """``M`` or ``F`` per sample speaker id, from the voice names in ``speakers.tsv`` (``en-us+m3``, ``en+f2``)."""
+    out = {}
+    for line in (samples / "speakers.tsv").read_text().splitlines()[1:]:
+        if line.strip():
+            sid, voice = line.split("\t")[:2]
+            out[int(sid)] = "F" if "+f" in voice else "M"
+    return out
+
+
+def write_spkinfo(path: Path, speakers_list: Path, samples: Path) -> Path:
+    """The original's speaker-info list (``name <field> id1 gender1 id2 gender2 ...``, which its scorer reads from
+    the third word on: ``scorer.py:73-77, 231-236``) for the utterances of a ``spk.txt`` (``name id1 id2``), with
+    the sample speakers' genders; returns ``path``."""
+    from ..data import read_list
+
+    genders = speaker_genders(samples)
+    lines = []
+    for name, entry in read_list(speakers_list).items():
+        ids = [int(x) for x in entry.fields]
+        lines.append(f"{name} {len(ids)} " + " ".join(f"{i} {genders[i]}" for i in ids) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(lines))
+    return path
+
+
 def speaker_vector(speaker: int, nrcol: int) -> list[float]:
     """The fixed ``nrcol``-dimensional vector of a sample speaker (a seeded standard normal draw)."""
     gen = torch.Generator().manual_seed(VECTOR_SEED * nrcol + speaker)
