@@ -11,7 +11,8 @@ database.conf describes ("ran"); ``--shrink`` caps model sizes (hidden units) at
 A recipe whose ``init_file`` (a checkpoint of an earlier experiment) is absent trains from fresh weights,
 and its line says so. With ``--test`` the trained step is then tested as ``mtlab test`` does (test loss of
 ``test_evaluator.cfg``, reconstruction and scores of the first ``--test-utts`` utterances per test task, on
-test folders made from the samples' test split): "tested"; "partly" when a test task is refused by name (its
+test folders made from the samples' test split; a recipe with speaker-verification test tasks tests ``--sv-utts``
+utterances, since its trials need speakers that recur across mixtures): "tested"; "partly" when a test task is refused by name (its
 configs ask what the trained model cannot give, e.g. 3 masks of a 2-mask model) and every other one is tested. A row is printed as soon as its recipe ends, with
 its time, so a partial run still reports; ``--jobs N`` runs N recipes at once in separate processes.
 """
