@@ -216,6 +216,19 @@ def test_trials_and_equal_error_rate_as_the_original(tmp_path: Path, gender, com
     assert score_eer(tmp_path, "sv2", scorer2, vectors, 99, [])["eer"] == pytest.approx(eer, abs=1e-12)
 
 
+def test_sample_speakers_get_their_voices_gender(tmp_path: Path) -> None:
+    from mtlab.data import data_samples_dir
+    from mtlab.nabu.samples import speaker_genders, write_spkinfo
+
+    genders = speaker_genders(data_samples_dir())
+    voices = dict(line.split("\t")[:2] for line in (data_samples_dir() / "speakers.tsv").read_text().splitlines()[1:])
+    assert {str(k): v for k, v in genders.items()} == {k: "F" if "+f" in v else "M" for k, v in voices.items()}
+    assert set(genders.values()) == {"M", "F"}
+    (tmp_path / "spk.txt").write_text("a 0 1\nb 3 2\n")
+    write_spkinfo(tmp_path / "info", tmp_path / "spk.txt", data_samples_dir())
+    assert (tmp_path / "info").read_text() == f"a 2 0 {genders[0]} 1 {genders[1]}\nb 2 3 {genders[3]} 2 {genders[2]}\n"
+
+
 def test_the_equal_error_rate_needs_crossing_rates() -> None:
     with pytest.raises(ConfigError, match="widen thr_range downwards"):
         equal_error_rate(np.array([0.5, 1.0]), np.array([0.2, 0.0]))
@@ -339,6 +352,11 @@ def test_a_recipe_with_speaker_verification_tests_fully(tmp_path: Path) -> None:
         assert vectors[name].shape == (2, 3)
         np.testing.assert_allclose(np.linalg.norm(vectors[name], axis=-1), 1, atol=1e-6)
     assert any("load_trial_list /esat/trials_5.json does not exist" in n for n in result.notes)
+    # the speaker-information list written from the samples' voices gives the original's summary its mixture types
+    kinds = {r["mix_type"]: int(r["utterances"]) for r in csv.DictReader((out / "task_dc" / "summary_original.csv").open())
+             if r["metric"] == "SDR" and r["scenario"] == "SS"}
+    assert kinds["all"] == 12 and kinds["diff_gen"] + kinds["same_gen"] == 12 and kinds["all_m"] + kinds["all_f"] == \
+        kinds["same_gen"]
     for sname, key, thr, mvn in (("task_sv", "eer", np.arange(-1, 1.01, 0.01), False),
                                  ("task_sv_mvn", "task_sv_mvn.eer", np.arange(-3, 3.01, 0.01), "all")):
         trials = json.loads((out / "task_sv" / f"trials_{sname}.json").read_text())
