@@ -444,10 +444,25 @@ def _shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupted(args: argparse.Namespace, started: float) -> str:
+    """What a Ctrl-C that reached the command line left behind, by what the experiment folder holds."""
+    expdir = getattr(args, "expdir", None)
+    if args.command not in ("train", "demo", "resume") or expdir is None:
+        return "interrupted"
+    final = Path(expdir) / "final.pt"
+    if final.exists() and final.stat().st_mtime >= started:
+        return f"interrupted: {final} saved; continue with `mtlab resume {expdir}`"
+    if final.exists():
+        return f"interrupted before this run's first step: {final} is as it was; `mtlab resume {expdir}` continues"
+    return "interrupted before training started; nothing saved"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``mtlab`` and ``python -m mtlab``; returns the exit code."""
     args = _parser().parse_args(argv)
     from ..base.errors import MtlabError
+
+    started = time.time()
 
     if getattr(args, "no_progress", True):
         handler = logging.StreamHandler(sys.stdout)
@@ -528,5 +543,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mtlab {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("interrupted before training started; nothing saved", file=sys.stderr)
+        print(f"mtlab {args.command}: {_interrupted(args, started)}", file=sys.stderr)
         return EXIT_INTERRUPTED

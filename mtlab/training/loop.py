@@ -43,7 +43,8 @@ As the original multi-task trainer, but correct:
   then stops; a second Ctrl-C abandons the step at once, discarding its partial accumulation and data draws
   (never in the middle of ``apply``: a hard stop waits until the parameters are consistent). Either way
   the trainer is consistent and, with ``expdir``, ``final.pt`` is written (it always is, also when
-  training ends normally or on an error).
+  training ends normally or on an error). A Ctrl-C while the experiment folder is written (``final.pt``, the
+  tables, plots, summary) waits until it is complete.
 - Listeners (``trainer.add_callback``) hear ``run_start``, ``step`` (with the history row),
   ``validation`` (with the record) and ``run_end`` (with the reason).
 """
@@ -79,6 +80,7 @@ class _Sigint:
         self.requested = False
         self.abortable = False
         self.pending = False
+        self.finishing = False  # writing the experiment folder: a Ctrl-C waits until final.pt is written
         self._previous: Any = None
 
     def __enter__(self) -> "_Sigint":
@@ -88,6 +90,10 @@ class _Sigint:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.finishing:
+            self.requested = True
+            say("Ctrl-C: writing final.pt and the experiment folder first; it stops right after", self.progress)
+            return
         if self.requested and self.abortable:
             if self.trainer.atomic:
                 self.pending = True  # raised by _after_call once apply() has finished
@@ -180,6 +186,72 @@ def _note_bad_data(trainer: Trainer, progress: bool) -> None:
         trainer.events.emit("data_skipped", {"step": trainer.step_count, "examples": fresh})
 
 
+def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bool, path: Path | None,
+           between_steps: Callable[[], bool] | None, recipe: Mapping[str, Any] | None, follow_lr: bool,
+           guard: _Sigint) -> tuple[int, str, BaseException | None]:
+    """The step loop of :func:`run`: (steps run, why it ended, the error that ended it or None)."""
+    from tqdm.auto import tqdm
+
+    done, reason, error = 0, "done", None
+    tty = sys.stderr.isatty()
+    bar = tqdm(total=schedule.num_steps, initial=min(trainer.step_count, schedule.num_steps), disable=not progress,
+               desc="train", unit="step", dynamic_ncols=True, mininterval=0.1 if tty else 30.0)
+    shown = 0.0
+    schedule.apply_stage(trainer)
+    trainer.events.emit("run_start", {"step": trainer.step_count, "num_steps": schedule.num_steps})
+    try:
+        while True:
+            over = schedule.stopped is not None or trainer.step_count >= schedule.stage_end
+            if over and schedule.last_stage:
+                reason = schedule.stopped or "done"
+                break
+            if steps is not None and done >= steps:
+                reason = "steps"
+                break
+            if guard.requested or (between_steps is not None and between_steps()):
+                reason = "interrupted" if guard.requested else "stopped"
+                break
+            if over:
+                schedule.next_stage(trainer, progress)
+                bar.total = schedule.num_steps
+                continue
+            if (schedule.validate_at_step_0 and schedule.valid_frequency
+                    and trainer.step_count == schedule.stage_start
+                    and not any(r["step"] == trainer.step_count for r in schedule.validation[schedule.stage_first:])):
+                validate_and_decide(trainer, schedule, path, progress, recipe)  # the untrained model
+                if schedule.stopped:
+                    continue
+            if schedule.resume_streams is not None:  # after a go_back: continue the data, do not replay it
+                trainer.streams.load_state_dict(schedule.resume_streams, trainer.tasks)
+                schedule.resume_streams = None
+            if not follow_lr:
+                trainer.lr = schedule.lr_at(trainer.step_count)
+            _guarded_step(trainer, guard)
+            done += 1
+            _note_bad_data(trainer, progress)
+            trainer.events.emit("step", {"step": trainer.step_count, "row": trainer.log.last()})
+            local = trainer.step_count - schedule.stage_start
+            if schedule.valid_frequency and local % schedule.valid_frequency == 0:
+                validate_and_decide(trainer, schedule, path, progress, recipe)
+                _note_skipped(trainer, schedule, progress)
+            if progress and time.monotonic() - shown > (1.0 if tty else 30.0):
+                shown = time.monotonic()  # reading the history is a device sync: at most once a second
+                bar.set_postfix(_postfix(trainer), refresh=False)
+                _note_skipped(trainer, schedule, progress)
+            bar.n = min(trainer.step_count, schedule.num_steps)
+            bar.refresh() if tty else bar.update(0)
+        if (reason == "done" and schedule.valid_frequency and not schedule.stopped
+                and (not schedule.validation or schedule.validation[-1]["step"] != trainer.step_count)):
+            validate_and_decide(trainer, schedule, path, progress, recipe, act=False)  # a last look, no rollback
+    except KeyboardInterrupt:
+        reason = "interrupted"
+    except BaseException as exc:  # noqa: BLE001 (saved below, then re-raised)
+        reason, error = "error", exc
+    finally:
+        bar.close()
+    return done, reason, error
+
+
 def run(target: Any, schedule: Schedule | None = None, steps: int | None = None, progress: bool = True,
         expdir: str | Path | None = None, between_steps: Callable[[], bool] | None = None,
         recipe: Mapping[str, Any] | None = None) -> Schedule:
@@ -192,8 +264,6 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
     schedule; ``schedule.last_stop`` says why it returned. With ``expdir`` the experiment folder gets the
     recipe, feature stats, ``best.pt``, ``final.pt``, ``history.csv``, ``validation.csv``, plots and a summary.
     """
-    from tqdm.auto import tqdm
-
     trainer, own_schedule, own_recipe = _target(target)
     schedule = schedule if schedule is not None else own_schedule
     recipe = recipe if recipe is not None else own_recipe
@@ -210,74 +280,28 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
         if target is not trainer:
             target.schedule = schedule
     path = Path(expdir) if expdir is not None else None
-    if path is not None:
-        expdir_.prepare(trainer, path, recipe)
     done, reason, error = 0, "done", None
     start = time.monotonic()
-    tty = sys.stderr.isatty()
-    bar = tqdm(total=schedule.num_steps, initial=min(trainer.step_count, schedule.num_steps), disable=not progress,
-               desc="train", unit="step", dynamic_ncols=True, mininterval=0.1 if tty else 30.0)
-    shown = 0.0
-    schedule.apply_stage(trainer)
-    trainer.events.emit("run_start", {"step": trainer.step_count, "num_steps": schedule.num_steps})
+    # The handler is in place from the folder's first file to its last: a Ctrl-C while final.pt is written
+    # waits until it is (the folder is always complete), one during the steps stops after the step in flight.
     with _Sigint(trainer, progress) as guard:
-        try:
-            while True:
-                over = schedule.stopped is not None or trainer.step_count >= schedule.stage_end
-                if over and schedule.last_stage:
-                    reason = schedule.stopped or "done"
-                    break
-                if steps is not None and done >= steps:
-                    reason = "steps"
-                    break
-                if guard.requested or (between_steps is not None and between_steps()):
-                    reason = "interrupted" if guard.requested else "stopped"
-                    break
-                if over:
-                    schedule.next_stage(trainer, progress)
-                    bar.total = schedule.num_steps
-                    continue
-                if (schedule.validate_at_step_0 and schedule.valid_frequency
-                        and trainer.step_count == schedule.stage_start
-                        and not any(r["step"] == trainer.step_count for r in schedule.validation[schedule.stage_first:])):
-                    validate_and_decide(trainer, schedule, path, progress, recipe)  # the untrained model
-                    if schedule.stopped:
-                        continue
-                if schedule.resume_streams is not None:  # after a go_back: continue the data, do not replay it
-                    trainer.streams.load_state_dict(schedule.resume_streams, trainer.tasks)
-                    schedule.resume_streams = None
-                if not follow_lr:
-                    trainer.lr = schedule.lr_at(trainer.step_count)
-                _guarded_step(trainer, guard)
-                done += 1
-                _note_bad_data(trainer, progress)
-                trainer.events.emit("step", {"step": trainer.step_count, "row": trainer.log.last()})
-                local = trainer.step_count - schedule.stage_start
-                if schedule.valid_frequency and local % schedule.valid_frequency == 0:
-                    validate_and_decide(trainer, schedule, path, progress, recipe)
-                    _note_skipped(trainer, schedule, progress)
-                if progress and time.monotonic() - shown > (1.0 if tty else 30.0):
-                    shown = time.monotonic()  # reading the history is a device sync: at most once a second
-                    bar.set_postfix(_postfix(trainer), refresh=False)
-                    _note_skipped(trainer, schedule, progress)
-                bar.n = min(trainer.step_count, schedule.num_steps)
-                bar.refresh() if tty else bar.update(0)
-            if (reason == "done" and schedule.valid_frequency and not schedule.stopped
-                    and (not schedule.validation or schedule.validation[-1]["step"] != trainer.step_count)):
-                validate_and_decide(trainer, schedule, path, progress, recipe, act=False)  # a last look, no rollback
-        except KeyboardInterrupt:
-            reason = "interrupted"
-        except BaseException as exc:  # noqa: BLE001 (saved below, then re-raised)
-            reason, error = "error", exc
-        finally:
-            bar.close()
-    schedule.last_stop = reason
-    _note_skipped(trainer, schedule, progress)
-    if reason == "interrupted":
-        say(f"interrupted at step {trainer.step_count}; the trainer is consistent and can continue", progress)
-    if path is not None:
-        expdir_.finish(trainer, schedule, path, wall_s=time.monotonic() - start, steps_run=done, recipe=recipe,
-                       save=lambda p: save_checkpoint(trainer, schedule, p, recipe=recipe))
+        if path is not None:
+            guard.finishing = True
+            expdir_.prepare(trainer, path, recipe)
+            guard.finishing = False
+            if guard.requested:
+                reason = "interrupted"
+        if reason != "interrupted":
+            done, reason, error = _steps(trainer, schedule, steps, progress, path, between_steps, recipe,
+                                         follow_lr, guard)
+        guard.finishing = True
+        schedule.last_stop = reason
+        _note_skipped(trainer, schedule, progress)
+        if reason == "interrupted":
+            say(f"interrupted at step {trainer.step_count}; the trainer is consistent and can continue", progress)
+        if path is not None:
+            expdir_.finish(trainer, schedule, path, wall_s=time.monotonic() - start, steps_run=done, recipe=recipe,
+                           save=lambda p: save_checkpoint(trainer, schedule, p, recipe=recipe))
     trainer.events.emit("run_end", {"reason": reason, "step": trainer.step_count, "steps_run": done})
     if error is not None:
         raise error
