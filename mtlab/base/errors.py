@@ -29,3 +29,7 @@ class NonFiniteError(MtlabError, FloatingPointError):
 
 class BatchError(MtlabError, ValueError):
     """A batch or example with missing keys or inconsistent shapes."""
+
+
+class DataError(MtlabError, ValueError):
+    """Bad input data; the message names the file (and line) and what to do about it."""

@@ -1,11 +1,9 @@
 """Errors and warnings of mtlab's data layer."""
 from __future__ import annotations
 
-from ..base.errors import MtlabError
+from ..base.errors import DataError, MtlabError  # DataError lives in base: the streams (tasks layer) raise it too
 
-
-class DataError(MtlabError, ValueError):
-    """Bad input data; the message names the file (and line) and what to do about it."""
+__all__ = ["DataError", "DataWarning", "MtlabError"]
 
 
 class DataWarning(UserWarning):

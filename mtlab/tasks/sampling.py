@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..base.batching import Batch, collate, example_length
-from ..base.errors import ConfigError, MtlabError
+from ..base.errors import ConfigError, DataError, MtlabError
 
 
 class DataWorkerError(MtlabError, RuntimeError):
@@ -353,7 +353,10 @@ class BatchStream:
             if self.num_workers > 0:
                 return self._next_from_loader()
             return collate([self.source[i] for i in self.next_indices()], pin_memory=self.pin_memory)
+        start, kept_records, empty = (self.epoch, self.position), len(self.skipped), 0
         while True:  # a streamed source: collate its audio, then compute the features on the device
+            if empty and empty >= len(self.epoch_batches()):  # a whole epoch in a row without one readable example
+                self._no_readable_data(start, kept_records, empty)
             if self.num_workers > 0:
                 batch, skipped = self._next_from_loader()
             else:
@@ -365,6 +368,20 @@ class BatchStream:
             self.skipped.extend({**s.to_dict(), "epoch": self.epoch} for s in skipped)
             if batch is not None:  # else every example of the batch was bad: draw the next
                 return self.source.featurize(batch, self.device)
+            empty += 1
+
+    def _no_readable_data(self, start: tuple[int, int], kept_records: int, empty: int) -> None:
+        """Under a skip policy every example of a whole epoch was bad (the files are gone): raise instead of
+        drawing forever, with the stream back where the draw started and none of its records kept."""
+        records = self.skipped[kept_records:]
+        del self.skipped[kept_records:]
+        self.seek(*start)
+        first, last = records[0], records[-1]
+        raise DataError(f"no readable example left: {empty} batches in a row (a whole epoch, {len(records)} "
+                        f"examples) were all bad under on_bad_data='skip', e.g. {first['where']}: {first['reason']}; "
+                        f"last {last['where']}: {last['reason']}. The data went away (an unmounted disk, deleted "
+                        "files?): make them readable again, then continue (the stream is back where this draw "
+                        "started)")
 
     def _next_from_loader(self) -> Any:
         batches = self.epoch_batches()
