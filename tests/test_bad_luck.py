@@ -16,6 +16,7 @@ from campaign import record
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "recipes" / "demo.toml"
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------ 1. Ctrl-C while the final checkpoint is written
@@ -64,3 +65,45 @@ def test_the_command_lines_ctrl_c_message_names_the_phase(phase, tmp_path, monke
         assert "nothing saved" in err
     else:
         assert "nothing saved" not in err and "final.pt" in err and "resume" in err, err
+
+
+# ------------------------------------------------------------------ 3. a state with other stream settings
+def _trainer(batch_size: int = 4, numbuckets: int = 1, n: int = 16) -> mtlab.Trainer:
+    from helpers import make_examples, make_models, task_a, task_b
+
+    ex = make_examples(n, 31)
+    return mtlab.Trainer(make_models(), [task_a((ex, ex), batch_size=batch_size, numbuckets=numbuckets),
+                                         task_b(ex, batch_size=batch_size)],
+                         numbatches_to_aggregate=2, device="cpu", lr=1e-2)
+
+
+def _everything(tr: mtlab.Trainer) -> dict:
+    state = tr.state_dict()
+    state.pop("history")
+    return state
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+@pytest.mark.parametrize("other", ["batch_size", "numbuckets", "list_size"])
+def test_a_state_with_other_stream_settings_is_refused_before_anything_changes(other):
+    saved = _trainer()
+    saved.step(); saved.step()
+    state = saved.state_dict()
+    kw = {"batch_size": {"batch_size": 2}, "numbuckets": {"numbuckets": 3}, "list_size": {"n": 12}}[other]
+    tr = _trainer(**kw)
+    tr.step()
+    before = _everything(tr)
+    with pytest.raises(mtlab.ConfigError, match=other.split("_")[0] if other != "list_size" else "size"):
+        tr.load_state_dict(state)
+    held = _same(before, _everything(tr))
+    record(f"half-loaded state refused: other {other}", held)
+    assert held

@@ -259,6 +259,10 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, sou
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
     check_precision_state(state, tr.precision.mode)
     check_optimizer_state(state, tr.optimizer_name)
+    tr.streams.check_state_dict(state["streams"], tr.tasks)  # every check before the first change
+    if "weighting" in state["update"] and getattr(tr.update, "weighting", None) is None:
+        raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
+                          "the same combine method")
     for k, m in tr.models.items():
         m.load_state_dict(state["models"][k])
     tr.update.load_state_dict(clone_tree(state["update"]))

@@ -434,12 +434,7 @@ class BatchStream:
                 "world_size": self.world_size}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        for key in ("batch_size", "numbuckets", "size"):
-            if key in state and state[key] != self.state_dict()[key]:
-                raise ConfigError(
-                    f"stream state has {key}={state[key]} but this stream has {self.state_dict()[key]}; "
-                    "restore it into a stream built with the same data and settings"
-                )
+        check_stream_state(state, self.state_dict())
         self.seed = int(state.get("seed", self.seed))
         self.epoch = int(state["epoch"])
         position = int(state["position"])
@@ -488,12 +483,36 @@ class Streams(dict):
         self.reported = len(records)
         return fresh
 
+    def check_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
+        """Raise the ConfigError :meth:`load_state_dict` would raise, changing nothing (no stream is opened)."""
+        for key, sst in state.items():
+            tname, sname = key.split("/", 1)
+            if tname not in tasks or sname not in tasks[tname].linkedsets:
+                continue
+            if (tname, sname) in self:
+                ours = self[(tname, sname)].state_dict()
+            else:
+                task, examples = tasks[tname], tasks[tname].linkedsets[sname].examples
+                if examples is None:
+                    continue  # load_state_dict's get_stream says what is missing
+                ours = {"batch_size": task.batch_size, "numbuckets": task.numbuckets, "size": len(examples)}
+            check_stream_state(sst, ours, f"task {tname!r}, linked set {sname!r}: ")
+
     def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
         """Restore positions of the streams whose task and linked set ``tasks`` still has."""
+        self.check_state_dict(state, tasks)
         for key, sst in state.items():
             tname, sname = key.split("/", 1)
             if tname in tasks and sname in tasks[tname].linkedsets:
                 self.get_stream(tasks[tname], sname).load_state_dict(sst)
+
+
+def check_stream_state(state: Mapping[str, Any], ours: Mapping[str, Any], where: str = "") -> None:
+    """Refuse a saved stream position taken with other settings than ``ours`` (batch size, buckets, list size)."""
+    for key in ("batch_size", "numbuckets", "size"):
+        if key in state and state[key] != ours[key]:
+            raise ConfigError(f"{where}stream state has {key}={state[key]} but this stream has {ours[key]}; "
+                              "restore it into a stream built with the same data and settings")
 
 
 def derived_seed(seed: int, *names: str) -> int:
