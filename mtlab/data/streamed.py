@@ -172,13 +172,21 @@ class StreamedSplit(torch.utils.data.Dataset):
 def _lengths_cache(manifest: Manifest, beside: bool = True) -> tuple[list[Path], str]:
     """Where the header lengths of a manifest's mixtures are cached (beside the mixture list, then in the user
     cache folder; only there for a corpus tree read in place, ``beside=False``), and the checksum of what they
-    depend on (the list's bytes and the utterances kept): a file changed in place after that is caught when it
-    is read (its length no longer matches)."""
+    depend on: the list's bytes, the utterances kept and each mixture file's size and modification time, so a
+    corpus regenerated under the same lists is read again (one ``stat`` per file, far cheaper than its header);
+    a file changed in place after that is caught when it is read (its length no longer matches)."""
     from .statcache import user_cache
 
     mix = manifest.mix
     listed = Path(mix.path).read_bytes() if beside else b""
-    digest = hashlib.sha256(listed + mix.prefix.encode() + mix.suffixes.tobytes()).hexdigest()
+    h = hashlib.sha256(listed + mix.prefix.encode() + mix.suffixes.tobytes())
+    for i in range(len(manifest)):
+        try:
+            st = os.stat(mix.resolved(i))
+            h.update(f"{st.st_size}:{st.st_mtime_ns};".encode())
+        except OSError:
+            h.update(b"missing;")
+    digest = h.hexdigest()
     home = user_cache() / "samples" / f"{digest}.npz"
     return ([Path(mix.path).with_suffix(".samples.npz"), home] if beside else [home]), digest
 

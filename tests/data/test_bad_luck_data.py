@@ -34,3 +34,34 @@ def test_skip_with_no_readable_file_left_raises_instead_of_hanging(tmp_path: Pat
     held = "no readable example" in text and "mix_clean.scp" in text and stream.state_dict() == before
     record("skip with no readable file left", held)
     assert held, (text, stream.state_dict(), before)
+
+
+# ------------------------------------------------------------------ 4. a corpus regenerated under the same lists
+@pytest.mark.parametrize("where", ["lists", "tree"])
+def test_a_regenerated_utterance_gets_its_new_length(tmp_path: Path, where: str, monkeypatch) -> None:
+    import numpy as np
+    from data_helpers import write_wav
+
+    monkeypatch.setenv("MTLAB_CACHE", str(tmp_path / "cache"))
+    if where == "lists":
+        make_corpus(tmp_path, NAMES)
+        kw = {"split": "train", "linkedset": "clean"}
+        root = tmp_path
+    else:  # a wsj0-2mix tree read in place
+        from test_layouts import make_layouts
+
+        root = tmp_path / "corpus"
+        make_layouts.make_tree("wsj0-2mix", root, 3)
+        kw = {"layout": "wsj0-2mix", "split": "train"}
+    split = load_split(root, stream=True, progress=False, **kw)
+    row = split.row(1)
+    old = int(split.samples[1])
+    new = old + 800
+    for entry in [row.mix, *row.sources]:  # regenerated at another length; lists untouched
+        write_wav(Path(entry.resolve()), np.ones(new, dtype=np.int64))
+    fresh = load_split(root, stream=True, progress=False, **kw)
+    got = int(fresh.samples[fresh.names.index(row.name)])
+    held = got == new
+    record(f"regenerated corpus, stale header lengths: {where}", held)
+    assert held, (old, got, new)
+    fresh.audio(fresh.names.index(row.name))  # and it reads
