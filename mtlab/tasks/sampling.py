@@ -65,11 +65,25 @@ class AudioItems(torch.utils.data.Dataset):
         return len(self.source)
 
     def __getitem__(self, i: int) -> Any:
-        return self.source.audio(i)
+        try:
+            return self.source.audio(i)
+        except MtlabError as err:  # sent back as a value: the stream raises it as is, without the worker's traceback
+            return Failed(err)
 
 
-def collate_kept(items: Sequence[Any]) -> tuple[Batch | None, list[Skipped]]:
-    """Collate the items that are not :class:`Skipped`; returns (batch or None when none is left, the skipped)."""
+@dataclass(frozen=True)
+class Failed:
+    """An example a DataLoader worker could not read (bad data under ``on_bad_data="raise"``): the error."""
+
+    error: MtlabError
+
+
+def collate_kept(items: Sequence[Any]) -> tuple[Batch | Failed | None, list[Skipped]]:
+    """Collate the items that are not :class:`Skipped`; returns (batch or None when none is left, the skipped).
+    An item that :class:`Failed` takes the batch's place (the stream raises its error)."""
+    failed = next((x for x in items if isinstance(x, Failed)), None)
+    if failed is not None:
+        return failed, []
     skipped = [x for x in items if isinstance(x, Skipped)]
     kept = [x for x in items if not isinstance(x, Skipped)]
     return (collate(kept) if kept else None), skipped
@@ -349,6 +363,18 @@ class BatchStream:
         return self
 
     def __next__(self) -> Batch:
+        """The next batch. A draw that raises leaves the stream where it started (the next draw retries the
+        same batch), with or without DataLoader workers."""
+        start = (self.epoch, self.position)
+        try:
+            return self._draw()
+        except BaseException:
+            if (self.epoch, self.position) != start or self._loader_iter is not None:
+                self.seek(*start)
+                self._loader_iter = None  # its workers went on past the failed batch: fresh ones start there
+            raise
+
+    def _draw(self) -> Batch:
         if not self.audio:
             if self.num_workers > 0:
                 return self._next_from_loader()
@@ -365,6 +391,8 @@ class BatchStream:
                 batch, skipped = collate_kept([self.source.audio(i) for i in indices])
                 if batch is not None and self.pin_memory:
                     batch = ({k: v.pin_memory() for k, v in batch[0].items()}, batch[1])
+            if isinstance(batch, Failed):
+                raise batch.error
             self.skipped.extend({**s.to_dict(), "epoch": self.epoch} for s in skipped)
             if batch is not None:  # else every example of the batch was bad: draw the next
                 return self.source.featurize(batch, self.device)

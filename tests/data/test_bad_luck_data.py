@@ -65,3 +65,49 @@ def test_a_regenerated_utterance_gets_its_new_length(tmp_path: Path, where: str,
     record(f"regenerated corpus, stale header lengths: {where}", held)
     assert held, (old, got, new)
     fresh.audio(fresh.names.index(row.name))  # and it reads
+
+
+# ------------------------------------------------------------------ 5. a DataError in a DataLoader worker
+def _after_a_bad_file(tmp_path: Path, workers: int) -> tuple[dict, list[str], list[str], str]:
+    """Draw until the bad file raises; repair it; return (state after the error, the live stream's next batch, a
+    stream restored from that state's next batch, the error's message)."""
+    folder = tmp_path / f"w{workers}"
+    make_corpus(folder, NAMES)
+    split = load_split(folder, split="train", linkedset="clean", stream=True, progress=False)
+    bad = folder / "train" / "s1" / "u3.wav"
+    good = bad.read_bytes()
+    bad.write_bytes(good[:-500])
+    stream = BatchStream(split, 2, 1, seed=0, num_workers=workers)
+    with pytest.raises(DataError) as info:
+        for _ in range(len(stream)):
+            next(stream)
+    state = stream.state_dict()
+    batches = stream.epoch_batches(state["epoch"])
+    retried = state["position"] < len(batches) and split.names.index("u3") in batches[state["position"]]
+    assert retried, "the failed draw moved the stream: the next draw skips the batch that failed"
+    bad.write_bytes(good)
+    names = lambda batch: [f"{float(v):.6f}" for v in batch[0]["features"].sum(dim=(1, 2))]  # noqa: E731
+    live = names(next(stream))
+    again = BatchStream(split, 2, 1, seed=0, num_workers=workers)
+    again.load_state_dict(state)
+    return state, live, names(next(again)), str(info.value)
+
+
+def test_a_data_error_keeps_the_stream_where_the_failed_draw_started(tmp_path: Path) -> None:
+    state, live, restored, _ = _after_a_bad_file(tmp_path, 0)
+    held = live == restored
+    record("DataError mid-stream, resume agrees: 0 workers", held)
+    assert held
+
+
+@pytest.mark.slow  # starts DataLoader worker processes
+def test_a_data_error_in_a_worker_leaves_the_stream_as_without_workers(tmp_path: Path) -> None:
+    state0, live0, _, message0 = _after_a_bad_file(tmp_path, 0)
+    state1, live1, restored1, message1 = _after_a_bad_file(tmp_path, 1)
+    held = state1 == state0 and live1 == restored1 == live0
+    record("DataError in a DataLoader worker, resume agrees", held)
+    assert held, (state0, state1, live0, live1, restored1)
+    clean = "Traceback" not in message1 and "DataLoader worker" not in message1 and len(message1.splitlines()) == 1
+    record("DataError in a DataLoader worker, one-line message", clean)
+    assert clean, message1
+    assert "u3.wav (listed at" in message1 and "truncated WAV" in message1
