@@ -8,6 +8,9 @@ speech data package; ``mtlab.from_recipe``, ``mtlab.run``, ``mtlab.data``, ``mtl
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
 from typing import Any
 
 from . import losses, models
@@ -23,14 +26,41 @@ __version__ = "0.3.0"
 
 _LAZY = {"from_recipe": ("apps.recipe", "from_recipe"), "run": ("training.loop", "run"),
          "Schedule": ("training.schedule", "Schedule"), "Experiment": ("apps.recipe", "Experiment")}
-# Packages and modules reachable as attributes of ``mtlab`` (imported on first use). The short names are
-# the ones a notebook writes (``mtlab.debug.explain(trainer)``, ``mtlab.distributed.attach(trainer)``).
+# Packages and modules reachable as attributes of ``mtlab`` (imported on first use) and importable as
+# ``mtlab.<name>`` (``import mtlab.debug``, ``from mtlab.recipe import from_recipe``: see ``_Aliases``). The short
+# names are the ones a notebook writes (``mtlab.debug.explain(trainer)``, ``mtlab.distributed.attach(trainer)``).
 _SUBMODULES = {"data": "data", "separation": "separation", "ui": "ui", "nabu": "nabu",
                "base": "base", "tasks": "tasks", "core": "core", "training": "training", "apps": "apps",
                "distributed": "training.distributed", "debug": "training.debug", "loop": "training.loop",
                "loggers": "training.loggers", "plots": "training.plots", "checkpoint": "training.checkpoint", "state": "core.state",
                "recipe": "apps.recipe", "launch": "apps.launch", "cli": "apps.cli", "combine": "core.combine",
                "weighting": "core.weighting", "sampling": "tasks.sampling"}
+
+
+class _Aliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import mtlab.debug`` / ``from mtlab.recipe import from_recipe``: a short name of ``_SUBMODULES`` imports
+    the module it names (``mtlab.training.debug``), registered under both names as one module object."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        prefix, _, short = fullname.partition(".")
+        if prefix != __name__ or "." in short or _SUBMODULES.get(short, short) == short:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        module = importlib.import_module(f"{__name__}.{_SUBMODULES[spec.name.partition('.')[2]]}")
+        spec.loader_state = module.__spec__  # the import system sets __spec__ to the alias's: put it back below
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        """The module ran when it was imported under its own name; it keeps its own spec (reload works)."""
+        module.__spec__ = module.__spec__.loader_state
+
+
+if not any(type(f).__name__ == "_Aliases" and getattr(f, "package", None) == __name__ for f in sys.meta_path):
+    _finder = _Aliases()
+    _finder.package = __name__  # type: ignore[attr-defined]  (one finder, also after importlib.reload(mtlab))
+    sys.meta_path.append(_finder)
 
 
 def __getattr__(name: str) -> Any:

@@ -107,3 +107,49 @@ def test_a_state_with_other_stream_settings_is_refused_before_anything_changes(o
     held = _same(before, _everything(tr))
     record(f"half-loaded state refused: other {other}", held)
     assert held
+
+
+# ------------------------------------------------------------------ 7. every documented module path imports
+def _aliases() -> dict[str, str]:
+    """``mtlab.<short>`` -> the module it names, for every short name mtlab documents."""
+    return {name: f"mtlab.{target}" for name, target in mtlab._SUBMODULES.items()}
+
+
+LIGHT = ["debug", "loop", "checkpoint", "state", "recipe", "launch", "cli", "combine", "weighting", "sampling",
+         "distributed", "loggers"]
+
+
+def test_documented_module_paths_import_in_process():
+    import importlib
+
+    for name in LIGHT:
+        module = importlib.import_module(f"mtlab.{name}")
+        assert module is importlib.import_module(_aliases()[name]), name
+    from mtlab.debug import explain  # noqa: F401
+    from mtlab.recipe import from_recipe  # noqa: F401
+    import mtlab.loggers as loggers
+
+    assert loggers is mtlab.training.loggers
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("mtlab.no_such_module")
+
+
+@pytest.mark.slow  # starts one fresh interpreter per documented module path
+def test_every_documented_module_path_imports_in_a_fresh_interpreter():
+    import subprocess
+    import sys
+
+    code = ("import importlib, sys; import mtlab.{name}; from mtlab.{name} import *; "
+            "m = sys.modules['mtlab.{name}']; assert m is importlib.import_module('{target}'), m; "
+            "assert mtlab.{name} is m")
+    procs = {name: subprocess.Popen([sys.executable, "-c", code.format(name=name, target=target)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+             for name, target in _aliases().items()}
+    failed = {}
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=600)
+        if proc.returncode:
+            failed[name] = out.strip().splitlines()[-1:]
+    record("documented module paths import", not failed)
+    assert not failed, failed
