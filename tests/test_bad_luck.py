@@ -153,3 +153,68 @@ def test_every_documented_module_path_imports_in_a_fresh_interpreter():
             failed[name] = out.strip().splitlines()[-1:]
     record("documented module paths import", not failed)
     assert not failed, failed
+
+
+# ------------------------------------------------------------------ 6. messages and exit codes
+def test_a_checkpoint_from_a_newer_mtlab_is_refused_naming_the_file(tmp_path):
+    tr = _trainer()
+    path = tmp_path / "newer.pt"
+    tr.save(path)
+    state = torch.load(path, weights_only=True)
+    state["version"] = 99
+    mtlab.core.state.save_atomic(state, path)
+    with pytest.raises(mtlab.MtlabError) as info:
+        _trainer().load_checkpoint(path)
+    held = str(path) in str(info.value) and "version" in str(info.value)
+    record("message: newer checkpoint names the file", held)
+    assert held, str(info.value)
+
+
+def test_saving_under_a_path_that_is_a_regular_file_names_it(tmp_path):
+    from mtlab.core.state import CheckpointError
+
+    blocker = tmp_path / "runs"
+    blocker.write_text("a file, not a folder")
+    with pytest.raises(CheckpointError) as info:
+        _trainer().save(blocker / "ck.pt")
+    held = str(blocker) in str(info.value) and "not a folder" in str(info.value)
+    record("message: saving under a regular file", held)
+    assert held, str(info.value)
+
+
+@pytest.mark.parametrize("workers", ["2", 1.5, -1, True])
+def test_linkedset_num_workers_must_be_a_count(workers):
+    with pytest.raises(mtlab.ConfigError, match="num_workers"):
+        mtlab.LinkedSet([{"x": torch.zeros(2, 4)}], num_workers=workers)
+    record("message: LinkedSet num_workers checked", True)
+
+
+@pytest.mark.parametrize("weight", [True, "0.25"])
+def test_weights_must_be_numbers(weight):
+    from helpers import make_examples, task_b
+
+    with pytest.raises(mtlab.ConfigError, match="weight"):
+        mtlab.LinkedSet(make_examples(2, 0), weight=weight)
+    with pytest.raises(mtlab.ConfigError, match="weight"):
+        task_b(make_examples(2, 0), weight=weight)
+    record("message: weights must be numbers", True)
+
+
+@pytest.mark.parametrize("composite", ["step", "run"])
+def test_a_refused_step_says_what_it_kept_in_its_message(composite, monkeypatch):
+    """The dashboard's status line and the command line show str(exc): the promise must be in it."""
+    tr = _trainer()
+    tr.step()
+
+    def fail(*args, **kwargs):
+        raise mtlab.NonFiniteError("injected at apply")
+
+    monkeypatch.setattr(tr.update, "step", fail)
+    with pytest.raises(mtlab.NonFiniteError) as info:
+        tr.step() if composite == "step" else mtlab.run(tr, steps=1, progress=False)
+    text = str(info.value)
+    held = text.startswith("injected at apply") and (
+        "kept for inspection" in text if composite == "step" else
+        "rolled back" in text and "kept for inspection" not in text)
+    record(f"message: refused {composite}() says what it kept", held)
+    assert held, text

@@ -215,7 +215,7 @@ def test_a_refusal_inside_a_composite_call_keeps_its_promise(where, composite, m
     with pytest.raises(Injected) as err:
         tr.step() if composite == "step" else mtlab.run(tr, steps=1, progress=False)
     monkeypatch.undo()
-    notes = "\n".join(getattr(err.value, "__notes__", []))
+    notes = "\n".join([str(err.value), *getattr(err.value, "__notes__", [])])
     held = (all(torch.equal(params[k], p) for k, p in tr.params.items()) and tr.step_count == 1
             and {id(p): int(s["step"]) for p, s in tr.optimizer.state.items()} == opt_steps)
     if composite == "step":

@@ -426,12 +426,24 @@ def _shard(args: argparse.Namespace) -> int:
     from ..data.features import MTLAB, ORIGINAL
     from ..data.shards import INDEX, SHARD_SIZE, verify_shards, write_shards
 
+    from ..data.errors import DataError
+
     base = args.out if args.verify else args.root
+    if not base.is_dir():
+        raise DataError(f"{base}: no such folder; " + (
+            "give the shard folder that `mtlab shard CORPUS OUT` wrote as OUT" if args.verify else
+            "give the corpus in list layout (mix_<set>.scp, s1.scp, ... per split, e.g. from `mtlab prepare`)"))
     splits = args.splits or [s for s in SPLITS if (base / s).is_dir()]
+    if not splits:
+        raise DataError(f"{base}: no split folder ({', '.join(SPLITS)}) here; " + (
+            "give the shard folder that `mtlab shard CORPUS OUT` wrote as OUT" if args.verify else
+            "give the corpus in list layout (mix_<set>.scp, s1.scp, ... per split, e.g. from `mtlab prepare`)"))
+    done = 0
     for split in splits:
         found = sorted(p.parent.name for p in (base / split).glob(f"*/{INDEX}")) if args.verify else \
             linked_sets(base, split)
         for linkedset in args.linkedsets or found:
+            done += 1
             if args.verify:
                 print(f"{split}/{linkedset}: {len(verify_shards(base, split, linkedset))} shards match the index")
                 continue
@@ -439,6 +451,10 @@ def _shard(args: argparse.Namespace) -> int:
                                   ORIGINAL if args.spectral == "original" else MTLAB, progress=True)
             count = len(list(folder.glob("shard-*.tar")))
             print(f"{folder}: {count} shard(s)")
+    if not done:
+        raise DataError(f"{base}: no linked set found under {', '.join(splits)}" + (
+            f" (no {INDEX}); write the shards with `mtlab shard CORPUS {base}`" if args.verify else
+            " (no mix_<set>.scp list); give the corpus in list layout, e.g. from `mtlab prepare`"))
     if not args.verify:
         print(f'recipe data: {{ root = "{args.out}", split = "train", linkedset = "..." }} (or the URL of a copy)')
     return 0

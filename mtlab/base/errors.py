@@ -33,3 +33,19 @@ class BatchError(MtlabError, ValueError):
 
 class DataError(MtlabError, ValueError):
     """Bad input data; the message names the file (and line) and what to do about it."""
+
+
+def explain(exc: BaseException, text: str, instead_of: str | None = None) -> None:
+    """Add ``text`` (what a refused call left behind) where a reader sees it: in the message of mtlab's own errors,
+    which the dashboard's status line and the command line show as ``str(exc)``, else as a note of ``exc``.
+    An earlier explanation that starts with ``instead_of`` is no longer true: ``text`` replaces it."""
+    if isinstance(exc, MtlabError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        message = exc.args[0]
+        if instead_of:
+            message = message.split(f"\n{instead_of}")[0]
+        exc.args = (f"{message}\n{text}",)
+        return
+    notes = getattr(exc, "__notes__", None)
+    if instead_of and notes:
+        notes[:] = [n for n in notes if not n.startswith(instead_of)]
+    exc.add_note(text)

@@ -63,6 +63,10 @@ def save_atomic(obj: Any, path: str | os.PathLike[str]) -> Path:
     if isinstance(obj, dict):
         obj = {k: v for k, v in obj.items() if k != "checksum"}
         obj["checksum"] = digest(obj)
+    blocker = next((p for p in [path.parent, *path.parent.parents] if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise CheckpointError(f"could not write checkpoint {path}: {blocker} is a file, not a folder; choose "
+                              "another path (or move that file away)")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -130,13 +134,18 @@ def clone_tree(obj: Any) -> Any:
     return obj
 
 
-def check_state(state: Any, models: list[str], task_params: dict[str, list[str]], acc_steps: bool) -> None:
-    """Refuse a trainer state that does not fit a trainer, naming what differs (nothing is changed)."""
+def check_state(state: Any, models: list[str], task_params: dict[str, list[str]], acc_steps: bool,
+                source: str = "the state") -> None:
+    """Refuse a trainer state that does not fit a trainer, naming ``source`` and what differs (nothing is changed)."""
     if not isinstance(state, dict) or state.get("format") != "mtlab-trainer":
-        raise ConfigError("not an mtlab trainer state (expected the dict Trainer.state_dict() returns)")
+        raise ConfigError(f"{source}: not an mtlab trainer state (expected the dict Trainer.state_dict() returns)")
     if state.get("version") != VERSION:
-        raise ConfigError(f"trainer state version {state.get('version')!r} is not supported by this mtlab ({VERSION}); "
-                          "it was written by another mtlab version: continue it with that version")
+        version = state.get("version")
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
+        raise ConfigError(f"{source}: trainer state version {version!r} is not supported by this mtlab "
+                          f"({VERSION}); it was written by {'a newer' if newer else 'another'} mtlab version: "
+                          f"{'upgrade mtlab (pip install -U mtlab) to' if newer else 'with that version,'} "
+                          "continue it")
     missing_models = sorted(set(models) ^ set(state["models"]))
     missing_tasks = sorted(set(task_params) ^ set(state["tasks"]))
     if missing_models or missing_tasks:
@@ -255,7 +264,7 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
 def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, source: str = "the state") -> None:
     """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
     tr = trainer
-    check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps)
+    check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps, source)
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
     check_precision_state(state, tr.precision.mode)
     check_optimizer_state(state, tr.optimizer_name)

@@ -24,7 +24,7 @@ from . import state as checkpoint
 from .accumulator import Accumulator, Phase, Reducer
 from .parallel import Parallel
 from ..base.batching import Batch, resolve_device
-from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError
+from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError, explain
 from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
@@ -53,10 +53,13 @@ def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
                      "or discard them with reset(), then step()")
 
 
+KEPT = "mtlab: step() stopped before its update;"  # how kept_note begins (mtlab.run replaces it when it rolls back)
+
+
 def kept_note(accs: Mapping[str, Accumulator]) -> str:
     """What a step() refused inside its cycle leaves behind, for the error's note."""
     kept = ", ".join(f"{n}: {a.minibatches} minibatch(es), {a.phase}" for n, a in accs.items() if a.minibatches)
-    return (f"mtlab: step() stopped before its update; what it accumulated is kept for inspection ({kept or 'nothing'}; "
+    return (f"{KEPT} what it accumulated is kept for inspection ({kept or 'nothing'}; "
             "see trainer.state(task)) and parameters and optimizer are untouched. reset() discards it, after which "
             "step() draws fresh minibatches")
 
@@ -466,7 +469,7 @@ class Trainer:
                     self.finish()
             except BaseException as exc:
                 if self.step_count == before:
-                    exc.add_note(kept_note(self._accs))
+                    explain(exc, kept_note(self._accs))  # in str(exc) of mtlab's errors: the status lines show it
                 raise
             return {n: self._accs[n] for n in active}
 

@@ -236,8 +236,9 @@ def read_index(root: str | Path, split: str, linkedset: str) -> tuple[dict[str, 
         with np.load(io.BytesIO(raw), allow_pickle=False) as found:
             arrays = {k: found[k] for k in found.files}
         meta = json.loads(str(arrays.pop("meta")))
-    except (ValueError, KeyError, OSError, json.JSONDecodeError) as err:
-        raise DataError(f"{path}: not a readable shard index ({err}); write the shards again") from err
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile, json.JSONDecodeError) as err:
+        raise DataError(f"{path}: not a readable shard index ({type(err).__name__}: {err}; a copy cut short?); copy "
+                        f"it again, or write the shards again with `mtlab shard CORPUS {root}`") from err
     if meta.get("format") != FORMAT:
         raise DataError(f"{path}: shard index format {meta.get('format')!r}, this mtlab reads {FORMAT}; write the "
                         "shards again with this version")

@@ -357,7 +357,7 @@ class BatchStream:
         self.epoch += 1
         self.position = 0
         self._batches = None
-        self._loader_iter = None
+        self._close_loader()
 
     def __iter__(self) -> "BatchStream":
         return self
@@ -371,7 +371,7 @@ class BatchStream:
         except BaseException:
             if (self.epoch, self.position) != start or self._loader_iter is not None:
                 self.seek(*start)
-                self._loader_iter = None  # its workers went on past the failed batch: fresh ones start there
+                self._close_loader()  # its workers went on past the failed batch: fresh ones start there
             raise
 
     def _draw(self) -> Batch:
@@ -437,22 +437,33 @@ class BatchStream:
             if "DataLoader worker (pid" not in str(err) if isinstance(err, RuntimeError) else \
                     "in DataLoader worker process" in str(err):
                 raise
-            try:
-                self._loader_iter = None  # ends the loader: torch stops watching its workers; the next draw
-            except RuntimeError:  # starts fresh ones at the same position. torch's SIGCHLD handler may still
-                self._loader_iter = None  # raise its own report of the same death once, here
+            self._close_loader()  # torch stops watching its workers; the next draw starts fresh ones here
             raise DataWorkerError(f"a data worker of this stream died at epoch {self.epoch}, batch {self.position} "
                                   f"({err}); the position is kept, so the next draw retries the same batch. Check "
                                   "memory (fewer num_workers) or the files of that batch") from err
         self.position += 1
         return batch
 
+    def _close_loader(self) -> None:
+        """End the DataLoader iterator now: its workers are stopped and torch stops watching them, so neither its
+        SIGCHLD handler nor a copy of the iterator in a later worker (forked with it) reports their end again."""
+        it, self._loader_iter = getattr(self, "_loader_iter", None), None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is None or not hasattr(it, "_shutdown"):
+            return
+        for _ in range(2):  # torch's SIGCHLD handler may raise its report of a death once more, here
+            try:
+                shutdown()
+                return
+            except RuntimeError:
+                continue
+
     def seek(self, epoch: int, position: int) -> None:
         """Go to batch ``position`` of ``epoch`` (what ``state_dict`` saves)."""
         if epoch != self.epoch:
             self._batches = None
         if (epoch, position) != (self.epoch, self.position):
-            self._loader_iter = None
+            self._close_loader()
         self.epoch, self.position = int(epoch), int(position)
 
     def state_dict(self) -> dict[str, Any]:
@@ -472,7 +483,7 @@ class BatchStream:
             position = position * saved_world // self.world_size
         self.position = position
         self._batches = None
-        self._loader_iter = None
+        self._close_loader()
 
 
 class Streams(dict):

@@ -60,7 +60,11 @@ def check_positive(value: Any, what: str, hint: str = "") -> float:
 
 
 def check_weight(value: Any, what: str) -> float:
-    """A finite, non-negative float, or a ConfigError naming ``what``."""
+    """A finite, non-negative float, or a ConfigError naming ``what``. ``True`` or ``"0.25"`` are refused, not
+    converted: a flag or a string where a weight belongs is a mistake elsewhere."""
+    if isinstance(value, (bool, str, bytes)):
+        raise ConfigError(f"{what} must be a number >= 0 and finite, got {value!r} ({type(value).__name__}); "
+                          f"write it as a number, e.g. {what.split()[-1]}=0.5")
     return _number(value, what, lambda v: v >= 0 and math.isfinite(v), ">= 0 and finite")
 
 
@@ -111,6 +115,9 @@ class LinkedSet:
         self.examples = examples
         self.weight = check_weight(weight, "LinkedSet weight")
         self.valid = valid
+        if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
+            raise ConfigError(f"LinkedSet num_workers must be an integer >= 0 (DataLoader worker processes; 0 reads "
+                              f"in the training process), got {num_workers!r}")
         self.num_workers = num_workers
         if examples is not None and not hasattr(examples, "__len__"):
             raise ConfigError(

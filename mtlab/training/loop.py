@@ -61,10 +61,10 @@ from typing import Any, Mapping
 
 import torch
 
-from ..base.errors import ConfigError
+from ..base.errors import ConfigError, explain
 from ..base.report import say
 from ..core.accumulator import Phase
-from ..core.trainer import Trainer
+from ..core.trainer import KEPT, Trainer
 from . import expdir as expdir_
 from .checkpoint import save_checkpoint
 from .schedule import Schedule
@@ -127,8 +127,9 @@ def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
     except BaseException as exc:
         guard.abortable = False
         if trainer.step_count == before and fresh:
-            exc.add_note("mtlab.run: the refused step was rolled back: its accumulation discarded, data positions "
-                         "and RNG as before it, parameters and optimizer untouched (a resume draws the same data)")
+            explain(exc, "mtlab.run: the refused step was rolled back: its accumulation discarded, data positions "
+                         "and RNG as before it, parameters and optimizer untouched (a resume draws the same data)",
+                    instead_of=KEPT)
             trainer.reset()
             for key in list(trainer.streams):
                 if key in streams:

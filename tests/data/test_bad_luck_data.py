@@ -111,3 +111,71 @@ def test_a_data_error_in_a_worker_leaves_the_stream_as_without_workers(tmp_path:
     record("DataError in a DataLoader worker, one-line message", clean)
     assert clean, message1
     assert "u3.wav (listed at" in message1 and "truncated WAV" in message1
+
+
+# ------------------------------------------------------------------ 6. messages and exit codes of the data path
+def test_a_truncated_shard_index_is_named_with_the_fix(tmp_path: Path) -> None:
+    from mtlab.data.shards import INDEX, read_index, write_shards
+
+    write_shards(None, "dev", "clean", tmp_path, shard_size=20, progress=False)
+    index = tmp_path / "dev" / "clean" / INDEX
+    index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
+    with pytest.raises(DataError) as info:
+        read_index(tmp_path, "dev", "clean")
+    held = str(index) in str(info.value) and "mtlab shard" in str(info.value)
+    record("message: truncated shard index", held)
+    assert held, str(info.value)
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["write", "verify"])
+def test_the_shard_command_refuses_a_missing_folder(tmp_path: Path, capsys, verify: bool) -> None:
+    from mtlab.apps import cli
+
+    missing = tmp_path / "missing"
+    args = ["shard", str(missing), str(tmp_path / "out")] if not verify else \
+        ["shard", str(tmp_path / "corpus"), str(missing), "--verify"]
+    code = cli.main(args)
+    err = capsys.readouterr().err
+    held = code == cli.EXIT_USAGE and str(missing) in err and not (tmp_path / "out").exists()
+    record(f"exit code: mtlab shard of a missing folder ({'verify' if verify else 'write'})", held)
+    assert held, (code, err)
+
+
+WORKER_KILLED = """
+import os, signal, sys, time, torch
+from mtlab.tasks.sampling import BatchStream, DataWorkerError
+
+class Slow:
+    lengths = [5] * 40
+    def __len__(self): return 40
+    def __getitem__(self, i): return {"x": torch.full((5,), float(i))}
+    def audio(self, i):
+        time.sleep(0.05)
+        return self[i]
+    def featurize(self, batch, device=None): return batch
+
+stream = BatchStream(Slow(), 1, 1, seed=0, shuffle=False, num_workers=2)
+seen, killed = [], 0
+while len(seen) < 40:
+    try:
+        seen.append(int(next(stream)[0]["x"][0, 0]))
+        if len(seen) % 5 == 0 and killed < 6:  # as the out-of-memory killer would
+            os.kill(stream._loader_iter._workers[0].pid, signal.SIGKILL)
+            killed += 1
+    except DataWorkerError:  # reported once per death, as this error only; the next draw retries
+        pass
+print("SEEN", seen == list(range(40)))
+"""
+
+
+@pytest.mark.slow  # starts a Python process and DataLoader workers
+def test_a_killed_worker_leaves_no_stray_tracebacks(tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "killed.py"
+    script.write_text(WORKER_KILLED)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    held = res.returncode == 0 and "SEEN True" in res.stdout and "Traceback" not in res.stderr \
+        and "Exception ignored" not in res.stderr
+    record("message: no stray traceback after a killed worker", held)
+    assert held, res.stderr[-3000:]
