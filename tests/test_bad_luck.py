@@ -218,3 +218,47 @@ def test_a_refused_step_says_what_it_kept_in_its_message(composite, monkeypatch)
         "rolled back" in text and "kept for inspection" not in text)
     record(f"message: refused {composite}() says what it kept", held)
     assert held, text
+
+
+# ------------------------------------------------------------------ 9. a wrong loss target
+def _wrong_target(tmp_path: Path) -> Path:
+    text = DEMO.read_text()
+    bad = text.replace('target = "frame_target"', 'target = "frame_targets"', 1)
+    assert bad != text
+    path = tmp_path / "wrong.toml"
+    path.write_text(bad)
+    return path
+
+
+def test_a_wrong_loss_target_is_named_before_any_data_work(tmp_path, monkeypatch):
+    from mtlab.apps import recipe as recipes
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data were loaded before the recipe was checked")
+
+    monkeypatch.setattr(recipes, "_named_dataset", no_data)
+    path = _wrong_target(tmp_path)
+    with pytest.raises(mtlab.ConfigError) as info:
+        recipes.from_recipe(path)
+    text = str(info.value)
+    held = str(path) in text and "tasks.frames" in text and "frame_targets" in text and "frame_target" in text
+    record("wrong loss target: named before the data", held)
+    assert held, text
+
+
+def test_a_dead_experiment_folder_names_both_ways_out(tmp_path, capsys):
+    from mtlab.apps import cli
+
+    exp = tmp_path / "e"
+    exp.mkdir()
+    (exp / "final.pt").write_bytes(b"a run stopped by an error")
+    (exp / "history.csv").write_text("step\n")
+    with pytest.raises(mtlab.ConfigError) as info:
+        cli._fresh_expdir(exp)
+    text = str(info.value)
+    assert "--overwrite" in text and f"mtlab resume {exp}" in text, text
+    cli._fresh_expdir(exp, overwrite=True)  # starts again: the old run's files go
+    held = not (exp / "final.pt").exists() and not (exp / "history.csv").exists()
+    record("wrong loss target: train --overwrite starts again", held)
+    assert held
+    assert cli._parser().parse_args(["train", "r.toml", "--expdir", "e", "--overwrite"]).overwrite

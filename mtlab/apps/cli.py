@@ -138,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", type=Path, default=None,
                    help="an original Nabu-MSSS recipe folder: its database.conf paths go below this (default: data)")
     p.add_argument("--expdir", type=Path, required=True, help="experiment folder (must not hold an experiment yet)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="the folder holds an experiment (e.g. one a recipe error stopped): remove it and start again")
     p.add_argument("--shrink", type=_positive, default=0, metavar="N",
                    help="cap the hidden sizes of an original Nabu-MSSS recipe at N units: a quick look on a CPU")
     common(p)
@@ -236,15 +238,34 @@ def _with_flags(recipe: Any, args: argparse.Namespace) -> Any:
     return loaded
 
 
-def _fresh_expdir(path: Path) -> None:
+RUN_FILES = ("final.pt", "best.pt", "latest.pt", "history.csv", "validation.csv", "summary.json", "summary.txt",
+             "skipped.jsonl", "recipe.json", "recipe.toml", "losses.png", "grad_norms.png", "clip_fraction.png",
+             "history.png")  # what a run writes into its experiment folder (``--overwrite`` removes them)
+
+
+def _fresh_expdir(path: Path, overwrite: bool = False, recipe: Any = "RECIPE") -> None:
+    """Refuse a folder that holds an experiment, naming both ways on; with ``overwrite`` remove that run's files."""
+    import shutil
+
     from ..base.errors import ConfigError
 
-    if (path / "final.pt").exists() or (path / "best.pt").exists():
-        raise ConfigError(f"{path} already holds an experiment; `mtlab resume {path}` continues it, "
-                          "or choose another --expdir")
+    held = (path / "final.pt").exists() or (path / "best.pt").exists()
+    if held and overwrite:
+        for name in RUN_FILES:
+            (path / name).unlink(missing_ok=True)
+        shutil.rmtree(path / "stats", ignore_errors=True)
+        print(f"--overwrite: the run in {path} was removed; training starts again")
+        return
+    if held:
+        shown = recipe if isinstance(recipe, (str, Path)) else "RECIPE"
+        raise ConfigError(f"{path} already holds an experiment: `mtlab resume {path}` continues it with the recipe it "
+                          f"started with; `mtlab train {shown} --expdir {path} --overwrite` starts it again from the "
+                          "recipe (after fixing it: the old checkpoints and tables are removed); or choose another "
+                          "--expdir")
 
 
 def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
+    from ..base.errors import MtlabError, explain
     from ..training.loop import run
 
     from .recipe import trainer_settings
@@ -258,8 +279,15 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
         logger = make(loggers, expdir).attach(exp.trainer)
     periodic = _periodic(exp, expdir)
     cost = _cost_note(exp) if rank == 0 else None
+    first = exp.trainer.step_count
     try:
         schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
+    except MtlabError as exc:
+        if exp.trainer.step_count == first == 0 and args.command == "train":
+            shown = args.recipe if isinstance(args.recipe, (str, Path)) else "RECIPE"
+            explain(exc, f"nothing was trained: after fixing the recipe, `mtlab train {shown} --expdir {expdir} "
+                         "--overwrite` starts again (`mtlab resume` would replay this recipe)")
+        raise
     finally:
         if logger is not None:
             logger.close()
@@ -360,7 +388,7 @@ def _elastic_train(args: argparse.Namespace) -> int:
     point = resume_point(args.expdir) if restarts else None
     if point is None:
         if not restarts:
-            _fresh_expdir(args.expdir)
+            _fresh_expdir(args.expdir, args.overwrite, args.recipe)
         exp = from_recipe(_with_flags(args.recipe, args))
     else:
         exp = load(point)

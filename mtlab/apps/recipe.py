@@ -378,6 +378,25 @@ class Experiment:
         return save_checkpoint(self.trainer, self.schedule, path, recipe=self.recipe)
 
 
+def _checked_loss(origin: str, tname: str, spec: Mapping[str, Any]) -> Any:
+    """The loss computer of ``[tasks.NAME]``, its ``target`` and ``output`` checked against the task's targets and
+    outputs: a misspelt key is refused before any data are read, naming the recipe file and the task."""
+    from ..losses import get_loss
+
+    loss = dict(spec["loss"])
+    try:
+        loss_fn = get_loss(loss.pop("type"), **loss)
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: [tasks.{tname}] loss: {exc}") from None
+    for attr, key in (("target", "targets"), ("output", "outputs")):
+        name, names = getattr(loss_fn, attr, None), list(spec.get(key, []))
+        if isinstance(name, str) and name not in names:
+            raise ConfigError(f"{origin}: [tasks.{tname}] loss {attr} = {name!r} is not one of the task's {key} "
+                              f"{names}; write {attr} = {names[0]!r} in the loss table (or add {name!r} to {key})"
+                              if names else f"{origin}: [tasks.{tname}] has no {key} for its loss {attr} {name!r}")
+    return loss_fn
+
+
 def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | None = None,
                 init_weights: bool = True, data_root: str | Path | None = None) -> Experiment:
     """An :class:`Experiment` from a TOML recipe, an original ``trainer.cfg`` or a dict. ``datasets`` may be
@@ -385,7 +404,6 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
     recipe's ``init_file`` (``load`` does: the checkpoint's weights replace them anyway). An original Nabu-MSSS
     recipe folder is imported with its data under ``data_root`` (see ``load_recipe``)."""
     from ..data import FeatureStats, TARGET_KEYS
-    from ..losses import get_loss
     from ..models import build_model
     from ..tasks.sampling import trainset_fraction
 
@@ -410,6 +428,7 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
     targets = tuple(sorted({k for t in chosen for k in (*recipe["tasks"][t]["targets"], *recipe["tasks"][t]["inputs"])}
                            & set(TARGET_KEYS)))
     recipe.setdefault("stats", {})
+    losses = {tname: _checked_loss(origin, tname, recipe["tasks"][tname]) for tname in chosen}  # before any data
     tasks = []
     for tname in chosen:
         spec = recipe["tasks"][tname]
@@ -432,11 +451,7 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                     raise ConfigError(f"{origin}: [tasks.{tname}] linked set {sname!r}: {exc}") from None
             sets[sname] = LinkedSet(train, weight=sspec.get("weight", 1.0), valid=valid,
                                     num_workers=sspec["data"].get("num_workers", 0))
-        loss = dict(spec["loss"])
-        try:
-            loss_fn = get_loss(loss.pop("type"), **loss)
-        except ConfigError as exc:
-            raise ConfigError(f"{origin}: [tasks.{tname}] loss: {exc}") from None
+        loss_fn = losses[tname]
         nodes = [Node(n["name"], model=n["model"], inputs=n["inputs"], outputs=n.get("outputs")) for n in spec["nodes"]]
         tasks.append(Task(tname, nodes, spec["inputs"], spec["targets"], spec["outputs"], loss_fn, sets,
                           batch_size=spec.get("batch_size", settings["batch_size"]),
