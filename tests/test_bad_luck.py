@@ -262,3 +262,44 @@ def test_a_dead_experiment_folder_names_both_ways_out(tmp_path, capsys):
     record("wrong loss target: train --overwrite starts again", held)
     assert held
     assert cli._parser().parse_args(["train", "r.toml", "--expdir", "e", "--overwrite"]).overwrite
+
+
+# ------------------------------------------------------------------ 8. threads of the Python API on a busy machine
+@pytest.fixture
+def busy(monkeypatch):
+    """Two CPUs at load 9, torch still at its own thread count (2), no MTLAB_THREADS."""
+    from mtlab.base import threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    monkeypatch.setattr(threads, "_STARTED", 2)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.delenv("MTLAB_THREADS", raising=False)
+    yield threads
+    torch.set_num_threads(before)
+
+
+def test_the_python_api_chooses_threads_from_the_free_cpus(busy, monkeypatch):
+    _trainer()
+    held = torch.get_num_threads() == 1
+    record("busy machine: Trainer chooses threads", held)
+    assert held
+    torch.set_num_threads(2)
+    monkeypatch.setenv("MTLAB_THREADS", "2")
+    _trainer()
+    assert torch.get_num_threads() == 2  # MTLAB_THREADS overrides the choice
+    monkeypatch.delenv("MTLAB_THREADS")
+    mtlab.run(_trainer(), steps=1, progress=False, threads=2)
+    assert torch.get_num_threads() == 2  # and threads= of run
+
+
+def test_a_program_that_chose_its_threads_keeps_them_and_hears_the_machine_is_busy(busy, caplog):
+    torch.set_num_threads(3)  # the program's own count
+    tr = _trainer()
+    assert torch.get_num_threads() == 3
+    with caplog.at_level("INFO", logger="mtlab"):
+        mtlab.run(tr, steps=1, progress=False)
+    held = "oversubscribed" in caplog.text and "MTLAB_THREADS" in caplog.text
+    record("busy machine: run warns at the first step", held)
+    assert held, caplog.text

@@ -52,22 +52,17 @@ def _demo_recipe() -> Path:
 
 
 def _usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    from ..base.threads import usable_cpus
+
+    return usable_cpus()
 
 
 def default_threads() -> tuple[int, str]:
-    """torch CPU threads that do not oversubscribe the machine, and why: the CPUs this process may use less
-    the machine's load (other programs' busy threads), shared among the local ranks; at least 1, at most
-    torch's own choice. On a shared 2-core machine under load, more threads made steps 10-15x slower."""
-    import torch
+    """torch CPU threads that do not oversubscribe the machine, and why (``mtlab.base.threads.default_threads``:
+    the Python API chooses the same way)."""
+    from ..base.threads import default_threads as choose
 
-    cpus = _usable_cpus()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    free = max(1, round(cpus - load)) // ranks
-    n = max(1, min(torch.get_num_threads(), free))
-    shared = f", {ranks} local ranks" if ranks > 1 else ""
-    return n, f"{n} torch thread{'s' if n > 1 else ''} ({cpus} CPUs, load {load:.1f}{shared}; --threads N to choose)"
+    return choose(_usable_cpus(), "--threads N to choose")
 
 
 def _positive(text: str) -> int:

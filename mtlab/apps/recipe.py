@@ -398,12 +398,17 @@ def _checked_loss(origin: str, tname: str, spec: Mapping[str, Any]) -> Any:
 
 
 def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | None = None,
-                init_weights: bool = True, data_root: str | Path | None = None) -> Experiment:
+                init_weights: bool = True, data_root: str | Path | None = None,
+                threads: int | None = None) -> Experiment:
     """An :class:`Experiment` from a TOML recipe, an original ``trainer.cfg`` or a dict. ``datasets`` may be
     shared between experiments built from the same corpora (loaded once). ``init_weights=False`` skips the
     recipe's ``init_file`` (``load`` does: the checkpoint's weights replace them anyway). An original Nabu-MSSS
-    recipe folder is imported with its data under ``data_root`` (see ``load_recipe``)."""
+    recipe folder is imported with its data under ``data_root`` (see ``load_recipe``). ``threads`` sets torch's
+    CPU threads (default: ``MTLAB_THREADS``, else the free CPUs unless the program set them; ``mtlab.base.threads``)."""
+    from ..base.threads import apply_threads
     from ..data import FeatureStats, TARGET_KEYS
+
+    apply_threads(threads)  # before the data work: statistics and features run on these threads too
     from ..models import build_model
     from ..tasks.sampling import trainset_fraction
 

@@ -25,6 +25,7 @@ from .accumulator import Accumulator, Phase, Reducer
 from .parallel import Parallel
 from ..base.batching import Batch, resolve_device
 from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError, explain
+from ..base.threads import apply_threads
 from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
@@ -86,6 +87,7 @@ class Trainer:
                  clip_grad_norm: float | None = None, optimizer: str | OptimizerFactory | None = None,
                  combine: Any = None, clip_grad_percentile: float | None = None, precision: Any = "32",
                  compile: bool = False, linkedset_weights: str = "absolute") -> None:
+        apply_threads()  # torch's CPU threads from the free CPUs, unless the program set them (mtlab.base.threads)
         check_models(models)
         tasks = check_tasks(tasks)
         check_count(numbatches_to_aggregate, "numbatches_to_aggregate", "minibatch rounds per step")

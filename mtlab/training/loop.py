@@ -63,6 +63,7 @@ import torch
 
 from ..base.errors import ConfigError, explain
 from ..base.report import say
+from ..base.threads import apply_threads, oversubscribed
 from ..core.accumulator import Phase
 from ..core.trainer import KEPT, Trainer
 from . import expdir as expdir_
@@ -255,7 +256,7 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
 
 def run(target: Any, schedule: Schedule | None = None, steps: int | None = None, progress: bool = True,
         expdir: str | Path | None = None, between_steps: Callable[[], bool] | None = None,
-        recipe: Mapping[str, Any] | None = None) -> Schedule:
+        recipe: Mapping[str, Any] | None = None, threads: int | None = None) -> Schedule:
     """Train until ``schedule.num_steps`` (or ``steps`` more steps, validation stops it, Ctrl-C, or
     ``between_steps()`` returns True).
 
@@ -264,6 +265,8 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
     before each step; it may block (pause), run queued commands, and returns True to stop. Returns the
     schedule; ``schedule.last_stop`` says why it returned. With ``expdir`` the experiment folder gets the
     recipe, feature stats, ``best.pt``, ``final.pt``, ``history.csv``, ``validation.csv``, plots and a summary.
+    ``threads`` sets torch's CPU threads (default: ``MTLAB_THREADS``, else the free CPUs, unless the program set
+    them itself; see ``mtlab.base.threads``); more threads than free CPUs is said before the first step.
     """
     trainer, own_schedule, own_recipe = _target(target)
     schedule = schedule if schedule is not None else own_schedule
@@ -280,6 +283,10 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
         schedule = Schedule(num_steps=max(1, total), initial_learning_rate=trainer.lr)
         if target is not trainer:
             target.schedule = schedule
+    apply_threads(threads)
+    busy = oversubscribed() if trainer.device.type == "cpu" else None
+    if busy:
+        say(busy, progress)
     path = Path(expdir) if expdir is not None else None
     done, reason, error = 0, "done", None
     start = time.monotonic()
