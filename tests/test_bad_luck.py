@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import mtlab
+import mtlab.data
 from campaign import record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -303,3 +304,112 @@ def test_a_program_that_chose_its_threads_keeps_them_and_hears_the_machine_is_bu
     held = "oversubscribed" in caplog.text and "MTLAB_THREADS" in caplog.text
     record("busy machine: run warns at the first step", held)
     assert held, caplog.text
+
+
+# ------------------------------------------------------------------ 10. honest progress
+def test_the_bar_never_goes_back_and_ends_full_after_a_go_back(monkeypatch):
+    import tqdm.auto
+
+    from mtlab.training.schedule import Schedule
+
+    seen: list[tuple[int, int]] = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def refresh(self, *args, **kwargs):
+            seen.append((self.n, self.total))
+            return super().refresh(*args, **kwargs)
+
+        def update(self, n=1):
+            seen.append((self.n, self.total))
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    tr = _trainer()
+    saved: dict = {}
+
+    def go_back() -> bool:  # as a worse validation at step 4 would: back to step 2
+        if tr.step_count == 2 and not saved:
+            saved.update(tr.state_dict())
+        elif tr.step_count == 4 and "done" not in saved:
+            saved["done"] = True
+            tr.load_state_dict({k: v for k, v in saved.items() if k != "done"})
+        return False
+
+    run_schedule = Schedule(num_steps=6, initial_learning_rate=1e-2)
+    mtlab.run(tr, schedule=run_schedule, between_steps=go_back, progress=True)
+    counts = [n for n, _ in seen]
+    held = counts == sorted(counts) and seen[-1][0] == seen[-1][1] == 8  # 8 steps run to reach step 6
+    record("honest progress: the bar after a go-back", held)
+    assert held, seen
+
+
+def test_the_summary_explains_steps_undone_and_a_run_of_no_step():
+    from mtlab.training.expdir import _text
+
+    base = {"recipe": "demo", "step": 150, "num_steps": 375, "steps_run": 275, "start_step": 0, "stop": "num_tries",
+            "wall_s": 412.5, "s_per_step": 1.5, "device": "cpu", "train_loss_first5": {}, "train_loss_last5": {},
+            "best_validation": None, "skipped_steps": []}
+    text = _text(base)
+    assert "275 run this time" in text and "125 undone" in text and "best" in text, text
+    text = _text({**base, "step": 0, "steps_run": 0, "wall_s": 0.4, "s_per_step": None})
+    held = "None" not in text and "no step run" in text
+    record("honest progress: summary of a run of no step", held)
+    assert held, text
+
+
+def test_load_split_in_memory_reports_progress(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "data"))
+    from data_helpers import make_corpus
+
+    make_corpus(tmp_path, ["a", "b", "c", "d"])
+    seen: list[tuple[int, int]] = []
+    mtlab.data.load_split(tmp_path, split="train", linkedset="clean", progress=lambda d, t: seen.append((d, t)))
+    held = bool(seen) and seen[-1] == (4, 4)
+    record("honest progress: load_split reports", held)
+    assert held, seen
+
+
+def test_evaluate_names_the_split_flag(tmp_path, monkeypatch, capsys):
+    from mtlab.apps import cli, recipe
+
+    class Exp:
+        trainer = _trainer()
+
+    def no_such_split(exp, task, linkedset, split):
+        raise mtlab.data.DataError(f"/corpus/{split}: list folder not found")
+
+    monkeypatch.setattr(recipe, "load", lambda path: Exp())
+    monkeypatch.setattr(recipe, "load_split_for", no_such_split)
+    (tmp_path / "final.pt").write_bytes(b"")
+    code = cli.main(["evaluate", str(tmp_path), "--split", "tset", "--threads", "1"])
+    err = capsys.readouterr().err
+    held = code == cli.EXIT_USAGE and "--split tset" in err
+    record("honest progress: evaluate names --split", held)
+    assert held, err
+
+
+def test_prepare_prints_a_root_usable_from_a_recipe_anywhere(tmp_path, monkeypatch, capsys):
+    from mtlab.apps import cli
+    from test_layouts import make_layouts
+
+    make_layouts.make_tree("wsj0-2mix", tmp_path / "corpus", 2)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["prepare", "wsj0-2mix", "corpus", "--out", "lists"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("recipe data:")][0]
+    root = line.split('root = "')[1].split('"')[0]
+    held = Path(root).is_absolute() and Path(root) == (tmp_path / "lists").resolve()
+    record("honest progress: prepare prints a usable root", held)
+    assert held, line
+
+
+def test_an_imported_recipe_carries_no_absolute_path_in_its_description(tmp_path):
+    from test_nabu_import import write_recipe
+
+    from mtlab.nabu import import_nabu
+
+    recipe = import_nabu(write_recipe(tmp_path / "MERL"))
+    held = str(tmp_path) not in recipe["description"] and "MERL" in recipe["description"]
+    record("honest progress: imported description", held)
+    assert held, recipe["description"]

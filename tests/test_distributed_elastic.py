@@ -116,7 +116,7 @@ def test_a_killed_worker_restarts_the_group_from_the_last_checkpoint(workdir) ->
     assert rc == 0, log
     assert "restart 1 of the worker group: resuming from" in stderr and "latest.pt (step 2)" in stderr, log
     assert "exitcode: -9" in stderr  # the worker was killed, and the group went on
-    assert "4 / 4 (2 this run" in stdout, log  # the restarted group ran steps 3 and 4 only
+    assert "4 / 4 (2 run this time" in stdout, log  # the restarted group ran steps 3 and 4 only
     step, params = final_params(exp)
     assert step == 4
     assert_same(params, one_process(path, world=2, steps=4))  # as if never interrupted

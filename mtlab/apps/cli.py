@@ -318,7 +318,7 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from ..base.errors import ConfigError
+    from ..base.errors import ConfigError, DataError
     from .recipe import load, load_split_for
 
     choice = {"best": args.expdir / "best.pt", "final": args.expdir / "final.pt"}.get(args.checkpoint, Path(args.checkpoint))
@@ -329,7 +329,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     results: dict[str, float] = {}
     for tname, task in trainer.tasks.items():
         for sname, ls in task.linkedsets.items():
-            examples = load_split_for(exp, tname, sname, args.split) if args.split else ls.valid
+            try:
+                examples = load_split_for(exp, tname, sname, args.split) if args.split else ls.valid
+            except DataError as exc:
+                raise DataError(f"--split {args.split}: task {tname!r}, linked set {sname!r} has no such split ({exc}); "
+                                "give a split of its corpus, e.g. --split dev or --split test") from None
             if examples is None:
                 continue
             results[f"{tname}/{sname}"] = trainer.evaluate(tname, sname, examples=examples)
@@ -479,7 +483,7 @@ def _shard(args: argparse.Namespace) -> int:
             f" (no {INDEX}); write the shards with `mtlab shard CORPUS {base}`" if args.verify else
             " (no mix_<set>.scp list); give the corpus in list layout, e.g. from `mtlab prepare`"))
     if not args.verify:
-        print(f'recipe data: {{ root = "{args.out}", split = "train", linkedset = "..." }} (or the URL of a copy)')
+        print(f'recipe data: {{ root = "{args.out.resolve()}", split = "train", linkedset = "..." }} (or the URL of a copy)')
     return 0
 
 
@@ -566,7 +570,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             out = args.out or Path("lists") / args.layout
             print(prepare(args.layout, args.root, out, args.linkedsets, args.train))
-            print(f'recipe data: {{ root = "{out}", split = "train", linkedset = "..." }}')
+            # a recipe reads a relative root from its own folder, not from this shell's: print the absolute path
+            print(f'recipe data: {{ root = "{out.resolve()}", split = "train", linkedset = "..." }}')
             return 0
         if args.command == "score":
             return _score(args)

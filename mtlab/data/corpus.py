@@ -413,7 +413,9 @@ Example::
                                  if keys & _SOURCE_KEYS or mixing else [],
                                  folder / "spk.txt" if keys & _SPEAKER_KEYS or mixing else None, vector_list,
                                  tuple(others.values()))
-        manifest, samples, skipped = header_samples(manifest, on_bad_data)
+        manifest, samples, skipped = header_samples(
+            manifest, on_bad_data, progress=printed_progress(f"WAV headers of {split}/mix_{linkedset}.scp")
+            if progress is True else (progress or None))
         if skipped:
             warnings.warn(f"{folder}/mix_{linkedset}.scp: left out {len(skipped)} bad file(s) (on_bad_data='skip'), "
                           f"first {skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=2)
@@ -433,8 +435,17 @@ Example::
         raise DataError("load_split on_bad_data='skip' needs stream=True (the in-memory path reads every file "
                         "before training and stops at the first bad one)")
 
+    # reading and featurizing every utterance takes a while on a real corpus (68 s for one linked set): say so
+    show = printed_progress(f"features of {split}/mix_{linkedset}.scp") if progress is True else (progress or None)
+    made = 0
+
     def example(row: _Row, feature_stats: F.FeatureStats | None) -> dict[str, torch.Tensor]:
-        return _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn, num_sources)
+        nonlocal made
+        out = _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn, num_sources)
+        made += 1
+        if show is not None:
+            show(made, len(rows))
+        return out
 
     if stats is None:
         if _own_stats(base, split):

@@ -205,8 +205,8 @@ def _save_lengths(paths: list[Path], samples: np.ndarray, digest: str) -> Path |
     return None
 
 
-def header_samples(manifest: Manifest, on_bad_data: str,
-                   beside: bool = True) -> tuple[Manifest, np.ndarray, list[Skipped]]:
+def header_samples(manifest: Manifest, on_bad_data: str, beside: bool = True,
+                   progress: Any = None) -> tuple[Manifest, np.ndarray, list[Skipped]]:
     """Samples of every mixture from its WAV header (cached beside the list as ``mix_<set>.samples.npz``, else in
     the user cache folder; see :func:`_lengths_cache`); bad headers raise, or are skipped (left out and returned)."""
     caches, digest = _lengths_cache(manifest, beside)
@@ -221,6 +221,8 @@ def header_samples(manifest: Manifest, on_bad_data: str,
     skipped = []
     mix = manifest.mix
     for i in range(len(manifest)):
+        if progress is not None:
+            progress(i + 1, len(manifest))  # a callback (done, total): headers of a large corpus take a while
         try:
             samples[i] = wav_samples(mix.resolved(i), SAMPLE_RATE, origin=mix.where(i))
         except DataError as err:

@@ -792,7 +792,8 @@ def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: 
     models = size_models(imp, imp.models(mparser), tasks, len(stages))
     recipe: dict[str, Any] = {
         "name": folder.name,
-        "description": f"imported from the Nabu-MSSS recipe {folder}; {ORIGINAL_UPDATE_NOTE}",
+        # the folder's name only: [nabu] recipe_dir has its full path (a description is read on other machines)
+        "description": f"imported from the Nabu-MSSS recipe {folder.name}; {ORIGINAL_UPDATE_NOTE}",
         "trainer": plain,
         "models": models,
         "tasks": tasks,

@@ -55,7 +55,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def summary(trainer: Trainer, schedule: Schedule, wall_s: float, steps_run: int,
-            recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            recipe: Mapping[str, Any] | None = None, start_step: int | None = None) -> dict[str, Any]:
     """Host-side facts about the run: steps, stop reason, speed, first/last losses, best validation."""
     rows = trainer.log.rows()
     tasks = list(trainer.tasks)
@@ -64,7 +64,7 @@ def summary(trainer: Trainer, schedule: Schedule, wall_s: float, steps_run: int,
     recipe = recipe or {}
     return {
         "recipe": recipe.get("name", recipe.get("source")), "step": trainer.step_count,
-        "num_steps": schedule.num_steps, "steps_run": steps_run, "stop": schedule.last_stop,
+        "num_steps": schedule.num_steps, "steps_run": steps_run, "start_step": start_step, "stop": schedule.last_stop,
         "finished": schedule.finished or trainer.step_count >= schedule.num_steps,
         "wall_s": round(wall_s, 3), "s_per_step": round(wall_s / steps_run, 4) if steps_run else None,
         "train_loss_first5": first, "train_loss_last5": last,
@@ -96,9 +96,19 @@ def why_stopped(schedule: Schedule, step: int) -> str:
 
 
 def _text(s: dict[str, Any]) -> str:
+    run, start = s["steps_run"], s.get("start_step")
+    undone = start + run - s["step"] if start is not None else 0  # steps a go_back returned from
+    if not run:
+        this = "no step run this time"
+    elif undone > 0:
+        this = (f"{run} run this time, {undone} undone by going back to the best validated state, so it moved "
+                f"{s['step'] - start:+d}")
+    else:
+        this = f"{run} run this time"
+    pace = f"{s['s_per_step']} s/step" if s["s_per_step"] is not None else "no step run"
     lines = [f"recipe        {s['recipe']}",
-             f"steps         {s['step']} / {s['num_steps']} ({s['steps_run']} this run, stop: {s['stop']})",
-             f"time          {s['wall_s']:.1f} s ({s['s_per_step']} s/step) on {s['device']}"]
+             f"steps         {s['step']} / {s['num_steps']} ({this}; stop: {s['stop']})",
+             f"time          {s['wall_s']:.1f} s ({pace}) on {s['device']}"]
     for t, v in s["train_loss_first5"].items():
         end = s["train_loss_last5"].get(t)
         fmt = (lambda x: "n/a" if x is None else f"{x:.4f}")
@@ -126,13 +136,14 @@ def _plot(trainer: Trainer, schedule: Schedule, path: Path) -> list[str]:
 
 
 def finish(trainer: Trainer, schedule: Schedule, path: Path, wall_s: float, steps_run: int,
-           save: Callable[[Path], Any], recipe: Mapping[str, Any] | None = None) -> dict[str, Any]:
+           save: Callable[[Path], Any], recipe: Mapping[str, Any] | None = None,
+           start_step: int | None = None) -> dict[str, Any]:
     """Write ``final.pt`` first with ``save`` (so it exists whatever fails later), then the tables, plots
     and summary."""
     import pandas as pd
 
     if trainer.rank != 0:  # data parallel: rank 0 writes the experiment folder
-        return summary(trainer, schedule, wall_s, steps_run, recipe)
+        return summary(trainer, schedule, wall_s, steps_run, recipe, start_step)
     path.mkdir(parents=True, exist_ok=True)
     save(path / "final.pt")
     trainer.history.to_csv(path / "history.csv", index=False)
@@ -143,7 +154,7 @@ def finish(trainer: Trainer, schedule: Schedule, path: Path, wall_s: float, step
     notes = _plot(trainer, schedule, path)
     for note in notes:
         say(note)
-    s = {**summary(trainer, schedule, wall_s, steps_run, recipe), "notes": notes}  # summary.txt says them too
+    s = {**summary(trainer, schedule, wall_s, steps_run, recipe, start_step), "notes": notes}  # summary.txt says them too
     (path / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     (path / "summary.txt").write_text(_text(s))
     return s

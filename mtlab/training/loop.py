@@ -188,6 +188,11 @@ def _note_bad_data(trainer: Trainer, progress: bool) -> None:
         trainer.events.emit("data_skipped", {"step": trainer.step_count, "examples": fresh})
 
 
+def _left(trainer: Trainer, schedule: Schedule, done: int) -> int:
+    """The bar's total: the steps run so far plus those the schedule still has."""
+    return done + max(0, schedule.num_steps - trainer.step_count)
+
+
 def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bool, path: Path | None,
            between_steps: Callable[[], bool] | None, recipe: Mapping[str, Any] | None, follow_lr: bool,
            guard: _Sigint) -> tuple[int, str, BaseException | None]:
@@ -196,8 +201,11 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
 
     done, reason, error = 0, "done", None
     tty = sys.stderr.isatty()
-    bar = tqdm(total=schedule.num_steps, initial=min(trainer.step_count, schedule.num_steps), disable=not progress,
-               desc="train", unit="step", dynamic_ncols=True, mininterval=0.1 if tty else 30.0)
+    # The bar counts the steps this run has taken, never backwards: after a go_back its rate and time left stay
+    # true (a rewound count made them 4x off), and the schedule's own position shows beside it ("step 150/375").
+    bar = tqdm(total=_left(trainer, schedule, 0), initial=0, disable=not progress, desc="train", unit="step",
+               dynamic_ncols=True, mininterval=0.1 if tty else 30.0)
+    bar.set_postfix({"step": f"{trainer.step_count}/{schedule.num_steps}"}, refresh=False)
     shown = 0.0
     schedule.apply_stage(trainer)
     trainer.events.emit("run_start", {"step": trainer.step_count, "num_steps": schedule.num_steps})
@@ -215,7 +223,7 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
                 break
             if over:
                 schedule.next_stage(trainer, progress)
-                bar.total = schedule.num_steps
+                bar.total = _left(trainer, schedule, done)
                 continue
             if (schedule.validate_at_step_0 and schedule.valid_frequency
                     and trainer.step_count == schedule.stage_start
@@ -238,9 +246,11 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
                 _note_skipped(trainer, schedule, progress)
             if progress and time.monotonic() - shown > (1.0 if tty else 30.0):
                 shown = time.monotonic()  # reading the history is a device sync: at most once a second
-                bar.set_postfix(_postfix(trainer), refresh=False)
+                bar.set_postfix({"step": f"{trainer.step_count}/{schedule.num_steps}", **_postfix(trainer)},
+                                refresh=False)
                 _note_skipped(trainer, schedule, progress)
-            bar.n = min(trainer.step_count, schedule.num_steps)
+            bar.total = _left(trainer, schedule, done)
+            bar.n = done
             bar.refresh() if tty else bar.update(0)
         if (reason == "done" and schedule.valid_frequency and not schedule.stopped
                 and (not schedule.validation or schedule.validation[-1]["step"] != trainer.step_count)):
@@ -289,7 +299,7 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
         say(busy, progress)
     path = Path(expdir) if expdir is not None else None
     done, reason, error = 0, "done", None
-    start = time.monotonic()
+    start, start_step = time.monotonic(), trainer.step_count
     # The handler is in place from the folder's first file to its last: a Ctrl-C while final.pt is written
     # waits until it is (the folder is always complete), one during the steps stops after the step in flight.
     with _Sigint(trainer, progress) as guard:
@@ -309,7 +319,7 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
             say(f"interrupted at step {trainer.step_count}; the trainer is consistent and can continue", progress)
         if path is not None:
             expdir_.finish(trainer, schedule, path, wall_s=time.monotonic() - start, steps_run=done, recipe=recipe,
-                           save=lambda p: save_checkpoint(trainer, schedule, p, recipe=recipe))
+                           save=lambda p: save_checkpoint(trainer, schedule, p, recipe=recipe), start_step=start_step)
     trainer.events.emit("run_end", {"reason": reason, "step": trainer.step_count, "steps_run": done})
     if error is not None:
         raise error
