@@ -13,11 +13,17 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITES = ["tests/test_reliability.py", "tests/test_properties.py", "tests/test_interrupts.py"]
+SUITES = ["tests/test_reliability.py", "tests/test_properties.py", "tests/test_interrupts.py", "tests/test_bad_luck.py",
+          "tests/data/test_bad_luck_data.py"]
 # Kinds of case the campaign must try (a prefix of each kind's name): a suite that stops recording one fails.
 EXPECTED = ("refused stepwise call", "refused step()", "refused mtlab.run step", "composite refusal",
             "exception inside", "damaged checkpoint", "foreign checkpoint", "non-UTF-8 list", "float-WAV list",
-            "non-finite value injected", "disk full while saving", "data file deleted mid-run")
+            "non-finite value injected", "disk full while saving", "data file deleted mid-run",
+            # round 4: bad luck (tests/test_bad_luck.py, tests/data/test_bad_luck_data.py)
+            "Ctrl-C while final.pt is written", "skip with no readable file left", "half-loaded state refused",
+            "regenerated corpus, stale header lengths", "DataError in a DataLoader worker", "DataError mid-stream",
+            "documented module paths import", "message:", "exit code:", "wrong loss target", "busy machine",
+            "honest progress")
 
 
 def main() -> int:

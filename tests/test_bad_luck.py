@@ -274,6 +274,8 @@ def busy(monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     monkeypatch.setattr(threads, "_STARTED", 2)
+    monkeypatch.setattr(threads, "_CHOSEN", None)
+    monkeypatch.setattr(threads, "_FIXED", False)
     monkeypatch.setattr(threads, "usable_cpus", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))
     monkeypatch.delenv("MTLAB_THREADS", raising=False)
@@ -293,6 +295,8 @@ def test_the_python_api_chooses_threads_from_the_free_cpus(busy, monkeypatch):
     monkeypatch.delenv("MTLAB_THREADS")
     mtlab.run(_trainer(), steps=1, progress=False, threads=2)
     assert torch.get_num_threads() == 2  # and threads= of run
+    _trainer()
+    assert torch.get_num_threads() == 2  # which stays chosen (as the command line's --threads 2 does)
 
 
 def test_a_program_that_chose_its_threads_keeps_them_and_hears_the_machine_is_busy(busy, caplog):

@@ -516,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The demo's model is small: one thread is fastest, and several threads on busy cores were
         # 15x slower per step in our measurements (oversubscription). Training commands use the free CPUs.
         if args.command in ("train", "demo", "resume", "evaluate"):
-            import torch
+            from ..base.threads import apply_threads
 
             if args.threads:
                 threads, why = args.threads, f"{args.threads} torch thread{'s' if args.threads > 1 else ''} (--threads {args.threads})"
@@ -524,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 threads, why = 1, "1 torch thread (the demo's small model runs fastest on one; --threads N to choose)"
             else:
                 threads, why = default_threads()
-            torch.set_num_threads(threads)
+            apply_threads(threads, announce=False)  # fixed: the Trainer and run() keep it
             print(f"threads: {why}")
         _init_distributed()
         if args.command == "train" and (args.recipe.is_dir() or args.shrink):  # an original Nabu-MSSS recipe folder

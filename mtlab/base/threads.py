@@ -24,7 +24,8 @@ from .report import say
 
 ENV = "MTLAB_THREADS"
 _STARTED = torch.get_num_threads()  # torch's own choice, before anyone set it
-_CHOSEN: int | None = None  # what mtlab set last (so it may choose again, e.g. when the load changed)
+_CHOSEN: int | None = None  # what mtlab's default chose last (it may choose again, e.g. when the load changed)
+_FIXED = False  # threads= (or the command line's --threads) chose: later calls without one keep it
 
 
 def usable_cpus() -> int:
@@ -57,23 +58,27 @@ def _count(value: object, where: str) -> int:
     return value
 
 
-def apply_threads(threads: int | None = None) -> str | None:
-    """Set torch's CPU thread count as the module docstring says; returns why (None: the program's own count was
-    kept). Said once (logger ``mtlab``) whenever it changes the count."""
-    global _CHOSEN
+def apply_threads(threads: int | None = None, announce: bool = True) -> str | None:
+    """Set torch's CPU thread count as the module docstring says; returns why (None: the count was kept: the
+    program set its own, or an earlier ``threads=`` / ``--threads`` fixed it). Said once (logger ``mtlab``) whenever
+    it changes the count, unless ``announce`` is False (the command line prints its own line)."""
+    global _CHOSEN, _FIXED
     if threads is not None:
-        n, why = _count(threads, "threads"), f"{threads} torch thread(s) (threads={threads})"
+        n = _count(threads, "threads")
+        why = f"{n} torch thread{'s' if n > 1 else ''} (threads={n})"
+        _FIXED, _CHOSEN = True, None
     elif os.environ.get(ENV):
         n = _count(os.environ[ENV], ENV)
-        why = f"{n} torch thread(s) ({ENV}={n})"
-    elif torch.get_num_threads() not in (_STARTED, _CHOSEN):
-        return None  # the program chose its own count
+        why = f"{n} torch thread{'s' if n > 1 else ''} ({ENV}={n})"
+    elif _FIXED or torch.get_num_threads() not in (_STARTED, _CHOSEN):
+        return None  # chosen on purpose: by the program, threads= or --threads
     else:
         n, why = default_threads()
+        _CHOSEN = n
     if n != torch.get_num_threads():
         torch.set_num_threads(n)
-        say(f"threads: {why}")
-    _CHOSEN = n
+        if announce:
+            say(f"threads: {why}")
     return why
 
 
