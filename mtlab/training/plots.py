@@ -1,21 +1,21 @@
 """Plots of a trainer's history: helpers that return a matplotlib ``Figure`` (and accept ``ax=``),
-usable headless (the experiment folder's PNGs are drawn here), and the ``LivePlot`` the dashboard
-redraws. Needs matplotlib (``pip install "mtlab[notebook]"``); the core never imports this module.
+usable headless (the experiment folder's PNGs are drawn here), and the pieces the dashboard's
+``LivePlot`` draws with. Needs matplotlib (``pip install "mtlab[notebook]"``); the core never imports
+this module.
 
 Owned ``Figure`` objects only (never pyplot), so nothing depends on a GUI backend::
 
     fig = plot_losses(trainer.history, scale="log", smoothing=0.8)
     fig.savefig("losses.png")
-    save_plots(trainer.history, "runs/exp1")   # losses.png, grad_norms.png, clip_fraction.png, history.png
+    save_plots(trainer.history, "runs/exp1")   # losses.png, grad_norms.png, [clip_fraction.png,] history.png
 
-Every figure gives a task the same colour (``task_colors``: the tasks' order, tab10), in every
-panel, live or saved; linked sets share their task's colour with their own dash pattern. One panel per
-quantity (``panels_for``: the clipped share only when something was clipped, combine weights and task
-cosines when a method recorded them) on a shared step axis; legends sit outside the axes, laid out so
-that no two texts overlap; figures are sized in pixels of a notebook's width (shown 1:1). Changes of a
-weight or of the learning rate found in the history are dotted lines with numbers that merge rather
-than overprint (``events_from_frame`` lists them). The dashboard's live figure is
-``mtlab.ui.liveplot.LivePlot``, drawn with these helpers.
+How series are told apart (colour = task, dash = linked set, a marker per linked set for validation
+points) and where panels and the shared legend go: ``plotstyle``. One panel per quantity (``panels_for``:
+the clipped share only when something was clipped, combine weights and task cosines when a method
+recorded them) on a shared step axis, in a grid chosen from the width; one legend row under the panels;
+figures sized in pixels of a notebook's width (shown 1:1), every text at least 10 px. Changes of a weight
+or of the learning rate found in the history are dotted lines with numbers that merge rather than
+overprint (``events_from_frame`` lists them, the legend says what they are).
 """
 
 from __future__ import annotations
@@ -29,57 +29,59 @@ from typing import Any
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, PercentFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, PercentFormatter
+
+from .plotstyle import (  # noqa: F401 (re-exported: mtlab.plots.PALETTE, ...)
+    DPI,
+    EVENT,
+    GHOST,
+    PALETTE,
+    PANEL_SPECS,
+    SET_DASHES,
+    SET_MARKERS,
+    PanelSpec,
+    Styles,
+    figure_height,
+    grid,
+    legend_columns,
+    task_colors,
+    text_pt,
+)
 
 MAX_POINTS = 2000
-DPI = 100  # figures are sized in pixels of the notebook's width at this dpi: shown 1:1, never downscaled
 WIDTH_PX = 830  # a notebook output's width in JupyterLab and Voila at 1280 px
-PANELS = ("loss", "grad_norm", "clip_fraction", "combine", "cosine")
-TITLES = {"loss": "normalized loss", "grad_norm": "gradient norm (dashed: clipped)",
-          "clip_fraction": "elements clipped", "combine": "combine weights", "cosine": "task cosine"}
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf")
-SET_DASHES = ((4, 2), (1, 1.5), (5, 1.5, 1, 1.5), (2, 2), (6, 1))
-GHOST = "#c4c4c4"
-EVENT = "#666666"
+PANELS = tuple(PANEL_SPECS)
+TITLES = {name: spec.title for name, spec in PANEL_SPECS.items()}
 MAX_EVENT_MARKS = 30
-FONT = 8  # points: 11 px at DPI 100
+EVENTS_LABEL = "n: weight or lr change n"  # the dotted event lines' legend entry in saved figures
 
 Series = tuple[Sequence[float], Sequence[float]]
 
 
 def panel_of(column: str) -> tuple[str, str, dict[str, Any]] | None:
-    """Which panel a history column goes to, its legend label and line style; None if not plotted.
+    """Which panel a history column goes to, its legend label and line style (``Styles.line`` for a
+    figure's own colours); None if not plotted.
 
-    ``"a/loss"`` -> loss panel, label ``"a"``; ``"a/clean/loss"`` -> ``"a/clean"`` (thin, dashed);
-    ``"a/grad_norm_clipped"`` -> gradient panel, dashed; ``"direction_norm"`` -> gradient panel, black;
+    ``"a/loss"`` -> loss panel, label ``"a"``; ``"a/clean/loss"`` -> ``"a/clean"``;
+    ``"a/grad_norm_clipped"`` -> gradient panel; ``"direction_norm"`` -> gradient panel;
     ``"combine/<group>/a"`` -> combine weights; ``"cos/<model>/a,b"`` -> task cosines.
     """
     if column.startswith("combine/"):
-        group, _, task = column[len("combine/"):].rpartition("/")
-        return ("combine", f"{task} [{group}]" if group else task, {"lw": 1.5})
-    if column.startswith("cos/"):
-        model, _, pair = column[len("cos/"):].rpartition("/")
-        return ("cosine", f"{pair.replace(',', '~')} [{model}]" if model else pair.replace(",", "~"),
-                {"lw": 1.2, "pair": True})
-    if column == "direction_norm" or column.startswith("direction_norm/"):
-        rest = column[len("direction_norm/"):] if "/" in column else ""
-        return ("grad_norm", f"direction{' [' + rest + ']' if rest else ''}", {"lw": 1.0, "color": "#222222"})
-    if column.endswith("/loss"):
-        label = column[: -len("/loss")]
-        return ("loss", label, {"lw": 1.8} if "/" not in label else {"lw": 1.0, "ls": "--"})
-    if column.endswith("/grad_norm"):
-        return ("grad_norm", column[: -len("/grad_norm")], {"lw": 1.5})
-    if column.endswith("/grad_norm_clipped"):
-        return ("grad_norm", column[: -len("/grad_norm_clipped")] + " (clipped)", {"lw": 1.0, "ls": "--"})
-    if column.endswith("/clip_fraction"):
-        return ("clip_fraction", column[: -len("/clip_fraction")], {"lw": 1.5})
-    return None
-
-
-def task_colors(tasks: Iterable[str]) -> dict[str, str]:
-    """One colour per task, by the tasks' order (the same order gives the same colours everywhere)."""
-    return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(dict.fromkeys(tasks))}
+        panel = "combine"
+    elif column.startswith("cos/"):
+        panel = "cosine"
+    elif column == "direction_norm" or column.startswith("direction_norm/"):
+        panel = "grad_norm"
+    elif column.endswith("/loss"):
+        panel = "loss"
+    elif column.endswith(("/grad_norm", "/grad_norm_clipped")):
+        panel = "grad_norm"
+    elif column.endswith("/clip_fraction"):
+        panel = "clip_fraction"
+    else:
+        return None
+    style = Styles(()).line(column) or {}
+    return panel, style.pop("label"), style
 
 
 def tasks_in(columns: Iterable[str]) -> list[str]:
@@ -93,23 +95,6 @@ def tasks_in(columns: Iterable[str]) -> list[str]:
                 and not c.startswith("direction_norm"):
             tasks.append(where[1].split(" ")[0].split("/")[0])
     return list(dict.fromkeys(tasks))
-
-
-def line_style(label: str, base: dict[str, Any], colors: Mapping[str, str], set_index: dict[str, int]) -> dict[str, Any]:
-    """The task's colour; a linked set gets its own dash pattern (same colour as its task); a task pair
-    (cosines) a colour of its own."""
-    style = dict(base)
-    if style.pop("pair", False):
-        i = set_index.setdefault("pair:" + label, len([k for k in set_index if k.startswith("pair:")]))
-        style["color"] = PALETTE[(len(colors) + i) % len(PALETTE)]
-        return style
-    task, _, rest = label.split(" ")[0].partition("/")
-    style.setdefault("color", colors.get(task, PALETTE[len(colors) % len(PALETTE)]))
-    if rest and style.get("ls") == "--":
-        i = set_index.setdefault(label, len([k for k in set_index if k.startswith(task + "/")]))
-        style.pop("ls")
-        style["dashes"] = SET_DASHES[i % len(SET_DASHES)]
-    return style
 
 
 def thin(xs: Sequence[float], ys: Sequence[float], max_points: int = MAX_POINTS) -> tuple[list[float], list[float]]:
@@ -234,89 +219,112 @@ def panels_for(series: Mapping[str, Series], ghost: Mapping[str, Series] | None 
     return tuple(p for p in PANELS if p in found)
 
 
-def grid(n: int) -> tuple[int, int]:
-    """Rows and columns for ``n`` panels: one row up to 3, else 2 rows."""
-    cols = n if n <= 3 else (2 if n == 4 else 3)
-    return math.ceil(n / cols), cols
-
-
 def new_figure(width_px: int = WIDTH_PX, height_px: int | None = None, dpi: int = DPI) -> Figure:
-    """A Figure of exactly ``width_px`` x ``height_px`` pixels at ``dpi``, laid out by constrained layout
-    (legends outside the axes get their room; nothing overlaps)."""
+    """A Figure of exactly ``width_px`` x ``height_px`` pixels at ``dpi``, laid out by constrained layout."""
     height_px = height_px if height_px is not None else int(width_px * 0.42)
     fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, layout="constrained")
-    fig.get_layout_engine().set(w_pad=3 / 72, h_pad=3 / 72, wspace=0.03, hspace=0.04)  # the live plot's PADS
+    fig.get_layout_engine().set(w_pad=4 / 72, h_pad=4 / 72, wspace=0.04, hspace=0.05)
     return fig
 
 
-def panel_axes(fig: Figure, panels: Sequence[str], scale: str = "linear") -> dict[str, Axes]:
-    """One axes per panel on a shared step axis; x tick labels and "step" only where no panel is below."""
-    rows, cols = grid(len(panels))
+def panel_axes(fig: Figure, panels: Sequence[str], scale: str = "linear", cols: int | None = None,
+               font_scale: float = 1.0) -> dict[str, Axes]:
+    """One axes per panel (``cols`` columns) on a shared step axis; x tick labels and "step" only where
+    no panel is below."""
+    if cols is None:
+        cols = grid(len(panels), int(fig.bbox.width), font_scale)[1]
+    rows = math.ceil(len(panels) / cols)
     out: dict[str, Axes] = {}
     first: Axes | None = None
     for i, panel in enumerate(panels):
         ax = fig.add_subplot(rows, cols, i + 1, sharex=first)
         first = first or ax
-        _decorate(ax, panel, scale, bottom=i + cols >= len(panels))
+        decorate(ax, panel, scale, bottom=i + cols >= len(panels), font_scale=font_scale)
         out[panel] = ax
     return out
 
 
-def _axes(ax: Axes | None, width_px: int = 560, height_px: int = 260) -> tuple[Figure, Axes]:
-    if ax is not None:
-        return ax.figure, ax  # type: ignore[return-value]
-    fig = new_figure(width_px, height_px)
-    return fig, fig.add_subplot()
+def shared_legend(fig: Figure, entries: Sequence[tuple[Any, str]], font_scale: float = 1.0) -> Any:
+    """One legend under every panel, in as many columns as the width allows (it takes a row of its own,
+    never room from an axes). The ``Legend``, or None without entries."""
+    for old in list(fig.legends):
+        old.remove()
+    if not entries:
+        return None
+    size = text_pt("legend", font_scale)
+    ncols = legend_columns([label for _, label in entries], int(fig.bbox.width), size, fig.dpi)
+    return fig.legend([h for h, _ in entries], [label for _, label in entries], loc="outside lower center",
+                      ncols=ncols, fontsize=size, frameon=False, handlelength=2.2, handletextpad=0.6,
+                      columnspacing=1.2, borderaxespad=0.2)
 
 
-def legend_outside(ax: Axes, handles: Sequence[Any] | None = None) -> None:
-    """The legend outside the axes, to the right: it never covers a curve (the layout makes room)."""
-    if handles is None:
-        handles, _ = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, [h.get_label() for h in handles], fontsize=FONT - 1, loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False, handlelength=1.8)
+def legend_lines(entries: Sequence[tuple[Any, str]], width_px: int, font_scale: float = 1.0) -> int:
+    """How many lines the shared legend of ``entries`` takes at ``width_px``."""
+    if not entries:
+        return 0
+    ncols = legend_columns([label for _, label in entries], width_px, text_pt("legend", font_scale))
+    return math.ceil(len(entries) / ncols)
 
 
-def _decorate(ax: Axes, panel: str, scale: str = "linear", bottom: bool = True) -> None:
-    ax.set_title(TITLES[panel], fontsize=FONT + 1)
+def layout_height(panels: int, entries: Sequence[tuple[Any, str]], width_px: int, font_scale: float = 1.0) -> int:
+    """Pixels a figure of ``panels`` panels and this shared legend needs at ``width_px``."""
+    rows, _ = grid(panels, width_px, font_scale)
+    return figure_height(rows, legend_lines(entries, width_px, font_scale), font_scale)
+
+
+def decorate(ax: Axes, panel: str, scale: str = "linear", bottom: bool = True, font_scale: float = 1.0) -> None:
+    """Title, tick label sizes and y axis of a panel (``PANEL_SPECS``)."""
+    spec = PANEL_SPECS[panel]
+    ax.set_title(spec.title, fontsize=text_pt("title", font_scale))
     if bottom:
-        ax.set_xlabel("step", fontsize=FONT)
+        ax.set_xlabel("step", fontsize=text_pt("label", font_scale))
     else:
         ax.tick_params(labelbottom=False)
-    ax.tick_params(which="both", labelsize=FONT - 1)
+    ax.tick_params(which="both", labelsize=text_pt("tick", font_scale))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
     ax.grid(alpha=0.3)
-    if panel == "grad_norm" or (panel == "loss" and scale == "log"):
+    if spec.log or (panel == "loss" and scale == "log"):
         log_axis(ax)
-    if panel == "clip_fraction":
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=4))
+    if spec.percent:
         # A percentage, never "1e-5" offset labels: the axis starts at 0.
         ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=None))
         ax.set_ylim(bottom=0.0)
-    if panel == "cosine":
-        ax.set_ylim(-1.05, 1.05)
+    if spec.ylim is not None:
+        ax.set_ylim(*spec.ylim)
 
 
-class _FewLogTicks(LogLocator):
-    """Decades; 1, 2 and 5 of each decade only when the range spans under 1.5 decades (few labels either way)."""
+class _LogTicks(LogLocator):
+    """At least two labelled ticks on a log axis, and few: decades; else 1, 2 and 5 of each decade;
+    else (a range under a factor of ~2.5) evenly spaced round numbers."""
 
     def tick_values(self, vmin: float, vmax: float) -> Any:
         lo, hi = sorted((vmin, vmax))
-        short = lo > 0 and math.log10(hi / lo) < 1.5
-        self.set_params(subs=(1.0, 2.0, 5.0) if short else (1.0,))
-        return super().tick_values(vmin, vmax)
+        if not (lo > 0 and math.isfinite(hi)):
+            self.set_params(subs=(1.0,))
+            return super().tick_values(vmin, vmax)
+        inside = lambda ticks: [t for t in ticks if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
+        for subs in ((1.0,), (1.0, 2.0, 5.0)):
+            self.set_params(subs=subs)
+            ticks = super().tick_values(vmin, vmax)
+            if len(inside(ticks)) >= 2:
+                return ticks
+        return MaxNLocator(nbins=3, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
 
 
 def log_axis(ax: Axes) -> None:
-    """A log y axis labelled at 1, 2 and 5 of each decade in plain numbers (``0.2``), minor ticks unlabelled:
-    matplotlib's default labels every minor tick of a short range, and they overprint in a small panel."""
+    """A log y axis with at least two labels in plain numbers (``0.2``), minor ticks unlabelled:
+    matplotlib's default labels every minor tick of a short range (they overprint in a small panel) or
+    just one tick of a range within a decade."""
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(_FewLogTicks(base=10, numticks=5))
+    ax.yaxis.set_major_locator(_LogTicks(base=10, numticks=5))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def event_groups(events: Sequence[tuple[float, str]], xlim: tuple[float, float], axes_px: float,
-                 font_px: float = (FONT - 1) * DPI / 72) -> list[tuple[float, str]]:
+                 font_px: float = text_pt("event") * DPI / 72) -> list[tuple[float, str]]:
     """Numbered event labels that never overprint: events closer than their labels' width merge into
     one label (``3-5``); ``(x, label)`` for the last ``MAX_EVENT_MARKS`` events inside ``xlim``."""
     lo, hi = xlim
@@ -336,7 +344,7 @@ def event_groups(events: Sequence[tuple[float, str]], xlim: tuple[float, float],
 
 
 def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = True,
-                 axes_px: float | None = None) -> list[Any]:
+                axes_px: float | None = None, font_scale: float = 1.0) -> list[Any]:
     """A dotted vertical line at each event's step; with ``labels``, the numbers (see ``event_groups``)
     inside the top of the axes, clear of titles and legends. The artists added."""
     if not events:
@@ -350,11 +358,12 @@ def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = Tr
     for s in steps:
         artists.append(ax.axvline(s, color=EVENT, lw=0.8, ls=":", zorder=1.5, label="_events"))
     if labels:
-        for x, label in event_groups(events, xlim, axes_px):
+        size = text_pt("event", font_scale)
+        for x, label in event_groups(events, xlim, axes_px, size * DPI / 72):
             frac = (x - xlim[0]) / max(xlim[1] - xlim[0], 1e-9)
             ha = "left" if frac < 0.06 else "right" if frac > 0.94 else "center"
             artists.append(ax.annotate(label, (x, 1.0), xycoords=ax.get_xaxis_transform(), xytext=(0, -2),
-                                       textcoords="offset points", ha=ha, va="top", fontsize=FONT - 1,
+                                       textcoords="offset points", ha=ha, va="top", fontsize=size,
                                        color=EVENT, annotation_clip=False))
     return artists
 
@@ -364,54 +373,95 @@ def positive(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], lis
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = None, max_points: int = MAX_POINTS,
-                scale: str = "linear", smoothing: float = 0.0, events: bool = True,
-                ghost: Mapping[str, Series] | None = None, colors: Mapping[str, str] | None = None,
-                labels: bool = True) -> Figure:
-    if scale not in ("linear", "log"):
-        raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
-    own = ax is None
-    fig, ax = _axes(ax)
-    if own:
-        _decorate(ax, panel, scale)
-    df = as_frame(history)
+def step_range(df: pd.DataFrame, validation: Any = None, ghost: Mapping[str, Series] | None = None
+               ) -> tuple[float, float] | None:
+    """The step limits every figure of one history shares: its rows, validation points and ghost lines,
+    padded a little (so that two PNGs of one run always agree)."""
+    xs = [x for xs_, _ in (*series_from_frame(df).values(), *validation_series(validation).values(),
+                           *(ghost or {}).values()) for x in xs_]
+    if not xs:
+        return None
+    lo, hi = min(xs), max(xs)
+    pad = max(0.02 * (hi - lo), 0.5)
+    return lo - pad, hi + pad
+
+
+def _draw_panel(ax: Axes, panel: str, df: pd.DataFrame, styles: Styles, validation: Any, max_points: int,
+                scale: str, smoothing: float, ghost: Mapping[str, Series] | None) -> tuple[list[str], list[str]]:
+    """The panel's lines on ``ax``; the columns and validation keys drawn (for the legend)."""
     series = series_from_frame(df, panel)
-    colors = dict(colors) if colors is not None else task_colors(tasks_in(df.columns))
-    set_index: dict[str, int] = {}
-    log = panel == "grad_norm" or (panel == "loss" and scale == "log")
+    log = PANEL_SPECS[panel].log or (panel == "loss" and scale == "log")
     for col, (xs, ys) in (ghost or {}).items():  # the abandoned branch first: under the live lines
         where = panel_of(col)
         if where is not None and where[0] == panel and xs:
             ax.plot(*thin(xs, ys, max_points), color=GHOST, lw=1.2, label="_ghost", zorder=1,
                     marker="o" if len(xs) == 1 else "")
+    drawn: list[str] = []
     for col, (xs, ys) in series.items():
-        _, label, base = panel_of(col)  # type: ignore[misc]
         if log:  # log axes: positive values only
             xs, ys = positive(xs, ys)
-        style = line_style(label, base, colors, set_index)
+        style = styles.line(col) or {}
         marker = "o" if len(xs) == 1 else ""  # a single row draws a point, not empty axes
         if smoothing and panel == "loss" and len(ys) > 1:
-            ax.plot(*thin(xs, ys, max_points), alpha=0.25, label="_raw", **{**style, "lw": 0.8})
+            ax.plot(*thin(xs, ys, max_points), alpha=0.25, **{**style, "lw": 0.8, "label": "_raw"})
             ys = smooth(ys, smoothing)
-        ax.plot(*thin(xs, ys, max_points), label=label, marker=marker, ms=4, **style)
+        ax.plot(*thin(xs, ys, max_points), marker=marker, ms=4, **style)
+        drawn.append(col)
+    keys: list[str] = []
     if panel == "loss":
         for key, (xs, ys) in validation_series(validation).items():
-            color = colors.get(key.split("/")[0], "#000000")
-            ax.plot(*thin(xs, ys, max_points), ls="none", marker="o" if "/" not in key else "s", ms=5,
-                    mfc="white", mec=color, mew=1.4, label=f"{key} (valid)")
+            ax.plot(*thin(xs, ys, max_points), **styles.valid(key))
+            keys.append(key)
         ys_all = [y for ln in ax.lines for y in ln.get_ydata()]
         if scale == "linear" and ys_all and min(ys_all) >= 0:
             ax.set_ylim(bottom=0.0)  # a non-negative loss is never padded below 0
+    if PANEL_SPECS[panel].percent:  # from 0 to a little above the largest share (not to 100%)
+        ax.set_autoscaley_on(True)
+        ax.relim()
+        ax.autoscale_view(scalex=False)
+        ax.set_ylim(bottom=0.0)
+    return drawn, keys
+
+
+def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = None, max_points: int = MAX_POINTS,
+                scale: str = "linear", smoothing: float = 0.0, events: bool = True,
+                ghost: Mapping[str, Series] | None = None, width_px: int = 560) -> Figure:
+    """One panel: in its own figure (legend under it, the history's shared step range) or on ``ax``
+    (legend inside the axes)."""
+    if scale not in ("linear", "log"):
+        raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
+    df = as_frame(history)
+    styles = Styles(tasks_in(df.columns))
+    marks = events_from_frame(df) if events else []
+    own = ax is None
+    if own:
+        cols = list(series_from_frame(df, panel))
+        keys = list(validation_series(validation)) if panel == "loss" else []
+        entries = Styles(tasks_in(df.columns)).legend(cols, keys, bool(ghost), EVENTS_LABEL if marks else None)
+        fig = new_figure(width_px, layout_height(1, entries, width_px))
+        ax = fig.add_subplot()
+        decorate(ax, panel, scale)
+        limits = step_range(df, validation, ghost)
+        if limits is not None:
+            ax.set_xlim(*limits)
+    fig = ax.figure
+    drawn, keys = _draw_panel(ax, panel, df, styles, validation, max_points, scale, smoothing, ghost)
     if events:
-        mark_events(ax, events_from_frame(df), labels=labels)
-    legend_outside(ax)
-    return fig
+        mark_events(ax, marks)
+    entries = styles.legend(drawn, keys, bool(ghost), EVENTS_LABEL if marks else None)
+    if own:
+        shared_legend(fig, entries)  # type: ignore[arg-type]
+    elif entries:
+        ax.legend([h for h, _ in entries], [label for _, label in entries], fontsize=text_pt("legend"),
+                  loc="best", framealpha=0.8)
+    return fig  # type: ignore[return-value]
 
 
 def plot_losses(history: Any, ax: Axes | None = None, validation: Any = None, max_points: int = MAX_POINTS,
                 scale: str = "linear", smoothing: float = 0.0, events: bool = True,
                 ghost: Mapping[str, Series] | None = None) -> Figure:
-    """Normalized loss per task (solid) and per linked set (dashed) by step; validation points as circles.
+    """Normalized loss per task (colour) and per linked set (its dash) by step; validation points with
+    a marker per linked set (circles: the task's).
 
     ``history``: ``trainer.history`` (or the trainer); ``validation``: evaluate events or the loop's
     validation records (see ``validation_series``); ``scale``: ``"linear"`` or ``"log"``;
@@ -422,7 +472,7 @@ def plot_losses(history: Any, ax: Axes | None = None, validation: Any = None, ma
 
 
 def plot_grad_norms(history: Any, ax: Axes | None = None, max_points: int = MAX_POINTS, events: bool = True) -> Figure:
-    """Gradient norm per task before (solid) and after clipping (dashed), log scale."""
+    """Gradient norm per task (a line; after clipping: a wide faint band under it), log scale."""
     return _plot_panel("grad_norm", history, ax, None, max_points, events=events)
 
 
@@ -434,26 +484,47 @@ def plot_clip_fraction(history: Any, ax: Axes | None = None, max_points: int = M
 
 def plot_history(history: Any, validation: Any = None, max_points: int = MAX_POINTS, scale: str = "linear",
                  smoothing: float = 0.0, ghost: Mapping[str, Series] | None = None, width_px: int = WIDTH_PX,
-                 height_px: int | None = None) -> Figure:
-    """Every panel worth showing (``panels_for``) on one shared step axis, sized to ``width_px`` (a
-    notebook's width at 1280 px: shown 1:1); legends to the right of each panel."""
+                 height_px: int | None = None, font_scale: float = 1.0) -> Figure:
+    """Every panel worth showing (``panels_for``) on one shared step axis, in a grid chosen from
+    ``width_px`` (a notebook's width at 1280 px: shown 1:1), one legend under the panels."""
+    if scale not in ("linear", "log"):
+        raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
     df = as_frame(history)
     series = series_from_frame(df)
     panels = panels_for(series, ghost)
-    rows, _ = grid(len(panels))
-    fig = new_figure(width_px, height_px if height_px is not None else (300 if rows == 1 else 480))
-    axes = panel_axes(fig, panels, scale)
-    xs = [x for xs_, _ in (*series.values(), *(ghost or {}).values()) for x in xs_]
-    if xs:
-        lo, hi = min(xs), max(xs)
-        pad = max(0.02 * (hi - lo), 0.5)
-        next(iter(axes.values())).set_xlim(lo - pad, hi + pad)  # shared by every panel
-    colors = task_colors(tasks_in(df.columns))
-    top = set(list(axes)[:grid(len(panels))[1]])
+    marks = events_from_frame(df)
+    styles = Styles(tasks_in(df.columns))
+    cols = [c for c in series if panel_of(c)[0] in panels]  # type: ignore[index]
+    entries = Styles(tasks_in(df.columns)).legend(cols, validation_series(validation), bool(ghost),
+                                                  EVENTS_LABEL if marks else None)
+    fig = new_figure(width_px, height_px if height_px is not None
+                     else layout_height(len(panels), entries, width_px, font_scale))
+    axes = panel_axes(fig, panels, scale, font_scale=font_scale)
+    limits = step_range(df, validation, ghost)
+    if limits is not None:
+        next(iter(axes.values())).set_xlim(*limits)  # shared by every panel
+    top = set(list(axes)[:grid(len(panels), width_px, font_scale)[1]])
+    drawn: list[str] = []
+    keys: list[str] = []
     for panel, ax in axes.items():
-        _plot_panel(panel, df, ax, validation if panel == "loss" else None, max_points, scale, smoothing,
-                    ghost=ghost, colors=colors, labels=panel in top)
+        d, k = _draw_panel(ax, panel, df, styles, validation if panel == "loss" else None, max_points, scale,
+                           smoothing, ghost)
+        drawn += d
+        keys += k
+        mark_events(ax, marks, labels=panel in top, font_scale=font_scale)
+    shared_legend(fig, styles.legend(drawn, keys, bool(ghost), EVENTS_LABEL if marks else None), font_scale)
     return fig
+
+
+def history_figures(history: Any, validation: Any = None) -> dict[str, Figure]:
+    """The experiment folder's figures by name: losses, grad_norms, clip_fraction (only when something
+    was clipped: a flat 0% says nothing) and history; all on the same step range."""
+    df = as_frame(history)
+    figures = {"losses": plot_losses(df, validation=validation), "grad_norms": plot_grad_norms(df)}
+    if "clip_fraction" in panels_for(series_from_frame(df, "clip_fraction")):
+        figures["clip_fraction"] = plot_clip_fraction(df)
+    figures["history"] = plot_history(df, validation)
+    return figures
 
 
 def figure_png(fig: Figure, dpi: float | None = None) -> bytes:
@@ -471,13 +542,12 @@ def figure_svg(fig: Figure) -> bytes:
 
 
 def save_plots(history: Any, directory: str | Path, validation: Any = None, dpi: float = DPI) -> list[Path]:
-    """Write ``losses.png``, ``grad_norms.png``, ``clip_fraction.png`` and ``history.png`` into ``directory``."""
+    """Write ``history_figures`` into ``directory`` as ``losses.png``, ``grad_norms.png``,
+    ``clip_fraction.png`` (only when something was clipped) and ``history.png``; the paths written."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    figures = {"losses": plot_losses(history, validation=validation), "grad_norms": plot_grad_norms(history),
-               "clip_fraction": plot_clip_fraction(history), "history": plot_history(history, validation)}
     paths = []
-    for name, fig in figures.items():
+    for name, fig in history_figures(history, validation).items():
         path = out / f"{name}.png"
         fig.savefig(path, dpi=dpi)
         paths.append(path)

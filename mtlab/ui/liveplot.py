@@ -1,6 +1,8 @@
 """The dashboard's live figure: ``LivePlot`` draws the panels of ``mtlab.plots`` (one per quantity,
-shared step axis, legends outside, event numbers that never overprint) and updates its lines in place,
-blitting over a cached background, into PNG bytes of exactly the width the dashboard shows."""
+shared step axis, a grid chosen from the width, one shared legend under the panels, event numbers that
+never overprint) and updates its lines in place, blitting over a cached background, into PNG bytes of
+exactly the width the dashboard shows. ``font_scale`` (or ``presentation=True``) enlarges every text
+for a projector; the panels and the figure's height follow."""
 
 from __future__ import annotations
 
@@ -10,19 +12,22 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from ..training.plots import (
     DPI,
     GHOST,
     MAX_EVENT_MARKS,
+    PANEL_SPECS,
     Series,
+    Styles,
     figure_svg,
     grid,
-    legend_outside,
-    line_style,
+    layout_height,
     log_axis,
     mark_events,
     new_figure,
@@ -30,14 +35,16 @@ from ..training.plots import (
     panel_of,
     panels_for,
     positive,
+    shared_legend,
     smooth,
-    task_colors,
     thin,
 )
 
 LIVE_POINTS = 400  # per line in the live plot: a blitted redraw stays ~40 ms
-LAYOUT = "constrained"  # room for the legends outside the axes, no text over another
-PADS = {"w_pad": 3 / 72, "h_pad": 3 / 72, "wspace": 0.03, "hspace": 0.04}
+LAYOUT = "constrained"  # room for the shared legend and every label, no text over another
+PADS = {"w_pad": 4 / 72, "h_pad": 4 / 72, "wspace": 0.04, "hspace": 0.05}
+PRESENTATION_SCALE = 1.35  # font scale of presentation mode (a projector, 150 % zoom)
+EVENTS_LABEL = "n: change n of the event log"
 RELAYOUT_S = 20.0  # s: the layout is redone at least this often (tick labels change width as limits move)
 
 
@@ -63,12 +70,19 @@ class LivePlot:
     """
 
     def __init__(self, tasks: Sequence[str], width_px: int = 720, height_px: int | None = None, dpi: int = DPI,
-                 max_points: int = LIVE_POINTS) -> None:
+                 max_points: int = LIVE_POINTS, font_scale: float = 1.0, presentation: bool = False) -> None:
+        if font_scale <= 0:
+            raise ValueError(f"font_scale must be > 0 (1: the dashboard's, {PRESENTATION_SCALE}: presentation), "
+                             f"got {font_scale!r}")
         self.width_px = int(width_px)
+        self.fixed_height = height_px  # None: the height follows the panels and the legend
         self.figure = new_figure(self.width_px, height_px if height_px is not None else int(width_px * 0.5), dpi)
         self.canvas = FigureCanvasAgg(self.figure)
         self.max_points = max_points
-        self.colors = task_colors(tasks)
+        self.tasks = list(tasks)
+        self.font_scale = PRESENTATION_SCALE if presentation and font_scale == 1.0 else float(font_scale)
+        self.styles = Styles(self.tasks)
+        self.colors = self.styles.colors
         self.scale = "linear"
         self.smoothing = 0.0
         self.xrange: tuple[float, float] | None = None
@@ -79,17 +93,37 @@ class LivePlot:
         self.panels: tuple[str, ...] = ()
         self._build(("loss", "grad_norm"))
 
+    @property
+    def presentation(self) -> bool:
+        return self.font_scale > 1.0
+
+    def set_font_scale(self, font_scale: float = 1.0) -> None:
+        """Every text ``font_scale`` times the dashboard's (presentation mode: ``PRESENTATION_SCALE``);
+        the panels are laid out again (fewer columns when the text needs them)."""
+        if font_scale <= 0:
+            raise ValueError(f"font_scale must be > 0, got {font_scale!r}")
+        if float(font_scale) != self.font_scale:
+            self.font_scale = float(font_scale)
+            self._build(self.panels)
+            self.set_marker(self.marker)
+
+    def set_presentation(self, on: bool = True) -> None:
+        """Presentation mode: larger text (``PRESENTATION_SCALE``), on or off."""
+        self.set_font_scale(PRESENTATION_SCALE if on else 1.0)
+
     def _build(self, panels: tuple[str, ...]) -> None:
         """(Re)make the axes for ``panels`` (when a panel appears: the first clipped element, a method)."""
         self.figure.clear()
         self.panels = panels
-        self.axes: dict[str, Axes] = panel_axes(self.figure, panels, self.scale)
+        self.cols = grid(len(panels), self.width_px, self.font_scale)[1]
+        self.axes: dict[str, Axes] = panel_axes(self.figure, panels, self.scale, self.cols, self.font_scale)
         self.lines: dict[str, Line2D] = {}
-        self._set_index: dict[str, int] = {}
         self._event_artists: list[Any] = []
         self._events_key: Any = None
         self._events: list[tuple[float, str]] = []
-        self.legend_outside_keys: dict[str, Any] = {}
+        self.legend_key: Any = None
+        self.legend: Any = None
+        self._resize(layout_height(len(panels), [], self.width_px, self.font_scale))
         self._background: Any = None
         self._stale = True  # the background must be drawn again
         self._last_full = -1e9
@@ -100,10 +134,18 @@ class LivePlot:
         self._markers = {p: ax.axvline(0, color="#000000", lw=0.9, ls=(0, (1, 1)), animated=True, visible=False,
                                        label="_marker") for p, ax in self.axes.items()}
 
-    def _line(self, key: str, panel: str, label: str, style: dict[str, Any]) -> Line2D:
+    def _resize(self, height_px: int) -> None:
+        """The figure's height (unless fixed): more rows of panels or of legend make it taller."""
+        height_px = self.fixed_height if self.fixed_height is not None else height_px
+        if abs(self.figure.get_figheight() * self.figure.dpi - height_px) > 0.5:
+            self.figure.set_size_inches(self.width_px / self.figure.dpi, height_px / self.figure.dpi)
+            self._stale = self._relayout = True
+            self._background = None
+
+    def _line(self, key: str, panel: str, style: dict[str, Any]) -> Line2D:
         line = self.lines.get(key)
         if line is None:
-            line, = self.axes[panel].plot([], [], label=label, animated=True, **style)
+            line, = self.axes[panel].plot([], [], animated=True, **style)
             self.lines[key] = line
             self._stale = True
         return line
@@ -117,6 +159,7 @@ class LivePlot:
             log_axis(self.axes["loss"])
         else:
             self.axes["loss"].set_yscale("linear")
+            self.axes["loss"].yaxis.set_major_locator(MaxNLocator(nbins=4))
         self._stale = self._relayout = True
 
     def set_xrange(self, xrange: tuple[float, float] | None) -> None:
@@ -146,44 +189,43 @@ class LivePlot:
             where = panel_of(col)
             if where is None or where[0] not in self.axes:
                 continue
-            panel, label, base = where
-            if panel == "grad_norm" or (panel == "loss" and self.scale == "log"):
+            panel = where[0]
+            if PANEL_SPECS[panel].log or (panel == "loss" and self.scale == "log"):
                 xs, ys = positive(xs, ys)
-            style = line_style(label, base, self.colors, self._set_index)
+            style = self.styles.line(col) or {}
             if panel == "loss" and self.smoothing and len(ys) > 1:
-                self._line(f"raw:{col}", panel, "_raw", {**style, "lw": 0.8, "alpha": 0.25}).set_data(
+                self._line(f"raw:{col}", panel, {**style, "lw": 0.8, "alpha": 0.25, "label": "_raw"}).set_data(
                     *thin(xs, ys, self.max_points))
                 wanted.add(f"raw:{col}")
                 ys = smooth(ys, self.smoothing)
-            line = self._line(col, panel, label, style)
+            line = self._line(col, panel, style)
             line.set_data(*thin(xs, ys, self.max_points))
             line.set_marker("o" if len(xs) == 1 else "")  # a single row draws a point
             line.set_markersize(4)
             wanted.add(col)
         for key, (xs, ys) in (validation or {}).items():
-            color = self.colors.get(key.split("/")[0], "#000000")
-            style = {"ls": "none", "marker": "o" if "/" not in key else "s", "ms": 5, "mfc": "white", "mec": color,
-                     "mew": 1.4, "zorder": 3}
-            self._line(f"valid:{key}", "loss", f"{key} (valid)", style).set_data(*thin(xs, ys, self.max_points))
+            self._line(f"valid:{key}", "loss", self.styles.valid(key)).set_data(*thin(xs, ys, self.max_points))
             wanted.add(f"valid:{key}")
         for col, (xs, ys) in (ghost or {}).items():
             where = panel_of(col)
             if where is None or where[0] not in self.axes:
                 continue
-            line = self._line(f"ghost:{col}", where[0], "_ghost", {"color": GHOST, "lw": 1.2, "zorder": 1})
+            line = self._line(f"ghost:{col}", where[0], {"color": GHOST, "lw": 1.2, "zorder": 1, "label": "_ghost"})
             line.set_data(*thin(xs, ys, self.max_points))
             line.set_marker("o" if len(xs) == 1 else "")
             wanted.add(f"ghost:{col}")
         for key, line in self.lines.items():
             if key not in wanted:
                 line.set_data([], [])
-        for panel, ax in self.axes.items():
-            keys = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:"))
-                         and self.lines[k].axes is ax)
-            if self.legend_outside_keys.get(panel) != keys:  # rebuilding legends is slow: only on change
-                self.legend_outside_keys[panel] = keys
-                legend_outside(ax, [self.lines[k] for k in keys])
-                self._stale = self._relayout = True
+        cols = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:", "valid:")))
+        key = (cols, tuple(k[len("valid:"):] for k in self.lines if k in wanted and k.startswith("valid:")),
+               any(k.startswith("ghost:") for k in wanted), bool(events))
+        if key != self.legend_key:  # rebuilding the legend and the layout is slow: only on change
+            self.legend_key = key
+            entries = self.styles.legend(key[0], key[1], key[2], EVENTS_LABEL if key[3] else None)
+            self._resize(layout_height(len(self.panels), entries, self.width_px, self.font_scale))
+            self.legend = shared_legend(self.figure, entries, self.font_scale)
+            self._stale = self._relayout = True
         self._events = list(events)
         if self._stale or time.monotonic() - self._last_full >= self.min_full_interval:
             self._fit()
@@ -198,21 +240,25 @@ class LivePlot:
         for artist in self._event_artists:
             artist.remove()
         self._event_artists = []
-        cols = grid(len(self.panels))[1]
         for i, ax in enumerate(self.axes.values()):
             px = ax.get_window_extent().width * 0.95 if self._laid_out else None
-            self._event_artists += mark_events(ax, self._events, labels=i < cols, axes_px=px)
+            self._event_artists += mark_events(ax, self._events, labels=i < self.cols, axes_px=px,
+                                               font_scale=self.font_scale)
 
     def _fit(self) -> None:
         """Shared x limits (the zoom, or the data with headroom); y limits per panel from what is shown,
         moved only when the data leave them or use less than a third of them."""
-        data = {p: [(x, y) for ln in ax.lines if ln.get_animated() and not ln.get_label().startswith("_marker")
-                    for x, y in zip(ln.get_xdata(), ln.get_ydata())] for p, ax in self.axes.items()}
-        xs_all = [x for pts in data.values() for x, _ in pts]
-        if not xs_all:
+        data = {}
+        for p, ax in self.axes.items():
+            pts = [(np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)) for ln in ax.lines
+                   if ln.get_animated() and not ln.get_label().startswith("_marker") and len(ln.get_xdata())]
+            data[p] = (np.concatenate([x for x, _ in pts]), np.concatenate([y for _, y in pts])) if pts else \
+                (np.empty(0), np.empty(0))
+        xs_all = np.concatenate([x for x, _ in data.values()])
+        if not xs_all.size:
             return
         first = next(iter(self.axes.values()))
-        x0, x1 = min(xs_all), max(xs_all)
+        x0, x1 = float(xs_all.min()), float(xs_all.max())
         if self.xrange is not None:
             lo, hi = self.xrange
             if first.get_xlim() != (lo, hi):
@@ -227,11 +273,12 @@ class LivePlot:
         shown = first.get_xlim()
         for panel, ax in self.axes.items():
             log = ax.get_yscale() == "log"
-            ys = [y for x, y in data[panel] if shown[0] <= x <= shown[1] and math.isfinite(y) and (y > 0 or not log)]
-            if not ys or panel == "cosine":
+            xs, ys = data[panel]
+            ys = ys[(xs >= shown[0]) & (xs <= shown[1]) & np.isfinite(ys) & ((ys > 0) if log else True)]
+            if not ys.size or PANEL_SPECS[panel].ylim is not None:
                 continue
-            y0, y1 = min(ys), max(ys)
-            if panel in ("clip_fraction", "combine"):
+            y0, y1 = float(ys.min()), float(ys.max())
+            if PANEL_SPECS[panel].percent or panel == "combine":
                 y0 = min(y0, 0.0)
             cy0, cy1 = ax.get_ylim()
             if log:
@@ -242,7 +289,7 @@ class LivePlot:
                 lo, hi = _padded(y0, y1, log, 0.08 if self.xrange is not None else 0.3)
                 if not log and y0 >= 0:
                     lo = max(lo, 0.0)  # a non-negative quantity is never padded below 0
-                if panel == "clip_fraction":
+                if PANEL_SPECS[panel].percent:
                     hi = max(hi, 1e-4)
                 ax.set_ylim(lo, hi)
                 self._stale = True

@@ -1,7 +1,9 @@
-"""The figures read at a glance: no two texts overlap (matplotlib's renderer gives every text's box),
-no legend over another panel, one step axis, the clipped share only when something was clipped,
-panels for combine weights and task cosines, a loss axis never padded below 0, zoom and read-out.
-Headless (Agg), no kernel: fast."""
+"""The figures read at a glance, measured from matplotlib's renderer at the size the dashboard shows
+them (1:1, ``PLOT_WIDTH`` px at 1280x800): for 1 to 6 tasks with 2 linked sets each, every axes at
+least 200x110 px, every text at least 10 px, nothing outside the figure, no two texts over each other,
+no legend over an axes; one step axis, the clipped share only when something was clipped, panels for
+combine weights and task cosines, a loss axis never padded below 0, zoom and read-out.
+Headless (Agg), no kernel."""
 
 from __future__ import annotations
 
@@ -16,7 +18,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from mtlab import plots  # noqa: E402
-from mtlab.ui.liveplot import LivePlot  # noqa: E402
+from mtlab.ui.liveplot import PRESENTATION_SCALE, LivePlot  # noqa: E402
+
+PLOT_WIDTH = 620  # mtlab.ui.controls.PLOT_WIDTH: the Image widget shows the PNG at exactly this width
+MIN_AXES = (200, 110)  # px
+MIN_TEXT_PX = 10.0
 
 STEPS = list(range(1, 301))
 
@@ -38,12 +44,74 @@ def history(clipped: bool = True, method: bool = True) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def drawn_texts(fig: Figure) -> list:
-    """Every text the renderer draws: titles, axis labels, tick labels in view, legends, annotations."""
+def many_tasks(n: int, clipped: bool, method: bool = False, steps: int = 200) -> tuple[list[str], pd.DataFrame, list]:
+    """``n`` tasks with linked sets clean and noisy, validation points of every task and set, two
+    combined directions, weight and lr changes; clipping (and a combination method) optional."""
+    tasks = ["frames", *(f"task{i}" for i in range(1, n))]
+    rows = []
+    for s in range(1, steps + 1):
+        r = {"step": s, "lr": 1e-2 if s < 60 else 5e-3, "direction_norm": 0.7, "direction_norm/enc": 0.5}
+        for i, t in enumerate(tasks):
+            r.update({f"{t}/weight": 0.5 if s >= 100 and i == 0 else 1.0, f"{t}/loss": (1 + i) / math.sqrt(s),
+                      f"{t}/clean/loss": (1.1 + i) / math.sqrt(s), f"{t}/noisy/loss": (1.3 + i) / math.sqrt(s),
+                      f"{t}/grad_norm": (1 + i) / s, f"{t}/grad_norm_clipped": min((1 + i) / s, 0.05 if clipped else 9),
+                      f"{t}/clip_fraction": 0.1 if clipped and s % 7 == 0 else 0.0})
+            if method:
+                r[f"combine/enc/{t}"] = 0.4 + 0.001 * s * i
+                r.update({f"cos/enc/{t},{u}": math.cos(s / 30 + i + j) for j, u in enumerate(tasks) if j > i})
+        rows.append(r)
+    valid = [{"step": s, "loss": 1.0, **{t: 1 / math.sqrt(s) for t in tasks},
+              **{f"{t}/{ls}": 1 / math.sqrt(s) + 0.1 * k for t in tasks for k, ls in enumerate(("clean", "noisy"))}}
+             for s in (50, 100, 150, 200)]
+    return tasks, pd.DataFrame(rows), valid
+
+
+def live_figure(n: int, clipped: bool, method: bool = False, font_scale: float = 1.0) -> LivePlot:
+    tasks, df, valid = many_tasks(n, clipped, method)
+    live = LivePlot(tasks, width_px=PLOT_WIDTH, font_scale=font_scale)
+    live.update(plots.series_from_frame(df), plots.validation_series(valid), step=200,
+                events=plots.events_from_frame(df))
+    live.png()
+    return live
+
+
+def readability(fig: Figure) -> list[str]:
+    """What a reader could not read: axes under ``MIN_AXES``, text under ``MIN_TEXT_PX``, a text or the
+    legend outside the figure, two texts over each other, a legend over an axes."""
+    bad = []
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     renderer = canvas.get_renderer()
+    page = fig.bbox
+    for ax in fig.axes:
+        box = ax.get_window_extent(renderer)
+        if box.width < MIN_AXES[0] or box.height < MIN_AXES[1]:
+            bad.append(f"axes {ax.get_title()!r}: {box.width:.0f}x{box.height:.0f} px")
+    texts = all_texts(fig)
+    for t in texts:
+        px = t.get_fontsize() * fig.dpi / 72
+        if px < MIN_TEXT_PX:
+            bad.append(f"text {t.get_text()!r}: {px:.1f} px")
+        b = t.get_window_extent(renderer)
+        if b.x0 < page.x0 - 0.5 or b.y0 < page.y0 - 0.5 or b.x1 > page.x1 + 0.5 or b.y1 > page.y1 + 0.5:
+            bad.append(f"text {t.get_text()!r} cut at the figure's edge: {b}")
+    bad += [f"texts over each other: {a!r} / {b!r}" for a, b in overlaps(fig)]
+    for legend in fig.legends:
+        box = legend.get_window_extent(renderer)
+        if box.x0 < page.x0 - 0.5 or box.y0 < page.y0 - 0.5 or box.x1 > page.x1 + 0.5 or box.y1 > page.y1 + 0.5:
+            bad.append(f"legend cut at the figure's edge: {box}")
+        for ax in fig.axes:
+            a = ax.get_window_extent(renderer)
+            if min(box.x1, a.x1) - max(box.x0, a.x0) > 0.5 and min(box.y1, a.y1) - max(box.y0, a.y0) > 0.5:
+                bad.append(f"legend over the axes {ax.get_title()!r}")
+    return bad
+
+
+def all_texts(fig: Figure) -> list:
+    """Every text the renderer draws: titles, axis labels, tick labels in view, legends, annotations."""
     texts = list(fig.texts)
+    for legend in fig.legends:
+        texts += legend.get_texts()
     for ax in fig.axes:
         texts += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label,
                   ax.xaxis.get_offset_text(), ax.yaxis.get_offset_text(), *ax.texts]
@@ -53,8 +121,15 @@ def drawn_texts(fig: Figure) -> list:
         legend = ax.get_legend()
         if legend is not None:
             texts += legend.get_texts()
-    return [(t.get_text(), t.get_window_extent(renderer)) for t in texts
-            if t.get_visible() and t.get_text().strip() and t.figure is not None]
+    return [t for t in texts if t.get_visible() and t.get_text().strip() and t.figure is not None]
+
+
+def drawn_texts(fig: Figure) -> list:
+    """``(text, box in px)`` of every text drawn."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in all_texts(fig)]
 
 
 def overlaps(fig: Figure) -> list[tuple[str, str]]:
@@ -94,6 +169,40 @@ def test_overlap_check_catches_overlapping_texts():
     ax.set_title("a title")
     ax.text(0.5, 1.02, "over the title", transform=ax.transAxes, ha="center")
     assert overlaps(fig)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 6])
+@pytest.mark.parametrize("clipped", [False, True])
+def test_the_dashboard_plot_is_readable_for_1_to_6_tasks(n, clipped):
+    live = live_figure(n, clipped)
+    assert ("clip_fraction" in live.panels) == clipped
+    assert live.figure.bbox.width == PLOT_WIDTH
+    assert readability(live.figure) == []
+
+
+@pytest.mark.parametrize("n", [2, 6])
+def test_readable_with_a_combination_method_and_in_presentation_mode(n):
+    assert readability(live_figure(n, True, method=True).figure) == []
+    big = live_figure(n, False, font_scale=PRESENTATION_SCALE)
+    assert readability(big.figure) == []
+    assert min(t.get_fontsize() for t in all_texts(big.figure)) * big.figure.dpi / 72 >= 1.3 * MIN_TEXT_PX
+
+
+def test_the_readability_check_catches_what_the_old_layout_did():
+    """Three panels in a row with legends beside them: narrow axes, 9.7-px tick labels."""
+    fig = Figure(figsize=(6.2, 3.1), dpi=100, layout="constrained")
+    for i in range(3):
+        ax = fig.add_subplot(1, 3, i + 1)
+        ax.plot([0, 1], [0, 1], label="a long label")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.tick_params(labelsize=7)
+    bad = readability(fig)
+    assert any(b.startswith("axes") for b in bad) and any(b.startswith("text") for b in bad)
+
+
+def test_the_saved_history_figure_is_readable_for_6_tasks():
+    tasks, df, valid = many_tasks(6, True, method=True)
+    assert readability(plots.plot_history(df, validation=valid)) == []
 
 
 @pytest.mark.parametrize("clipped,method", [(True, True), (False, False), (True, False)])

@@ -17,6 +17,7 @@ import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import PercentFormatter  # noqa: E402
 from mtlab.ui import plots  # noqa: E402
 
@@ -45,19 +46,24 @@ def colors_by_label(ax) -> dict[str, str]:
     return {line.get_label(): to_hex(line.get_color()) for line in ax.lines if not line.get_label().startswith("_")}
 
 
-def test_legend_sits_outside_the_axes(trained):
-    fig = plots.plot_losses(trained.history)
-    fig.canvas.draw() if fig.canvas is not None else None
+def test_legend_sits_under_the_axes_and_explains_every_look(trained):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    fig = plots.plot_losses(trained.history, validation=[{"step": 2, "a": 1.0, "a/clean": 1.1, "a/noisy": 1.2}])
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     ax = fig.axes[0]
-    legend = ax.get_legend()
+    legend, = fig.legends
     renderer = canvas.get_renderer()
     box, axes_box = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
-    assert box.x0 >= axes_box.x1  # entirely to the right: it cannot cover a curve
-    assert box.x1 <= fig.bbox.x1 + 1  # and still inside the figure
+    assert box.y1 <= axes_box.y0  # entirely under the axes: it cannot cover a curve nor narrow the axes
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.x1 + 1 and box.y0 >= 0  # and inside the figure
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert labels[:2] == ["a", "b"]  # a colour per task, then a dash per linked set, a marker per set
+    assert {"clean", "noisy", "valid", "valid clean", "valid noisy"} <= set(labels)
+    host = Figure()
+    plots.plot_losses(trained.history, ax=host.add_subplot())
+    assert host.axes[0].get_legend() is not None  # on the caller's axes: the legend inside
 
 
 def test_pngs_are_sized_to_the_displayed_width(trained):
