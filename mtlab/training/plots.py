@@ -296,8 +296,8 @@ def decorate(ax: Axes, panel: str, scale: str = "linear", bottom: bool = True, f
 
 
 class _LogTicks(LogLocator):
-    """At least two labelled ticks on a log axis, and few: decades; else 1, 2 and 5 of each decade;
-    else (a range under a factor of ~2.5) evenly spaced round numbers."""
+    """Two to five labelled ticks on a log axis: decades; else 1, 2 and 5 of each decade; else (a
+    short range) evenly spaced round numbers."""
 
     def tick_values(self, vmin: float, vmax: float) -> Any:
         lo, hi = sorted((vmin, vmax))
@@ -308,7 +308,7 @@ class _LogTicks(LogLocator):
         for subs in ((1.0,), (1.0, 2.0, 5.0)):
             self.set_params(subs=subs)
             ticks = super().tick_values(vmin, vmax)
-            if len(inside(ticks)) >= 2:
+            if 2 <= len(inside(ticks)) <= 5:
                 return ticks
         return MaxNLocator(nbins=3, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
 
@@ -425,9 +425,10 @@ def _draw_panel(ax: Axes, panel: str, df: pd.DataFrame, styles: Styles, validati
 
 def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = None, max_points: int = MAX_POINTS,
                 scale: str = "linear", smoothing: float = 0.0, events: bool = True,
-                ghost: Mapping[str, Series] | None = None, width_px: int = 560) -> Figure:
-    """One panel: in its own figure (legend under it, the history's shared step range) or on ``ax``
-    (legend inside the axes)."""
+                ghost: Mapping[str, Series] | None = None, xlim: tuple[float, float] | None = None,
+                width_px: int = 560) -> Figure:
+    """One panel: in its own figure (legend under it; steps ``xlim``, else the history's own range) or
+    on ``ax`` (legend inside the axes)."""
     if scale not in ("linear", "log"):
         raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
     df = as_frame(history)
@@ -441,7 +442,7 @@ def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = Non
         fig = new_figure(width_px, layout_height(1, entries, width_px))
         ax = fig.add_subplot()
         decorate(ax, panel, scale)
-        limits = step_range(df, validation, ghost)
+        limits = xlim if xlim is not None else step_range(df, validation, ghost)
         if limits is not None:
             ax.set_xlim(*limits)
     fig = ax.figure
@@ -459,27 +460,29 @@ def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = Non
 
 def plot_losses(history: Any, ax: Axes | None = None, validation: Any = None, max_points: int = MAX_POINTS,
                 scale: str = "linear", smoothing: float = 0.0, events: bool = True,
-                ghost: Mapping[str, Series] | None = None) -> Figure:
+                ghost: Mapping[str, Series] | None = None, xlim: tuple[float, float] | None = None) -> Figure:
     """Normalized loss per task (colour) and per linked set (its dash) by step; validation points with
     a marker per linked set (circles: the task's).
 
     ``history``: ``trainer.history`` (or the trainer); ``validation``: evaluate events or the loop's
     validation records (see ``validation_series``); ``scale``: ``"linear"`` or ``"log"``;
     ``smoothing``: EMA factor in [0, 1) (raw curve kept faint); ``ghost``: ``column -> (steps, values)``
-    drawn grey under the live lines (e.g. an abandoned branch).
+    drawn grey under the live lines (e.g. an abandoned branch); ``xlim``: the steps shown (default: the
+    history's and the validation's range).
     """
-    return _plot_panel("loss", history, ax, validation, max_points, scale, smoothing, events, ghost)
+    return _plot_panel("loss", history, ax, validation, max_points, scale, smoothing, events, ghost, xlim)
 
 
-def plot_grad_norms(history: Any, ax: Axes | None = None, max_points: int = MAX_POINTS, events: bool = True) -> Figure:
+def plot_grad_norms(history: Any, ax: Axes | None = None, max_points: int = MAX_POINTS, events: bool = True,
+                    xlim: tuple[float, float] | None = None) -> Figure:
     """Gradient norm per task (a line; after clipping: a wide faint band under it), log scale."""
-    return _plot_panel("grad_norm", history, ax, None, max_points, events=events)
+    return _plot_panel("grad_norm", history, ax, None, max_points, events=events, xlim=xlim)
 
 
 def plot_clip_fraction(history: Any, ax: Axes | None = None, max_points: int = MAX_POINTS,
-                       events: bool = True) -> Figure:
+                       events: bool = True, xlim: tuple[float, float] | None = None) -> Figure:
     """Share of gradient elements clipped, per task, in percent."""
-    return _plot_panel("clip_fraction", history, ax, None, max_points, events=events)
+    return _plot_panel("clip_fraction", history, ax, None, max_points, events=events, xlim=xlim)
 
 
 def plot_history(history: Any, validation: Any = None, max_points: int = MAX_POINTS, scale: str = "linear",
@@ -520,9 +523,10 @@ def history_figures(history: Any, validation: Any = None) -> dict[str, Figure]:
     """The experiment folder's figures by name: losses, grad_norms, clip_fraction (only when something
     was clipped: a flat 0% says nothing) and history; all on the same step range."""
     df = as_frame(history)
-    figures = {"losses": plot_losses(df, validation=validation), "grad_norms": plot_grad_norms(df)}
+    xlim = step_range(df, validation)
+    figures = {"losses": plot_losses(df, validation=validation, xlim=xlim), "grad_norms": plot_grad_norms(df, xlim=xlim)}
     if "clip_fraction" in panels_for(series_from_frame(df, "clip_fraction")):
-        figures["clip_fraction"] = plot_clip_fraction(df)
+        figures["clip_fraction"] = plot_clip_fraction(df, xlim=xlim)
     figures["history"] = plot_history(df, validation)
     return figures
 

@@ -171,8 +171,11 @@ def test_overlap_check_catches_overlapping_texts():
     assert overlaps(fig)
 
 
-@pytest.mark.parametrize("n", [1, 2, 4, 6])
-@pytest.mark.parametrize("clipped", [False, True])
+SLOW = pytest.mark.slow  # several full renders: seconds on a loaded 2-core machine
+
+
+@pytest.mark.parametrize("n,clipped", [(2, True), *(pytest.param(n, c, marks=SLOW) for n in (1, 2, 4, 6)
+                                                     for c in (False, True) if (n, c) != (2, True))])
 def test_the_dashboard_plot_is_readable_for_1_to_6_tasks(n, clipped):
     live = live_figure(n, clipped)
     assert ("clip_fraction" in live.panels) == clipped
@@ -180,7 +183,7 @@ def test_the_dashboard_plot_is_readable_for_1_to_6_tasks(n, clipped):
     assert readability(live.figure) == []
 
 
-@pytest.mark.parametrize("n", [2, 6])
+@pytest.mark.parametrize("n", [2, pytest.param(6, marks=SLOW)])
 def test_readable_with_a_combination_method_and_in_presentation_mode(n):
     assert readability(live_figure(n, True, method=True).figure) == []
     big = live_figure(n, False, font_scale=PRESENTATION_SCALE)
@@ -200,6 +203,7 @@ def test_the_readability_check_catches_what_the_old_layout_did():
     assert any(b.startswith("axes") for b in bad) and any(b.startswith("text") for b in bad)
 
 
+@SLOW
 def test_the_saved_history_figure_is_readable_for_6_tasks():
     tasks, df, valid = many_tasks(6, True, method=True)
     assert readability(plots.plot_history(df, validation=valid)) == []
@@ -216,7 +220,7 @@ def test_history_figure_has_no_overlapping_text(clipped, method):
     assert ("combine weights" in titles and "task cosine" in titles) == method
 
 
-@pytest.mark.parametrize("width", [620, 830])  # the dashboard's plot; a notebook's full width
+@pytest.mark.parametrize("width", [620, pytest.param(830, marks=SLOW)])  # the dashboard's plot; a notebook's full width
 def test_live_plot_has_no_overlapping_text_running_and_zoomed(width):
     df = history()
     series = plots.series_from_frame(df)
