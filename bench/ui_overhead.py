@@ -1,29 +1,37 @@
-"""Training throughput with the dashboard attached (live plots on) against the same run headless,
-and how far the plot lags the step counter.
+"""The dashboard's pace and cost: how often the live plot redraws during a run and how long a knob
+change takes to show, on an idle machine and under load; and (``--throughput``) training throughput
+with the dashboard attached against the same run headless.
 
-Both train through ``mtlab.ui.Run`` (the background thread the dashboard uses); headless has no
-dashboard listening. Each system runs in fixed time windows, interleaved, and the median
-steps/second is compared. Prints the ratio dashboard/headless (aim: >= 0.95), how often and how
-long the dashboard redrew, and the plot's lag behind the counter (aim: <= ~1 s), sampled every
-50 ms as (steps done - step the plot shows) / steps per second.
+Pace (the default, ~40 s): a two-task trainer with two linked sets each (the plot of 03: loss,
+gradient norm, elements clipped) runs in the dashboard's background thread for ``--seconds``; a weight
+slider is moved every ~1.5 s the way the browser moves it (a comm ``update`` message). Printed, idle
+and with a busy loop per CPU (started here, ended after the window): the redraw interval (median, p95,
+max; aim: at most 1 s idle), the time from a knob change to its mark on the plot (the numbered event
+line) and to the first drawn step trained with the new value, and the draws' cost (full, blitted).
 
-    python bench/ui_overhead.py                 # BLSTM tagger, ~60 s
+    python bench/ui_overhead.py                 # pace, idle and under load, ~40 s
     python bench/ui_overhead.py --quick         # shorter windows
-    python bench/ui_overhead.py --case overhead # tiny model: per-step costs dominate
+    python bench/ui_overhead.py --throughput    # dashboard/headless steps per second (aim >= 0.95)
+
+Throughput: both train through ``mtlab.ui.Run`` (the background thread the dashboard uses); headless
+has no dashboard listening. Each system runs in fixed time windows, interleaved, and the median
+steps/second is compared; the plot's lag behind the step counter is sampled every 50 ms.
 
 The dashboard's controller collects new history rows and builds its state (every text) in the training
 thread every ``refresh_s`` (0.25 s); a painter thread draws the plot at most every ``draw_interval``
-(0.7 s), moving the axis limits (a full redraw, the layout only when panels or legends change) at most
-every 4 s and otherwise redrawing only the data lines.
-On a shared machine windows vary by +-25%: rerun, or raise --rounds, before reading a ratio a
-few percent off 1.
+(0.7 s) and at most ``MAX_INTERVAL`` (1 s) after the previous draw began, moving the axis limits (a full
+redraw, the layout only when panels or legends change) at most every 4 s and otherwise redrawing only
+the data lines over a cached background. On a shared machine windows vary by +-25%: rerun before
+reading a figure a few percent off.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,11 +88,104 @@ def window(system, trainer, seconds: float, settle: float = 0.5, dash=None, lags
     return rate
 
 
+def lecture_trainer(hidden: int = 32, batch: int = 8) -> mtlab.Trainer:
+    """Two tasks sharing an encoder, linked sets clean and noisy each (03's shape), clipping on."""
+    import torch
+
+    from mtlab.models import BLSTM
+
+    torch.manual_seed(0)
+    models = {"enc": BLSTM(common.DIN, hidden), "head_a": torch.nn.Linear(2 * hidden, common.CLASSES),
+              "head_b": torch.nn.Linear(2 * hidden, common.CLASSES)}
+    tasks = []
+    for name, head, seed in (("frames", "head_a", 1), ("speaker", "head_b", 2)):
+        sets = {ls: mtlab.LinkedSet(common.make_examples(64, 20, 80, seed=seed + 10 * i), weight=1.0)
+                for i, ls in enumerate(("clean", "noisy"))}
+        tasks.append(mtlab.Task(name, nodes=[mtlab.Node("h", "enc", ["x"]), mtlab.Node("logits", head, ["h"])],
+                                inputs=["x"], targets=["y"], outputs=["logits"],
+                                loss=mtlab.losses.CrossEntropy(output="logits", target="y"), linkedsets=sets,
+                                batch_size=batch))
+    return mtlab.Trainer(models, tasks, lr=2e-3, clip_grad_value=0.05, device="cpu", seed=0)
+
+
+def busy_loops(seconds: float) -> list[subprocess.Popen]:
+    """One spinning process per CPU, each ending by itself after ``seconds``."""
+    code = f"import time\nend = time.time() + {seconds:.1f}\nwhile time.time() < end:\n    pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(os.cpu_count() or 1)]
+
+
+def pace(seconds: float, loaded: bool) -> dict[str, list[float]]:
+    """Redraw times and knob-to-screen latencies of one dashboard run of ``seconds``."""
+    trainer = lecture_trainer()
+    dash = mtlab.ui.dashboard(trainer)
+    painter = dash.painter
+    sink = painter.sink
+    draws: list[tuple[float, int, int]] = []  # (time, step drawn, events drawn)
+
+    def timed_sink(png: bytes, step: int) -> None:
+        sink(png, step)
+        draws.append((time.monotonic(), step, len(painter.plot._events)))
+
+    painter.sink = timed_sink
+    loops = busy_loops(seconds + 3.0) if loaded else []
+    try:
+        if loaded:
+            time.sleep(1.0)  # the load is there before the run starts
+        dash.start(0)
+        time.sleep(1.0)
+        painter.reset_counters()
+        full0, fast0 = dash.live.full_draws, dash.live.fast_draws
+        changes: list[tuple[float, int, int]] = []  # (time, events before, step in flight)
+        slider = dash.sliders["frames/noisy"]
+        t0 = time.monotonic()
+        value = 1.0
+        while time.monotonic() - t0 < seconds:
+            time.sleep(1.5)
+            value = 0.3 if value == 1.0 else 1.0
+            changes.append((time.monotonic(), len(dash.events), trainer.step_count))
+            slider._handle_msg({"content": {"data": {"method": "update", "state": {"value": value}}}})
+        time.sleep(1.5)
+        steps = trainer.step_count
+        dash.stop(wait=True)
+        elapsed = time.monotonic() - t0
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    window = [t for t, _, _ in draws if t0 <= t <= t0 + elapsed - 1.5]
+    marks = [next((t for t, _, n in draws if t >= tc and n > before), math.inf) - tc for tc, before, _ in changes]
+    data = [next((t for t, s, _ in draws if t >= tc and s > step), math.inf) - tc for tc, _, step in changes]
+    out = {"intervals": [b - a for a, b in zip(window, window[1:])], "marks": marks, "data": data,
+           "step_s": [elapsed / max(steps, 1)], "draw_ms": [1e3 * painter.redraw_seconds / max(painter.redraws, 1)],
+           "full": [dash.live.full_draws - full0], "fast": [dash.live.fast_draws - fast0]}
+    dash.close()
+    return out
+
+
+def show_pace(seconds: float) -> None:
+    print(f"pace: 2 tasks x 2 linked sets, clipping on; a slider moved every 1.5 s; {seconds:g} s per window; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} before")
+    print(f"{'machine':<16}{'s/step':>8}{'redraws':>9}{'interval med/p95/max s':>24}"
+          f"{'knob->mark med/max s':>22}{'knob->data med/max s':>22}{'draw ms':>9}{'full/blit':>11}")
+    for loaded in (False, True):
+        r = pace(seconds, loaded)
+        iv = sorted(r["intervals"]) or [math.nan]
+        p95 = iv[min(int(0.95 * len(iv)), len(iv) - 1)]
+        fmt = lambda xs: f"{statistics.median(xs):.2f}/{max(xs):.2f}" if xs else "-"
+        name = f"busy x{os.cpu_count()}" if loaded else "idle"
+        print(f"{name:<16}{r['step_s'][0]:>8.2f}{len(iv) + 1:>9}"
+              f"{statistics.median(iv):>10.2f}/{p95:.2f}/{max(iv):.2f}".ljust(24 + 33)
+              + f"{fmt(r['marks']):>22}{fmt(r['data']):>22}{r['draw_ms'][0]:>9.0f}"
+              f"{int(r['full'][0]):>6}/{int(r['fast'][0])}")
+    print("aim: redraws at most 1 s apart idle (while steps end faster than that); a knob's mark within ~1 s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--throughput", action="store_true", help="dashboard/headless throughput instead of the pace")
     ap.add_argument("--case", default="medium", choices=list(CASES))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=6.0, help="length of one measuring window")
+    ap.add_argument("--seconds", type=float, default=None, help="length of one measuring window")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--painter", default="thread", choices=["auto", "thread", "inline"],
                     help="where the dashboard draws during a run (auto: inline when the machine is oversubscribed)")
@@ -93,7 +194,10 @@ def main() -> None:
     # both sides of the ratio noise; the dashboard's drawing shares the cores with training either way.
     os.environ.setdefault("MTLAB_BENCH_THREADS", "1")
     common.set_threads()
-    rounds, seconds = (3, 3.0) if args.quick else (args.rounds, args.seconds)
+    if not args.throughput:
+        show_pace(args.seconds or (8.0 if args.quick else 15.0))
+        return
+    rounds, seconds = (3, 3.0) if args.quick else (args.rounds, args.seconds or 6.0)
 
     head_tr, dash_tr = build(args.case), build(args.case)
     headless = Headless(head_tr)

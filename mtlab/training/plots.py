@@ -344,9 +344,10 @@ def event_groups(events: Sequence[tuple[float, str]], xlim: tuple[float, float],
 
 
 def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = True,
-                axes_px: float | None = None, font_scale: float = 1.0) -> list[Any]:
+                axes_px: float | None = None, font_scale: float = 1.0, animated: bool = False) -> list[Any]:
     """A dotted vertical line at each event's step; with ``labels``, the numbers (see ``event_groups``)
-    inside the top of the axes, clear of titles and legends. The artists added."""
+    inside the top of the axes, clear of titles and legends. The artists added (``animated``: for a
+    blitting figure)."""
     if not events:
         return []
     xlim = ax.get_xlim()
@@ -356,7 +357,7 @@ def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = Tr
     artists: list[Any] = []
     steps = sorted({s for s, _ in list(events)[-MAX_EVENT_MARKS:] if xlim[0] <= s <= xlim[1]})
     for s in steps:
-        artists.append(ax.axvline(s, color=EVENT, lw=0.8, ls=":", zorder=1.5, label="_events"))
+        artists.append(ax.axvline(s, color=EVENT, lw=0.8, ls=":", zorder=1.5, label="_events", animated=animated))
     if labels:
         size = text_pt("event", font_scale)
         for x, label in event_groups(events, xlim, axes_px, size * DPI / 72):
@@ -364,7 +365,7 @@ def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = Tr
             ha = "left" if frac < 0.06 else "right" if frac > 0.94 else "center"
             artists.append(ax.annotate(label, (x, 1.0), xycoords=ax.get_xaxis_transform(), xytext=(0, -2),
                                        textcoords="offset points", ha=ha, va="top", fontsize=size,
-                                       color=EVENT, annotation_clip=False))
+                                       color=EVENT, annotation_clip=False, animated=animated))
     return artists
 
 

@@ -229,13 +229,12 @@ class LivePlot:
         self._events = list(events)
         if self._stale or time.monotonic() - self._last_full >= self.min_full_interval:
             self._fit()
-        if tuple(self._events[-MAX_EVENT_MARKS:]) != self._events_key:
-            self._stale = True
-        if self._stale:
-            self._mark()
+        if self._stale or tuple(self._events[-MAX_EVENT_MARKS:]) != self._events_key:
+            self._mark()  # animated: a new event (a knob moved) is drawn over the cached background
 
     def _mark(self) -> None:
-        """Event marks for the current limits (labels in the top row only: they never meet a title)."""
+        """Event marks for the current limits (labels in the top row only: they never meet a title),
+        animated like the data lines (drawn over the cached background)."""
         self._events_key = tuple(self._events[-MAX_EVENT_MARKS:])
         for artist in self._event_artists:
             artist.remove()
@@ -243,7 +242,7 @@ class LivePlot:
         for i, ax in enumerate(self.axes.values()):
             px = ax.get_window_extent().width * 0.95 if self._laid_out else None
             self._event_artists += mark_events(ax, self._events, labels=i < self.cols, axes_px=px,
-                                               font_scale=self.font_scale)
+                                               font_scale=self.font_scale, animated=True)
 
     def _fit(self) -> None:
         """Shared x limits (the zoom, or the data with headroom); y limits per panel from what is shown,
@@ -251,7 +250,7 @@ class LivePlot:
         data = {}
         for p, ax in self.axes.items():
             pts = [(np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)) for ln in ax.lines
-                   if ln.get_animated() and not ln.get_label().startswith("_marker") and len(ln.get_xdata())]
+                   if ln.get_animated() and ln.get_label() not in ("_marker", "_events") and len(ln.get_xdata())]
             data[p] = (np.concatenate([x for x, _ in pts]), np.concatenate([y for _, y in pts])) if pts else \
                 (np.empty(0), np.empty(0))
         xs_all = np.concatenate([x for x, _ in data.values()])
@@ -312,7 +311,6 @@ class LivePlot:
             if not self._laid_out:  # the first layout gives the axes' real widths: place the labels again
                 self._laid_out = True
                 self._mark()
-                self.canvas.draw()
             self._background = self.canvas.copy_from_bbox(self.figure.bbox)
             self._stale = False
             self._last_full = time.monotonic()
@@ -321,8 +319,8 @@ class LivePlot:
             self.canvas.restore_region(self._background)
             self.fast_draws += 1
         for ax in self.axes.values():
-            artists = sorted((ln for ln in ax.lines if ln.get_animated() and ln.get_visible()),
-                             key=lambda a: a.get_zorder())  # the ghost (zorder 1) under the live lines
+            artists = sorted((a for a in (*ax.lines, *ax.texts) if a.get_animated() and a.get_visible()),
+                             key=lambda a: a.get_zorder())  # event lines and the ghost under the live lines
             for line in artists:
                 ax.draw_artist(line)
 

@@ -191,7 +191,8 @@ class Dashboard(widgets.VBox):
     def _plot_if_changed(self, state: DashState, force: bool = False) -> None:
         painter = self.painter
         data = self.controller.data
-        key = (state.step, len(state.events), len(data.validation), id(data.ghost), len(data.series))
+        key = (state.step, len(data.events), len(data.validation), id(data.ghost), len(data.series))  # a knob's
+        # event is in the store at once: its mark is drawn without waiting for the step in flight
         if painter is not None and (force or key != self._drawn_key):
             self._drawn_key = key
             self._update_readout()
