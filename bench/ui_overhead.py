@@ -157,6 +157,7 @@ def pace(seconds: float, loaded: bool) -> dict[str, list[float]]:
     data = [next((t for t, s, _ in draws if t >= tc and s > step), math.inf) - tc for tc, _, step in changes]
     out = {"intervals": [b - a for a, b in zip(window, window[1:])], "marks": marks, "data": data,
            "step_s": [elapsed / max(steps, 1)], "draw_ms": [1e3 * painter.redraw_seconds / max(painter.redraws, 1)],
+           "draw_cpu_ms": [1e3 * painter.redraw_cpu / max(painter.redraws, 1)],
            "full": [dash.live.full_draws - full0], "fast": [dash.live.fast_draws - fast0]}
     dash.close()
     return out
@@ -166,18 +167,21 @@ def show_pace(seconds: float) -> None:
     print(f"pace: 2 tasks x 2 linked sets, clipping on; a slider moved every 1.5 s; {seconds:g} s per window; "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} before")
     print(f"{'machine':<16}{'s/step':>8}{'redraws':>9}{'interval med/p95/max s':>24}"
-          f"{'knob->mark med/max s':>22}{'knob->data med/max s':>22}{'draw ms':>9}{'full/blit':>11}")
+          f"{'knob->mark med/max s':>22}{'knob->data med/max s':>22}{'draw ms':>9}{'cpu ms':>8}{'full/blit':>11}")
     for loaded in (False, True):
+        load = os.getloadavg()[0]
         r = pace(seconds, loaded)
         iv = sorted(r["intervals"]) or [math.nan]
         p95 = iv[min(int(0.95 * len(iv)), len(iv) - 1)]
         fmt = lambda xs: f"{statistics.median(xs):.2f}/{max(xs):.2f}" if xs else "-"
-        name = f"busy x{os.cpu_count()}" if loaded else "idle"
+        name = f"+{os.cpu_count()} busy" if loaded else "as is"
         print(f"{name:<16}{r['step_s'][0]:>8.2f}{len(iv) + 1:>9}"
               f"{statistics.median(iv):>10.2f}/{p95:.2f}/{max(iv):.2f}".ljust(24 + 33)
-              + f"{fmt(r['marks']):>22}{fmt(r['data']):>22}{r['draw_ms'][0]:>9.0f}"
-              f"{int(r['full'][0]):>6}/{int(r['fast'][0])}")
-    print("aim: redraws at most 1 s apart idle (while steps end faster than that); a knob's mark within ~1 s")
+              + f"{fmt(r['marks']):>22}{fmt(r['data']):>22}{r['draw_ms'][0]:>9.0f}{r['draw_cpu_ms'][0]:>8.0f}"
+              f"{int(r['full'][0]):>6}/{int(r['fast'][0])}   (load {load:.1f} before)")
+    print("as is: the machine as it was (idle when the load is under 1 per CPU); +N busy: a spinning process per CPU.\n"
+          "aim: redraws at most 1 s apart idle (while steps end faster than that); a knob's mark within ~1 s.\n"
+          "draw ms: wall time per draw; cpu ms: the drawing thread's CPU time (what a draw costs on an idle core)")
 
 
 def main() -> None:

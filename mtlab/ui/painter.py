@@ -2,7 +2,8 @@
 ``LivePlot`` and hands them to a sink (the dashboard's Image widget), at most every
 ``draw_interval`` (0.7 s) during a run, spacing draws further when they get slow (a loaded machine)
 so that drawing takes at most ``max_draw_share`` (10%) of the wall time and training keeps its speed,
-but never more than ``MAX_INTERVAL`` (1 s) apart while there is something new to show
+but never more than ``MAX_INTERVAL`` (0.8 s) apart while there is something new to show; the share
+counts the drawing thread's CPU time (waiting for a core on a loaded machine costs training nothing)
 (``bench/ui_overhead.py`` measures the pace, idle and under load).
 
 ``mode``: ``"thread"`` draws in its own daemon thread (the plot follows within about a second);
@@ -22,8 +23,15 @@ from .liveplot import LivePlot
 from .state import SeriesStore
 
 MODES = ("auto", "thread", "inline")
-MAX_INTERVAL = 1.0  # s: however slow the draws, the next one starts at most this long after the last began
-# (the old 3 s cap with a 10% share made a 250-350 ms draw wait 2.5-3 s: the plot redrew every 2.2-3.6 s)
+MAX_INTERVAL = 0.8  # s: however slow the draws, the next one starts at most this long after the last began,
+# so that on an idle machine (a full draw ~130 ms of CPU) draws end at most 1 s apart. The old 3 s cap with a
+# 10% share of the *wall* time made a 250-350 ms draw wait 2.5-3 s: the plot redrew every 2.2-3.6 s.
+
+
+def pace(draw_interval: float, cost: float, share: float) -> float:
+    """Seconds from one draw's start to the next: ``draw_interval``, longer when a draw costs more than
+    ``share`` of that CPU-wise, never over ``MAX_INTERVAL``."""
+    return min(max(draw_interval, cost / share if share > 0 else 0.0), MAX_INTERVAL)
 
 
 class Painter:
@@ -94,12 +102,12 @@ class Painter:
             return
         now = time.monotonic()
         share = self.max_draw_share / 2
-        wait = min(max(self.draw_interval, self._inline_cost / share if share > 0 else 0.0), MAX_INTERVAL)
-        if now - self._inline_last < wait:
+        if now - self._inline_last < pace(self.draw_interval, self._inline_cost, share):
             return
         self._inline_last = now
+        c0 = time.thread_time()
         self._safe_draw()
-        took = time.monotonic() - now
+        took = time.thread_time() - c0
         self._inline_cost = took if self._inline_cost == 0.0 else 0.7 * self._inline_cost + 0.3 * took
 
     def request(self) -> None:
@@ -112,20 +120,18 @@ class Painter:
         self._dirty.set()
 
     def _loop(self) -> None:
-        last, cost = 0.0, 0.0  # cost: recent wall seconds per draw (moving average)
+        last, cost = 0.0, 0.0  # cost: recent CPU seconds per draw (moving average)
         while not self.closed:
             if not self._dirty.wait(5.0):
                 return  # idle: the thread ends; the next request starts a new one
-            interval = max(self.draw_interval, cost / self.max_draw_share if self.max_draw_share > 0 else 0.0)
-            interval = min(interval, MAX_INTERVAL)
-            wait = interval - (time.monotonic() - last)
+            wait = pace(self.draw_interval, cost, self.max_draw_share) - (time.monotonic() - last)
             if wait > 0:
                 time.sleep(wait)
-            last = time.monotonic()
+            last, c0 = time.monotonic(), time.thread_time()
             with self._lock:  # cleared under the lock: idle() then waits for this very draw
                 self._dirty.clear()
                 self._safe_draw()
-            took = time.monotonic() - last
+            took = time.thread_time() - c0
             cost = took if cost == 0.0 else 0.7 * cost + 0.3 * took
 
     def flush(self) -> None:
