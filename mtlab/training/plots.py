@@ -414,8 +414,8 @@ def _draw_panel(ax: Axes, panel: str, df: pd.DataFrame, styles: Styles, validati
             ax.plot(*thin(xs, ys, max_points), **styles.valid(key))
             keys.append(key)
         ys_all = [y for ln in ax.lines for y in ln.get_ydata()]
-        if scale == "linear" and ys_all and min(ys_all) >= 0:
-            ax.set_ylim(bottom=0.0)  # a non-negative loss is never padded below 0
+        if scale == "linear" and ys_all and min(ys_all) >= 0 and ax.get_ylim()[0] < 0:
+            ax.set_ylim(bottom=0.0)  # a non-negative loss is never padded below 0 (nor squeezed onto it)
     if PANEL_SPECS[panel].percent:  # from 0 to a little above the largest share (not to 100%)
         ax.set_autoscaley_on(True)
         ax.relim()
