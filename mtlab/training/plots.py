@@ -37,6 +37,7 @@ from .plotstyle import (  # noqa: F401 (re-exported: mtlab.plots.PALETTE, ...)
     GHOST,
     PALETTE,
     PANEL_SPECS,
+    ROW_PX,
     SET_DASHES,
     SET_MARKERS,
     PanelSpec,
@@ -53,7 +54,8 @@ WIDTH_PX = 830  # a notebook output's width in JupyterLab and Voila at 1280 px
 PANELS = tuple(PANEL_SPECS)
 TITLES = {name: spec.title for name, spec in PANEL_SPECS.items()}
 MAX_EVENT_MARKS = 30
-EVENTS_LABEL = "n: weight or lr change n"  # the dotted event lines' legend entry in saved figures
+LEGEND_CELL = "legend cell"  # the label of the hidden axes in a grid's empty cells that may hold the legend
+EVENTS_LABEL = "n: weight/lr change n"  # the dotted event lines' legend entry in saved figures
 
 Series = tuple[Sequence[float], Sequence[float]]
 
@@ -230,7 +232,8 @@ def new_figure(width_px: int = WIDTH_PX, height_px: int | None = None, dpi: int 
 def panel_axes(fig: Figure, panels: Sequence[str], scale: str = "linear", cols: int | None = None,
                font_scale: float = 1.0) -> dict[str, Axes]:
     """One axes per panel (``cols`` columns) on a shared step axis; x tick labels and "step" only where
-    no panel is below."""
+    no panel is below. The empty cells of the last row become one hidden axes labelled ``LEGEND_CELL``
+    (``shared_legend`` puts the legend there when it fits)."""
     if cols is None:
         cols = grid(len(panels), int(fig.bbox.width), font_scale)[1]
     rows = math.ceil(len(panels) / cols)
@@ -241,21 +244,44 @@ def panel_axes(fig: Figure, panels: Sequence[str], scale: str = "linear", cols: 
         first = first or ax
         decorate(ax, panel, scale, bottom=i + cols >= len(panels), font_scale=font_scale)
         out[panel] = ax
+    if first is not None and rows > 1 and len(panels) % cols:
+        cell = fig.add_subplot(first.get_subplotspec().get_gridspec()[rows - 1, len(panels) % cols:],
+                               label=LEGEND_CELL)
+        cell.axis("off")
     return out
 
 
+def _cell_fits(entries: Sequence[tuple[Any, str]], panels: int, width_px: int, font_scale: float) -> int:
+    """Legend columns if ``entries`` fit in the empty cells of the last row of ``panels`` panels, else 0."""
+    rows, cols = grid(panels, width_px, font_scale)
+    if not entries or rows < 2 or not panels % cols:
+        return 0
+    size = text_pt("legend", font_scale)
+    cell_w = width_px * (cols - panels % cols) / cols - 16
+    ncols = legend_columns([label for _, label in entries], int(cell_w), size)
+    lines = math.ceil(len(entries) / ncols)
+    cell_h = (ROW_PX - 56) * font_scale ** 0.5  # the axes' share of a row, tick labels and title left out
+    return ncols if lines * size * DPI / 72 * 1.55 + 6 <= cell_h else 0
+
+
 def shared_legend(fig: Figure, entries: Sequence[tuple[Any, str]], font_scale: float = 1.0) -> Any:
-    """One legend under every panel, in as many columns as the width allows (it takes a row of its own,
-    never room from an axes). The ``Legend``, or None without entries."""
-    for old in list(fig.legends):
+    """One legend for every panel: in the empty cell of the last row when it fits there, else in a row
+    of its own under the panels, in as many columns as the width allows; never room taken from an axes.
+    The ``Legend``, or None without entries."""
+    cell = next((a for a in fig.axes if a.get_label() == LEGEND_CELL), None)
+    for old in [*fig.legends, *([cell.get_legend()] if cell is not None and cell.get_legend() else [])]:
         old.remove()
     if not entries:
         return None
     size = text_pt("legend", font_scale)
-    ncols = legend_columns([label for _, label in entries], int(fig.bbox.width), size, fig.dpi)
-    return fig.legend([h for h, _ in entries], [label for _, label in entries], loc="outside lower center",
-                      ncols=ncols, fontsize=size, frameon=False, handlelength=2.2, handletextpad=0.6,
-                      columnspacing=1.2, borderaxespad=0.2)
+    handles, labels = [h for h, _ in entries], [label for _, label in entries]
+    style = {"fontsize": size, "frameon": False, "handlelength": 2.2, "handletextpad": 0.6, "columnspacing": 1.2}
+    panels = sum(1 for a in fig.axes if a.get_label() != LEGEND_CELL)
+    ncols = _cell_fits(entries, panels, int(fig.bbox.width), font_scale) if cell is not None else 0
+    if ncols:
+        return cell.legend(handles, labels, loc="center", ncols=ncols, borderaxespad=0.0, **style)  # type: ignore[union-attr]
+    ncols = legend_columns(labels, int(fig.bbox.width), size, fig.dpi)
+    return fig.legend(handles, labels, loc="outside lower center", ncols=ncols, borderaxespad=0.2, **style)
 
 
 def legend_lines(entries: Sequence[tuple[Any, str]], width_px: int, font_scale: float = 1.0) -> int:
@@ -267,9 +293,11 @@ def legend_lines(entries: Sequence[tuple[Any, str]], width_px: int, font_scale: 
 
 
 def layout_height(panels: int, entries: Sequence[tuple[Any, str]], width_px: int, font_scale: float = 1.0) -> int:
-    """Pixels a figure of ``panels`` panels and this shared legend needs at ``width_px``."""
+    """Pixels a figure of ``panels`` panels and this shared legend needs at ``width_px`` (no legend row
+    when the legend fits in the last row's empty cell)."""
     rows, _ = grid(panels, width_px, font_scale)
-    return figure_height(rows, legend_lines(entries, width_px, font_scale), font_scale)
+    lines = 0 if _cell_fits(entries, panels, width_px, font_scale) else legend_lines(entries, width_px, font_scale)
+    return figure_height(rows, lines, font_scale)
 
 
 def decorate(ax: Axes, panel: str, scale: str = "linear", bottom: bool = True, font_scale: float = 1.0) -> None:

@@ -79,12 +79,18 @@ def text_width_px(text: str, size_pt: float, dpi: float = DPI) -> float:
 
 
 def legend_columns(labels: Sequence[str], width_px: int, size_pt: float, dpi: float = DPI) -> int:
-    """How many legend columns fit in ``width_px`` (each as wide as the widest entry)."""
+    """The most legend columns that fit in ``width_px``: matplotlib fills columns top to bottom, each as
+    wide as its widest entry (handle, padding and gap included)."""
     if not labels:
         return 1
     em = size_pt * dpi / 72
-    widest = max(text_width_px(s, size_pt, dpi) for s in labels) + em * (2.2 + 0.6 + 1.2)  # handle, pad, gap
-    return max(1, min(len(labels), int((width_px - 2 * em) // widest)))
+    widths = [text_width_px(s, size_pt, dpi) + em * (2.2 + 0.6) for s in labels]
+    for ncols in range(len(labels), 1, -1):
+        per = math.ceil(len(labels) / ncols)
+        cols = [widths[i:i + per] for i in range(0, len(widths), per)]
+        if len(cols) == ncols and sum(max(c) for c in cols) + em * 1.2 * (ncols - 1) + 2 * em <= width_px:
+            return ncols
+    return 1
 
 
 def figure_height(rows: int, legend_lines: int, scale: float = 1.0) -> int:

@@ -44,7 +44,7 @@ LIVE_POINTS = 400  # per line in the live plot: a blitted redraw stays ~40 ms
 LAYOUT = "constrained"  # room for the shared legend and every label, no text over another
 PADS = {"w_pad": 4 / 72, "h_pad": 4 / 72, "wspace": 0.04, "hspace": 0.05}
 PRESENTATION_SCALE = 1.35  # font scale of presentation mode (a projector, 150 % zoom)
-EVENTS_LABEL = "n: change n of the event log"
+EVENTS_LABEL = "n: event n of the log"
 RELAYOUT_S = 20.0  # s: the layout is redone at least this often (tick labels change width as limits move)
 
 

@@ -27,6 +27,13 @@ def look(line) -> tuple:
     return (to_hex(line.get_color()), dashes, round(line.get_linewidth(), 1), line.get_alpha(), line.get_marker())
 
 
+def legend_of(fig: Figure):
+    """The figure's one legend (under the panels, or in the last row's empty cell)."""
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    assert len(legends) == 1
+    return legends[0]
+
+
 def labelled(ax) -> dict[str, object]:
     return {ln.get_label(): ln for ln in ax.lines if not ln.get_label().startswith("_")}
 
@@ -65,10 +72,10 @@ def test_the_legend_explains_markers_dashes_and_event_numbers():
     assert any(label.startswith("n: ") and "event" in label for label in labels)  # what "1" on the plot is
     assert [t.get_text() for t in live.axes["loss"].texts] == ["1", "2"]
     tasks, df, valid = many_tasks(2, True)
-    legend, = plots.plot_history(df, validation=valid).legends
+    legend = legend_of(plots.plot_history(df, validation=valid))
     assert plots.EVENTS_LABEL in [t.get_text() for t in legend.get_texts()]
     calm = df.assign(lr=1e-2, **{"frames/weight": 1.0})  # no change: no numbers, no entry
-    legend, = plots.plot_history(calm).legends
+    legend = legend_of(plots.plot_history(calm))
     assert plots.EVENTS_LABEL not in [t.get_text() for t in legend.get_texts()]
 
 
@@ -103,7 +110,8 @@ def test_the_experiment_folders_pngs_share_one_step_range(tmp_path):
     valid = [{"step": 175, "frames": 0.2, "task1": 0.4, "loss": 0.6}]  # a validation after the last row
     figures = plots.history_figures(df, valid)
     assert set(figures) == {"losses", "grad_norms", "clip_fraction", "history"}
-    ranges = {name: ax.get_xlim() for name, fig in figures.items() for ax in fig.axes}
+    ranges = {name: ax.get_xlim() for name, fig in figures.items() for ax in fig.axes
+              if ax.get_label() != plots.LEGEND_CELL}
     assert len(set(ranges.values())) == 1, ranges
     lo, hi = next(iter(ranges.values()))
     assert lo < 1 and hi > 175
