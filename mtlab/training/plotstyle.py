@@ -48,7 +48,7 @@ class PanelSpec:
 
 PANEL_SPECS: dict[str, PanelSpec] = {s.name: s for s in (
     PanelSpec("loss", "normalized loss"),
-    PanelSpec("grad_norm", "gradient norm (wide band: after clipping)", log=True),
+    PanelSpec("grad_norm", "gradient norm", log=True),  # the legend says what the wide band is
     PanelSpec("clip_fraction", "elements clipped", percent=True),
     PanelSpec("combine", "combine weights"),
     PanelSpec("cosine", "task cosine", ylim=(-1.05, 1.05)),
@@ -68,7 +68,7 @@ def task_colors(tasks: Iterable[str]) -> dict[str, str]:
 def grid(n: int, width_px: int = 830, scale: float = 1.0) -> tuple[int, int]:
     """Rows and columns for ``n`` panels in ``width_px``: as many columns of ``MIN_PANEL_PX`` as fit (at
     most 3), fewer when there are fewer panels."""
-    cols = max(1, min(n, 3, int(width_px // (MIN_PANEL_PX * max(scale, 1.0) ** 0.5))))
+    cols = max(1, min(n, 3, int(width_px // MIN_PANEL_PX)))
     return max(1, math.ceil(n / cols)), cols
 
 
