@@ -8,7 +8,8 @@
 ``history.csv``           one row per step (losses, gradient norms, lr, skipped)
 ``validation.csv``        one row per validation (values, action taken, tries)
 ``*.png``                 the dashboard's figures (``mtlab.plots``): losses.png (training and validation),
-                          grad_norms.png, clip_fraction.png and history.png (the three side by side)
+                          grad_norms.png, clip_fraction.png (only when something was clipped) and
+                          history.png (every panel), all on one step range
 ``summary.json/.txt``     steps, stop reason, time per step, first/last losses, best validation
 ========================  =============================================================
 """
