@@ -163,6 +163,35 @@ def pace(seconds: float, loaded: bool) -> dict[str, list[float]]:
     return out
 
 
+def draw_costs(repeats: int = 5) -> dict[str, float]:
+    """CPU milliseconds (thread time: what a draw costs on an idle core) of one live-plot draw of 03's
+    shape (2 tasks x 2 linked sets, clipping, 300 steps, events): with the layout, full, blitted."""
+    from mtlab import plots
+    from mtlab.ui.liveplot import LivePlot
+
+    steps = list(range(1, 301))
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for i, t in enumerate(("frames", "speaker")):
+        for suffix, scale in (("loss", 1.0), ("clean/loss", 1.1), ("noisy/loss", 1.3), ("grad_norm", 0.5),
+                              ("grad_norm_clipped", 0.4)):
+            series[f"{t}/{suffix}"] = (steps, [scale * (1 + i) / math.sqrt(s) for s in steps])
+        series[f"{t}/clip_fraction"] = (steps, [0.1 if s % 7 == 0 else 0.0 for s in steps])
+    series["direction_norm"] = (steps, [0.7] * len(steps))
+    valid = {f"{t}/{ls}": ([100, 200, 300], [0.3, 0.2, 0.15]) for t in ("frames", "speaker") for ls in ("clean", "noisy")}
+    events = [(60, "lr"), (150, "weight")]
+    live = LivePlot(["frames", "speaker"], width_px=620)
+    out: dict[str, list[float]] = {"layout": [], "full": [], "blit": []}
+    for kind in ("layout", "full", "blit"):
+        for _ in range(repeats):
+            live._stale = live._stale or kind != "blit"
+            live._relayout = live._relayout or kind == "layout"
+            c0 = time.thread_time()
+            live.update(series, valid, step=300, events=events)
+            live.png()
+            out[kind].append(1e3 * (time.thread_time() - c0))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def show_pace(seconds: float) -> None:
     print(f"pace: 2 tasks x 2 linked sets, clipping on; a slider moved every 1.5 s; {seconds:g} s per window; "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} before")
@@ -179,6 +208,12 @@ def show_pace(seconds: float) -> None:
               f"{statistics.median(iv):>10.2f}/{p95:.2f}/{max(iv):.2f}".ljust(24 + 33)
               + f"{fmt(r['marks']):>22}{fmt(r['data']):>22}{r['draw_ms'][0]:>9.0f}{r['draw_cpu_ms'][0]:>8.0f}"
               f"{int(r['full'][0]):>6}/{int(r['fast'][0])}   (load {load:.1f} before)")
+    cost = draw_costs()
+    from mtlab.ui.painter import MAX_INTERVAL
+
+    print(f"one draw, CPU ms (an idle core): with layout {cost['layout']:.0f}, full {cost['full']:.0f}, "
+          f"blitted {cost['blit']:.0f}; the painter starts a draw at most {MAX_INTERVAL:g} s after the last began: "
+          f"on an idle machine draws end at most {MAX_INTERVAL + cost['full'] / 1e3:.2f} s apart while data arrive")
     print("as is: the machine as it was (idle when the load is under 1 per CPU); +N busy: a spinning process per CPU.\n"
           "aim: redraws at most 1 s apart idle (while steps end faster than that); a knob's mark within ~1 s.\n"
           "draw ms: wall time per draw; cpu ms: the drawing thread's CPU time (what a draw costs on an idle core)")
