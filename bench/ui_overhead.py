@@ -166,7 +166,6 @@ def pace(seconds: float, loaded: bool) -> dict[str, list[float]]:
 def draw_costs(repeats: int = 5) -> dict[str, float]:
     """CPU milliseconds (thread time: what a draw costs on an idle core) of one live-plot draw of 03's
     shape (2 tasks x 2 linked sets, clipping, 300 steps, events): with the layout, full, blitted."""
-    from mtlab import plots
     from mtlab.ui.liveplot import LivePlot
 
     steps = list(range(1, 301))

@@ -5,9 +5,6 @@ experiment folder's PNGs, no flat-0% clip_fraction.png. Headless (Agg)."""
 
 from __future__ import annotations
 
-import math
-
-import pandas as pd
 import pytest
 
 pytest.importorskip("matplotlib", reason="plots need matplotlib: pip install 'mtlab[notebook]'")
@@ -15,10 +12,10 @@ pytest.importorskip("matplotlib", reason="plots need matplotlib: pip install 'mt
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from test_plot_layout import many_tasks  # noqa: E402
 
 from mtlab import plots  # noqa: E402
 from mtlab.ui.liveplot import LivePlot  # noqa: E402
-from test_plot_layout import many_tasks  # noqa: E402
 
 
 def look(line) -> tuple:
@@ -71,7 +68,7 @@ def test_the_legend_explains_markers_dashes_and_event_numbers():
             "direction", "direction [enc]"} <= set(labels)
     assert any(label.startswith("n: ") and "event" in label for label in labels)  # what "1" on the plot is
     assert [t.get_text() for t in live.axes["loss"].texts] == ["1", "2"]
-    tasks, df, valid = many_tasks(2, True)
+    _, df, valid = many_tasks(2, True)
     legend = legend_of(plots.plot_history(df, validation=valid))
     assert plots.EVENTS_LABEL in [t.get_text() for t in legend.get_texts()]
     calm = df.assign(lr=1e-2, **{"frames/weight": 1.0})  # no change: no numbers, no entry
@@ -106,7 +103,7 @@ def test_the_live_log_axes_have_two_labels_however_narrow_the_range():
 
 
 def test_the_experiment_folders_pngs_share_one_step_range(tmp_path):
-    tasks, df, _ = many_tasks(2, True, steps=150)
+    _, df, _ = many_tasks(2, True, steps=150)
     valid = [{"step": 175, "frames": 0.2, "task1": 0.4, "loss": 0.6}]  # a validation after the last row
     figures = plots.history_figures(df, valid)
     assert set(figures) == {"losses", "grad_norms", "clip_fraction", "history"}

@@ -206,7 +206,7 @@ def test_the_readability_check_catches_what_the_old_layout_did():
 
 @SLOW
 def test_the_saved_history_figure_is_readable_for_6_tasks():
-    tasks, df, valid = many_tasks(6, True, method=True)
+    _, df, valid = many_tasks(6, True, method=True)
     assert readability(plots.plot_history(df, validation=valid)) == []
 
 
@@ -237,7 +237,7 @@ def test_live_plot_has_no_overlapping_text_running_and_zoomed(width):
     live.png()
     assert overlaps(live.figure) == []
     assert all(ax.get_xlim() == (5.0, 20.0) for ax in live.axes.values())
-    lo, hi = live.axes["loss"].get_ylim()  # the y limits follow what is shown
+    _, hi = live.axes["loss"].get_ylim()  # the y limits follow what is shown
     shown = [v for s, v in zip(STEPS, df["a/noisy/loss"]) if 5 <= s <= 20]
     assert hi < max(df["a/noisy/loss"]) and hi >= max(shown)
 

@@ -11,9 +11,10 @@ import pytest
 pytest.importorskip("ipywidgets", reason="the dashboard needs ipywidgets: pip install 'mtlab[notebook]'")
 pytest.importorskip("matplotlib", reason="the dashboard needs matplotlib: pip install 'mtlab[notebook]'")
 
+from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
+
 import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
-from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 from mtlab.ui.painter import MAX_INTERVAL, pace  # noqa: E402
 
 
