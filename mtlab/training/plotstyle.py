@@ -1,8 +1,8 @@
 """How mtlab's figures tell series apart and where panels and the legend go (used by ``plots`` and
 the dashboard's ``LivePlot``; needs matplotlib, the core never imports it).
 
-Series: colour = task (the tasks' order, tab10); dash pattern = linked set (its place among its task's
-sets); validation points: a marker per linked set (circle: the task); the gradient norm after clipping a
+Series: colour = task (the tasks' order, tab10); dash pattern = linked set (by name: ``clean`` looks
+the same in every task); validation points: a marker per linked set (circle: the task); the gradient norm after clipping a
 wide faint band under the line; each combined direction its own dash, in black; task pairs their own
 colours. One shared legend row under the panels explains each colour, dash and marker once, so no legend
 ever takes room from an axes. Panels: a grid chosen from the width (columns of at least
@@ -108,7 +108,7 @@ class Styles:
 
     def __init__(self, tasks: Iterable[str]) -> None:
         self.colors = task_colors(tasks)
-        self.sets: dict[str, list[str]] = {}  # task -> its linked sets, in order of first appearance
+        self.sets: list[str] = []  # linked set names in order of first appearance: a name has one dash everywhere
         self.directions: list[str] = []
         self.groups: list[str] = []
         self.pairs: list[str] = []
@@ -119,10 +119,8 @@ class Styles:
         return self.colors[task]
 
     def set_index(self, task: str, name: str) -> int:
-        sets = self.sets.setdefault(task, [])
-        if name not in sets:
-            sets.append(name)
-        return sets.index(name)
+        """A linked set's place among the names seen (sets named alike share a dash and a marker)."""
+        return self._index(self.sets, name)
 
     def _index(self, names: list[str], name: str) -> int:
         if name not in names:
@@ -231,5 +229,5 @@ class Styles:
         return out
 
     def _set_names(self, i: int) -> str:
-        """The names of every task's ``i``-th linked set (usually one name: the sets are named alike)."""
-        return ", ".join(dict.fromkeys(s[i] for s in self.sets.values() if len(s) > i))
+        """The ``i``-th linked set name (looks repeat only past ``len(SET_DASHES)`` names)."""
+        return self.sets[i]

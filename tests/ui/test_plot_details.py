@@ -122,3 +122,14 @@ def test_a_flat_zero_clip_fraction_png_is_not_written(tmp_path):
     assert not (tmp_path / "flat" / "clip_fraction.png").exists()
     _, clipped, _ = many_tasks(1, clipped=True, steps=20)
     assert "clip_fraction.png" in [p.name for p in plots.save_plots(clipped, tmp_path / "clipped", dpi=40)]
+
+
+def test_a_linked_set_looks_the_same_in_every_task():
+    styles = plots.Styles(["a", "b"])
+    a_clean, a_noisy = styles.line("a/clean/loss"), styles.line("a/noisy/loss")
+    b_noisy = styles.line("b/noisy/loss")  # b has no clean set: its noisy set still looks like a's noisy
+    assert b_noisy["dashes"] == a_noisy["dashes"] != a_clean["dashes"]
+    assert styles.valid("b/noisy")["marker"] == styles.valid("a/noisy")["marker"] != styles.valid("a/clean")["marker"]
+    assert styles.line("b/loss")["color"] == b_noisy["color"] != a_noisy["color"]
+    labels = [label for _, label in styles.legend(["a/clean/loss", "a/noisy/loss", "b/noisy/loss"], ["b/noisy"])]
+    assert labels == ["a", "b", "clean", "noisy", "valid noisy"]
