@@ -45,6 +45,7 @@ class MinibatchRecord:
     trace: dict[str, Tensor] | None = None  # per-model gradient contribution, when a MinibatchTrace is attached
 
     def as_dict(self) -> dict[str, Any]:
+        """The record as plain numbers (reads the loss and the norm from the device)."""
         return {"linkedset": self.linkedset, "examples": self.num_examples, "weight": self.weight,
                 "loss": float(self.loss), "norm": float(self.norm)}
 
@@ -60,8 +61,9 @@ class Accumulator:
     each a view into ``buffers``. ``loss`` and ``normalizer`` are the weighted sums over ``records``, kept
     as tensors (no device sync while training).
 
-    >>> acc = trainer.state("a")
-    >>> acc.phase, acc.minibatches, float(acc.loss / acc.normalizer), acc.grads["enc.lin.weight"].shape
+    Examples:
+        >>> acc = trainer.state("a")  # doctest: +SKIP
+        >>> acc.phase, acc.minibatches, float(acc.loss / acc.normalizer), acc.grads["enc.lin.weight"].shape  # doctest: +SKIP
     """
 
     def __init__(self, task: str, params: Mapping[str, nn.Parameter], shared: Collection[str] = (),
@@ -233,10 +235,12 @@ class Accumulator:
 
     @property
     def set_loss(self) -> dict[str, Tensor]:
+        """Linked set -> its weighted summed loss in this accumulation."""
         return {k: v[0] for k, v in self.set_totals.items()}
 
     @property
     def set_normalizer(self) -> dict[str, Tensor]:
+        """Linked set -> its weighted normalizer in this accumulation."""
         return {k: v[1] for k, v in self.set_totals.items()}
 
     def linkedset_loss(self, name: str) -> Tensor:

@@ -108,7 +108,8 @@ def _fit(wav: np.ndarray, length: int, gen: np.random.Generator) -> np.ndarray:
 class DynamicMix(torch.utils.data.Dataset):
     """A streamed split whose example ``i`` is a new mixture each epoch; see the module docstring.
 
-    >>> train = DynamicMix(load_split(split="train", stream=True, targets=[...]), MixSettings(gain_db=(-5, 5)))
+    Examples:
+        >>> train = DynamicMix(load_split(split="train", stream=True, targets=[...]), MixSettings(gain_db=(-5, 5)))  # doctest: +SKIP
     """
 
     def __init__(self, split: Any, settings: MixSettings | Mapping[str, Any] | None = None) -> None:

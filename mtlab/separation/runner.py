@@ -1,9 +1,10 @@
 """A one-task separation recipe on the shipped samples, and helpers to listen to the result.
 
->>> sep = train_separator(loss="pit", linkedset="clean", steps=600, seed=0)   # ~5 min on one CPU thread
->>> sep.evaluate()["si_sdri"].mean()          # dev SI-SDR improvement over the mixture, dB
->>> out = sep.separate(0)                      # numpy waveforms + sample rate
->>> audio_players(out)                         # IPython.display.Audio players (notebooks only)
+Examples:
+    >>> sep = train_separator(loss="pit", linkedset="clean", steps=600, seed=0)   # ~5 min on one CPU thread  # doctest: +SKIP
+    >>> sep.evaluate()["si_sdri"].mean()          # dev SI-SDR improvement over the mixture, dB  # doctest: +SKIP
+    >>> out = sep.separate(0)                      # numpy waveforms + sample rate  # doctest: +SKIP
+    >>> audio_players(out)                         # IPython.display.Audio players (notebooks only)  # doctest: +SKIP
 
 By default the training set is the corpus plus ``remix=5000`` mixtures remixed from its own training
 sources (see ``remix.py``): on the 120 corpus mixtures alone the BLSTM memorizes and dev stays ~2 dB.

@@ -90,6 +90,8 @@ def collate_kept(items: Sequence[Any]) -> tuple[Batch | Failed | None, list[Skip
 
 
 class ExampleSource(Protocol):
+    """What a linked set reads examples from: a sized sequence of example dicts (a list, a Dataset, a split)."""
+
     def __len__(self) -> int: ...
     def __getitem__(self, i: int) -> Mapping[str, Tensor]: ...
 
@@ -136,7 +138,8 @@ class SegmentedExamples:
     else every entry with a first axis as long as the utterance (per-utterance entries such as speaker ids
     or i-vectors are copied to each segment).
 
-    >>> segs = SegmentedExamples(examples, 100)   # len(segs) segments; segs.source is the uncut data
+    Examples:
+        >>> segs = SegmentedExamples(examples, 100)   # len(segs) segments; segs.source is the uncut data  # doctest: +SKIP
     """
 
     def __init__(self, source: ExampleSource, segment_length: int, keys: Sequence[str] | None = None) -> None:
@@ -264,9 +267,10 @@ def trainset_fraction(source: ExampleSource, frac: float) -> HeadExamples:
 class BatchStream:
     """An endless stream of collated minibatches drawn from ``source``.
 
-    >>> stream = BatchStream(examples, batch_size=8, numbuckets=4, seed=0)
-    >>> data, seq_lengths = next(stream)
-    >>> state = stream.state_dict(); a = next(stream); stream.load_state_dict(state); b = next(stream)
+    Examples:
+        >>> stream = BatchStream(examples, batch_size=8, numbuckets=4, seed=0)  # doctest: +SKIP
+        >>> data, seq_lengths = next(stream)  # doctest: +SKIP
+        >>> state = stream.state_dict(); a = next(stream); stream.load_state_dict(state); b = next(stream)  # doctest: +SKIP
     """
 
     def __init__(

@@ -345,7 +345,8 @@ def make(spec: str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]], logd
     ``{"type": "mlflow", "experiment": "sep"}`` (other keys go to the logger), a comma-separated string or a
     list of these (one :class:`LoggerGroup`). Files go under ``logdir``.
 
-    >>> make("csv,tensorboard", "exp/demo").attach(trainer)
+    Examples:
+        >>> make("csv,tensorboard", "exp/demo").attach(trainer)  # doctest: +SKIP
     """
     if isinstance(spec, str) and "," in spec:
         spec = [s.strip() for s in spec.split(",") if s.strip()]
