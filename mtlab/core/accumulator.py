@@ -59,12 +59,8 @@ class Accumulator:
 
     ``grads`` maps ``"<model>.<param>"`` to the task's accumulated (then normalized, then clipped) gradient,
     each a view into ``buffers``. ``loss`` and ``normalizer`` are the weighted sums over ``records``, kept
-    as tensors (no device sync while training).
-
-    Examples:
-        >>> acc = trainer.state("a")  # doctest: +SKIP
-        >>> acc.phase, acc.minibatches, float(acc.loss / acc.normalizer), acc.grads["enc.lin.weight"].shape  # doctest: +SKIP
-    """
+    as tensors (no device sync while training). ``acc = trainer.state("a")`` gives it; ``acc.phase``,
+    ``acc.minibatches``, ``float(acc.loss / acc.normalizer)`` and ``acc.grads["enc.lin.weight"]`` read it."""
 
     def __init__(self, task: str, params: Mapping[str, nn.Parameter], shared: Collection[str] = (),
                  device: torch.device | str = "cpu") -> None:
