@@ -22,5 +22,6 @@ if __name__ == "__main__":
     text = table()
     if "--check" in sys.argv:
         design = (ROOT / "docs" / "design.md").read_text()
-        sys.exit(0 if text in design else "docs/design.md's table of layers is out of date: run scripts/architecture.py")
+        sys.exit(0 if text in design else "docs/design.md's table of layers is out of date: "
+                 "run scripts/architecture.py and paste it there")
     print(text)

@@ -1,7 +1,8 @@
 """Recipes: one TOML file that describes models, tasks and trainer settings.
 
 Examples:
-    >>> exp = from_recipe("recipes/demo.toml")   # models, tasks, data -> Experiment(trainer, schedule, recipe)  # doctest: +SKIP
+    >>> # models, tasks, data -> Experiment(trainer, schedule, recipe)
+    >>> exp = from_recipe("recipes/demo.toml")  # doctest: +SKIP
     >>> exp = load("exp/demo/final.pt")          # rebuilt from the recipe stored in the checkpoint  # doctest: +SKIP
 
 A recipe has ``[trainer]`` (the original's ``trainer.cfg`` key names, see ``TRAINER_KEYS``; a

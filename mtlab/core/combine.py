@@ -14,8 +14,10 @@ and as torchjd would see ``w_t · L_t``. Scale-invariant methods (MGDA, IMTL-G, 
 largely ignore them; a weight of 0 still leaves the task out.
 
 Examples:
-    >>> trainer = mtlab.Trainer(models, tasks, combine="upgrad")    # or trainer.set_combine("pcgrad") between steps  # doctest: +SKIP
-    >>> trainer.history.filter(like="combine/")                      # the weights UPGrad chose per step  # doctest: +SKIP
+    >>> # or trainer.set_combine("pcgrad") between steps
+    >>> trainer = mtlab.Trainer(models, tasks, combine="upgrad")  # doctest: +SKIP
+    >>> # the weights UPGrad chose per step
+    >>> trainer.history.filter(like="combine/")  # doctest: +SKIP
 
 Needs ``pip install "mtlab[mtl]"`` (torchjd with the solvers its methods use).
 """

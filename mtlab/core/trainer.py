@@ -69,8 +69,9 @@ class Trainer:
     """Multi-task trainer whose step can be run one call at a time.
 
     Examples:
-        >>> trainer = Trainer(models, [task_a, task_b], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=2)  # doctest: +SKIP
-        >>> trainer.process_minibatch("a", "noisy"); trainer.normalize(); trainer.clip(); trainer.apply()  # doctest: +SKIP
+        >>> trainer = Trainer(models, [task_a, task_b], lr=1e-3, numbatches_to_aggregate=2)  # doctest: +SKIP
+        >>> trainer.process_minibatch("a", "noisy"); trainer.normalize()  # doctest: +SKIP
+        >>> trainer.clip(); trainer.apply()  # doctest: +SKIP
         >>> trainer.step()  # the whole cycle for every task  # doctest: +SKIP
 
     ``precision`` ("32", "bf16-mixed", "16-mixed" or ``{"type": ..., **GradScaler options}``) and ``compile``

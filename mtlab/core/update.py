@@ -205,7 +205,8 @@ class Update:
     Examples:
         >>> update = Update(params, users, lambda ps: make_adam(ps, lr=1e-3))  # doctest: +SKIP
         >>> update.step(accumulators, {"a": 1.0, "b": 0.3}, lr=1e-3, found_inf=None)  # doctest: +SKIP
-        >>> update.set_method("upgrad")  # between steps: torchjd's UPGrad on each shared group's Jacobian  # doctest: +SKIP
+        >>> # between steps: torchjd's UPGrad on each shared group's Jacobian
+        >>> update.set_method("upgrad")  # doctest: +SKIP
     """
 
     def __init__(self, params: Mapping[str, nn.Parameter], users: Mapping[str, Sequence[str]],

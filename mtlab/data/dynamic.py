@@ -109,7 +109,8 @@ class DynamicMix(torch.utils.data.Dataset):
     """A streamed split whose example ``i`` is a new mixture each epoch; see the module docstring.
 
     Examples:
-        >>> train = DynamicMix(load_split(split="train", stream=True, targets=[...]), MixSettings(gain_db=(-5, 5)))  # doctest: +SKIP
+        >>> split = load_split(split="train", stream=True, targets=[...])  # doctest: +SKIP
+        >>> train = DynamicMix(split, MixSettings(gain_db=(-5, 5)))  # doctest: +SKIP
     """
 
     def __init__(self, split: Any, settings: MixSettings | Mapping[str, Any] | None = None) -> None:

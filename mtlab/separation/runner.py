@@ -1,7 +1,8 @@
 """A one-task separation recipe on the shipped samples, and helpers to listen to the result.
 
 Examples:
-    >>> sep = train_separator(loss="pit", linkedset="clean", steps=600, seed=0)   # ~5 min on one CPU thread  # doctest: +SKIP
+    >>> # ~5 min on one CPU thread
+    >>> sep = train_separator(loss="pit", linkedset="clean", steps=600, seed=0)  # doctest: +SKIP
     >>> sep.evaluate()["si_sdri"].mean()          # dev SI-SDR improvement over the mixture, dB  # doctest: +SKIP
     >>> out = sep.separate(0)                      # numpy waveforms + sample rate  # doctest: +SKIP
     >>> audio_players(out)                         # IPython.display.Audio players (notebooks only)  # doctest: +SKIP

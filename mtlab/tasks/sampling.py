@@ -139,7 +139,8 @@ class SegmentedExamples:
     or i-vectors are copied to each segment).
 
     Examples:
-        >>> segs = SegmentedExamples(examples, 100)   # len(segs) segments; segs.source is the uncut data  # doctest: +SKIP
+        >>> # len(segs) segments; segs.source is the uncut data
+        >>> segs = SegmentedExamples(examples, 100)  # doctest: +SKIP
     """
 
     def __init__(self, source: ExampleSource, segment_length: int, keys: Sequence[str] | None = None) -> None:
@@ -270,7 +271,8 @@ class BatchStream:
     Examples:
         >>> stream = BatchStream(examples, batch_size=8, numbuckets=4, seed=0)  # doctest: +SKIP
         >>> data, seq_lengths = next(stream)  # doctest: +SKIP
-        >>> state = stream.state_dict(); a = next(stream); stream.load_state_dict(state); b = next(stream)  # doctest: +SKIP
+        >>> state = stream.state_dict(); a = next(stream)  # doctest: +SKIP
+        >>> stream.load_state_dict(state); b = next(stream)  # doctest: +SKIP
     """
 
     def __init__(

@@ -7,7 +7,8 @@ union of the ranks' minibatches. A model no task uses keeps ``grad None`` everyw
 
 Examples:
     >>> trainer = mtlab.Trainer(models, tasks)          # under torchrun, after init_process_group  # doctest: +SKIP
-    >>> mtlab.distributed.attach(trainer)                # shards the data, checks every rank built the same  # doctest: +SKIP
+    >>> # shards the data, checks every rank built the same
+    >>> mtlab.distributed.attach(trainer)  # doctest: +SKIP
 """
 
 from __future__ import annotations

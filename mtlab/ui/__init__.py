@@ -3,7 +3,8 @@
 Examples:
     >>> import mtlab.ui  # doctest: +SKIP
     >>> mtlab.ui.dashboard(trainer)          # sliders, stepwise buttons, background run, live plots  # doctest: +SKIP
-    >>> mtlab.ui.dashboard(exp)              # an experiment: its runs follow exp.schedule (lr decay, validation)  # doctest: +SKIP
+    >>> # an experiment: its runs follow exp.schedule (lr decay, validation)
+    >>> mtlab.ui.dashboard(exp)  # doctest: +SKIP
     >>> mtlab.ui.stop_all()                 # stop every background run (also: Kernel -> Interrupt)  # doctest: +SKIP
     >>> mtlab.ui.plots.plot_losses(trainer.history).savefig("losses.png")  # doctest: +SKIP
 
