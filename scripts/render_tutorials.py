@@ -23,12 +23,26 @@ NOTEBOOKS = ROOT / "notebooks"
 OUT = ROOT / "docs" / "tutorials"
 
 
+WIDGET = "application/vnd.jupyter.widget-view+json"
+WIDGET_NOTE = "[an interactive widget: it shows in a running notebook, not on a static page]"
+
+
+def static_widgets(nb: nbformat.NotebookNode) -> None:
+    """Replace each widget output's data by a one-line note: without a kernel a widget cannot show, and its
+    text form is a long repr of its children. Live widget state is dropped too."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if WIDGET in out.get("data", {}):
+                out["data"] = {"text/plain": WIDGET_NOTE}
+
+
 def render(path: Path, timeout: int) -> Path:
     """Execute ``path`` in a fresh kernel (cwd notebooks/) and write the executed copy under docs/tutorials/."""
     nb = nbformat.read(path, as_version=4)
     nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-    nb.metadata.pop("widgets", None)  # live widget state means nothing on a static page
+    static_widgets(nb)
     out = OUT / path.name
     nbformat.write(nb, out)
     return out
