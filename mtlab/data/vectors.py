@@ -53,10 +53,12 @@ class VectorList:
         return self.nrs * self.nrcol
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain values (for a recipe or a checkpoint)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], origin: str = "ivec") -> VectorList:
+        """The spec ``to_dict`` wrote."""
         valid = ("list", "nrcol", "nrs", "mvn", "stats_list")
         unknown = sorted(set(data) - set(valid))
         if unknown:

@@ -35,6 +35,7 @@ class Skipped:
     reason: str
 
     def to_dict(self) -> dict[str, str]:
+        """The skipped example as plain values (``skipped.jsonl``)."""
         return asdict(self)
 
 
@@ -479,6 +480,7 @@ class BatchStream:
                 "world_size": self.world_size}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a position ``state_dict`` gave (exact resume)."""
         check_stream_state(state, self.state_dict())
         self.seed = int(state.get("seed", self.seed))
         self.epoch = int(state["epoch"])
@@ -515,6 +517,7 @@ class Streams(dict):
         return self[key]
 
     def state_dict(self) -> dict[str, Any]:
+        """Every stream's position, for a checkpoint."""
         return {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self.items()}
 
     def skipped(self) -> list[dict[str, Any]]:

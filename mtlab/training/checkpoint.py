@@ -46,13 +46,16 @@ class Periodic:
 
     @property
     def trainer(self) -> Any:
+        """The trainer whose state is written."""
         return getattr(self.experiment, "trainer", self.experiment)
 
     def attach(self) -> "Periodic":
+        """Start writing ``latest.pt`` every ``every`` steps."""
         self.trainer.add_callback(self)
         return self
 
     def detach(self) -> None:
+        """Stop writing periodic checkpoints."""
         if self in self.trainer.callbacks:
             self.trainer.remove_callback(self)
 

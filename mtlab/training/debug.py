@@ -268,6 +268,7 @@ class MinibatchTrace:
         self._prev = {}
 
     def clear(self) -> None:
+        """Forget the recorded minibatches."""
         self._rows.clear()
 
     def __call__(self, event: str, info: dict[str, Any]) -> None:
