@@ -135,6 +135,7 @@ class DynamicMix(torch.utils.data.Dataset):
 
     @property
     def names(self) -> list[str]:
+        """The corpus split's utterance names (one new mixture per name and epoch)."""
         return self.base.names
 
     def set_epoch(self, epoch: int) -> None:

@@ -76,6 +76,7 @@ class SeparatorConfig:
     root: str | None = None  # data_samples folder (default: $MTLAB_DATA or the checkout's)
 
     def check(self) -> None:
+        """Refuse settings a separator cannot use, naming the valid choices."""
         if self.loss not in METHODS:
             raise ConfigError(f"loss={self.loss!r} is not a separation loss; choose one of {METHODS}")
 

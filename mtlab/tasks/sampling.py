@@ -169,6 +169,7 @@ class SegmentedExamples:
         return self.source.segment(i, start, n)
 
     def featurize(self, batch: Batch, device: Any = None) -> Batch:
+        """Features of a collated batch, by the uncut source."""
         return self.source.featurize(batch, device)
 
     def __getitem__(self, j: int) -> dict[str, Tensor]:
@@ -202,12 +203,15 @@ class HeadExamples:
         return self.count
 
     def audio(self, i: int) -> Any:
+        """The audio of example ``i`` (the source's)."""
         return self.source.audio(i)
 
     def featurize(self, batch: Batch, device: Any = None) -> Batch:
+        """Features of a collated batch, by the source."""
         return self.source.featurize(batch, device)
 
     def segment(self, i: int, start: int, frames: int) -> Any:
+        """A segment of example ``i`` (the source's)."""
         return self.source.segment(i, start, frames)
 
     def __getitem__(self, i: int) -> Mapping[str, Tensor]:
