@@ -53,7 +53,7 @@ def site_url() -> Iterator[str]:
 
 
 def shot(page: object, name: str) -> None:
-    folder = os.environ.get("MTLAB_SCREENSHOTS")
+    folder = os.environ.get("MTLAB_DOCS_SCREENSHOTS")
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(Path(folder) / name))  # type: ignore[attr-defined]
