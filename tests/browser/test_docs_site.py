@@ -2,8 +2,8 @@
 the ``Trainer`` entry of the API reference and a tutorial with its figure.
 
 Needs the docs extra (``pip install -e ".[docs]"``), playwright and Chromium at ``/usr/bin/chromium`` (or
-``MTLAB_CHROMIUM``); skipped, with the reason, when one is missing. Screenshots go to ``MTLAB_SCREENSHOTS``
-when set.
+``MTLAB_CHROMIUM``); skipped, with the reason, when one is missing. Screenshots go to ``MTLAB_DOCS_SCREENSHOTS``
+when set (not ``MTLAB_SCREENSHOTS``, which writes the README's pictures into docs/).
 """
 
 from __future__ import annotations
