@@ -3,6 +3,29 @@
 The core (``Trainer``, ``Task``, ``LinkedSet``, ``Node``, the step pieces) imports without Jupyter or the
 speech data package; ``mtlab.from_recipe``, ``mtlab.run``, ``mtlab.data``, ``mtlab.separation`` and
 ``mtlab.ui`` load on first use.
+
+Examples:
+    One task on one linked set of in-memory examples, one step, its history row:
+
+    >>> import torch
+    >>> from torch import nn
+    >>> import mtlab
+    >>> _ = torch.manual_seed(0)
+    >>> data = [{"x": torch.randn(5, 3), "y": torch.randint(0, 2, (5,))} for _ in range(16)]
+    >>> task = mtlab.Task("tag", nodes=[mtlab.Node("logits", "net", ["x"])], inputs=["x"], targets=["y"],
+    ...                   outputs=["logits"], loss=mtlab.losses.CrossEntropy(output="logits", target="y"),
+    ...                   linkedsets={"train": mtlab.LinkedSet(data)}, batch_size=4)
+    >>> trainer = mtlab.Trainer({"net": nn.Linear(3, 2)}, [task], lr=1e-2, numbatches_to_aggregate=2, device="cpu")
+    >>> _ = trainer.process_minibatch("tag", "train")
+    >>> str(trainer.phase()["tag"]), trainer.next_calls()
+    ('accumulating', {'tag': 'normalize'})
+    >>> trainer.apply()
+    Traceback (most recent call last):
+    ...
+    mtlab.base.errors.PhaseError: ...
+    >>> trainer.reset(); _ = trainer.step()
+    >>> trainer.step_count, int(trainer.history["tag/minibatches"].iloc[0])
+    (1, 2)
 """
 
 from __future__ import annotations

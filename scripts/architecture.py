@@ -1,4 +1,4 @@
-"""Print the README's Architecture table from mtlab/_layers.py and the folders (``--check`` compares)."""
+"""Print docs/design.md's table of layers from mtlab/_layers.py and the folders (``--check`` compares)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def table() -> str:
 if __name__ == "__main__":
     text = table()
     if "--check" in sys.argv:
-        readme = (ROOT / "README.md").read_text()
-        sys.exit(0 if text in readme else "README.md's Architecture table is out of date: run scripts/architecture.py")
+        design = (ROOT / "docs" / "design.md").read_text()
+        sys.exit(0 if text in design else "docs/design.md's table of layers is out of date: "
+                 "run scripts/architecture.py and paste it there")
     print(text)

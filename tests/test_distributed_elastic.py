@@ -1,4 +1,4 @@
-"""torchrun for real: a killed worker restarts the group from the last checkpoint, and the README's two-node
+"""torchrun for real: a killed worker restarts the group from the last checkpoint, and the documented two-node
 command on 127.0.0.1; both against one process over the ranks' shards (gloo, CPU)."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_a_killed_worker_restarts_the_group_from_the_last_checkpoint(workdir) ->
 def test_the_readme_two_node_command_on_one_machine_equals_one_process(workdir) -> None:
     tmp_path = workdir
     path, port = recipe(tmp_path, num_steps=3), free_port()
-    readme = (TESTS.parent / "README.md").read_text()
+    readme = (TESTS.parent / "docs" / "guides" / "distributed.md").read_text()
     assert "--nnodes 2 --node_rank 0" in readme and "--rdzv_backend c10d" in readme  # the command tested here
     nodes = [start([*TORCHRUN, "--nnodes", "2", "--node_rank", str(n), "--nproc_per_node", "1",
                                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "mtlab-test",

@@ -124,20 +124,20 @@ def test_plugin_strings_name_modules_that_exist_in_a_layer_above() -> None:
 
 
 def test_readme_architecture_table_matches_the_layers() -> None:
-    readme = (PACKAGE.parent / "README.md").read_text()
-    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    section = design.split("## The layers", 1)[1].split("\n## ", 1)[0]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
             if line.startswith("| ") and not line.startswith("| layer") and not line.startswith("| call")]
     table = [(r[0], tuple(re.findall(r"`(\w+)/`", r[1]))) for r in rows if len(r) >= 2 and "`" in r[1] and "/`" in r[1]]
     assert table == [(name, folders) for name, folders, _ in LAYERS], \
-        "README's Architecture table differs from mtlab/_layers.py:\n" + "\n".join(map(str, table))
+        "docs/design.md's table of layers differs from mtlab/_layers.py:\n" + "\n".join(map(str, table))
 
 
 def test_modules_and_classes_stay_readable() -> None:
     """No module over 600 lines and no class over 300 lines outside the domain packages (data, separation,
-    nabu, ui); the README's Architecture section names any exception and why."""
+    nabu, ui); docs/design.md names any exception and why."""
     domains = {"data", "separation", "nabu", "ui"}
-    readme = (PACKAGE.parent / "README.md").read_text()
+    readme = (PACKAGE.parent / "docs" / "design.md").read_text()
     bad = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE)

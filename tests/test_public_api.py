@@ -31,14 +31,14 @@ CASES = [(sub, name) for sub, names in RELEASE.items() for name in names]
 @pytest.mark.parametrize(("sub", "name"), CASES, ids=[f"{s or 'mtlab'}.{n}" for s, n in CASES])
 def test_public_name_of_the_last_release(sub: str, name: str) -> None:
     if (sub, name) in REMOVED:
-        changelog = (Path(__file__).parents[1] / "README.md").read_text().split("## Changelog", 1)[1]
+        changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
         assert f"`{name}`" in changelog and f"`{REMOVED[(sub, name)]}`" in changelog, \
             f"the changelog does not say that {name} is gone and {REMOVED[(sub, name)]} replaces it"
         return
     if (sub, name) in MOVED:
         home = MOVED[(sub, name)]
         assert hasattr(importlib.import_module(home), name), f"{name} is not in {home}"
-        changelog = (Path(__file__).parents[1] / "README.md").read_text().split("## Changelog", 1)[1]
+        changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
         assert f"`{home}`" in changelog, f"the changelog does not say that mtlab.{sub}.{name} moved to {home}"
         return
     owner = getattr(mtlab, sub) if sub else mtlab

@@ -39,8 +39,9 @@ def launch(recipe: Any, nprocs: int = 2, steps: int = 3, out_dir: str | None = N
     """Run ``steps`` data-parallel steps of a recipe on ``nprocs`` CPU processes (gloo) and return each rank's
     history and rank 0's checkpoint path.
 
-    >>> res = mtlab.launch.launch("recipes/demo.toml", nprocs=2, steps=2)
-    >>> res["history"][0]    # pandas DataFrame of rank 0
+    Examples:
+        >>> res = mtlab.launch.launch("recipes/demo.toml", nprocs=2, steps=2)  # doctest: +SKIP
+        >>> res["history"][0]    # pandas DataFrame of rank 0  # doctest: +SKIP
     """
     import pandas as pd
     import torch.multiprocessing as mp

@@ -1,8 +1,9 @@
 """``mtlab test EXPDIR``: an experiment trained from an original Nabu-MSSS recipe, tested as the original's
 ``run test`` does (the test loss, the separated signals and their scores; see :mod:`mtlab.nabu.evaluation`).
 
->>> result = run_test("exp/dc", limit=10)
->>> print(format_table(result.summary))
+Examples:
+    >>> result = run_test("exp/dc", limit=10)  # doctest: +SKIP
+    >>> print(format_table(result.summary))  # doctest: +SKIP
 """
 
 from __future__ import annotations

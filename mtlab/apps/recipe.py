@@ -1,7 +1,9 @@
 """Recipes: one TOML file that describes models, tasks and trainer settings.
 
->>> exp = from_recipe("recipes/demo.toml")   # models, tasks, data -> Experiment(trainer, schedule, recipe)
->>> exp = load("exp/demo/final.pt")          # rebuilt from the recipe stored in the checkpoint
+Examples:
+    >>> # models, tasks, data -> Experiment(trainer, schedule, recipe)
+    >>> exp = from_recipe("recipes/demo.toml")  # doctest: +SKIP
+    >>> exp = load("exp/demo/final.pt")          # rebuilt from the recipe stored in the checkpoint  # doctest: +SKIP
 
 A recipe has ``[trainer]`` (the original's ``trainer.cfg`` key names, see ``TRAINER_KEYS``; a
 ``trainer_cfg = "trainer.cfg"`` top-level key reads the original INI file first), ``[models.NAME]``
@@ -360,8 +362,9 @@ def _named_dataset(origin: str, where: str, data: Mapping[str, Any], linkedset: 
 class Experiment:
     """What a recipe builds: the trainer, its schedule and the resolved recipe (with feature stats).
 
-    >>> exp = mtlab.from_recipe("recipes/demo.toml")
-    >>> exp.trainer.step(); mtlab.run(exp, steps=10)
+    Examples:
+        >>> exp = mtlab.from_recipe("recipes/demo.toml")  # doctest: +SKIP
+        >>> exp.trainer.step(); mtlab.run(exp, steps=10)  # doctest: +SKIP
     """
 
     trainer: Trainer

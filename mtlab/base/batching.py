@@ -29,9 +29,10 @@ def example_length(example: Mapping[str, Tensor], key: str | None = None) -> int
 def collate(examples: Sequence[Mapping[str, Tensor]], pin_memory: bool = False) -> Batch:
     """Zero-pad a list of examples into ``(data, seq_lengths)``.
 
-    >>> data, lens = collate([{"x": torch.ones(3, 2)}, {"x": torch.ones(5, 2)}])
-    >>> data["x"].shape, lens["x"].tolist()
-    (torch.Size([2, 5, 2]), [3, 5])
+    Examples:
+        >>> data, lens = collate([{"x": torch.ones(3, 2)}, {"x": torch.ones(5, 2)}])
+        >>> data["x"].shape, lens["x"].tolist()
+        (torch.Size([2, 5, 2]), [3, 5])
     """
     if len(examples) == 0:
         raise BatchError("cannot collate an empty list of examples")

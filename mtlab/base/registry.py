@@ -63,10 +63,12 @@ class Registry(dict):  # type: ignore[type-arg]
         return dict.__iter__(self)
 
     def keys(self):  # type: ignore[no-untyped-def]
+        """The registered names, plug-ins loaded first."""
         self.load_plugins()
         return dict.keys(self)
 
     def items(self):  # type: ignore[no-untyped-def]
+        """``(name, entry)`` pairs, plug-ins loaded first."""
         self.load_plugins()
         return dict.items(self)
 

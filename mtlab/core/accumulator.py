@@ -45,6 +45,7 @@ class MinibatchRecord:
     trace: dict[str, Tensor] | None = None  # per-model gradient contribution, when a MinibatchTrace is attached
 
     def as_dict(self) -> dict[str, Any]:
+        """The record as plain numbers (reads the loss and the norm from the device)."""
         return {"linkedset": self.linkedset, "examples": self.num_examples, "weight": self.weight,
                 "loss": float(self.loss), "norm": float(self.norm)}
 
@@ -58,11 +59,8 @@ class Accumulator:
 
     ``grads`` maps ``"<model>.<param>"`` to the task's accumulated (then normalized, then clipped) gradient,
     each a view into ``buffers``. ``loss`` and ``normalizer`` are the weighted sums over ``records``, kept
-    as tensors (no device sync while training).
-
-    >>> acc = trainer.state("a")
-    >>> acc.phase, acc.minibatches, float(acc.loss / acc.normalizer), acc.grads["enc.lin.weight"].shape
-    """
+    as tensors (no device sync while training). ``acc = trainer.state("a")`` gives it; ``acc.phase``,
+    ``acc.minibatches``, ``float(acc.loss / acc.normalizer)`` and ``acc.grads["enc.lin.weight"]`` read it."""
 
     def __init__(self, task: str, params: Mapping[str, nn.Parameter], shared: Collection[str] = (),
                  device: torch.device | str = "cpu") -> None:
@@ -233,10 +231,12 @@ class Accumulator:
 
     @property
     def set_loss(self) -> dict[str, Tensor]:
+        """Linked set -> its weighted summed loss in this accumulation."""
         return {k: v[0] for k, v in self.set_totals.items()}
 
     @property
     def set_normalizer(self) -> dict[str, Tensor]:
+        """Linked set -> its weighted normalizer in this accumulation."""
         return {k: v[1] for k, v in self.set_totals.items()}
 
     def linkedset_loss(self, name: str) -> Tensor:

@@ -13,8 +13,11 @@ weight scales that task's loss, exactly as in the weighted sum (which is the sum
 and as torchjd would see ``w_t · L_t``. Scale-invariant methods (MGDA, IMTL-G, UPGrad's projections) then
 largely ignore them; a weight of 0 still leaves the task out.
 
->>> trainer = mtlab.Trainer(models, tasks, combine="upgrad")    # or trainer.set_combine("pcgrad") between steps
->>> trainer.history.filter(like="combine/")                      # the weights UPGrad chose per step
+Examples:
+    >>> # or trainer.set_combine("pcgrad") between steps
+    >>> trainer = mtlab.Trainer(models, tasks, combine="upgrad")  # doctest: +SKIP
+    >>> # the weights UPGrad chose per step
+    >>> trainer.history.filter(like="combine/")  # doctest: +SKIP
 
 Needs ``pip install "mtlab[mtl]"`` (torchjd with the solvers its methods use).
 """

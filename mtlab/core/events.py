@@ -20,6 +20,7 @@ class Events:
         self.listeners: list[Listener] = []
 
     def subscribe(self, fn: Listener) -> Listener:
+        """Call ``fn(event, info)`` on every event from now on; returns ``fn``."""
         if not callable(fn):
             raise TypeError(f"a listener must be callable as fn(event, info), got {type(fn).__name__}")
         self.listeners.append(fn)
@@ -31,6 +32,7 @@ class Events:
             self.listeners.remove(fn)
 
     def emit(self, event: str, info: dict[str, Any]) -> None:
+        """Call every listener with ``(event, info)``, in the order they subscribed."""
         for fn in list(self.listeners):
             fn(event, info)
 

@@ -32,6 +32,7 @@ class History:
         self._events: list[dict[str, Any]] = []
 
     def append(self, row: dict[str, Any]) -> None:
+        """Add one step's row (values may still be device tensors)."""
         with self._lock:
             self._rows.append(row)
 
@@ -58,11 +59,13 @@ class History:
             self._ready += len(pending)
 
     def rows(self) -> list[dict[str, Any]]:
+        """The rows so far as plain numbers (device values read back once, here)."""
         self._materialize()
         with self._lock:
             return self._rows[: self._ready]
 
     def frame(self) -> pd.DataFrame:
+        """The history as a pandas DataFrame, one row per step."""
         import pandas as pd  # imported here: `import mtlab` stays light until a frame is asked for
 
         rows = self.rows()
@@ -77,9 +80,11 @@ class History:
             self._ready = min(self._ready, n)
 
     def state_dict(self) -> list[dict[str, Any]]:
+        """The rows, for a checkpoint."""
         return [dict(r) for r in self.rows()]
 
     def load_state_dict(self, rows: list[dict[str, Any]]) -> None:
+        """Replace the rows by those of a checkpoint."""
         with self._lock:
             self._rows = [dict(r) for r in rows]
             self._ready = len(self._rows)

@@ -37,7 +37,10 @@ OptimizerFactory = Callable[[list[Any]], torch.optim.Optimizer]
 class AdamTF1(torch.optim.Optimizer):
     """``tf.train.AdamOptimizer`` (TensorFlow 1): epsilon on √v, the bias correction in the step size.
 
-    >>> opt = AdamTF1(model.parameters(), lr=1e-3)  # TensorFlow's defaults: betas (0.9, 0.999), eps 1e-8
+    Examples:
+        >>> model = torch.nn.Linear(3, 1)
+        >>> opt = AdamTF1(model.parameters(), lr=1e-3)  # TensorFlow's defaults: betas (0.9, 0.999), eps 1e-8
+        >>> model(torch.ones(2, 3)).sum().backward(); opt.step()
 
     Per parameter state: ``exp_avg`` (m), ``exp_avg_sq`` (v), ``beta1_power``, ``beta2_power`` (β^t of the
     next step, float32 as TensorFlow's) and ``step``. A step can be skipped on the device: set

@@ -15,9 +15,10 @@ a task's accumulated gradient is readable as the SCALED sum while the task is ``
 ``acc.buffers`` hold ``scale × Σ grad``) and as the true gradient from the next call on; its ``loss`` and
 ``normalizer`` are never scaled.
 
->>> p = Precision("16-mixed", "cpu", init_scale=2.0**10)
->>> p.mode, p.dtype, p.state_dict()["scaler"]["scale"]
-('16-mixed', torch.float16, 1024.0)
+Examples:
+    >>> p = Precision("16-mixed", "cpu", init_scale=2.0**10)
+    >>> p.mode, p.dtype, p.state_dict()["scaler"]["scale"]
+    ('16-mixed', torch.float16, 1024.0)
 """
 
 from __future__ import annotations

@@ -234,6 +234,7 @@ def rng_state(device: torch.device) -> dict[str, Any]:
 
 
 def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
+    """Restore the RNG state that ``trainer_state`` saved (torch's, and CUDA's on a CUDA device)."""
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"], device)

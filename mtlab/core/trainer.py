@@ -68,9 +68,11 @@ def kept_note(accs: Mapping[str, Accumulator]) -> str:
 class Trainer:
     """Multi-task trainer whose step can be run one call at a time.
 
-    >>> trainer = Trainer(models, [task_a, task_b], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=2)
-    >>> trainer.process_minibatch("a", "noisy"); trainer.normalize(); trainer.clip(); trainer.apply()
-    >>> trainer.step()  # the whole cycle for every task
+    Examples:
+        >>> trainer = Trainer(models, [task_a, task_b], lr=1e-3, numbatches_to_aggregate=2)  # doctest: +SKIP
+        >>> trainer.process_minibatch("a", "noisy"); trainer.normalize()  # doctest: +SKIP
+        >>> trainer.clip(); trainer.apply()  # doctest: +SKIP
+        >>> trainer.step()  # the whole cycle for every task  # doctest: +SKIP
 
     ``precision`` ("32", "bf16-mixed", "16-mixed" or ``{"type": ..., **GradScaler options}``) and ``compile``
     are described in ``mtlab.core.precision``. ``optimizer``: ``"adam"`` (torch's Adam, the default),
@@ -142,15 +144,18 @@ class Trainer:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer over every parameter (None with ``acc_steps``: one per task)."""
         return self.update.optimizer
 
     @property
     def task_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Task -> its own optimizer with ``acc_steps``; empty otherwise."""
         return self.update.optimizers if isinstance(self.update, PerTaskUpdate) else {}
 
     # ------------------------------------------------------------------ settings
     @property
     def lr(self) -> float:
+        """The learning rate of the next ``apply()`` (set it between calls; must be > 0)."""
         return self._lr
 
     @lr.setter
@@ -220,11 +225,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ lookups
     def task(self, task: str) -> Task:
+        """The task named ``task``, or a ConfigError listing the tasks."""
         if task not in self.tasks:
             raise ConfigError(f"unknown task {task!r}; tasks: {list(self.tasks)}")
         return self.tasks[task]
 
     def linkedset(self, task: str, linkedset: str) -> LinkedSet:
+        """A task's linked set, or a ConfigError listing its linked sets."""
         t = self.task(task)
         if linkedset not in t.linkedsets:
             raise ConfigError(f"task {task!r} has no linked set {linkedset!r}; linked sets: {list(t.linkedsets)}")
@@ -237,10 +244,12 @@ class Trainer:
 
     @property
     def rank(self) -> int:
+        """This process's rank in data-parallel training (0 alone)."""
         return self.parallel.rank
 
     @property
     def world_size(self) -> int:
+        """How many processes train together (1 alone)."""
         return self.parallel.world_size
 
     @property
@@ -268,6 +277,7 @@ class Trainer:
         self.events.subscribe(fn)
 
     def remove_callback(self, fn: Listener) -> None:
+        """Stop calling ``fn`` on the trainer's events."""
         self.events.unsubscribe(fn)
 
     @property
@@ -498,6 +508,7 @@ class Trainer:
         return self.log.frame()
 
     def phase(self) -> dict[str, Phase]:
+        """Task -> where it stands in the cycle (``empty``, ``accumulating``, ...)."""
         return {n: a.phase for n, a in self._accs.items()}
 
     def next_calls(self) -> dict[str, str]:

@@ -5,9 +5,10 @@ norm). A task's phase is its position in the chain: after ``Normalize`` it is ``
 ``clipped``. Each transform names the trainer call that runs it (``normalize()`` or ``clip()``), so the
 order of calls, the phase errors, ``step()``, ``explain()`` and the dashboard's buttons follow from the chain.
 
->>> chain = Chain([Normalize(), ClipByValue(1.0)])
->>> chain.calls()
-['normalize', 'clip']
+Examples:
+    >>> chain = Chain([Normalize(), ClipByValue(1.0)])
+    >>> chain.calls()
+    ['normalize', 'clip']
 
 A transform may keep state across steps (``ClipByHistory`` keeps each task's gradient-norm history): it
 gives it as ``state_dict()`` and takes it back with ``load_state_dict()``, and the chain's state is part of
@@ -163,6 +164,7 @@ class Chain:
     @classmethod
     def from_settings(cls, normalize: bool, clip_value: float | None, clip_norm: float | None,
                       clip_percentile: float | None = None) -> "Chain":
+        """The chain the trainer's settings describe: ``Normalize`` when ``normalize``, then the clips given."""
         parts: list[Transform] = [Normalize()] if normalize else []
         if clip_value is not None:
             parts.append(ClipByValue(clip_value))

@@ -118,6 +118,7 @@ def flat(views: Sequence[Tensor]) -> Tensor:
 
 
 def model_of(param: str) -> str:
+    """The model a parameter name belongs to: ``"enc.lstm.weight"`` -> ``"enc"``."""
     return param.split(".", 1)[0]
 
 
@@ -188,6 +189,8 @@ def resolve_method(spec: Any) -> tuple[Any, Weighting | None]:
 
 
 def resolve_items(spec: Any) -> list[Any]:
+    """A combine setting as a list of items: a name -> ``[(name, {})]``, ``{"type": name, **options}`` ->
+    ``[(name, options)]``, anything else (an object) -> ``[spec]``."""
     if isinstance(spec, str):
         return [(spec, {})]
     if isinstance(spec, Mapping) and "type" in spec:
@@ -199,9 +202,11 @@ def resolve_items(spec: Any) -> list[Any]:
 class Update:
     """One optimizer over every used parameter, stepped with the combined direction.
 
-    >>> update = Update(params, users, lambda ps: make_adam(ps, lr=1e-3))
-    >>> update.step(accumulators, {"a": 1.0, "b": 0.3}, lr=1e-3, found_inf=None)
-    >>> update.set_method("upgrad")  # between steps: torchjd's UPGrad on each shared group's Jacobian
+    Examples:
+        >>> update = Update(params, users, lambda ps: make_adam(ps, lr=1e-3))  # doctest: +SKIP
+        >>> update.step(accumulators, {"a": 1.0, "b": 0.3}, lr=1e-3, found_inf=None)  # doctest: +SKIP
+        >>> # between steps: torchjd's UPGrad on each shared group's Jacobian
+        >>> update.set_method("upgrad")  # doctest: +SKIP
     """
 
     def __init__(self, params: Mapping[str, nn.Parameter], users: Mapping[str, Sequence[str]],

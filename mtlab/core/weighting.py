@@ -49,6 +49,7 @@ class UncertaintyWeighting:
         self.optimizer: torch.optim.Optimizer | None = None
 
     def parameter(self, task: str, like: Tensor) -> nn.Parameter:
+        """The learned log-variance of ``task`` (created on first use)."""
         p = self.log_vars.get(task)
         if p is None:
             p = self.log_vars[task] = nn.Parameter(torch.full((), self.init, dtype=like.dtype, device=like.device))
@@ -60,6 +61,7 @@ class UncertaintyWeighting:
 
     def coefficients(self, tasks: Sequence[str], losses: Tensor, lr: float, found_inf: Tensor | None,
                      seed: int) -> Tensor:
+        """This step's factor per task, from the step's per-task losses."""
         params = [self.parameter(t, losses) for t in tasks]
         s = torch.stack(params)
         with torch.enable_grad():
@@ -77,10 +79,12 @@ class UncertaintyWeighting:
         return coef
 
     def state_dict(self) -> dict[str, Any]:
+        """What the weighting carries between steps, for a checkpoint."""
         return {"tasks": list(self.log_vars), "log_vars": [p.detach().clone() for p in self.log_vars.values()],
                 "optimizer": None if self.optimizer is None else self.optimizer.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what ``state_dict`` gave."""
         self.log_vars, self.optimizer = {}, None
         for task, value in zip(state["tasks"], state["log_vars"]):
             self.parameter(task, value).data.copy_(value)
@@ -106,6 +110,7 @@ class DynamicWeightAverage:
 
     def coefficients(self, tasks: Sequence[str], losses: Tensor, lr: float, found_inf: Tensor | None,
                      seed: int) -> Tensor:
+        """This step's factor per task, from the step's per-task losses."""
         known = len(self.averages) == 2 and all(t in a for a in self.averages for t in tasks)
         if known:
             rates = torch.stack([self.averages[1][t] / self.averages[0][t] for t in tasks])
@@ -124,10 +129,12 @@ class DynamicWeightAverage:
         return coef
 
     def state_dict(self) -> dict[str, Any]:
+        """What the weighting carries between steps, for a checkpoint."""
         return {"steps": self.steps, "sums": dict(self.sums), "counts": dict(self.counts),
                 "averages": [dict(a) for a in self.averages]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what ``state_dict`` gave."""
         self.steps = int(state["steps"])
         self.sums, self.counts = dict(state["sums"]), dict(state["counts"])
         self.averages = [dict(a) for a in state["averages"]]
@@ -141,14 +148,17 @@ class RandomLossWeighting:
 
     def coefficients(self, tasks: Sequence[str], losses: Tensor, lr: float, found_inf: Tensor | None,
                      seed: int) -> Tensor:
+        """This step's factor per task, from the step's per-task losses."""
         gen = torch.Generator(device=losses.device).manual_seed(seed)
         draws = torch.randn(len(tasks), generator=gen, dtype=losses.dtype, device=losses.device)
         return torch.softmax(draws, dim=0)
 
     def state_dict(self) -> dict[str, Any]:
+        """What the weighting carries between steps, for a checkpoint."""
         return {}  # the draws come from the update's step count, which the update saves
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what ``state_dict`` gave."""
         pass
 
     def __repr__(self) -> str:
@@ -172,6 +182,7 @@ class FAMOWeighting:
         self.previous: Tensor | None = None
 
     def build(self, tasks: Sequence[str], like: Tensor) -> None:
+        """Create torchjd's FAMO for these tasks (on first use)."""
         bounds = None if self.min_losses is None else torch.tensor(self.min_losses, dtype=like.dtype)
         self.tasks = list(tasks)
         self.famo = self.scalarization.FAMO(len(tasks), min_losses=bounds, lr=self.lr,
@@ -180,6 +191,7 @@ class FAMOWeighting:
 
     def coefficients(self, tasks: Sequence[str], losses: Tensor, lr: float, found_inf: Tensor | None,
                      seed: int) -> Tensor:
+        """This step's factor per task, from the step's per-task losses."""
         if self.tasks is None:
             self.build(tasks, losses)
         elif list(tasks) != self.tasks:
@@ -201,6 +213,7 @@ class FAMOWeighting:
         return coef
 
     def state_dict(self) -> dict[str, Any]:
+        """What the weighting carries between steps, for a checkpoint."""
         if self.famo is None:
             return {"tasks": None}
         assert self.optimizer is not None
@@ -208,6 +221,7 @@ class FAMOWeighting:
                 "optimizer": self.optimizer.state_dict(), "previous": self.previous}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what ``state_dict`` gave."""
         if state["tasks"] is None:
             self.tasks, self.famo, self.optimizer, self.previous = None, None, None, None
             return

@@ -108,7 +108,9 @@ def _fit(wav: np.ndarray, length: int, gen: np.random.Generator) -> np.ndarray:
 class DynamicMix(torch.utils.data.Dataset):
     """A streamed split whose example ``i`` is a new mixture each epoch; see the module docstring.
 
-    >>> train = DynamicMix(load_split(split="train", stream=True, targets=[...]), MixSettings(gain_db=(-5, 5)))
+    Examples:
+        >>> split = load_split(split="train", stream=True, targets=[...])  # doctest: +SKIP
+        >>> train = DynamicMix(split, MixSettings(gain_db=(-5, 5)))  # doctest: +SKIP
     """
 
     def __init__(self, split: Any, settings: MixSettings | Mapping[str, Any] | None = None) -> None:
@@ -133,6 +135,7 @@ class DynamicMix(torch.utils.data.Dataset):
 
     @property
     def names(self) -> list[str]:
+        """The corpus split's utterance names (one new mixture per name and epoch)."""
         return self.base.names
 
     def set_epoch(self, epoch: int) -> None:

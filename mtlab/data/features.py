@@ -86,6 +86,7 @@ class Spectral:
 
     @property
     def num_bins(self) -> int:
+        """Frequency bins per frame (``nfft // 2 + 1``)."""
         return self.n_fft // 2 + 1
 
     def num_frames(self, num_samples: int) -> int:
@@ -228,10 +229,12 @@ class FeatureStats:
         return (features - self.mean) / self.std
 
     def to_dict(self) -> dict[str, object]:
+        """Plain lists and numbers (JSON)."""
         return {"mean": self.mean.tolist(), "std": self.std.tolist(), "frames": self.frames, "source": self.source}
 
     @classmethod
     def from_dict(cls, data: dict[str, object], origin: str = "feature stats") -> FeatureStats:
+        """The statistics ``to_dict`` wrote."""
         try:
             mean = torch.tensor(data["mean"], dtype=torch.float32)
             std = torch.tensor(data["std"], dtype=torch.float32)
@@ -248,6 +251,7 @@ class FeatureStats:
 
     @classmethod
     def load(cls, path: str | Path) -> FeatureStats:
+        """Read statistics from a JSON file."""
         path = Path(path)
         if not path.is_file():
             raise DataError(f"{path}: feature statistics file not found; compute them with mtlab.data.compute_stats")

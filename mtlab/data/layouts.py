@@ -266,8 +266,9 @@ def prepare(layout: str, root: str | Path, out: str | Path, modes: Sequence[str]
             train: str | None = None) -> Prepared:
     """Write the list files a recipe reads (see the module doc) for the corpus at ``root``.
 
-    >>> prepare("librimix", "/data/Libri2Mix", "lists/librimix")
-    >>> # recipe: data = { root = "lists/librimix", split = "train", linkedset = "both" }
+    Examples:
+        >>> prepare("librimix", "/data/Libri2Mix", "lists/librimix")  # doctest: +SKIP
+        >>> # recipe: data = { root = "lists/librimix", split = "train", linkedset = "both" }
     """
     lay = get_layout(layout, train)
     corpus = read_corpus(lay, root, modes, train)

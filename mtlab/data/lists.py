@@ -85,6 +85,7 @@ class JoinReport:
 
     @property
     def num_dropped(self) -> int:
+        """How many utterances the join left out."""
         return len(self.dropped)
 
     def __str__(self) -> str:

@@ -33,6 +33,7 @@ class Column:
     lines: np.ndarray  # int32
 
     def value(self, i: int) -> str:
+        """Line ``i``'s value (the common prefix and its own suffix)."""
         return self.prefix + self.suffixes[i].decode("utf-8")
 
     def resolved(self, i: int) -> str:
@@ -50,6 +51,7 @@ class Column:
         return ListEntry(name, tuple(self.value(i).split()), self.path, int(self.lines[i]))
 
     def subset(self, keep: np.ndarray) -> Column:
+        """The lines where ``keep`` (bool) is true."""
         return Column(self.path, self.prefix, self.suffixes[keep], self.lines[keep])
 
 
@@ -110,6 +112,7 @@ class Manifest:
         return len(self.names)
 
     def name(self, i: int) -> str:
+        """The name of utterance ``i``."""
         return self.names[i].decode("utf-8")
 
     def subset(self, keep: np.ndarray) -> Manifest:

@@ -274,6 +274,7 @@ class ShardedSplit(torch.utils.data.Dataset):
 
     @property
     def names(self) -> list[str]:
+        """Every utterance's name, in the index's order."""
         return [n.decode("utf-8") for n in self.manifest_names]
 
     def __len__(self) -> int:
@@ -314,6 +315,7 @@ class ShardedSplit(torch.utils.data.Dataset):
         return blob
 
     def name(self, i: int) -> str:
+        """The name of utterance ``i``."""
         return self.manifest_names[i].decode("utf-8")
 
     def _wav(self, blob: bytes) -> torch.Tensor:
@@ -345,12 +347,14 @@ class ShardedSplit(torch.utils.data.Dataset):
         return out
 
     def segment(self, index: int, start: int, frames: int) -> dict[str, torch.Tensor] | Skipped:
+        """``audio(index)`` with ``segment = [start, frames]``."""
         out = self.audio(index)
         if isinstance(out, Skipped):
             return out
         return {**out, "segment": torch.tensor([start, frames], dtype=torch.long)}
 
     def featurize(self, batch: Any, device: torch.device | str | None = None) -> Any:
+        """Features and targets of a collated batch, on ``device`` (as the streamed path)."""
         return self.featurizer(batch, device)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
@@ -360,6 +364,7 @@ class ShardedSplit(torch.utils.data.Dataset):
         return {k: v[0] for k, v in data.items()}
 
     def close(self) -> None:
+        """Close the open shard files."""
         for handle in self._handles.values():
             handle.close()
         self._handles = {}

@@ -7,8 +7,9 @@ laid end to end into one vector of ``nrs * nrcol`` values. With ``mvn = "global"
 variance normalized with the mean and standard deviation (over utterances) of the vectors of
 ``stats_list`` (the training list), as the original does with its ``meanandvar_dir``.
 
->>> spec = VectorList("tr/utt_ivec10info.txt", nrcol=10, nrs=2, mvn="global")
->>> vectors = load_vectors(spec)          # {name: Tensor[20]}
+Examples:
+    >>> spec = VectorList("tr/utt_ivec10info.txt", nrcol=10, nrs=2, mvn="global")  # doctest: +SKIP
+    >>> vectors = load_vectors(spec)          # {name: Tensor[20]}  # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ class VectorList:
         return self.nrs * self.nrcol
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain values (for a recipe or a checkpoint)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], origin: str = "ivec") -> VectorList:
+        """The spec ``to_dict`` wrote."""
         valid = ("list", "nrcol", "nrs", "mvn", "stats_list")
         unknown = sorted(set(data) - set(valid))
         if unknown:

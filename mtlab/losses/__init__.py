@@ -52,6 +52,14 @@ class CrossEntropy:
     the target has no time axis (``target [B]``, ``output [B, C]``): ``norm`` is the batch size. The
     original's speaker ids ``[B, 1]`` with ``output [B, C]`` are utterance level too (its
     ``crossentropy_loss.py:33`` squeezes that axis: ``tf.squeeze(targets['spkids'], 1)``).
+
+    Examples:
+        >>> loss = CrossEntropy(output="logits", target="y")
+        >>> logits = torch.zeros(2, 4, 3)            # two sequences of up to 4 frames, 3 classes
+        >>> y = torch.zeros(2, 4, dtype=torch.long)
+        >>> total, norm = loss({"y": y}, {"logits": logits}, {"logits": torch.tensor([4, 2])})
+        >>> round(float(total / norm), 4), int(norm)  # log(3) per frame, 6 valid frames
+        (1.0986, 6)
     """
 
     def __init__(self, output: str, target: str) -> None:

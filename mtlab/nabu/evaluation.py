@@ -1,7 +1,10 @@
 """An imported recipe's test, as the original's ``run test`` does it: the test loss, separation, scores.
 
->>> result = mtlab.apps.nabu_test.run_test("exp/dc")   # an experiment trained from an original recipe
->>> result.summary                          # per task: utterances, test loss, SDR, SDR improvement, ...
+Examples:
+    >>> # an experiment trained from an original recipe
+    >>> result = mtlab.apps.nabu_test.run_test("exp/dc")  # doctest: +SKIP
+    >>> # per task: utterances, test loss, SDR, SDR improvement, ...
+    >>> result.summary  # doctest: +SKIP
 
 ``test_evaluator.cfg`` names the test tasks (their graphs, losses and test data); each task's loss is summed
 over the test utterances (the first ``requested_utts``) and divided by its summed normalizer, as validation

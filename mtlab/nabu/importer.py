@@ -1,7 +1,9 @@
 """Import an original Nabu-MSSS recipe folder as an mtlab recipe dict.
 
->>> recipe = import_nabu("config/recipes/papers/ICASSP2018/MERL_DC_2spk", data_root="/data/wsjMix")
->>> write_toml(recipe, "merl_dc_2spk.toml")
+Examples:
+    >>> recipe_dir = "config/recipes/papers/ICASSP2018/MERL_DC_2spk"
+    >>> recipe = import_nabu(recipe_dir, data_root="/data/wsjMix")  # doctest: +SKIP
+    >>> write_toml(recipe, "merl_dc_2spk.toml")  # doctest: +SKIP
 
 The folder's ``trainer.cfg`` (``[trainer]`` and the ``[task_*]`` sections), ``model.cfg``,
 ``loss.cfg``, ``database.conf``, the processor configs it names and ``validation_evaluator.cfg`` are

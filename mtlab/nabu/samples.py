@@ -1,7 +1,8 @@
 """A data root in an imported recipe's layout, made from mtlab's sample corpus (``data_samples/``).
 
->>> recipe = import_nabu("config/recipes/papers/ICASSP2018/MERL_DC_2spk", data_root="/tmp/wsj")
->>> make_sample_root(recipe)   # /tmp/wsj/2speakers/wav8k/min/{tr,cv}/mix_wav.scp, s1.scp, ...
+Examples:
+    >>> recipe = import_nabu("config/recipes/papers/ICASSP2018/MERL_DC_2spk", data_root="/tmp/wsj")  # doctest: +SKIP
+    >>> make_sample_root(recipe)   # /tmp/wsj/2speakers/wav8k/min/{tr,cv}/mix_wav.scp, s1.scp, ...  # doctest: +SKIP
 
 Each linked set's training folder gets the samples' ``train`` split, its validation folder the ``dev``
 split, with the mixture list named as the recipe expects (``mix_<linkedset>.scp``; the samples' clean

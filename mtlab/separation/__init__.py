@@ -1,9 +1,10 @@
 """Source separation: masks from network outputs, reconstruction with the mixture phase, scoring,
 and a one-task separation recipe on the shipped samples.
 
->>> from mtlab.separation import train_separator
->>> sep = train_separator(loss="deepclustering", linkedset="noisy", steps=300)
->>> sep.evaluate()["si_sdri"].mean()
+Examples:
+    >>> from mtlab.separation import train_separator  # doctest: +SKIP
+    >>> sep = train_separator(loss="deepclustering", linkedset="noisy", steps=300)  # doctest: +SKIP
+    >>> sep.evaluate()["si_sdri"].mean()  # doctest: +SKIP
 """
 
 from .masks import attractor_masks, head_masks, kmeans, kmeans_masks

@@ -56,7 +56,14 @@ def _ratio_db(num: Tensor, den: Tensor, scale: Tensor, eps: float) -> Tensor:
 
 def si_sdr(estimate: Tensor, reference: Tensor, zero_mean: bool = True, eps: float = EPS) -> Tensor:
     """SI-SDR in dB over the last axis, batched over leading axes: ``10 log10(‖αs‖² / ‖αs − ŝ‖²)``,
-    ``α = <ŝ, s> / ‖s‖²``; the same for any gain of the estimate (``eps`` is relative to its energy)."""
+    ``α = <ŝ, s> / ‖s‖²``; the same for any gain of the estimate (``eps`` is relative to its energy).
+
+    Examples:
+        >>> s = torch.sin(torch.linspace(0, 100, 8000, dtype=torch.float64))
+        >>> noisy = s + 0.1 * torch.cos(torch.linspace(0, 777, 8000, dtype=torch.float64))
+        >>> bool(torch.isclose(si_sdr(0.001 * noisy, s), si_sdr(noisy, s)))   # the gain does not matter
+        True
+    """
     if zero_mean:
         estimate = estimate - estimate.mean(-1, keepdim=True)
         reference = reference - reference.mean(-1, keepdim=True)
@@ -324,8 +331,9 @@ def evaluate_table(utterances: Iterable[Utterance], metrics: Sequence[str] = DEF
     """Score every ``(name, estimates, references, mixture)``; with ``out_dir`` write
     ``<prefix>_utterances.csv`` and ``<prefix>_summary.csv`` there.
 
-    >>> ev = evaluate_table([("utt1", est, refs, mix)], metrics=("si_sdr", "sdr", "stoi"))
-    >>> ev.summary.loc["sdr", "improvement"]
+    Examples:
+        >>> ev = evaluate_table([("utt1", est, refs, mix)], metrics=("si_sdr", "sdr", "stoi"))  # doctest: +SKIP
+        >>> ev.summary.loc["sdr", "improvement"]  # doctest: +SKIP
     """
     import pandas as pd
 

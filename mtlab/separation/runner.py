@@ -1,9 +1,11 @@
 """A one-task separation recipe on the shipped samples, and helpers to listen to the result.
 
->>> sep = train_separator(loss="pit", linkedset="clean", steps=600, seed=0)   # ~5 min on one CPU thread
->>> sep.evaluate()["si_sdri"].mean()          # dev SI-SDR improvement over the mixture, dB
->>> out = sep.separate(0)                      # numpy waveforms + sample rate
->>> audio_players(out)                         # IPython.display.Audio players (notebooks only)
+Examples:
+    >>> # ~5 min on one CPU thread
+    >>> sep = train_separator(loss="pit", linkedset="clean", steps=600, seed=0)  # doctest: +SKIP
+    >>> sep.evaluate()["si_sdri"].mean()          # dev SI-SDR improvement over the mixture, dB  # doctest: +SKIP
+    >>> out = sep.separate(0)                      # numpy waveforms + sample rate  # doctest: +SKIP
+    >>> audio_players(out)                         # IPython.display.Audio players (notebooks only)  # doctest: +SKIP
 
 By default the training set is the corpus plus ``remix=5000`` mixtures remixed from its own training
 sources (see ``remix.py``): on the 120 corpus mixtures alone the BLSTM memorizes and dev stays ~2 dB.
@@ -74,6 +76,7 @@ class SeparatorConfig:
     root: str | None = None  # data_samples folder (default: $MTLAB_DATA or the checkout's)
 
     def check(self) -> None:
+        """Refuse settings a separator cannot use, naming the valid choices."""
         if self.loss not in METHODS:
             raise ConfigError(f"loss={self.loss!r} is not a separation loss; choose one of {METHODS}")
 

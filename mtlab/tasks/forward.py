@@ -35,9 +35,10 @@ class LossResult:
 class TaskPlan:
     """A task's forward and loss, prepared once: ``plan.loss(batch)`` per minibatch.
 
-    >>> plan = TaskPlan(task, models, torch.device("cpu"))
-    >>> result = plan.loss(collate(examples))
-    >>> result.loss_sum / result.normalizer
+    Examples:
+        >>> plan = TaskPlan(task, models, torch.device("cpu"))  # doctest: +SKIP
+        >>> result = plan.loss(collate(examples))  # doctest: +SKIP
+        >>> result.loss_sum / result.normalizer  # doctest: +SKIP
     """
 
     def __init__(self, task: Task, models: Mapping[str, nn.Module], device: torch.device) -> None:

@@ -47,6 +47,7 @@ class Node:
 
     @property
     def produces(self) -> tuple[str, ...]:
+        """The names this node gives the graph: its ``outputs``, else its own name."""
         return tuple(self.outputs) if self.outputs else (self.name,)
 
 
@@ -61,6 +62,8 @@ def _takes_lengths(model: nn.Module) -> tuple[bool, bool]:
 
 @dataclass
 class GraphResult:
+    """What running a graph gives: its named outputs, their sequence lengths and the models it ran."""
+
     outputs: dict[str, Tensor]
     seq_lengths: dict[str, Tensor]
     used_models: list[nn.Module] = field(default_factory=list)

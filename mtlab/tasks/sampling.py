@@ -35,6 +35,7 @@ class Skipped:
     reason: str
 
     def to_dict(self) -> dict[str, str]:
+        """The skipped example as plain values (``skipped.jsonl``)."""
         return asdict(self)
 
 
@@ -90,6 +91,8 @@ def collate_kept(items: Sequence[Any]) -> tuple[Batch | Failed | None, list[Skip
 
 
 class ExampleSource(Protocol):
+    """What a linked set reads examples from: a sized sequence of example dicts (a list, a Dataset, a split)."""
+
     def __len__(self) -> int: ...
     def __getitem__(self, i: int) -> Mapping[str, Tensor]: ...
 
@@ -136,7 +139,9 @@ class SegmentedExamples:
     else every entry with a first axis as long as the utterance (per-utterance entries such as speaker ids
     or i-vectors are copied to each segment).
 
-    >>> segs = SegmentedExamples(examples, 100)   # len(segs) segments; segs.source is the uncut data
+    Examples:
+        >>> # len(segs) segments; segs.source is the uncut data
+        >>> segs = SegmentedExamples(examples, 100)  # doctest: +SKIP
     """
 
     def __init__(self, source: ExampleSource, segment_length: int, keys: Sequence[str] | None = None) -> None:
@@ -164,6 +169,7 @@ class SegmentedExamples:
         return self.source.segment(i, start, n)
 
     def featurize(self, batch: Batch, device: Any = None) -> Batch:
+        """Features of a collated batch, by the uncut source."""
         return self.source.featurize(batch, device)
 
     def __getitem__(self, j: int) -> dict[str, Tensor]:
@@ -197,12 +203,15 @@ class HeadExamples:
         return self.count
 
     def audio(self, i: int) -> Any:
+        """The audio of example ``i`` (the source's)."""
         return self.source.audio(i)
 
     def featurize(self, batch: Batch, device: Any = None) -> Batch:
+        """Features of a collated batch, by the source."""
         return self.source.featurize(batch, device)
 
     def segment(self, i: int, start: int, frames: int) -> Any:
+        """A segment of example ``i`` (the source's)."""
         return self.source.segment(i, start, frames)
 
     def __getitem__(self, i: int) -> Mapping[str, Tensor]:
@@ -264,9 +273,11 @@ def trainset_fraction(source: ExampleSource, frac: float) -> HeadExamples:
 class BatchStream:
     """An endless stream of collated minibatches drawn from ``source``.
 
-    >>> stream = BatchStream(examples, batch_size=8, numbuckets=4, seed=0)
-    >>> data, seq_lengths = next(stream)
-    >>> state = stream.state_dict(); a = next(stream); stream.load_state_dict(state); b = next(stream)
+    Examples:
+        >>> stream = BatchStream(examples, batch_size=8, numbuckets=4, seed=0)  # doctest: +SKIP
+        >>> data, seq_lengths = next(stream)  # doctest: +SKIP
+        >>> state = stream.state_dict(); a = next(stream)  # doctest: +SKIP
+        >>> stream.load_state_dict(state); b = next(stream)  # doctest: +SKIP
     """
 
     def __init__(
@@ -473,6 +484,7 @@ class BatchStream:
                 "world_size": self.world_size}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a position ``state_dict`` gave (exact resume)."""
         check_stream_state(state, self.state_dict())
         self.seed = int(state.get("seed", self.seed))
         self.epoch = int(state["epoch"])
@@ -509,6 +521,7 @@ class Streams(dict):
         return self[key]
 
     def state_dict(self) -> dict[str, Any]:
+        """Every stream's position, for a checkpoint."""
         return {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self.items()}
 
     def skipped(self) -> list[dict[str, Any]]:

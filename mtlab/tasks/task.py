@@ -72,6 +72,7 @@ LINKEDSET_WEIGHTS = ("absolute", "relative")  # how a linked set's weight is app
 
 
 def check_linkedset_weights(mode: Any) -> str:
+    """``"absolute"`` or ``"relative"`` (see ``applied_weight``), or a ConfigError naming both."""
     if mode not in LINKEDSET_WEIGHTS:
         raise ConfigError(f"linkedset_weights must be one of {LINKEDSET_WEIGHTS} (absolute: each set's weight as "
                           f"given; relative: divided by the first set's weight, as Nabu-MSSS), got {mode!r}")

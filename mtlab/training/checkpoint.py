@@ -4,9 +4,10 @@
 Periodic checkpoints: ``latest.pt`` in the experiment folder every N steps, written at a step boundary, so a
 killed run (or a torchrun group restarting after a worker died) continues exactly from there.
 
->>> periodic = mtlab.checkpoint.Periodic(exp, "exp/run", every=50).attach()
->>> mtlab.run(exp, expdir="exp/run")          # latest.pt at steps 50, 100, ...
->>> mtlab.checkpoint.resume_point("exp/run")  # the checkpoint a restart continues from
+Examples:
+    >>> periodic = mtlab.checkpoint.Periodic(exp, "exp/run", every=50).attach()  # doctest: +SKIP
+    >>> mtlab.run(exp, expdir="exp/run")          # latest.pt at steps 50, 100, ...  # doctest: +SKIP
+    >>> mtlab.checkpoint.resume_point("exp/run")  # the checkpoint a restart continues from  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -45,13 +46,16 @@ class Periodic:
 
     @property
     def trainer(self) -> Any:
+        """The trainer whose state is written."""
         return getattr(self.experiment, "trainer", self.experiment)
 
     def attach(self) -> "Periodic":
+        """Start writing ``latest.pt`` every ``every`` steps."""
         self.trainer.add_callback(self)
         return self
 
     def detach(self) -> None:
+        """Stop writing periodic checkpoints."""
         if self in self.trainer.callbacks:
             self.trainer.remove_callback(self)
 

@@ -3,9 +3,10 @@ tasks' gradients conflict, trace each minibatch's contribution and find the firs
 
 Core side: no ipywidgets, matplotlib or IPython here.
 
->>> print(explain(trainer))
->>> check_equivalence(trainer, "a", [("clean", batch1), ("noisy", batch2)])["max_abs_diff"]
->>> trace = MinibatchTrace().attach(trainer); trainer.step(); trace.frame()
+Examples:
+    >>> print(explain(trainer))  # doctest: +SKIP
+    >>> check_equivalence(trainer, "a", [("clean", batch1), ("noisy", batch2)])["max_abs_diff"]  # doctest: +SKIP
+    >>> trace = MinibatchTrace().attach(trainer); trainer.step(); trace.frame()  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -267,6 +268,7 @@ class MinibatchTrace:
         self._prev = {}
 
     def clear(self) -> None:
+        """Forget the recorded minibatches."""
         self._rows.clear()
 
     def __call__(self, event: str, info: dict[str, Any]) -> None:

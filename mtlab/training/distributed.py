@@ -5,8 +5,10 @@ minibatch. At ``normalize`` the trainer calls its reducer: each task's flat grad
 (loss, normalizer) totals are summed over the ranks (SUM), so the result equals one process that saw the
 union of the ranks' minibatches. A model no task uses keeps ``grad None`` everywhere.
 
->>> trainer = mtlab.Trainer(models, tasks)          # under torchrun, after init_process_group
->>> mtlab.distributed.attach(trainer)                # shards the data, checks every rank built the same
+Examples:
+    >>> trainer = mtlab.Trainer(models, tasks)          # under torchrun, after init_process_group  # doctest: +SKIP
+    >>> # shards the data, checks every rank built the same
+    >>> mtlab.distributed.attach(trainer)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class DistributedError(MtlabError, RuntimeError):
 
 
 def active() -> bool:
+    """Whether a default process group is initialized (data-parallel training)."""
     return dist.is_available() and dist.is_initialized()
 
 

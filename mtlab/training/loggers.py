@@ -182,10 +182,12 @@ class CSVLogger(Logger):
             self._writer.writerow(["step", "tag", "value"])
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
+        """Record ``values`` at optimizer step ``step``."""
         for tag, value in values.items():
             self._writer.writerow([step, tag, repr(value)])
 
     def sync(self) -> None:
+        """Make what was written visible (flush to its store)."""
         self._file.flush()
 
     def _close(self) -> None:
@@ -206,10 +208,12 @@ class TensorBoardLogger(Logger):
         self._writer = SummaryWriter(str(self.path))
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
+        """Record ``values`` at optimizer step ``step``."""
         for tag, value in values.items():
             self._writer.add_scalar(tag, value, global_step=step)
 
     def sync(self) -> None:
+        """Make what was written visible (flush to its store)."""
         self._writer.flush()
 
     def _close(self) -> None:
@@ -269,6 +273,7 @@ class MLflowLogger(Logger):
         return run_id
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
+        """Record ``values`` at optimizer step ``step``."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -277,6 +282,7 @@ class MLflowLogger(Logger):
 
     def sync(self) -> None:
         # log_batch takes at most 1000 metrics a call.
+        """Make what was written visible (flush to its store)."""
         while self._metrics:
             batch, self._metrics = self._metrics[:1000], self._metrics[1000:]
             self.client.log_batch(self.run_id, metrics=batch)
@@ -301,6 +307,7 @@ class TrackioLogger(Logger):
         self.run_name = self.run.name
 
     def write(self, step: int, values: Mapping[str, float]) -> None:
+        """Record ``values`` at optimizer step ``step``."""
         self.run.log(dict(values), step=step)
 
     def _close(self) -> None:
@@ -317,6 +324,7 @@ class LoggerGroup(Logger):
         self.loggers = list(loggers)
 
     def attach(self, trainer: "Trainer") -> "LoggerGroup":
+        """Attach every logger of the group to ``trainer``."""
         self.trainer = trainer
         for lg in self.loggers:
             lg.trainer = trainer
@@ -328,6 +336,7 @@ class LoggerGroup(Logger):
             lg(event, info)
 
     def flush(self) -> None:
+        """Write every logger's buffered rows."""
         for lg in self.loggers:
             lg.flush()
 
@@ -345,7 +354,8 @@ def make(spec: str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]], logd
     ``{"type": "mlflow", "experiment": "sep"}`` (other keys go to the logger), a comma-separated string or a
     list of these (one :class:`LoggerGroup`). Files go under ``logdir``.
 
-    >>> make("csv,tensorboard", "exp/demo").attach(trainer)
+    Examples:
+        >>> make("csv,tensorboard", "exp/demo").attach(trainer)  # doctest: +SKIP
     """
     if isinstance(spec, str) and "," in spec:
         spec = [s.strip() for s in spec.split(",") if s.strip()]

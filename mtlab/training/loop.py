@@ -3,8 +3,9 @@
 The CLI, the dashboard's background run, the separation runner and the data-parallel worker all train
 through :func:`run`; it is the only place that handles Ctrl-C.
 
->>> exp = mtlab.from_recipe("recipes/demo.toml")
->>> mtlab.run(exp, steps=50, expdir="exp/demo")   # resumable at any point
+Examples:
+    >>> exp = mtlab.from_recipe("recipes/demo.toml")  # doctest: +SKIP
+    >>> mtlab.run(exp, steps=50, expdir="exp/demo")   # resumable at any point  # doctest: +SKIP
 
 As the original multi-task trainer, but correct:
 

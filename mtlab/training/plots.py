@@ -398,6 +398,7 @@ def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = Tr
 
 
 def positive(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    """The points whose y is above 0 (what a log axis can show)."""
     pairs = [(x, y) for x, y in zip(xs, ys) if y > 0]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 

@@ -103,10 +103,12 @@ class Schedule:
 
     @property
     def stage_end(self) -> int:
+        """The step at which the current stage ends."""
         return self.stage_start + self.stage_steps
 
     @property
     def last_stage(self) -> bool:
+        """Whether the current stage is the last (or the schedule has no stages)."""
         return not self.stages or self.stage >= len(self.stages) - 1
 
     def lr_at(self, step: int) -> float:

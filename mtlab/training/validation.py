@@ -134,6 +134,8 @@ def _decide(trainer: Trainer, schedule: Schedule, record: dict[str, Any], expdir
 
 def validate_and_decide(trainer: Trainer, schedule: Schedule, path: Path | None, progress: bool,
                          recipe: Mapping[str, Any] | None, act: bool = True) -> None:
+    """Validate now and, with ``act``, take the schedule's decision on the result (tries, lr halving,
+    going back to the best state, stopping)."""
     record = validate(trainer, schedule)
     if record is not None:
         _decide(trainer, schedule, record, path, act=act, progress=progress, recipe=recipe)

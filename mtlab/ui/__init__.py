@@ -1,10 +1,12 @@
 """Notebook UI for mtlab (extra ``mtlab[notebook]``): a live dashboard and plotting helpers.
 
->>> import mtlab.ui
->>> mtlab.ui.dashboard(trainer)          # sliders, stepwise buttons, background run, live plots
->>> mtlab.ui.dashboard(exp)              # an experiment: its runs follow exp.schedule (lr decay, validation)
->>> mtlab.ui.stop_all()                 # stop every background run (also: Kernel -> Interrupt)
->>> mtlab.ui.plots.plot_losses(trainer.history).savefig("losses.png")
+Examples:
+    >>> import mtlab.ui  # doctest: +SKIP
+    >>> mtlab.ui.dashboard(trainer)          # sliders, stepwise buttons, background run, live plots  # doctest: +SKIP
+    >>> # an experiment: its runs follow exp.schedule (lr decay, validation)
+    >>> mtlab.ui.dashboard(exp)  # doctest: +SKIP
+    >>> mtlab.ui.stop_all()                 # stop every background run (also: Kernel -> Interrupt)  # doctest: +SKIP
+    >>> mtlab.ui.plots.plot_losses(trainer.history).savefig("losses.png")  # doctest: +SKIP
 
 The dashboard is a view of ``mtlab.ui.controller.Controller``, which needs no widgets: scripts and
 tests drive it without ipywidgets; the widgets (``Dashboard``) and the plots load on first use.

@@ -24,6 +24,7 @@ def _layout(**kw: Any) -> widgets.Layout:
 
 
 def weight_slider(label: str, value: float, width: str, tip: str) -> widgets.FloatSlider:
+    """A weight slider from 0 to at least 2 (twice the value when larger), applied on release."""
     return widgets.FloatSlider(value=value, min=0.0, max=max(2.0, 2 * value), step=0.01, description=label,
                                readout_format=".2f", continuous_update=False, tooltip=tip,
                                style={"description_width": width}, layout=_layout(width=f"{LEFT_WIDTH - 44}px"))

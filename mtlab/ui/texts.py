@@ -131,6 +131,7 @@ def progress_html(state: DashState) -> str:
 
 
 def status_html(state: DashState) -> str:
+    """The status line, red while it reports an error."""
     color = "#b00020" if state.status_error else "#555"
     return f"<span style='color:{color}'>{html.escape(state.status)}</span>"
 

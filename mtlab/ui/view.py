@@ -344,9 +344,10 @@ def dashboard(trainer: Any, schedule: Any = None, **kwargs: Any) -> Dashboard:
     trainer's lr until stopped), so lr decay, validation and go_back happen as in a script; run after the
     schedule's end continues it.
 
-    >>> d = mtlab.ui.dashboard(trainer)
-    >>> d            # sliders, stepwise buttons, run/pause/stop, state table, live plots
-    >>> d.start(100); d.wait()
+    Examples:
+        >>> d = mtlab.ui.dashboard(trainer)  # doctest: +SKIP
+        >>> d            # sliders, stepwise buttons, run/pause/stop, state table, live plots  # doctest: +SKIP
+        >>> d.start(100); d.wait()  # doctest: +SKIP
     """
     if not isinstance(trainer, Trainer) and isinstance(getattr(trainer, "trainer", None), Trainer):
         schedule = schedule if schedule is not None else getattr(trainer, "schedule", None)
