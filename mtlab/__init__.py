@@ -57,7 +57,7 @@ _SUBMODULES = {"data": "data", "separation": "separation", "ui": "ui", "nabu": "
                "distributed": "training.distributed", "debug": "training.debug", "loop": "training.loop",
                "loggers": "training.loggers", "plots": "training.plots", "checkpoint": "training.checkpoint", "state": "core.state",
                "recipe": "apps.recipe", "launch": "apps.launch", "cli": "apps.cli", "combine": "core.combine",
-               "weighting": "core.weighting", "sampling": "tasks.sampling"}
+               "weighting": "core.weighting", "sampling": "tasks.sampling", "exercises": "training.exercises"}
 
 
 class _Aliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
