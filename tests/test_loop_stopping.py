@@ -261,3 +261,10 @@ def test_without_matplotlib_the_summary_says_no_plots_were_written(tmp_path: Pat
     run(tr, Schedule(num_steps=2), progress=False, expdir=tmp_path)
     assert not list(tmp_path.glob("*.png"))
     assert "plots skipped: matplotlib is not installed" in (tmp_path / "summary.txt").read_text()
+
+
+def test_a_run_without_schedule_ends_because_its_steps_are_done():
+    """No schedule: the steps asked for end the run (reason "steps"), never "done" (a schedule's end)."""
+    tr = plain()
+    sch = run(tr, steps=2, progress=False)
+    assert tr.step_count == 2 and sch.last_stop == "steps"

@@ -213,8 +213,8 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
     try:
         while True:
             over = schedule.stopped is not None or trainer.step_count >= schedule.stage_end
-            if over and schedule.last_stage:
-                reason = schedule.stopped or "done"
+            if over and schedule.last_stage:  # a run without schedule ends when its steps are done
+                reason = schedule.stopped or ("done" if not follow_lr or steps is None else "steps")
                 break
             if steps is not None and done >= steps:
                 reason = "steps"
