@@ -1,5 +1,6 @@
-"""Wall time of each notebook run top to bottom with nbclient, one at a time (as a reader runs them),
-and its slowest cells. Without ``--fast`` the notebooks run at their full size (the README lists these
+"""Wall time and kernel CPU time of each notebook run top to bottom with nbclient, one at a time (as a
+reader runs them), its slowest cells and its longest silence: the longest time a cell ran without showing
+anything new (an output, a progress-bar update or a printed line; the aim is at most 10 s). Without ``--fast`` the notebooks run at their full size (the README lists these
 times; the aim is under 3 minutes each on 2 CPU cores).
 
     python bench/notebook_times.py                     # every notebook, full size
@@ -39,10 +40,37 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(path: Path, timeout: int, figures: Path | None = None) -> tuple[float, float, list[tuple[float, int, str]]]:
+class TimedClient(nbclient.NotebookClient):
+    """A client that notes when each output message of a cell arrives (stream, display, update)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrivals: dict[int, list[float]] = {}
+
+    def output(self, outs, msg, display_id, cell_index):  # noqa: ANN001, ANN201 (nbclient's hook)
+        self.arrivals.setdefault(cell_index, []).append(time.monotonic())
+        return super().output(outs, msg, display_id, cell_index)
+
+    def handle_comm_msg(self, outs, msg, cell_index):  # noqa: ANN001, ANN201 (a widget's update: a moving bar)
+        if msg.get("msg_type") == "comm_msg":
+            self.arrivals.setdefault(cell_index, []).append(time.monotonic())
+        return super().handle_comm_msg(outs, msg, cell_index)
+
+
+def longest_gap(start: float, arrivals: list[float], end: float) -> float:
+    """The longest stretch without a new output between a cell's start and its end."""
+    times = [start, *sorted(t for t in arrivals if start <= t <= end), end]
+    return max(b - a for a, b in zip(times, times[1:]))
+
+
+def run(path: Path, timeout: int, figures: Path | None = None
+        ) -> tuple[float, float, list[tuple[float, int, str]], tuple[float, int]]:
+    """Wall seconds, kernel CPU seconds, cells (seconds, index, first line) slowest first, and the longest
+    silence (seconds, cell index)."""
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client = TimedClient(nb, timeout=timeout, kernel_name="python3",
+                         resources={"metadata": {"path": str(NOTEBOOKS)}})
+    silent = (0.0, -1)
     cells: list[tuple[float, int, str]] = []
     t0 = time.monotonic()
     with client.setup_kernel():
@@ -51,15 +79,17 @@ def run(path: Path, timeout: int, figures: Path | None = None) -> tuple[float, f
         for i, cell in enumerate(nb.cells):
             c0 = time.monotonic()
             client.execute_cell(cell, i)
+            c1 = time.monotonic()
             if cell.cell_type == "code":
-                cells.append((time.monotonic() - c0, i, cell.source.splitlines()[0][:60] if cell.source else ""))
+                cells.append((c1 - c0, i, cell.source.splitlines()[0][:60] if cell.source else ""))
+                silent = max(silent, (longest_gap(c0, client.arrivals.get(i, []), c1), i))
         cpu = cpu_seconds(pid)
     total = time.monotonic() - t0
     png = last_png(nb)
     if figures is not None and png is not None:
         figures.mkdir(parents=True, exist_ok=True)
         (figures / f"{path.stem}_figure.png").write_bytes(png)
-    return total, cpu, sorted(cells, reverse=True)
+    return total, cpu, sorted(cells, reverse=True), silent
 
 
 def main() -> None:
@@ -77,10 +107,10 @@ def main() -> None:
     print(f"{len(paths)} notebook(s), MTLAB_FAST={'1' if args.fast else 'unset'}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.1f}")
     for path in paths:
-        total, cpu, cells = run(path, args.timeout, args.figures)
+        total, cpu, cells, (gap, where) = run(path, args.timeout, args.figures)
         slow = ", ".join(f"cell {i} {t:.0f}s" for t, i, _ in cells[:3])
-        print(f"{path.name:<36} {total:7.1f} s wall, {cpu:7.1f} s kernel CPU  (slowest: {slow}; "
-              f"load now {os.getloadavg()[0]:.1f})", flush=True)
+        print(f"{path.name:<36} {total:7.1f} s wall, {cpu:7.1f} s kernel CPU, longest silence {gap:5.1f} s "
+              f"(cell {where})  (slowest: {slow}; load now {os.getloadavg()[0]:.1f})", flush=True)
 
 
 if __name__ == "__main__":

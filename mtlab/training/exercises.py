@@ -267,5 +267,5 @@ def found_planted_nan(puzzle: PlantedNaN, answer: Any) -> CheckResult:
                            f"task {task!r}, linked set {linkedset!r}, minibatch {minibatch}: that is the one", details)
     wrong = [n for n, a, b in zip(("task", "linked set", "minibatch"), (task, linkedset, minibatch), truth) if a != b]
     return CheckResult("find the planted NaN", False,
-                       f"not that one: the {' and the '.join(wrong)} differ; look at each record's loss in "
+                       f"not that one: the {' and the '.join(wrong)} {'differs' if len(wrong) == 1 else 'differ'}; look at each record's loss in "
                        "trainer.state(task).records, or call mtlab.debug.find_nonfinite(trainer)", details)
