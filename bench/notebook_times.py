@@ -7,6 +7,7 @@ times; the aim is under 3 minutes each on 2 CPU cores).
     python bench/notebook_times.py 05 06               # the notebooks whose names start so
     python bench/notebook_times.py --fast              # MTLAB_FAST=1 (what CI runs)
     python bench/notebook_times.py --figures docs      # also write each notebook's last figure (PNG)
+    python bench/notebook_times.py 05 --keep /tmp/nb   # also write the executed notebooks (to read their outputs)
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def longest_gap(start: float, arrivals: list[float], end: float) -> float:
     return max(b - a for a, b in zip(times, times[1:]))
 
 
-def run(path: Path, timeout: int, figures: Path | None = None
+def run(path: Path, timeout: int, figures: Path | None = None, keep: Path | None = None
         ) -> tuple[float, float, list[tuple[float, int, str]], tuple[float, int]]:
     """Wall seconds, kernel CPU seconds, cells (seconds, index, first line) slowest first, and the longest
     silence (seconds, cell index)."""
@@ -85,6 +86,9 @@ def run(path: Path, timeout: int, figures: Path | None = None
                 silent = max(silent, (longest_gap(c0, client.arrivals.get(i, []), c1), i))
         cpu = cpu_seconds(pid)
     total = time.monotonic() - t0
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, keep / path.name)
     png = last_png(nb)
     if figures is not None and png is not None:
         figures.mkdir(parents=True, exist_ok=True)
@@ -98,6 +102,7 @@ def main() -> None:
     ap.add_argument("--fast", action="store_true", help="MTLAB_FAST=1")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     ap.add_argument("--figures", type=Path, default=None, help="write each notebook's last figure here")
+    ap.add_argument("--keep", type=Path, default=None, help="write each executed notebook here")
     args = ap.parse_args()
     if args.fast:
         os.environ["MTLAB_FAST"] = "1"
@@ -107,7 +112,7 @@ def main() -> None:
     print(f"{len(paths)} notebook(s), MTLAB_FAST={'1' if args.fast else 'unset'}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.1f}")
     for path in paths:
-        total, cpu, cells, (gap, where) = run(path, args.timeout, args.figures)
+        total, cpu, cells, (gap, where) = run(path, args.timeout, args.figures, args.keep)
         slow = ", ".join(f"cell {i} {t:.0f}s" for t, i, _ in cells[:3])
         print(f"{path.name:<36} {total:7.1f} s wall, {cpu:7.1f} s kernel CPU, longest silence {gap:5.1f} s "
               f"(cell {where})  (slowest: {slow}; load now {os.getloadavg()[0]:.1f})", flush=True)

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # kernels and notebooks: not in the fast tier
-
 nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
 nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
 pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
@@ -26,6 +24,7 @@ def test_notebooks_are_committed_without_outputs():
         assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
 
 
+@pytest.mark.slow  # a kernel per notebook
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
 def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MTLAB_FAST", "1")
@@ -40,3 +39,14 @@ def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert not errors
     ran = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
     assert ran and all(c.execution_count for c in ran), "some code cells did not run"
+
+
+def test_the_pretrained_separator_ships_small_with_its_scores():
+    from mtlab.separation.pretrained import WEIGHTS, pretrained_info
+
+    root = Path(__file__).resolve().parents[1]
+    assert WEIGHTS.stat().st_size <= 5_000_000
+    info = pretrained_info()
+    assert info["steps"] > 0 and info["dev_si_sdri"] > 3 and info["test_si_sdri"] > 3
+    assert info["config"]["loss"] == "pit" and info["threads"] == 1
+    assert '"mtlab.separation" = ["weights/*.pt"]' in (root / "pyproject.toml").read_text()  # in the wheel
