@@ -116,7 +116,9 @@ class ModelGraph:
                 raise GraphError(
                     f"{where}: output {name!r} is produced by no node; node outputs: {produced}"
                 )
-        self._takes_lengths: dict[int, tuple[bool, bool]] = {}
+        # By id and class: a model freed and a new one at the same address (copies made and dropped, as
+        # check_equivalence does) must not inherit another class's answer.
+        self._takes_lengths: dict[tuple[int, type], tuple[bool, bool]] = {}
         if models is not None:
             self.check_models(models)
 
@@ -162,7 +164,7 @@ class ModelGraph:
             args = [values[name] for name in node.inputs]
             first_len = lengths.get(node.inputs[0])
             first_host = hosts.get(node.inputs[0])
-            key = id(model)
+            key = (id(model), type(model))
             takes = self._takes_lengths.get(key)
             if takes is None:
                 takes = self._takes_lengths[key] = _takes_lengths(model)
