@@ -1,8 +1,9 @@
 """A small separator trained on the shipped samples, shipped with mtlab (``weights/``): load it, listen,
 fine-tune it. ``scripts/train_pretrained_separator.py`` made it and prints its dev/test SI-SDR improvement.
 
->>> sep = load_pretrained()              # a Separator whose models hold the shipped weights
->>> pretrained_info()["dev_si_sdri"]     # dB, as the script measured on the weights as stored
+>>> sep = load_pretrained()  # doctest: +SKIP
+>>> round(pretrained_info()["dev_si_sdri"], 2)  # dB, as the script measured on the weights as stored
+3.96
 """
 
 from __future__ import annotations
