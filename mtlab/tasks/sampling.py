@@ -469,6 +469,22 @@ class BatchStream:
             except RuntimeError:
                 continue
 
+    def set_batch_size(self, batch_size: int) -> None:
+        """Batches of ``batch_size`` from the next draw on: the epoch is re-cut and the stream continues at the same
+        share of it (as a restore on another world size does)."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if batch_size == self.batch_size:
+            return
+        old = len(self.epoch_batches())
+        self.batch_size = batch_size
+        if self.parts is not None:
+            self._own, self._epoch_size = own_examples(self.parts, batch_size, self.numbuckets, self.rank,
+                                                       self.world_size)
+        self._batches = None
+        self._close_loader()
+        self.position = self.position * len(self.epoch_batches()) // max(old, 1)
+
     def seek(self, epoch: int, position: int) -> None:
         """Go to batch ``position`` of ``epoch`` (what ``state_dict`` saves)."""
         if epoch != self.epoch:
@@ -510,6 +526,9 @@ class Streams(dict):
     def get_stream(self, task: Any, linkedset: str) -> "BatchStream":
         """The stream of ``task.linkedsets[linkedset]`` (``task`` is a ``mtlab.Task``)."""
         key = (task.name, linkedset)
+        stream = self.get(key)
+        if stream is not None and stream.batch_size != task.batch_size:  # Trainer.set_batch_size: from this draw
+            stream.set_batch_size(task.batch_size)
         if key not in self:
             ls = task.linkedsets[linkedset]
             if ls.examples is None:
@@ -535,8 +554,10 @@ class Streams(dict):
         self.reported = len(records)
         return fresh
 
-    def check_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
-        """Raise the ConfigError :meth:`load_state_dict` would raise, changing nothing (no stream is opened)."""
+    def check_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any],
+                         batch_sizes: Mapping[str, int] | None = None) -> None:
+        """Raise the ConfigError :meth:`load_state_dict` would raise, changing nothing (no stream is opened).
+        ``batch_sizes``: task -> the batch size the load sets first (a trainer state carries each task's)."""
         for key, sst in state.items():
             tname, sname = key.split("/", 1)
             if tname not in tasks or sname not in tasks[tname].linkedsets:
@@ -548,6 +569,8 @@ class Streams(dict):
                 if examples is None:
                     continue  # load_state_dict's get_stream says what is missing
                 ours = {"batch_size": task.batch_size, "numbuckets": task.numbuckets, "size": len(examples)}
+            if batch_sizes and tname in batch_sizes:  # a stream adopts its task's batch size before it is restored
+                ours = {**ours, "batch_size": batch_sizes[tname]}
             check_stream_state(sst, ours, f"task {tname!r}, linked set {sname!r}: ")
 
     def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
