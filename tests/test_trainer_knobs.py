@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 import torch
 
@@ -105,7 +107,7 @@ def test_snapshot_restore_brings_back_minibatches_per_step_and_batch_size():
 def assert_trees_equal(x, y, where="state"):
     if isinstance(x, torch.Tensor):
         assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), where
-    elif isinstance(x, dict):
+    elif isinstance(x, Mapping):
         assert set(x) == set(y), f"{where}: {sorted(map(str, x))} != {sorted(map(str, y))}"
         for k in x:
             assert_trees_equal(x[k], y[k], f"{where}/{k}")

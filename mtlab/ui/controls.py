@@ -46,8 +46,10 @@ def parse_number(text: str, kind: type, minimum: float | None = None, maximum: f
     """A typed number: ``int`` accepts whole numbers also written ``1e3`` or ``1_000``; ``float`` any finite number.
     Raises ValueError with what was wrong and what to type instead."""
     raw = text.strip()
+    if not raw:
+        raise ValueError("an empty box; type a number, e.g. 25")
     try:
-        value = float(raw.replace("_", "")) if raw else float("nan")
+        value = float(raw.replace("_", ""))
     except ValueError:
         raise ValueError(f"{raw!r} is not a number; type digits, e.g. 25 or 1e3") from None
     if not math.isfinite(value):
