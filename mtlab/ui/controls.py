@@ -18,14 +18,14 @@ BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",
            "restore": "restore", "export_png": "PNG", "export_svg": "SVG", "export_csv": "history CSV",
            "clear_error": "clear", "reinitialize": "re-initialise"}
-LEFT_WIDTH = 320  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
+LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
 
 
 # The groups of controls ``Dashboard(hide=[...])`` can hide, and what each holds.
 GROUPS = {"run": "steps box, run, pause, stop", "weights": "the weights tab (task and linked-set weights, lr, clip, "
-          "combine)", "accumulation": "the accumulation tab (minibatches per step, batch size)",
-          "stepwise": "the step-by-step tab (process minibatch, normalize, clip, apply, step, reset)",
+          "combine)", "accumulation": "the batches tab (minibatches per step K, batch size)",
+          "stepwise": "the stepwise tab (process minibatch, normalize, clip, apply, step, reset)",
           "snapshots": "the snapshots tab (snapshot, restore, re-initialise, export)",
           "plot_options": "the plot options (scale, smoothing, zoom, read-out step)", "table": "the state table",
           "log": "the read-out, events and validation tabs", "progress": "the progress bar"}
@@ -95,12 +95,13 @@ class NumberText(widgets.Text):
 
     def show(self, number: float) -> None:
         """Put ``number`` in the box (no parsing, no refusal)."""
-        self.number = self.kind(number)
+        number = self.kind(number)
         self._showing = True
         try:
-            self.value = self.text_of(self.number)
+            self.value = self.text_of(number)  # first the text, then the observers of the number
         finally:
             self._showing = False
+        self.number = number
 
     def text_of(self, number: float) -> str:
         return str(int(number)) if self.kind is int else format(number, ".6g")
@@ -123,10 +124,17 @@ def _layout(**kw: Any) -> widgets.Layout:
     return widgets.Layout(**kw)
 
 
+class TipBox(widgets.HBox):
+    """A box whose tooltip shows anywhere over it. ipywidgets 8 puts the tooltip of a described control on its
+    label only (hovering the dropdown or the text box showed none), and its browser side reads a box's
+    ``description`` before setting the box's title (a box has none: a JavaScript error): this box has one."""
+
+    description = traitlets.Unicode("").tag(sync=True)
+
+
 def tipped(widget: widgets.Widget) -> widgets.Box:
-    """``widget`` in a box carrying its tooltip. ipywidgets 8 puts the tooltip of a described control on its
-    label only, so hovering the dropdown or the text box itself showed none; the box's title covers both."""
-    return widgets.HBox([widget], tooltip=widget.tooltip, layout=_layout(width="auto", flex="0 0 auto"))
+    """``widget`` in a box carrying its tooltip over the whole control."""
+    return TipBox([widget], tooltip=widget.tooltip, layout=_layout(width="auto", flex="0 0 auto"))
 
 
 def weight_slider(label: str, value: float, width: str, tip: str) -> widgets.FloatSlider:
@@ -229,7 +237,8 @@ class Controls:
             layout=_layout(width="130px"),
             tooltip="read every plotted series at this step (the last row at or before it; 0: the latest step); a "
                     "dotted line marks it on the plot")
-        self.counter, self.status, self.table = widgets.HTML(), widgets.HTML(), widgets.HTML()
+        self.counter, self.status = widgets.HTML(), widgets.HTML()
+        self.table = widgets.HTML(layout=_layout(max_width="100%", overflow="auto"))  # scrolls when zoomed, never cut
         self.progress = widgets.IntProgress(value=0, min=0, max=1, layout=_layout(width="220px"),
                                             tooltip="the run's progress (steps done of the steps asked for)")
         self.progress_label = widgets.HTML()
@@ -245,8 +254,9 @@ class Controls:
         run_row = widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"]], layout=wrap)
         weights = widgets.VBox([*self.sliders.values(), self.lr_slider,
                                 widgets.HBox([self.clip_toggle, self.clip_slider]), tipped(self.combine_dropdown)])
-        accumulation = widgets.VBox([widgets.HTML("<small>per task, from the next step (K) and the next minibatch "
-                                                  "(batch)</small>")] + [
+        accumulation = widgets.VBox([widgets.HTML("<div style='line-height:1.3;font-size:12px'>per task: K minibatch "
+                                                  "rounds per step (from the next step), batch examples per "
+                                                  "minibatch (from the next minibatch)</div>")] + [
             widgets.HBox([widgets.HTML(f"<b>{html.escape(n)}</b>", layout=_layout(width="70px")),
                           tipped(self.k_boxes[n]), tipped(self.batch_boxes[n])], layout=wrap) for n in self.k_boxes])
         stepwise = widgets.VBox([widgets.HBox([tipped(self.task_dropdown), tipped(self.set_dropdown)], layout=wrap),
@@ -257,24 +267,24 @@ class Controls:
                               widgets.HBox([B["export_png"], B["export_svg"], B["export_csv"]], layout=wrap),
                               self.export_links])
         pages = [(g, box, title) for g, box, title in (("weights", weights, "weights"),
-                                                        ("accumulation", accumulation, "accumulation"),
-                                                        ("stepwise", stepwise, "step by step"),
+                                                        ("accumulation", accumulation, "batches"),
+                                                        ("stepwise", stepwise, "stepwise"),
                                                         ("snapshots", snaps, "snapshots")) if g not in hidden]
         width = "100%" if presentation else f"{LEFT_WIDTH}px"
         left_parts = [] if "run" in hidden else [run_row]
         if pages:
             left_parts.append(widgets.Tab([p[1] for p in pages], titles=tuple(p[2] for p in pages),
-                                          layout=_layout(width=f"{LEFT_WIDTH}px")))
+                                          layout=_layout(width=f"{round(LEFT_WIDTH * (1.3 if presentation else 1))}px")))
         left = widgets.VBox(left_parts, layout=_layout(width=width if not presentation else "auto", flex="0 0 auto"))
         lower = None if "log" in hidden else widgets.Tab([self.readout, self.event_log, self.validation_table],
                                                          titles=("read-out", "events", "validation"))
-        if plots:
-            parts = [] if "plot_options" in hidden else [
-                widgets.HBox([self.scale_toggle, self.smoothing_slider, self.zoom, tipped(self.read_step)], layout=wrap)]
-            parts += [self.plot_label, self.image]
-            right = widgets.VBox(parts + ([] if presentation or lower is None else [lower]),
-                                 layout=_layout(width="auto" if presentation else f"{PLOT_WIDTH + 10}px",
-                                                flex="0 1 auto"))
+        options = [] if "plot_options" in hidden or not plots else [
+            widgets.HBox([self.scale_toggle, self.smoothing_slider, self.zoom, tipped(self.read_step)], layout=wrap)]
+        if plots and not presentation:
+            right = widgets.VBox([*options, self.plot_label, self.image, *([lower] if lower is not None else [])],
+                                 layout=_layout(width=f"{PLOT_WIDTH + 10}px", flex="0 1 auto"))
+        elif plots:
+            right = widgets.VBox([self.image, self.plot_label], layout=_layout(width="auto", flex="0 1 auto"))
         else:
             right = widgets.VBox([lower] if lower is not None and not presentation else [], layout=_layout(flex="1 1 auto"))
         top = widgets.HBox([self.progress, self.progress_label], layout=wrap)
@@ -283,10 +293,10 @@ class Controls:
         errors = widgets.HBox([self.error_box, B["clear_error"]], layout=wrap)
         B["clear_error"].layout.display = "none"
         table = [] if "table" in hidden else [self.table]
-        if presentation:  # the plot first, then the controls beside the log, then the table
+        if presentation:  # the plot first, the texts under it, then the controls beside the log, then the table
             below = widgets.HBox([left, *([lower] if lower is not None else [])],
                                  layout=_layout(flex_flow="row wrap", align_items="flex-start"))
-            return [self.counter, top, self.status, errors, right, below, *table]
+            return [right, self.counter, top, self.status, errors, *options, below, *table]
         body = widgets.HBox([left, right], layout=_layout(flex_flow="row wrap", align_items="flex-start"))
         return [self.counter, top, self.status, errors, *table, body]
 

@@ -50,6 +50,8 @@ def page_css() -> str:
 .mtlab-present .widget-html-content, .mtlab-present .widget-html-content *, .mtlab-present .lm-TabBar-tabLabel,
 .mtlab-present .widget-label, .mtlab-present button, .mtlab-present input, .mtlab-present select
   {{font-size: 17px !important; line-height: 1.35}}
+.mtlab-present .widget-inline-hbox .widget-label {{width: auto !important; min-width: fit-content; padding-right: 6px}}
+.mtlab-present .widget-toggle-button {{width: auto !important}}
 @keyframes mtlab-expire {{to {{visibility: hidden; font-size: 0}}}}
 @keyframes mtlab-appear {{to {{visibility: visible; font-size: 1em}}}}
 .mtlab-live {{animation: mtlab-expire 1ms linear {STALE_S}s forwards}}
@@ -222,7 +224,7 @@ class Dashboard(widgets.VBox):
         w.buttons["clear_error"].layout.display = "" if state.error else "none"
         run = state.run
         w.buttons["pause"].description = "resume" if run is not None and run.state in ("paused", "pausing") else "pause"
-        w.progress.layout.visibility = "visible" if run is not None and run.total else "hidden"
+        w.progress.layout.display = "" if run is not None and run.total else "none"
         if run is not None and run.total:
             w.progress.max, w.progress.value = max(run.total, 1), min(run.steps_done, run.total)
             w.progress.bar_style = ("danger" if run.failed else "success") if run.state == "ended" else ""
