@@ -6,10 +6,10 @@ from collections.abc import Mapping
 
 import pytest
 import torch
-
-import mtlab
 from helpers import clone_models, make_examples, make_models, task_a, task_b
 from test_trainer import processed_grad
+
+import mtlab
 
 
 def two_tasks(k: int = 1, batch_size: int = 3, **kw) -> mtlab.Trainer:

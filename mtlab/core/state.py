@@ -264,7 +264,7 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
     })
 
 
-def initial_state(trainer: "Trainer") -> dict[str, Any]:
+def initial_state(trainer: Trainer) -> dict[str, Any]:
     """What ``Trainer.reinitialize()`` goes back to, taken when the trainer is built: parameters, optimizer,
     update, accumulators, chain, precision and RNG, as CPU copies (no second copy on the device)."""
     tr = trainer
@@ -285,7 +285,7 @@ def to_cpu(obj: Any) -> Any:
     return obj
 
 
-def load_initial_state(trainer: "Trainer", init: Mapping[str, Any]) -> None:
+def load_initial_state(trainer: Trainer, init: Mapping[str, Any]) -> None:
     """The state part of ``Trainer.reinitialize()``: parameters, optimizer and update state (for the combine
     method chosen now), accumulators, chain, precision, RNG, fresh data streams. Knobs and history untouched."""
     tr = trainer

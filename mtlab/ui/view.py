@@ -16,8 +16,8 @@ import base64
 import dataclasses
 import html
 import threading
-from datetime import datetime
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,15 @@ from ..core.trainer import Trainer
 from .controller import Controller
 from .controls import PLOT_WIDTH, Controls, check_hide
 from .painter import Painter
-from .plots import DPI, LIVE_POINTS, LivePlot, figure_png, figure_svg, panel_of, plot_history
+from .plots import (
+    DPI,
+    LIVE_POINTS,
+    LivePlot,
+    figure_png,
+    figure_svg,
+    panel_of,
+    plot_history,
+)
 from .state import DashState
 from .texts import (
     counter_html,
@@ -37,7 +45,6 @@ from .texts import (
     status_html,
     validation_html,
 )
-
 
 PRESENT_SCALE = 1.25  # presentation mode: the plot's pixels per point (text and lines 25 % larger, same layout)
 STALE_S = 30  # s without a new state after which a "running" claim on screen gives way to a warning
@@ -77,7 +84,17 @@ class Dashboard(widgets.VBox):
     ``task_dropdown``, ``set_dropdown``, ``steps_box``, ``snapshot_dropdown``, ``status``, ``counter``,
     ``progress``, ``progress_label``, ``table``, ``validation_table``, ``event_log``, ``image``,
     ``plot_label``, ``scale_toggle``, ``smoothing_slider``, ``zoom``, ``read_step``, ``readout``,
-    ``error_box``, ``export_links``.
+    ``error_box``, ``export_links``, ``k_boxes`` and ``batch_boxes`` (per task: minibatches per step and batch
+    size, in the "batches" tab). Number boxes (``steps_box``, ``read_step``, ``k_boxes``, ``batch_boxes``) parse
+    what is typed on Enter: a refusal says why in the status line and the box shows the value in force again.
+
+    ``presentation=True`` (or ``dash.presentation = True`` later): larger text, the plot first and the controls
+    under it, for a projector (readable at 150 % zoom on 1280x800). ``hide=[...]`` leaves control groups out
+    (``mtlab.ui.controls.GROUPS``: run, weights, accumulation, stepwise, snapshots, plot_options, table, log,
+    progress), e.g. for a guided exercise; an unknown name is an error that lists them.
+
+    While a run goes, "running" on screen expires after ``STALE_S`` s without a new state from the kernel (a
+    restarted kernel, a notebook reopened with its saved widget state) and a warning takes its place.
     """
 
     def __init__(self, trainer: Trainer, schedule: Any = None, refresh_s: float = 0.25, draw_interval: float = 0.7,
@@ -431,7 +448,8 @@ def dashboard(trainer: Any, schedule: Any = None, **kwargs: Any) -> Dashboard:
     Examples:
         >>> d = mtlab.ui.dashboard(trainer)  # doctest: +SKIP
         >>> d            # sliders, stepwise buttons, run/pause/stop, state table, live plots  # doctest: +SKIP
-        >>> d.start(100); d.wait()  # doctest: +SKIP
+        >>> d.start(100)  # in the background: the knobs act during the run; d.wait() blocks  # doctest: +SKIP
+        >>> mtlab.ui.dashboard(trainer, presentation=True, hide=["stepwise", "snapshots"])  # doctest: +SKIP
     """
     if not isinstance(trainer, Trainer) and isinstance(getattr(trainer, "trainer", None), Trainer):
         schedule = schedule if schedule is not None else getattr(trainer, "schedule", None)

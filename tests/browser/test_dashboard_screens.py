@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_jupyterlab import CHROMIUM, FLAGS, free_port, lab, open_and_run_all, sync_api  # noqa: F401 (lab: fixture)
 
 TESTS = Path(__file__).resolve().parents[1]
