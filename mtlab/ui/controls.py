@@ -77,8 +77,9 @@ class _NumberString(traitlets.Unicode):
 class NumberText(widgets.Text):
     """A number box that never guesses: the text is parsed when the user presses Enter or leaves the box; an
     invalid entry is refused (``on_refused(message)``) and the box shows the number in force again. ``number``
-    holds the number taken (observe it). Unlike ``IntText``, whose browser side silently drops the characters
-    it does not expect ("2.5" became 25, "1e3" became 13), every character typed reaches the parser."""
+    holds the number taken (observe it). ``IntText`` is not used: its browser side drops "e", ",", "." and
+    spaces as they are typed (its keypress and keyup handlers), so 2.5 became 25 and 1e3 became 13, and its
+    number input ignores letters; here every character typed reaches the parser."""
 
     value = _NumberString("").tag(sync=True)
     number = traitlets.Any(0)
