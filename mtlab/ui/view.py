@@ -59,6 +59,10 @@ def page_css() -> str:
   {{font-size: 17px !important; line-height: 1.35}}
 .mtlab-present .widget-inline-hbox .widget-label {{width: auto !important; min-width: fit-content; padding-right: 6px}}
 .mtlab-present .widget-toggle-button {{width: auto !important}}
+@media (max-width: 1100px) {{  /* zoomed in (150 % of 1280 px is 853 px): table cells wrap instead of being cut */
+  .mtlab-dashboard .mtlab-state td, .mtlab-dashboard .mtlab-state th
+    {{white-space: normal !important; line-height: 1.25 !important; padding: 2px 6px !important}}
+}}
 @keyframes mtlab-expire {{to {{visibility: hidden; font-size: 0}}}}
 @keyframes mtlab-appear {{to {{visibility: visible; font-size: 1em}}}}
 .mtlab-live {{animation: mtlab-expire 1ms linear {STALE_S}s forwards}}

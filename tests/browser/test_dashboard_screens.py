@@ -155,8 +155,11 @@ def test_dashboard_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:  # n
             widths = zoomed.evaluate(
                 "() => { const out = document.querySelector('.mtlab-dashboard');"
                 " const img = out.querySelector('img.widget-image').getBoundingClientRect();"
-                " return {right: img.right, width: window.innerWidth, top: img.top, height: window.innerHeight}; }")
+                " const table = out.querySelector('table.mtlab-state');"
+                " return {right: img.right, width: window.innerWidth, top: img.top, height: window.innerHeight,"
+                " table: table ? table.getBoundingClientRect().right : 0}; }")
             assert widths["right"] <= widths["width"] + 1, (name, widths)  # the plot is not cut at the right
+            assert widths["table"] <= widths["width"] - 20, (name, widths)  # nor the table (its cells wrap)
             zoomed.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.shutdown()")
         assert widths["top"] < widths["height"] / 2, widths  # presentation: the plot is near the top
         browser.close()
