@@ -92,16 +92,21 @@ def test_bad_knob_values_are_refused_naming_the_fix():
     assert tr.minibatches_per_step == {"a": 1, "b": 1} and tr.tasks["a"].batch_size == 3
 
 
-def test_snapshot_restore_brings_back_minibatches_per_step_and_batch_size():
+def test_a_state_brings_back_minibatches_per_step_and_names_the_batch_size_it_needs():
     tr = two_tasks()
     tr.set_minibatches_per_step(2, "a")
     tr.step()
     snap = tr.state_dict()
+    assert snap["tasks"]["b"]["batch_size"] == 3 and snap["tasks"]["a"]["minibatches_per_step"] == 2
     tr.set_minibatches_per_step(4)
     tr.set_batch_size("b", 5)
     tr.step()
+    with pytest.raises(mtlab.ConfigError, match=r"batch_size=3 but this stream has 5.*set_batch_size\('b', 3\) first"):
+        tr.load_state_dict(snap)  # refused, nothing changed
+    assert tr.minibatches_per_step == {"a": 4, "b": 4} and tr.step_count == 2
+    tr.set_batch_size("b", 3)
     tr.load_state_dict(snap)
-    assert tr.minibatches_per_step == {"a": 2, "b": 1} and tr.tasks["b"].batch_size == 3
+    assert tr.minibatches_per_step == {"a": 2, "b": 1} and tr.step_count == 1
 
 
 def assert_trees_equal(x, y, where="state"):

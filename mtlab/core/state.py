@@ -314,8 +314,7 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, sou
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
     check_precision_state(state, tr.precision.mode)
     check_optimizer_state(state, tr.optimizer_name)
-    tr.streams.check_state_dict(state["streams"], tr.tasks,  # every check before the first change
-                                {n: int(st["batch_size"]) for n, st in state["tasks"].items() if "batch_size" in st})
+    tr.streams.check_state_dict(state["streams"], tr.tasks)  # every check before the first change
     if "weighting" in state["update"] and getattr(tr.update, "weighting", None) is None:
         raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
                           "the same combine method")
@@ -330,8 +329,6 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, sou
         for sname, w in saved["linkedset_weights"].items():
             if sname in tr.tasks[name].linkedsets:
                 tr.tasks[name].linkedsets[sname].weight = float(w)
-        if "batch_size" in saved:  # the streams adopt it before their positions are restored
-            tr.set_batch_size(name, int(saved["batch_size"]))
         if saved.get("minibatches_per_step", tr.numbatches_to_aggregate) != tr.numbatches_to_aggregate:
             tr.set_minibatches_per_step(int(saved["minibatches_per_step"]), name)
     tr.streams.load_state_dict(state["streams"], tr.tasks)

@@ -554,24 +554,21 @@ class Streams(dict):
         self.reported = len(records)
         return fresh
 
-    def check_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any],
-                         batch_sizes: Mapping[str, int] | None = None) -> None:
-        """Raise the ConfigError :meth:`load_state_dict` would raise, changing nothing (no stream is opened).
-        ``batch_sizes``: task -> the batch size the load sets first (a trainer state carries each task's)."""
+    def check_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
+        """Raise the ConfigError :meth:`load_state_dict` would raise, changing nothing (no stream is opened)."""
         for key, sst in state.items():
             tname, sname = key.split("/", 1)
             if tname not in tasks or sname not in tasks[tname].linkedsets:
                 continue
-            if (tname, sname) in self:
-                ours = self[(tname, sname)].state_dict()
+            if (tname, sname) in self:  # it adopts its task's batch size (Trainer.set_batch_size) when next used
+                ours = {**self[(tname, sname)].state_dict(), "batch_size": tasks[tname].batch_size}
             else:
                 task, examples = tasks[tname], tasks[tname].linkedsets[sname].examples
                 if examples is None:
                     continue  # load_state_dict's get_stream says what is missing
                 ours = {"batch_size": task.batch_size, "numbuckets": task.numbuckets, "size": len(examples)}
-            if batch_sizes and tname in batch_sizes:  # a stream adopts its task's batch size before it is restored
-                ours = {**ours, "batch_size": batch_sizes[tname]}
-            check_stream_state(sst, ours, f"task {tname!r}, linked set {sname!r}: ")
+            check_stream_state(sst, ours, f"task {tname!r}, linked set {sname!r}: ",
+                               f"; trainer.set_batch_size({tname!r}, {sst.get('batch_size')}) first makes them agree")
 
     def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
         """Restore positions of the streams whose task and linked set ``tasks`` still has."""
@@ -582,12 +579,15 @@ class Streams(dict):
                 self.get_stream(tasks[tname], sname).load_state_dict(sst)
 
 
-def check_stream_state(state: Mapping[str, Any], ours: Mapping[str, Any], where: str = "") -> None:
-    """Refuse a saved stream position taken with other settings than ``ours`` (batch size, buckets, list size)."""
+def check_stream_state(state: Mapping[str, Any], ours: Mapping[str, Any], where: str = "",
+                       batch_fix: str = "") -> None:
+    """Refuse a saved stream position taken with other settings than ``ours`` (batch size, buckets, list size);
+    ``batch_fix`` ends the message of a batch size that differs (how to make them agree)."""
     for key in ("batch_size", "numbuckets", "size"):
         if key in state and state[key] != ours[key]:
             raise ConfigError(f"{where}stream state has {key}={state[key]} but this stream has {ours[key]}; "
-                              "restore it into a stream built with the same data and settings")
+                              "restore it into a stream built with the same data and settings"
+                              + (batch_fix if key == "batch_size" else ""))
 
 
 def derived_seed(seed: int, *names: str) -> int:

@@ -259,7 +259,17 @@ class Controller(RunControl):
         snap = self.snapshots[i]
 
         def back() -> str:
-            self.trainer.load_state_dict(snap)
+            tr = self.trainer
+            sizes = {n: t.batch_size for n, t in tr.tasks.items()}
+            for name, saved in snap["tasks"].items():  # the batch sizes of the snapshot first: its data positions
+                if "batch_size" in saved and name in tr.tasks:  # are counted in them
+                    tr.set_batch_size(name, int(saved["batch_size"]))
+            try:
+                tr.load_state_dict(snap)
+            except BaseException:
+                for name, size in sizes.items():
+                    tr.set_batch_size(name, size)
+                raise
             return f"restored snapshot #{i + 1} (step {snap['step']}); the abandoned branch stays grey on the plot"
         return self._between_steps("restore", back)
 

@@ -69,6 +69,19 @@ def test_knobs_from_the_dashboard_change_the_next_step_exactly_as_the_calls_from
     assert dash.k_boxes["a"].value == dash.k_boxes["b"].value == "2"
 
 
+def test_restore_brings_back_the_snapshot_knobs(dash):
+    dash.buttons["step"].click()
+    dash.buttons["snapshot"].click()
+    browser_update(dash.k_boxes["b"], "2")
+    browser_update(dash.batch_boxes["a"], "5")
+    dash.buttons["step"].click()
+    dash.buttons["restore"].click()
+    tr = dash.trainer
+    assert "restored snapshot #1 (step 1)" in dash.status_text and tr.step_count == 1
+    assert tr.minibatches_per_step == {"a": 1, "b": 1} and tr.tasks["a"].batch_size == 3
+    assert dash.k_boxes["b"].value == "1" and dash.batch_boxes["a"].value == "3"
+
+
 def test_reinitialize_button_gives_a_fresh_trainer_and_keeps_the_old_curves_grey(dash):
     for _ in range(3):
         dash.buttons["step"].click()
