@@ -47,7 +47,7 @@ class AccumulationKnobs:
         """Minibatch rounds per step (K) of ``task`` (None: every task, and the default), from the next
         ``step()`` on; a step in progress keeps the rounds it started with.
 
-        >>> trainer.set_minibatches_per_step(4, "a")   # task a accumulates 4 rounds, the others keep theirs
+        >>> trainer.set_minibatches_per_step(4, "a")  # task a: 4 rounds, the others keep theirs  # doctest: +SKIP
         """
         check_count(k, "minibatches per step" if task is None else f"minibatches per step of task {task!r}",
                     "minibatch rounds accumulated before each apply(); e.g. set_minibatches_per_step(2)")
