@@ -26,6 +26,12 @@ def values_html(values: Mapping[str, Any], caption: str) -> str:
     return f"<table><caption>{caption}</caption>{rows}</table>"
 
 
+def own_rounds(trainer: Any) -> str:
+    """`` (a: 3)``: the tasks whose minibatches per step differ from the trainer's K, or ``""``."""
+    own = {n: k for n, k in trainer.minibatches_per_step.items() if k != trainer.numbatches_to_aggregate}
+    return f" ({', '.join(f'{n}: {k}' for n, k in own.items())})" if own else ""
+
+
 def trainer_html(trainer: Any) -> str:
     """A trainer as an HTML table (its ``_repr_html_``): step, lr, chain, and per task its weights, models,
     phase and minibatches."""
@@ -36,6 +42,6 @@ def trainer_html(trainer: Any) -> str:
         f"<td>{tr.state(n).minibatches}</td></tr>" for n, t in tr.tasks.items())
     return ("<div><b>mtlab.Trainer</b> "
             f"step {tr.step_count} &middot; lr {tr.lr:g} &middot; {tr.chain} &middot; "
-            f"K={tr.numbatches_to_aggregate} &middot; {tr.device}"
+            f"K={tr.numbatches_to_aggregate}{own_rounds(tr)} &middot; {tr.device}"
             "<table><tr><th>task</th><th>weight</th><th>linked sets (weight)</th><th>models</th>"
             f"<th>phase</th><th>minibatches</th></tr>{rows}</table></div>")

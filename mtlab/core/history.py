@@ -30,6 +30,7 @@ class History:
         self._rows: list[dict[str, Any]] = []
         self._ready = 0
         self._events: list[dict[str, Any]] = []
+        self.branches: list[list[dict[str, Any]]] = []  # rows abandoned by Trainer.reinitialize(), oldest first
 
     def append(self, row: dict[str, Any]) -> None:
         """Add one step's row (values may still be device tensors)."""
@@ -79,6 +80,13 @@ class History:
             del self._rows[n:]
             self._ready = min(self._ready, n)
 
+    def abandon(self, n: int) -> None:
+        """Keep the first ``n`` rows; the rows after them become an abandoned branch (``branches``)."""
+        rows = self.rows()
+        if len(rows) > n:
+            self.branches.append([dict(r) for r in rows[n:]])
+        self.truncate(n)
+
     def state_dict(self) -> list[dict[str, Any]]:
         """The rows, for a checkpoint."""
         return [dict(r) for r in self.rows()]
@@ -91,15 +99,20 @@ class History:
 
 
 def step_row(step: int, lr: float, skipped: Any, tasks: Mapping[str, Any], accs: Mapping[str, Any],
-             stats: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The history row of one applied step: lr, weights, and for each task in ``accs`` (an
-    ``Accumulator`` each) its loss, per-linked-set losses, gradient norms, clip fraction and minibatches;
+             stats: Mapping[str, Any] | None = None, rounds: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """The history row of one applied step: lr, weights, batch sizes, minibatch rounds per step (``rounds``), and
+    for each task in ``accs`` (an ``Accumulator`` each) its loss, per-linked-set losses, gradient norms, clip
+    fraction and minibatches;
     then the update's ``stats`` (``weighting/<task>``, ``combine/<group>/<task>``, ``cos/<model>/<a>,<b>``,
     ``direction_norm/<group>``, ``direction_norm``: 0-d tensors, read back with the rest)."""
     row: dict[str, Any] = {"step": step, "lr": lr, "skipped": skipped}
     for name, task in tasks.items():
         row[f"{name}/weight"] = task.weight
         row.update({f"{name}/{s}/weight": ls.weight for s, ls in task.linkedsets.items()})
+        if getattr(task, "batch_size", None) is not None:
+            row[f"{name}/batch_size"] = task.batch_size
+        if rounds is not None:
+            row[f"{name}/minibatches_per_step"] = rounds[name]
         acc = accs.get(name)
         if acc is not None:
             row[f"{name}/loss"] = acc.normalized_loss

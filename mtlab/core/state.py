@@ -244,8 +244,10 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
     """``Trainer.state_dict()``: weights, optimizer, accumulators, data positions, RNG, step, settings,
     weights and history, as plain containers (loadable with ``weights_only=True``)."""
     tr = trainer
+    rounds = tr.minibatches_per_step
     tasks = {n: {**tr.state(n).state_dict(), "weight": t.weight,
-                 "linkedset_weights": {k: ls.weight for k, ls in t.linkedsets.items()}}
+                 "linkedset_weights": {k: ls.weight for k, ls in t.linkedsets.items()},
+                 "batch_size": t.batch_size, "minibatches_per_step": rounds[n]}
              for n, t in tr.tasks.items()}
     return clone_tree({
         "format": "mtlab-trainer", "version": VERSION,
@@ -262,6 +264,49 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
     })
 
 
+def initial_state(trainer: Trainer) -> dict[str, Any]:
+    """What ``Trainer.reinitialize()`` goes back to, taken when the trainer is built: parameters, optimizer,
+    update, accumulators, chain, precision and RNG, as CPU copies (no second copy on the device)."""
+    tr = trainer
+    return to_cpu({"models": {k: m.state_dict() for k, m in tr.models.items()}, "update": tr.update.state_dict(),
+                   "tasks": {n: tr.state(n).state_dict() for n in tr.tasks}, "chain": tr.chain.state_dict(),
+                   "precision": tr.precision.state_dict(), "rng": rng_state(tr.device),
+                   "method": getattr(tr.update, "method", None)})
+
+
+def to_cpu(obj: Any) -> Any:
+    """``clone_tree`` with every tensor on the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+def load_initial_state(trainer: Trainer, init: Mapping[str, Any]) -> None:
+    """The state part of ``Trainer.reinitialize()``: parameters, optimizer and update state (for the combine
+    method chosen now), accumulators, chain, precision, RNG, fresh data streams. Knobs and history untouched."""
+    tr = trainer
+    for k, m in tr.models.items():
+        m.load_state_dict(init["models"][k])
+    method = getattr(tr.update, "method", None)
+    if method == init["method"] or not hasattr(tr.update, "calls"):
+        tr.update.load_state_dict(clone_tree(init["update"]))
+    else:  # switched since: the current method, with the fresh state it starts with
+        tr.update.optimizer.load_state_dict(clone_tree(init["update"]["optimizer"]))
+        tr.update.calls = 0
+        tr.update.set_method(method)
+    for name in tr.tasks:
+        tr.state(name).load_state_dict(init["tasks"][name])
+    tr.chain.load_state_dict(clone_tree(init["chain"]))
+    tr.precision.load_state_dict(clone_tree(init["precision"]))
+    tr.streams.clear()  # recreated on first use, from the start, as in a fresh trainer
+    tr.streams.reported = 0
+    set_rng_state(init["rng"], tr.device)
+
+
 def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, source: str = "the state") -> None:
     """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
     tr = trainer
@@ -276,12 +321,16 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, sou
     for k, m in tr.models.items():
         m.load_state_dict(state["models"][k])
     tr.update.load_state_dict(clone_tree(state["update"]))
+    if "numbatches_to_aggregate" in state.get("settings", {}):
+        tr.set_minibatches_per_step(int(state["settings"]["numbatches_to_aggregate"]))
     for name, saved in state["tasks"].items():
         tr.state(name).load_state_dict(saved)
         tr.tasks[name].weight = float(saved["weight"])
         for sname, w in saved["linkedset_weights"].items():
             if sname in tr.tasks[name].linkedsets:
                 tr.tasks[name].linkedsets[sname].weight = float(w)
+        if saved.get("minibatches_per_step", tr.numbatches_to_aggregate) != tr.numbatches_to_aggregate:
+            tr.set_minibatches_per_step(int(saved["minibatches_per_step"]), name)
     tr.streams.load_state_dict(state["streams"], tr.tasks)
     set_rng_state(state["rng"], tr.device)
     tr.precision.load_state_dict(state.get("precision", {}))

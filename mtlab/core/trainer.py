@@ -29,6 +29,7 @@ from ..base.threads import apply_threads
 from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
+from .knobs import AccumulationKnobs
 from .precision import Precision, compile_models
 from ..base.report import trainer_html
 from ..tasks.sampling import BatchStream, Streams
@@ -65,7 +66,7 @@ def kept_note(accs: Mapping[str, Accumulator]) -> str:
             "step() draws fresh minibatches")
 
 
-class Trainer:
+class Trainer(AccumulationKnobs):
     """Multi-task trainer whose step can be run one call at a time.
 
     Examples:
@@ -110,7 +111,9 @@ class Trainer:
             for t in tasks:
                 check_relative_weights(t)
         self.plans: dict[str, TaskPlan] = {t.name: TaskPlan(t, self.models, self.device) for t in tasks}
-        self.numbatches_to_aggregate = numbatches_to_aggregate
+        self._k_default = numbatches_to_aggregate  # minibatch rounds per step for every task without its own
+        self._k_task: dict[str, int] = {}  # task -> its own minibatch rounds per step (set_minibatches_per_step)
+        self._cycle_k: dict[str, int] | None = None  # the rounds of the step() in progress (for its history row)
         self.normalize_gradients = bool(normalize_gradients)
         self._clip: tuple[float | None, float | None, float | None] = (None, None, None)
         self.chain = Chain()
@@ -141,6 +144,7 @@ class Trainer:
             self.update.set_method(combine)  # refuses any method but the sum: one optimizer per task
         self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda", device=self.device)
         self._training_mode: bool | None = None
+        self._initial = checkpoint.initial_state(self)  # what reinitialize() goes back to (on the CPU)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -236,6 +240,19 @@ class Trainer:
         if linkedset not in t.linkedsets:
             raise ConfigError(f"task {task!r} has no linked set {linkedset!r}; linked sets: {list(t.linkedsets)}")
         return t.linkedsets[linkedset]
+
+    def reinitialize(self) -> None:
+        """Back to the state the trainer was built in: the same initial parameters, a fresh optimizer state,
+        empty accumulators, data streams and RNG as right after ``Trainer(...)``, step 0. The knobs stay as set
+        (weights, lr, clipping, combine method, minibatches per step, batch sizes); the history rows so far are
+        kept as an abandoned branch in ``trainer.log.branches``. Unlike ``reset()``, which only discards the
+        accumulation in progress."""
+        with self.lock:
+            before = self.step_count
+            checkpoint.load_initial_state(self, self._initial)
+            self.log.abandon(0)
+            self.step_count = 0
+            self.events.emit("reinitialize", {"step": 0, "from_step": before})
 
     def state(self, task: str) -> Accumulator:
         """The live accumulation state of ``task`` (phase, loss, normalizer, grads, records, norms)."""
@@ -447,7 +464,8 @@ class Trainer:
                     acc.mark_applied()
                 self.step_count += 1
                 row = step_row(self.step_count, self.lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
-                               {**self.update.stats, **self.precision.update(found_inf)})
+                               {**self.update.stats, **self.precision.update(found_inf)},
+                               self._cycle_k or self.minibatches_per_step)
                 self.log.append(row)
             finally:
                 self.atomic = False
@@ -472,9 +490,10 @@ class Trainer:
             refuse_hand_work(self._accs, self.chain)
             self.reset()
             before = self.step_count
+            self._cycle_k = rounds = self.minibatches_per_step  # read once: a knob may move them during the step
             try:
                 for name, sets in active.items():
-                    for _ in range(self.numbatches_to_aggregate):
+                    for _ in range(rounds[name]):
                         for s in sets:
                             self.process_minibatch(name, s)
                 with self.parallel.one_agreement(self.reducing_call(), self._accs, self.next_calls()):
@@ -483,6 +502,8 @@ class Trainer:
                 if self.step_count == before:
                     explain(exc, kept_note(self._accs))  # in str(exc) of mtlab's errors: the status lines show it
                 raise
+            finally:
+                self._cycle_k = None
             return {n: self._accs[n] for n in active}
 
     def finish(self) -> list[str]:

@@ -469,6 +469,22 @@ class BatchStream:
             except RuntimeError:
                 continue
 
+    def set_batch_size(self, batch_size: int) -> None:
+        """Batches of ``batch_size`` from the next draw on: the epoch is re-cut and the stream continues at the same
+        share of it (as a restore on another world size does)."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if batch_size == self.batch_size:
+            return
+        old = len(self.epoch_batches())
+        self.batch_size = batch_size
+        if self.parts is not None:
+            self._own, self._epoch_size = own_examples(self.parts, batch_size, self.numbuckets, self.rank,
+                                                       self.world_size)
+        self._batches = None
+        self._close_loader()
+        self.position = self.position * len(self.epoch_batches()) // max(old, 1)
+
     def seek(self, epoch: int, position: int) -> None:
         """Go to batch ``position`` of ``epoch`` (what ``state_dict`` saves)."""
         if epoch != self.epoch:
@@ -510,6 +526,9 @@ class Streams(dict):
     def get_stream(self, task: Any, linkedset: str) -> "BatchStream":
         """The stream of ``task.linkedsets[linkedset]`` (``task`` is a ``mtlab.Task``)."""
         key = (task.name, linkedset)
+        stream = self.get(key)
+        if stream is not None and stream.batch_size != task.batch_size:  # Trainer.set_batch_size: from this draw
+            stream.set_batch_size(task.batch_size)
         if key not in self:
             ls = task.linkedsets[linkedset]
             if ls.examples is None:
@@ -541,14 +560,15 @@ class Streams(dict):
             tname, sname = key.split("/", 1)
             if tname not in tasks or sname not in tasks[tname].linkedsets:
                 continue
-            if (tname, sname) in self:
-                ours = self[(tname, sname)].state_dict()
+            if (tname, sname) in self:  # it adopts its task's batch size (Trainer.set_batch_size) when next used
+                ours = {**self[(tname, sname)].state_dict(), "batch_size": tasks[tname].batch_size}
             else:
                 task, examples = tasks[tname], tasks[tname].linkedsets[sname].examples
                 if examples is None:
                     continue  # load_state_dict's get_stream says what is missing
                 ours = {"batch_size": task.batch_size, "numbuckets": task.numbuckets, "size": len(examples)}
-            check_stream_state(sst, ours, f"task {tname!r}, linked set {sname!r}: ")
+            check_stream_state(sst, ours, f"task {tname!r}, linked set {sname!r}: ",
+                               f"; trainer.set_batch_size({tname!r}, {sst.get('batch_size')}) first makes them agree")
 
     def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
         """Restore positions of the streams whose task and linked set ``tasks`` still has."""
@@ -559,12 +579,15 @@ class Streams(dict):
                 self.get_stream(tasks[tname], sname).load_state_dict(sst)
 
 
-def check_stream_state(state: Mapping[str, Any], ours: Mapping[str, Any], where: str = "") -> None:
-    """Refuse a saved stream position taken with other settings than ``ours`` (batch size, buckets, list size)."""
+def check_stream_state(state: Mapping[str, Any], ours: Mapping[str, Any], where: str = "",
+                       batch_fix: str = "") -> None:
+    """Refuse a saved stream position taken with other settings than ``ours`` (batch size, buckets, list size);
+    ``batch_fix`` ends the message of a batch size that differs (how to make them agree)."""
     for key in ("batch_size", "numbuckets", "size"):
         if key in state and state[key] != ours[key]:
             raise ConfigError(f"{where}stream state has {key}={state[key]} but this stream has {ours[key]}; "
-                              "restore it into a stream built with the same data and settings")
+                              "restore it into a stream built with the same data and settings"
+                              + (batch_fix if key == "batch_size" else ""))
 
 
 def derived_seed(seed: int, *names: str) -> int:

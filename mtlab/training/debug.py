@@ -41,9 +41,10 @@ def _active_sets(trainer: Trainer, task: str) -> list[str]:
 def next_call(trainer: Trainer) -> str:
     """The call the cycle expects next, with the reason, e.g. ``"normalize(): ..."`` (follows the chain)."""
     calls = trainer.next_calls()
-    k = trainer.numbatches_to_aggregate
+    rounds = trainer.minibatches_per_step
     for name, call in calls.items():
         if call == "normalize" or (call != "process_minibatch" and trainer.state(name).position == 0):
+            k = rounds[name]
             sets = _active_sets(trainer, name)
             done = trainer.state(name).minibatches
             if sets and done < k * len(sets):
@@ -66,13 +67,15 @@ def next_call(trainer: Trainer) -> str:
 def explain(trainer: Trainer) -> str:
     """The cycle ``trainer.step()`` runs, each task's current phase, and what the next call will do."""
     k = trainer.numbatches_to_aggregate
+    rounds = trainer.minibatches_per_step
     lines = ["mtlab cycle, one trainer.step():", "  1. reset()              discard the last step's accumulators (refused while minibatches "
                                                  "processed by hand wait for apply)"]
     lines.append(f"  2. {k} round(s) of process_minibatch(task, linked set) for every linked set of weight > 0:")
     for name, t in trainer.tasks.items():
         sets = _active_sets(trainer, name)
         desc = ", ".join(f"{s} (w={ls.weight:g})" for s, ls in t.linkedsets.items())
-        total = f"{k * len(sets)} minibatches" if sets else "left out (weight 0)"
+        own = f" ({rounds[name]} rounds: its own)" if rounds[name] != k else ""
+        total = f"{rounds[name] * len(sets)} minibatches{own}" if sets else "left out (weight 0)"
         lines.append(f"       {name} (task weight {t.weight:g}): {desc} -> {total}")
     lines.append("     each adds w·loss_sum and w·norm to the task's accumulators and backprops w·loss_sum")
     if trainer.normalize_gradients:

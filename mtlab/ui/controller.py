@@ -179,6 +179,32 @@ class Controller(RunControl):
             self.data.event(self.trainer.step_count, "clip off" if value is None else f"clip value -> {value:.3g}")
         return self._between_steps("clip setting", set_it)
 
+    def set_minibatches_per_step(self, k: int, task: str | None = None) -> bool:
+        """Minibatch rounds per step (K) of ``task`` (None: every task), from the next step on (also during a
+        run: the step in progress keeps its own). The event log shows it (a trainer event)."""
+        def set_it() -> str:
+            self.trainer.set_minibatches_per_step(k, task)
+            note = " (the step in progress keeps its own)" if self.running else ""
+            return f"minibatches per step of {'every task' if task is None else task} -> {k}, from the next step{note}"
+        return self._command("minibatches per step", set_it)
+
+    def set_batch_size(self, task: str, batch_size: int) -> bool:
+        """Examples per minibatch of ``task``, from the next minibatch drawn on (also during a run)."""
+        def set_it() -> str:
+            self.trainer.set_batch_size(task, batch_size)
+            return f"batch size of {task} -> {batch_size}, from the next minibatch"
+        return self._command("batch size", set_it)
+
+    def reinitialize(self) -> bool:
+        """``Trainer.reinitialize()``: the initial weights and a fresh optimizer, step 0; the old curves stay grey
+        on the plot. During a run at the end of the current step (the run goes on from step 0)."""
+        def back() -> str:
+            before = self.trainer.step_count
+            self.trainer.reinitialize()
+            return (f"re-initialised: step {before} -> 0, the initial weights and a fresh optimizer; knobs kept, "
+                    "the abandoned branch stays grey on the plot")
+        return self._between_steps("re-initialise", back)
+
     def set_combine(self, method: str) -> bool:
         def set_it() -> None:
             self.trainer.set_combine(method)
@@ -233,7 +259,17 @@ class Controller(RunControl):
         snap = self.snapshots[i]
 
         def back() -> str:
-            self.trainer.load_state_dict(snap)
+            tr = self.trainer
+            sizes = {n: t.batch_size for n, t in tr.tasks.items()}
+            for name, saved in snap["tasks"].items():  # the batch sizes of the snapshot first: its data positions
+                if "batch_size" in saved and name in tr.tasks:  # are counted in them
+                    tr.set_batch_size(name, int(saved["batch_size"]))
+            try:
+                tr.load_state_dict(snap)
+            except BaseException:
+                for name, size in sizes.items():
+                    tr.set_batch_size(name, size)
+                raise
             return f"restored snapshot #{i + 1} (step {snap['step']}); the abandoned branch stays grey on the plot"
         return self._between_steps("restore", back)
 
@@ -279,10 +315,19 @@ class Controller(RunControl):
             self._dirty = True
             if not self._in_command and threading.current_thread() is threading.main_thread():  # from code
                 self._changed()
-        elif event == "restore":
+        elif event in ("minibatches_per_step", "batch_size"):
+            task = info.get("task")
+            what = (f"batch size of {task} -> {info['batch_size']}" if event == "batch_size" else
+                    f"minibatches per step of {'every task' if task is None else task} -> {info['k']}")
+            data.event(self.trainer.step_count, what)
+            self._dirty = True
+            if not self._in_command and threading.current_thread() is threading.main_thread():  # from code
+                self._changed()
+        elif event in ("restore", "reinitialize"):
             step = int(info.get("step", self.trainer.step_count))
             data.restored(step)
-            data.event(step, f"restored step {step}")
+            data.event(step, f"re-initialised (from step {info['from_step']})" if event == "reinitialize"
+                       else f"restored step {step}")
             self._dirty = True
             if not self._in_command and threading.current_thread() is threading.main_thread():  # from code
                 self._changed()

@@ -45,6 +45,10 @@ TOOLTIPS = {
     "export_svg": "Write the current figure as SVG into the export folder and offer a download link.",
     "export_csv": "Write trainer.history as CSV into the export folder and offer a download link.",
     "clear_error": "Clear the error details below.",
+    "reinitialize": "Re-initialise: trainer.reinitialize(): back to the initial weights, a fresh optimizer state, the data "
+                    "and RNG of a freshly built trainer, step 0; the knobs stay as set and the old curves stay grey on the "
+                    "plot (an abandoned branch). Unlike reset, which only discards the accumulation in progress. During a "
+                    "run it happens at the end of the current step.",
 }
 
 

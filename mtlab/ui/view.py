@@ -13,8 +13,10 @@ A dashboard built while the trainer's run goes adopts the run; a newer dashboard
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import threading
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,17 @@ import ipywidgets as widgets
 
 from ..core.trainer import Trainer
 from .controller import Controller
-from .controls import PLOT_WIDTH, Controls
+from .controls import PLOT_WIDTH, Controls, check_hide
 from .painter import Painter
-from .plots import LIVE_POINTS, LivePlot, figure_png, figure_svg, panel_of, plot_history
+from .plots import (
+    DPI,
+    LIVE_POINTS,
+    LivePlot,
+    figure_png,
+    figure_svg,
+    panel_of,
+    plot_history,
+)
 from .state import DashState
 from .texts import (
     counter_html,
@@ -35,6 +45,38 @@ from .texts import (
     status_html,
     validation_html,
 )
+
+PRESENT_SCALE = 1.25  # presentation mode: the plot's pixels per point (text and lines 25 % larger, same layout)
+STALE_S = 30  # s without a new state after which a "running" claim on screen gives way to a warning
+
+
+def page_css() -> str:
+    """The dashboard's style sheet: presentation mode's sizes and the expiry of live claims (``live_only``)."""
+    return f"""<style>
+.mtlab-present {{--jp-widgets-font-size: 17px; --jp-widgets-inline-height: 34px; --jp-widgets-inline-label-width: 90px}}
+.mtlab-present .widget-html-content, .mtlab-present .widget-html-content *, .mtlab-present .lm-TabBar-tabLabel,
+.mtlab-present .widget-label, .mtlab-present button, .mtlab-present input, .mtlab-present select
+  {{font-size: 17px !important; line-height: 1.35}}
+.mtlab-present .widget-inline-hbox .widget-label {{width: auto !important; min-width: fit-content; padding-right: 6px}}
+.mtlab-present .widget-toggle-button {{width: auto !important}}
+@media (max-width: 1100px) {{  /* zoomed in (150 % of 1280 px is 853 px): table cells wrap instead of being cut */
+  .mtlab-dashboard .mtlab-state td, .mtlab-dashboard .mtlab-state th
+    {{white-space: normal !important; line-height: 1.25 !important; padding: 2px 6px !important}}
+}}
+@keyframes mtlab-expire {{to {{visibility: hidden; font-size: 0}}}}
+@keyframes mtlab-appear {{to {{visibility: visible; font-size: 1em}}}}
+.mtlab-live {{animation: mtlab-expire 1ms linear {STALE_S}s forwards}}
+.mtlab-stale {{visibility: hidden; font-size: 0; color: #b35900; animation: mtlab-appear 1ms linear {STALE_S}s forwards}}
+</style>"""
+
+
+def live_only(text: str, beat: int) -> str:
+    """``text`` (HTML) while this kernel keeps sending new states; after ``STALE_S`` s without one (a long step, a
+    restarted or dead kernel, a notebook reopened with its saved widget state) a warning instead. Pure CSS: every
+    render replaces the elements, which restarts the animation that hides the claim."""
+    return (f"<span class='mtlab-live'>{text}</span><span class='mtlab-stale'> &middot; no news from the kernel for "
+            f"{STALE_S} s: a long step, or the kernel was restarted (this view is no longer live)</span>"
+            f"<!-- {beat} -->")
 
 
 class Dashboard(widgets.VBox):
@@ -46,15 +88,31 @@ class Dashboard(widgets.VBox):
     ``task_dropdown``, ``set_dropdown``, ``steps_box``, ``snapshot_dropdown``, ``status``, ``counter``,
     ``progress``, ``progress_label``, ``table``, ``validation_table``, ``event_log``, ``image``,
     ``plot_label``, ``scale_toggle``, ``smoothing_slider``, ``zoom``, ``read_step``, ``readout``,
-    ``error_box``, ``export_links``.
+    ``error_box``, ``export_links``, ``k_boxes`` and ``batch_boxes`` (per task: minibatches per step and batch
+    size, in the "batches" tab). Number boxes (``steps_box``, ``read_step``, ``k_boxes``, ``batch_boxes``) parse
+    what is typed on Enter: a refusal says why in the status line and the box shows the value in force again.
+
+    ``presentation=True`` (or ``dash.presentation = True`` later): larger text, the plot first and the controls
+    under it, for a projector (readable at 150 % zoom on 1280x800). ``hide=[...]`` leaves control groups out
+    (``mtlab.ui.controls.GROUPS``: run, weights, accumulation, stepwise, snapshots, plot_options, table, log,
+    progress), e.g. for a guided exercise; an unknown name is an error that lists them.
+
+    While a run goes, "running" on screen expires after ``STALE_S`` s without a new state from the kernel (a
+    restarted kernel, a notebook reopened with its saved widget state) and a warning takes its place.
     """
 
     def __init__(self, trainer: Trainer, schedule: Any = None, refresh_s: float = 0.25, draw_interval: float = 0.7,
                  max_draw_share: float = 0.1, max_points: int = LIVE_POINTS, plots: bool = True,
-                 keep_snapshots: int = 5, painter: str = "thread", export_dir: str | Path = "mtlab_export") -> None:
+                 keep_snapshots: int = 5, painter: str = "thread", export_dir: str | Path = "mtlab_export",
+                 presentation: bool = False, hide: Sequence[str] = ()) -> None:
+        hide = check_hide(hide)
         controls = Controls(trainer)  # first: a bad argument below leaves nothing attached to the trainer
-        live = LivePlot(list(trainer.tasks), max_points=max_points, width_px=PLOT_WIDTH) if plots else None
+        scale = PRESENT_SCALE if presentation else 1.0  # the plot's text and lines, larger in presentation mode
+        live = LivePlot(list(trainer.tasks), max_points=max_points, width_px=round(PLOT_WIDTH * scale),
+                        dpi=round(DPI * scale)) if plots else None
         self.controls = controls
+        self.hide, self._presentation, self._plots = hide, bool(presentation), plots
+        self._beat = 0  # counts renders: a live claim ("running") re-sent each time restarts its expiry
         self.export_dir = Path(export_dir)
         self.state: DashState | None = None
         self._syncing = 0  # the thread putting the trainer's values into the controls (0: none)
@@ -65,10 +123,34 @@ class Dashboard(widgets.VBox):
         self.controller = Controller(trainer, schedule, keep_snapshots=keep_snapshots, refresh_s=refresh_s)
         self.painter = (Painter(live, self.controller.data, self._show_png, draw_interval, max_draw_share, painter,
                                 on_error=lambda m: self.controller.say(m, error=True)) if live is not None else None)
-        super().__init__(controls.layout(plots))
+        super().__init__(self._parts())
+        self.add_class("mtlab-dashboard")
         self._wire()
         self.controller.subscribe(self.render)
         self.controller.refresh()
+
+    def _parts(self) -> list[widgets.Widget]:
+        parts = self.controls.layout(self._plots, self.hide, self._presentation)
+        image = self.controls.image
+        if self._presentation:
+            self.add_class("mtlab-present")
+            image.layout.width, image.layout.max_width = "100%", f"{round(PLOT_WIDTH * PRESENT_SCALE)}px"
+        else:
+            self.remove_class("mtlab-present")
+            image.layout.width, image.layout.max_width = f"{PLOT_WIDTH}px", None
+        return [widgets.HTML(page_css()), *parts]
+
+    @property
+    def presentation(self) -> bool:
+        """Presentation mode: larger text, the plot first, the controls below it (``hide`` still applies)."""
+        return self._presentation
+
+    @presentation.setter
+    def presentation(self, on: bool) -> None:
+        self._presentation = bool(on)
+        self.children = self._parts()
+        if self.state is not None:
+            self.render(self.state)
 
     def __getattr__(self, name: str) -> Any:  # the widgets: dash.sliders, dash.buttons, dash.status, ...
         controls = self.__dict__.get("controls")
@@ -90,9 +172,18 @@ class Dashboard(widgets.VBox):
             part.observe(lambda ch: self._user(c.set_clip, w.clip_slider.value if w.clip_toggle.value else None),
                          "value")
         w.combine_dropdown.observe(lambda ch: self._user(c.set_combine, ch["new"]), "value")
+        for name, box in w.k_boxes.items():
+            box.observe(lambda ch, t=name: self._user(c.set_minibatches_per_step, ch["new"], t), "number")
+        for name, box in w.batch_boxes.items():
+            box.observe(lambda ch, t=name: self._user(c.set_batch_size, t, ch["new"]), "number")
+        for box in (w.steps_box, w.read_step, *w.k_boxes.values(), *w.batch_boxes.values()):
+            box.on_refused = lambda message: c.say(message, error=True)
+        w.steps_box.observe(lambda ch: self._user(c.say, f"steps -> {ch['new']}: run trains this many more steps"
+                                                  if ch["new"] else "steps -> 0: run goes to the schedule's end, or "
+                                                  "until stopped"), "number")
         w.task_dropdown.observe(self._on_task_choice, "value")
         actions = {"minibatch": lambda: c.minibatch(w.task_dropdown.value, w.set_dropdown.value),
-                   "step": lambda: c.call("step"), "run": lambda: c.start(w.steps_box.value),
+                   "step": lambda: c.call("step"), "run": lambda: c.start(w.steps_box.number), "reinitialize": c.reinitialize,
                    "pause": c.toggle_pause, "stop": self._click_stop, "snapshot": c.take_snapshot,
                    "restore": lambda: c.restore(w.snapshot_dropdown.value), "clear_error": c.clear_error,
                    "export_png": lambda: self._export("png"), "export_svg": lambda: self._export("svg"),
@@ -104,7 +195,7 @@ class Dashboard(widgets.VBox):
         for part in (w.scale_toggle, w.smoothing_slider):
             part.observe(self._on_plot_option, "value")
         w.zoom.observe(self._on_zoom, "value")
-        w.read_step.observe(lambda ch: self._on_plot_option(ch), "value")
+        w.read_step.observe(lambda ch: self._on_plot_option(ch), "number")
 
     def _user(self, fn: Any, *args: Any) -> None:
         if self._syncing != threading.get_ident():  # a value put there by render() (this thread) is no user's
@@ -137,8 +228,15 @@ class Dashboard(widgets.VBox):
         self.state = state
         if self._final and self.painter is not None:  # no more drawing
             self.painter.close()
-        w.counter.value = counter_html(state)
-        w.status.value = status_html(state)
+        self._beat += 1
+        if state.running:  # a claim that holds only while this kernel keeps sending: it expires on screen
+            still = dataclasses.replace(state, run=None)
+            w.counter.value = counter_html(still) + live_only(
+                f" &middot; {state.run.state} ({state.run.rate:.2f} steps/s)", self._beat)
+            w.status.value = live_only(status_html(state), self._beat)
+        else:
+            w.counter.value = counter_html(state)
+            w.status.value = status_html(state)
         w.table.value = state.table_html
         w.progress_label.value = progress_html(state)
         w.event_log.value = events_html(state.events)
@@ -147,7 +245,7 @@ class Dashboard(widgets.VBox):
         w.buttons["clear_error"].layout.display = "" if state.error else "none"
         run = state.run
         w.buttons["pause"].description = "resume" if run is not None and run.state in ("paused", "pausing") else "pause"
-        w.progress.layout.visibility = "visible" if run is not None and run.total else "hidden"
+        w.progress.layout.display = "" if run is not None and run.total else "none"
         if run is not None and run.total:
             w.progress.max, w.progress.value = max(run.total, 1), min(run.steps_done, run.total)
             w.progress.bar_style = ("danger" if run.failed else "success") if run.state == "ended" else ""
@@ -174,6 +272,13 @@ class Dashboard(widgets.VBox):
             w.clip_slider.disabled = clip is None
             if clip is not None and w.clip_slider.value != clip:
                 w.clip_slider.value = clip
+            rounds = tr.minibatches_per_step
+            for name, box in w.k_boxes.items():
+                if box.number != rounds[name]:
+                    box.show(rounds[name])
+            for name, box in w.batch_boxes.items():
+                if box.number != tr.tasks[name].batch_size:
+                    box.show(tr.tasks[name].batch_size)
             if state.combine in w.combine_dropdown.options:
                 w.combine_dropdown.value = state.combine
             options = [(label, i) for i, label in enumerate(state.snapshots)]
@@ -211,7 +316,7 @@ class Dashboard(widgets.VBox):
         self.controls.plot_label.value = f"<span class='mtlab-asof' style='font-size:12px'>plot as of step {step}</span>"
 
     def _update_readout(self) -> None:
-        step = self.controls.read_step.value or self.controller.data.step  # 0: the latest step
+        step = self.controls.read_step.number or self.controller.data.step  # 0: the latest step
         values = self.controller.data.values_at(step)
         rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{s}</td><td>{v:.4g}</td></tr>"
                        for k, (s, v) in sorted(values.items(), key=lambda kv: (panel_of(kv[0]) or ("",))[0]))
@@ -224,7 +329,7 @@ class Dashboard(widgets.VBox):
         if live is not None:
             live.set_scale(self.controls.scale_toggle.value)
             live.smoothing = float(self.controls.smoothing_slider.value)
-            live.set_marker(self.controls.read_step.value if self.controls.read_step.value else None)
+            live.set_marker(self.controls.read_step.number if self.controls.read_step.number else None)
         if self.state is not None:
             self._plot_if_changed(self.state, force=True)
 
@@ -347,7 +452,8 @@ def dashboard(trainer: Any, schedule: Any = None, **kwargs: Any) -> Dashboard:
     Examples:
         >>> d = mtlab.ui.dashboard(trainer)  # doctest: +SKIP
         >>> d            # sliders, stepwise buttons, run/pause/stop, state table, live plots  # doctest: +SKIP
-        >>> d.start(100); d.wait()  # doctest: +SKIP
+        >>> d.start(100)  # in the background: the knobs act during the run; d.wait() blocks  # doctest: +SKIP
+        >>> mtlab.ui.dashboard(trainer, presentation=True, hide=["stepwise", "snapshots"])  # doctest: +SKIP
     """
     if not isinstance(trainer, Trainer) and isinstance(getattr(trainer, "trainer", None), Trainer):
         schedule = schedule if schedule is not None else getattr(trainer, "schedule", None)

@@ -146,7 +146,7 @@ def test_quickstart_dashboard_step_in_jupyterlab(lab: str, tmp_path: Path) -> No
         open_and_run_all(page, lab, NOTEBOOK.name)
 
         output = page.locator(".jp-OutputArea")
-        tab = output.locator(".lm-TabBar-tab", has_text="step by step").first  # the stepwise calls' tab
+        tab = output.locator(".lm-TabBar-tab", has_text="stepwise").first  # the stepwise calls' tab
         tab.wait_for(timeout=120_000)
         tab.click()
         step = output.get_by_role("button", name="step", exact=True)

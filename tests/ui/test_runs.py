@@ -328,7 +328,7 @@ def test_run_continues_a_finished_schedule_with_its_rules():
     d.wait(30)
     assert tr.step_count == 4 and d.run.reason == "done"
     planned = [schedule.lr_at(s) for s in range(4)]
-    d.steps_box.value = 3
+    d.steps_box.value = "3"
     d.buttons["run"].click()  # the schedule is spent: the run button continues it, no code needed
     d.wait(30)
     assert tr.step_count == 7 and d.run.reason == "done" and d.error is None
