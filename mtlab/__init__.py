@@ -44,11 +44,13 @@ from .tasks.graph import ModelGraph, Node
 from .tasks.task import LinkedSet, Task
 from .core.trainer import Trainer
 from .core.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
+from .core.noise import NoiseScale
 
 __version__ = "0.3.0"
 
 _LAZY = {"from_recipe": ("apps.recipe", "from_recipe"), "run": ("training.loop", "run"),
-         "Schedule": ("training.schedule", "Schedule"), "Experiment": ("apps.recipe", "Experiment")}
+         "Schedule": ("training.schedule", "Schedule"), "Experiment": ("apps.recipe", "Experiment"),
+         "replay": ("training.replay", "replay")}
 # Packages and modules reachable as attributes of ``mtlab`` (imported on first use) and importable as
 # ``mtlab.<name>`` (``import mtlab.debug``, ``from mtlab.recipe import from_recipe``: see ``_Aliases``). The short
 # names are the ones a notebook writes (``mtlab.debug.explain(trainer)``, ``mtlab.distributed.attach(trainer)``).
@@ -97,7 +99,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Accumulator", "BatchError", "Chain", "ClipByGlobalNorm", "ClipByValue", "ConfigError", "Experiment", "GraphError",
-    "LinkedSet", "MinibatchRecord", "ModelGraph", "MtlabError", "Node", "Normalize", "NonFiniteError", "Phase",
+    "LinkedSet", "MinibatchRecord", "ModelGraph", "MtlabError", "Node", "NoiseScale", "Normalize", "NonFiniteError",
+    "Phase",
     "PhaseError", "Schedule", "Task", "Trainer", "ZeroNormError", "collate", "from_recipe", "losses",
-    "models", "run",
+    "models", "replay", "run",
 ]

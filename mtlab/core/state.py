@@ -257,6 +257,7 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
         "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
         "chain": tr.chain.state_dict(), "history": tr.log.state_dict(),
         "precision": tr.precision.state_dict(),
+        **({"noise_scale": tr.noise_scale.state_dict()} if tr.noise_scale is not None else {}),
         "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,
                      "numbatches_to_aggregate": tr.numbatches_to_aggregate, "seed": tr.seed,
                      "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps,
@@ -339,5 +340,7 @@ def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, sou
     tr.clip_grad_value, tr.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")
     tr.clip_grad_percentile = state.get("clip_grad_percentile")
     tr.chain.load_state_dict(state.get("chain", []))
+    if tr.noise_scale is not None and "noise_scale" in state:
+        tr.noise_scale.load_state_dict(state["noise_scale"], tr.device)
     if history:
         tr.log.load_state_dict(state["history"])

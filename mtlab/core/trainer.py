@@ -30,6 +30,7 @@ from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
 from .knobs import AccumulationKnobs
+from .noise import NoiseScale
 from .precision import Precision, compile_models
 from ..base.report import trainer_html
 from ..tasks.sampling import BatchStream, Streams
@@ -89,7 +90,8 @@ class Trainer(AccumulationKnobs):
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
                  clip_grad_norm: float | None = None, optimizer: str | OptimizerFactory | None = None,
                  combine: Any = None, clip_grad_percentile: float | None = None, precision: Any = "32",
-                 compile: bool = False, linkedset_weights: str = "absolute") -> None:
+                 compile: bool = False, linkedset_weights: str = "absolute",
+                 noise_scale: bool | NoiseScale = False) -> None:
         apply_threads()  # torch's CPU threads from the free CPUs, unless the program set them (mtlab.base.threads)
         check_models(models)
         tasks = check_tasks(tasks)
@@ -145,6 +147,12 @@ class Trainer(AccumulationKnobs):
         self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda", device=self.device)
         self._training_mode: bool | None = None
         self._initial = checkpoint.initial_state(self)  # what reinitialize() goes back to (on the CPU)
+        self.noise_scale: NoiseScale | None = None
+        if noise_scale:
+            if self.precision.scaling:
+                raise ConfigError("noise_scale is not measured under precision='16-mixed' (scaled gradients); "
+                                  "use '32' or 'bf16-mixed', or noise_scale=False")
+            self.noise_scale = noise_scale if isinstance(noise_scale, NoiseScale) else NoiseScale()
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -309,6 +317,8 @@ class Trainer(AccumulationKnobs):
             for name in [task] if task is not None else list(self.tasks):
                 self.task(name)
                 self._accs[name].reset()
+            if self.noise_scale is not None:
+                self.noise_scale.discard(task)
             self.events.emit("reset", {"task": task})
 
     def _set_mode(self, training: bool) -> None:
@@ -351,16 +361,23 @@ class Trainer(AccumulationKnobs):
                     with self.precision.autocast():
                         result = self.plans[task].loss(batch, require_grad=True)
                     acc.begin()
+                    noise = self.noise_scale
+                    if noise is not None:
+                        noise.before_backward(acc)
                     try:
                         self.precision.scale(result.loss_sum if weight == 1.0 else result.loss_sum * weight).backward()
                     except BaseException as exc:
                         acc.reset()
+                        if noise is not None:
+                            noise.discard(task)
                         exc.add_note(f"mtlab: the backward of task {task!r} did not finish; its accumulation "
                                      "was discarded (phase empty) and the data position restored")
                         raise
                     finally:
                         acc.end()
                 acc.record(linkedset, result.num_examples, weight, result.loss_sum, result.normalizer)
+                if noise is not None:
+                    noise.after_record(acc)
             except BaseException:
                 if stream_state is not None:
                     self.streams[(task, linkedset)].seek(*stream_state)
@@ -463,8 +480,12 @@ class Trainer(AccumulationKnobs):
                 for acc in accs:
                     acc.mark_applied()
                 self.step_count += 1
+                noise_cols: dict[str, Any] = {}
+                if self.noise_scale is not None:
+                    for name, acc in zip(names, accs):
+                        noise_cols.update(self.noise_scale.after_apply(acc, self.normalize_gradients, found_inf))
                 row = step_row(self.step_count, self.lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
-                               {**self.update.stats, **self.precision.update(found_inf)},
+                               {**self.update.stats, **self.precision.update(found_inf), **noise_cols},
                                self._cycle_k or self.minibatches_per_step)
                 self.log.append(row)
             finally:
