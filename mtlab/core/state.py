@@ -255,7 +255,7 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
         "update": tr.update.state_dict(), "tasks": tasks, "streams": tr.streams.state_dict(),
         "rng": rng_state(tr.device), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
         "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
-        "chain": tr.chain.state_dict(), "history": tr.log.state_dict(),
+        "chain": tr.chain.state_dict(), "history": tr.log.state_dict(), "journal": tr.journal.state_dict(),
         "precision": tr.precision.state_dict(),
         **({"noise_scale": tr.noise_scale.state_dict()} if tr.noise_scale is not None else {}),
         "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,

@@ -13,6 +13,7 @@ UI: those are built on top of it.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
 from .knobs import AccumulationKnobs
+from .journal import Journal, graph_of
 from .noise import NoiseScale
 from .precision import Precision, compile_models
 from ..base.report import trainer_html
@@ -92,6 +94,8 @@ class Trainer(AccumulationKnobs):
                  combine: Any = None, clip_grad_percentile: float | None = None, precision: Any = "32",
                  compile: bool = False, linkedset_weights: str = "absolute",
                  noise_scale: bool | NoiseScale = False) -> None:
+        self._build = {k: v for k, v in locals().items() if k not in ("self", "models", "tasks", "__class__")}
+        self.name = "main"  # a branch made by fork() carries its own
         apply_threads()  # torch's CPU threads from the free CPUs, unless the program set them (mtlab.base.threads)
         check_models(models)
         tasks = check_tasks(tasks)
@@ -101,6 +105,8 @@ class Trainer(AccumulationKnobs):
         if distributed is True:
             raise ConfigError("for data parallel training build the trainer, then call mtlab.distributed.attach(trainer) "
                               "(recipes and `mtlab train` under torchrun do it for you)")
+        self.journal = Journal()  # every knob change and training call, in order (see mtlab.core.journal)
+        self._journaling = False  # until the trainer is built: its first settings are not changes
         self.device = resolve_device(device)
         self.precision = Precision.build(precision, self.device)  # autocast and, for "16-mixed", the GradScaler
         self.models: dict[str, nn.Module] = {k: m.to(self.device) for k, m in models.items()}
@@ -118,6 +124,7 @@ class Trainer(AccumulationKnobs):
         self._cycle_k: dict[str, int] | None = None  # the rounds of the step() in progress (for its history row)
         self.normalize_gradients = bool(normalize_gradients)
         self._clip: tuple[float | None, float | None, float | None] = (None, None, None)
+        self._clip_normalize = self.normalize_gradients
         self.chain = Chain()
         self._set_clip(clip_grad_value, clip_grad_norm, clip_grad_percentile)
         self.lr = lr
@@ -153,6 +160,8 @@ class Trainer(AccumulationKnobs):
                 raise ConfigError("noise_scale is not measured under precision='16-mixed' (scaled gradients); "
                                   "use '32' or 'bf16-mixed', or noise_scale=False")
             self.noise_scale = noise_scale if isinstance(noise_scale, NoiseScale) else NoiseScale()
+        self.journal.header["graph"] = graph_of(self)
+        self._journaling = True
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -172,7 +181,17 @@ class Trainer(AccumulationKnobs):
 
     @lr.setter
     def lr(self, value: float) -> None:
-        self._lr = check_positive(value, "lr")
+        value = check_positive(value, "lr")
+        with self.journal.lock:
+            changed = getattr(self, "_lr", None) != value
+            self._lr = value
+            if changed:
+                self._record_change("lr", value=value)
+
+    def _record_change(self, kind: str, **payload: Any) -> None:
+        """The one hook every setter calls after a change: an entry in ``trainer.journal``."""
+        if self._journaling:
+            self.journal.change(kind, self.step_count, **payload)
 
     @property
     def clip_grad_value(self) -> float | None:
@@ -205,8 +224,14 @@ class Trainer(AccumulationKnobs):
     def _set_clip(self, value: float | None, norm: float | None, percentile: float | None = None) -> None:
         chain = Chain.from_settings(self.normalize_gradients, value, norm, percentile)  # checks each
         chain.load_state_dict(self.chain.state_dict())  # a norm history survives a change of the clip value
-        self.chain = chain
-        self._clip = tuple(None if v is None else float(v) for v in (value, norm, percentile))  # type: ignore[assignment]
+        clip = tuple(None if v is None else float(v) for v in (value, norm, percentile))
+        with self.journal.lock:
+            changed = (clip, self.normalize_gradients) != (self._clip, self._clip_normalize)
+            self.chain = chain
+            self._clip, self._clip_normalize = clip, self.normalize_gradients  # type: ignore[assignment]
+            if changed:
+                self._record_change("clip", normalize=self.normalize_gradients, value=clip[0], norm=clip[1],
+                                    percentile=clip[2])
 
     def set_weight(self, task: str, linkedset: str, weight: float) -> None:
         """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""
@@ -214,20 +239,31 @@ class Trainer(AccumulationKnobs):
         weight = check_weight(weight, f"weight of linked set {linkedset!r} of task {task!r}")
         if self.linkedset_weights == "relative":
             check_relative_weights(self.tasks[task], {linkedset: weight})
-        ls.weight = weight
+        with self.journal.lock:
+            changed, ls.weight = ls.weight != weight, weight
+            if changed:
+                self._record_change("weight", task=task, linkedset=linkedset, value=weight)
         self.events.emit("weight", {"task": task, "linkedset": linkedset, "weight": ls.weight})
 
     def set_task_weight(self, task: str, weight: float) -> None:
         """Weight of a task in the combined update (0 leaves the task out of step() and apply())."""
         t = self.task(task)
-        t.weight = check_weight(weight, f"weight of task {task!r}")
+        weight = check_weight(weight, f"weight of task {task!r}")
+        with self.journal.lock:
+            changed, t.weight = t.weight != weight, weight
+            if changed:
+                self._record_change("task_weight", task=task, value=weight)
         self.events.emit("task_weight", {"task": task, "weight": t.weight})
 
     def set_combine(self, method: Any) -> None:
         """How tasks' processed gradients become one direction, from the next apply() on: ``"sum"`` (the
         default), a ``mtlab.combine`` aggregator, a ``mtlab.weighting`` loss weighting, or both (``"dwa+upgrad"``)."""
-        with self.lock:
+        with self.lock, self.journal.lock:
             self.update.set_method(method)
+            stored = self.update.method
+            plain = stored is None or isinstance(stored, (str, Mapping))
+            self._record_change("combine", method=dict(stored) if isinstance(stored, Mapping) else stored,
+                                **({} if plain else {"replayable": False}))
             self.events.emit("combine", {"method": self.update.method})
 
     def weights(self) -> dict[str, float]:
@@ -313,10 +349,12 @@ class Trainer(AccumulationKnobs):
     # ------------------------------------------------------------------ the stepwise API
     def reset(self, task: str | None = None) -> None:
         """Discard what ``task`` (default: every task) accumulated; its phase becomes ``empty``."""
-        with self.lock:
+        with self.lock, self.journal.call(self, "reset", task=task):
             for name in [task] if task is not None else list(self.tasks):
                 self.task(name)
                 self._accs[name].reset()
+            if task is None:
+                self.journal.applied()
             if self.noise_scale is not None:
                 self.noise_scale.discard(task)
             self.events.emit("reset", {"task": task})
@@ -340,7 +378,8 @@ class Trainer(AccumulationKnobs):
         backward changes nothing; one during the backward discards the task's accumulation (it cannot be
         half-kept) and says so.
         """
-        with self.lock:
+        with self.lock, self.journal.call(self, "minibatch", task=task, linkedset=linkedset,
+                                          **({} if batch is None else {"batch": "explicit"})):
             t = self.tasks.get(task)
             ls = t.linkedsets.get(linkedset) if t is not None else None
             if ls is None:
@@ -349,7 +388,9 @@ class Trainer(AccumulationKnobs):
             if acc.position > 0 and acc.phase is not Phase.APPLIED:
                 raise PhaseError(f"task {task!r} is {acc.phase}; call apply() to finish this step "
                                  f"(or reset({task!r}) to discard it) before processing more minibatches")
-            weight = applied_weight(t, linkedset, self.linkedset_weights)  # read once: a slider may move it
+            with self.journal.lock:
+                self.journal.read("minibatch")
+                weight = applied_weight(t, linkedset, self.linkedset_weights)  # read once: a slider may move it
             stream_state = None
             if batch is None:
                 stream = self.streams.get_stream(t, linkedset)
@@ -410,7 +451,9 @@ class Trainer(AccumulationKnobs):
         self.parallel.agree(call, task, self._accs, self.next_calls(), reduces=call == self.reducing_call())
 
     def _transform(self, call: str, task: str | None) -> None:
-        with self.lock:
+        with self.lock, self.journal.call(self, call, task=task):
+            with self.journal.lock:
+                self.journal.read(call)
             self._agree(call, task)
             names = self._targets(task, call)
             accs = {n: self._accs[n] for n in names}
@@ -446,7 +489,11 @@ class Trainer(AccumulationKnobs):
         normalize() or clip(), when every such task has weight 0, and, under ``nonfinite="raise"``, when a
         loss or gradient is not finite. The tasks' gradients are read, never changed.
         """
-        with self.lock:
+        with self.lock, self.journal.call(self, "apply"):
+            with self.journal.lock:
+                self.journal.read("apply")
+                weights_now = {n: t.weight for n, t in self.tasks.items()}  # read once: a slider may move them
+                lr = self.lr
             self._agree("apply", None)
             names = [n for n, a in self._accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)]
             if not names:
@@ -454,7 +501,7 @@ class Trainer(AccumulationKnobs):
             for name in names:
                 if self.chain.next_call(self._accs[name]) != "apply":
                     raise self.chain.phase_error(name, self._accs[name], "apply")
-            weights = {n: self.tasks[n].weight for n in names}  # read once: a slider may move them
+            weights = {n: weights_now[n] for n in names}
             if not any(w > 0 for w in weights.values()):
                 raise ConfigError(f"apply(): every task that accumulated ({names}) has weight 0, so there is nothing "
                                   "to apply; raise a task weight or reset()")
@@ -476,7 +523,7 @@ class Trainer(AccumulationKnobs):
             self.atomic = True
             try:
                 skip = self.nonfinite == "skip" or self.precision.scaling
-                self.update.step(self._accs, weights, self.lr, found_inf if skip else None)
+                self.update.step(self._accs, weights, lr, found_inf if skip else None)
                 for acc in accs:
                     acc.mark_applied()
                 self.step_count += 1
@@ -484,7 +531,8 @@ class Trainer(AccumulationKnobs):
                 if self.noise_scale is not None:
                     for name, acc in zip(names, accs):
                         noise_cols.update(self.noise_scale.after_apply(acc, self.normalize_gradients, found_inf))
-                row = step_row(self.step_count, self.lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
+                self.journal.applied()
+                row = step_row(self.step_count, lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
                                {**self.update.stats, **self.precision.update(found_inf), **noise_cols},
                                self._cycle_k or self.minibatches_per_step)
                 self.log.append(row)
@@ -504,14 +552,17 @@ class Trainer(AccumulationKnobs):
         Refused (nothing changed) while a task holds minibatches processed by hand. A refusal inside the cycle
         leaves the trainer where the same calls by hand would: the minibatches drawn so far stay accumulated
         for inspection (the error says so), parameters and optimizer untouched; ``reset()`` discards them."""
-        with self.lock:
-            active = self.active_tasks()
+        with self.lock, self.journal.call(self, "step"):
+            with self.journal.lock:
+                self.journal.read("step")
+                active = self.active_tasks()
+                rounds = self.minibatches_per_step  # read once: a knob may move them during the step
             if not active:
                 raise ConfigError("step(): every task (or every linked set) has weight 0; raise a weight first")
             refuse_hand_work(self._accs, self.chain)
             self.reset()
             before = self.step_count
-            self._cycle_k = rounds = self.minibatches_per_step  # read once: a knob may move them during the step
+            self._cycle_k = rounds
             try:
                 for name, sets in active.items():
                     for _ in range(rounds[name]):
@@ -533,7 +584,7 @@ class Trainer(AccumulationKnobs):
         For minibatches processed by hand as for ``step()``'s own; returns the calls it made. Refuses, changing
         nothing, when nothing is accumulated.
         """
-        with self.lock:
+        with self.lock, self.journal.call(self, "finish"):
             if all(a.phase in (Phase.EMPTY, Phase.APPLIED) for a in self._accs.values()):
                 raise PhaseError("finish(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
             made = []
@@ -586,7 +637,7 @@ class Trainer(AccumulationKnobs):
     def load_state_dict(self, state: Mapping[str, Any], history: bool = True) -> None:
         """Restore a ``state_dict()``: the trainer continues exactly where that state was taken."""
         with self.lock:
-            checkpoint.load_trainer_state(self, state, history)
+            self._restore(state, history=history)
             self.events.emit("restore", {"step": self.step_count})
 
     def save(self, path: Any, extra: Mapping[str, Any] | None = None) -> Any:
@@ -598,8 +649,67 @@ class Trainer(AccumulationKnobs):
         """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""
         state = checkpoint.load_safe(path)
         with self.lock:
-            checkpoint.load_trainer_state(self, state, source=f"checkpoint {path}")  # names the file if refused
+            self._restore(state, source=f"checkpoint {path}")  # names the file if refused
             self.events.emit("restore", {"step": self.step_count})
+
+    def _restore(self, state: Mapping[str, Any], history: bool = True, source: str = "the state") -> None:
+        """Load a state and journal it: a fresh trainer continues the state's journal (a resume); any other
+        records a restore naming where that state stood in its journal (a replay can take it again)."""
+        journal = self.journal
+        saved = state.get("journal") if isinstance(state, Mapping) else None
+        adopt = journal.pristine() and self.step_count == 0 and saved is not None
+        if not adopt:
+            journal.begin(self)
+        with journal.lock, journal.quiet():
+            checkpoint.load_trainer_state(self, state, history, source=source)
+            self._clip_normalize = self.normalize_gradients
+        if adopt:
+            journal.adopt(saved)
+            self._record_change("resume", to_step=self.step_count)
+            return
+        position = saved["position"] if saved is not None else None
+        self._record_change("restore", state=position, to_step=self.step_count, history=bool(history),
+                            **({} if position is not None and journal.knows(position) else {"replayable": False}))
+
+    def fork(self, name: str, state: Mapping[str, Any] | None = None) -> Trainer:
+        """A named branch: a new trainer with copies of the models and everything ``state_dict()`` holds (or
+        ``state``, a snapshot taken earlier), sharing the data, that trains on independently. Both journals
+        record the fork; the branch's journal continues this one's, so ``mtlab.replay`` rebuilds it.
+
+        >>> lower = trainer.fork("lower-lr"); lower.lr = 1e-4; mtlab.run(lower, steps=100)
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"fork(): name must be a non-empty string, got {name!r}")
+        if self.parallel.reducer is not None:
+            raise ConfigError("fork(): not while data parallel training is attached; fork in a single process")
+        with self.lock:
+            build = dict(self._build)
+            if isinstance(build.get("noise_scale"), NoiseScale):
+                build["noise_scale"] = NoiseScale(build["noise_scale"].beta)
+            models = {k: copy.deepcopy(getattr(m, "_orig_mod", m)) for k, m in self.models.items()}
+            tasks = []
+            for t in self.tasks.values():
+                twin = copy.copy(t)  # the data are shared; weights and batch size are the branch's own
+                twin.linkedsets = {k: copy.copy(ls) for k, ls in t.linkedsets.items()}
+                tasks.append(twin)
+            branch = Trainer(models, tasks, **build)
+            branch.name = name
+            self.journal.begin(self)
+            with self.journal.lock:
+                entry = self.journal.change("fork", self.step_count, name=name, branch=branch.journal.id,
+                                            parent=self.name)
+                parent = self.journal.to_dict()
+            with branch.journal.quiet():
+                checkpoint.load_trainer_state(branch, self.state_dict(), source=f"the state of {self.name!r}")
+                branch._clip_normalize = branch.normalize_gradients
+            j = branch.journal
+            j.header, j.entries, j.tick = parent["header"], parent["entries"], parent["tick"]
+            j.lineage = [*parent["lineage"], {"id": parent["id"], "n": len(parent["entries"]), "name": self.name}]
+            if entry is not None:
+                self.events.emit("fork", {"name": name, "step": self.step_count})
+        if state is not None:
+            branch.load_state_dict(state)
+        return branch
 
     # ------------------------------------------------------------------ introspection
     def __repr__(self) -> str:

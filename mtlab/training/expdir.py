@@ -148,6 +148,7 @@ def finish(trainer: Trainer, schedule: Schedule, path: Path, wall_s: float, step
     path.mkdir(parents=True, exist_ok=True)
     save(path / "final.pt")
     trainer.history.to_csv(path / "history.csv", index=False)
+    trainer.journal.write(path / "journal.jsonl")  # every knob change and call: `mtlab replay` reruns it
     skipped = trainer.streams.skipped()  # examples a linked set's on_bad_data = "skip" left out
     if skipped:
         (path / "skipped.jsonl").write_text("".join(json.dumps(r) + "\n" for r in skipped))

@@ -208,7 +208,8 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
                dynamic_ncols=True, mininterval=0.1 if tty else 30.0)
     bar.set_postfix({"step": f"{trainer.step_count}/{schedule.num_steps}"}, refresh=False)
     shown = 0.0
-    schedule.apply_stage(trainer)
+    with trainer.journal.source("schedule"):
+        schedule.apply_stage(trainer)
     trainer.events.emit("run_start", {"step": trainer.step_count, "num_steps": schedule.num_steps})
     try:
         while True:
@@ -223,7 +224,8 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
                 reason = "interrupted" if guard.requested else "stopped"
                 break
             if over:
-                schedule.next_stage(trainer, progress)
+                with trainer.journal.source("schedule"):
+                    schedule.next_stage(trainer, progress)
                 bar.total = _left(trainer, schedule, done)
                 continue
             if (schedule.validate_at_step_0 and schedule.valid_frequency
@@ -236,7 +238,8 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
                 trainer.streams.load_state_dict(schedule.resume_streams, trainer.tasks)
                 schedule.resume_streams = None
             if not follow_lr:
-                trainer.lr = schedule.lr_at(trainer.step_count)
+                with trainer.journal.source("schedule"):
+                    trainer.lr = schedule.lr_at(trainer.step_count)
             _guarded_step(trainer, guard)
             done += 1
             _note_bad_data(trainer, progress)

@@ -138,4 +138,5 @@ def validate_and_decide(trainer: Trainer, schedule: Schedule, path: Path | None,
     going back to the best state, stopping)."""
     record = validate(trainer, schedule)
     if record is not None:
-        _decide(trainer, schedule, record, path, act=act, progress=progress, recipe=recipe)
+        with trainer.journal.source("validation"):  # a go-back made by the rule is journaled as the rule's
+            _decide(trainer, schedule, record, path, act=act, progress=progress, recipe=recipe)

@@ -141,7 +141,8 @@ class Controller(RunControl):
             return False
         self._in_command = True
         try:
-            message = fn()
+            with self.trainer.journal.source("dashboard"):
+                message = fn()
         except Exception as exc:  # noqa: BLE001 (a rejected value or call: said; the state shows what holds now)
             self.say(f"{name}: {type(exc).__name__}: {exc}", error=True)
             return False
@@ -278,7 +279,8 @@ class Controller(RunControl):
         run = self.run
         if run is not None and run.alive and run.state != "paused" and not run.in_thread:
             def queued() -> None:
-                message = fn()
+                with self.trainer.journal.source("dashboard"):
+                    message = fn()
                 self._status, self._status_error = (message if isinstance(message, str) else f"{what}: done"), False
                 self._dirty = True
             run.submit(what, queued)

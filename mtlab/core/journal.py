@@ -1,0 +1,326 @@
+"""The journal of a run: every knob change and every training call, at the point where it took effect.
+
+``trainer.journal`` records two kinds of entries, in order:
+
+- **changes** (``type: "change"``): linked-set weight, task weight, lr, clip settings, combination method,
+  minibatches per step, batch size, restore, resume, re-initialise and fork, each with its value and its
+  ``source`` (``code``, ``dashboard``, ``schedule``, ``validation``);
+- **calls** (``type: "call"``): ``step`` (consecutive steps as one entry with a ``count``), ``minibatch``,
+  ``normalize``, ``clip``, ``apply``, ``finish``, ``reset``.
+
+Every entry carries ``step`` (steps applied before it), ``minibatch`` (minibatches begun in the accumulation
+in progress) and ``tick``: how many times the trainer had read its knobs (at each step's start, each
+minibatch, each normalize/clip/apply) before it. A change made from another thread while a step runs (a
+dashboard slider) is marked ``inside`` and took effect at the next tick, which is where
+``mtlab.replay`` applies it again: the record is exact, not approximate. The journal is plain JSON
+(``to_json``/``from_json``, ``journal.jsonl`` in the experiment folder) and part of ``state_dict()``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..base.errors import ConfigError
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+FORMAT = "mtlab-journal"
+VERSION = 1
+SOURCES = ("code", "dashboard", "schedule", "validation")
+CHANGES = ("weight", "task_weight", "lr", "clip", "combine", "minibatches_per_step", "batch_size", "restore",
+           "resume", "reinitialize", "fork")
+CALLS = ("step", "minibatch", "normalize", "clip", "apply", "finish", "reset")
+
+
+def graph_of(trainer: Trainer) -> dict[str, Any]:
+    """What a journal must fit: models with parameter shapes, tasks with linked sets and models, seed."""
+    return {
+        "models": {m: {k: list(v.shape) for k, v in model.state_dict().items()} for m, model in trainer.models.items()},
+        "tasks": {n: {"linkedsets": list(t.linkedsets), "models": sorted({p.split(".", 1)[0]
+                                                                          for p in trainer.task_params[n]})}
+                  for n, t in trainer.tasks.items()},
+        "seed": trainer.seed, "acc_steps": trainer.acc_steps,
+    }
+
+
+def graph_mismatch(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
+    """The differences between two ``graph_of`` signatures, in words (empty: they fit)."""
+    out: list[str] = []
+    for key, what in (("models", "models"), ("tasks", "tasks")):
+        a, b = set(ours.get(key, {})), set(theirs.get(key, {}))
+        if a != b:
+            out.append(f"{what}: the journal has {sorted(b)}, the trainer {sorted(a)}")
+    for m in set(ours.get("models", {})) & set(theirs.get("models", {})):
+        if ours["models"][m] != theirs["models"][m]:
+            out.append(f"model {m!r} has other parameters or shapes")
+    for t in set(ours.get("tasks", {})) & set(theirs.get("tasks", {})):
+        for part in ("linkedsets", "models"):
+            if ours["tasks"][t][part] != theirs["tasks"][t][part]:
+                out.append(f"task {t!r}: {part} {theirs['tasks'][t][part]} in the journal, "
+                           f"{ours['tasks'][t][part]} in the trainer")
+    for key in ("seed", "acc_steps"):
+        if ours.get(key) != theirs.get(key):
+            out.append(f"{key}: {theirs.get(key)!r} in the journal, {ours.get(key)!r} in the trainer")
+    return out
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+class Journal:
+    """Ordered record of one run's changes and calls; see the module docstring.
+
+    >>> trainer.set_weight("a", "noisy", 0.2); trainer.step()
+    >>> trainer.journal.changes()[-1]
+    {'type': 'change', 'kind': 'weight', 'task': 'a', 'linkedset': 'noisy', 'value': 0.2, 'step': 0, ...}
+    >>> with trainer.journal.source("schedule"): trainer.lr = 1e-4
+    """
+
+    def __init__(self, graph: Mapping[str, Any] | None = None) -> None:
+        self.lock = threading.RLock()  # setters and the trainer's knob reads, in one order
+        self.id = uuid.uuid4().hex
+        self.lineage: list[dict[str, Any]] = []  # ancestors: [{"id", "n", "name"}] (forks)
+        self.header: dict[str, Any] = {"graph": dict(graph or {}), "initial": None}
+        self.entries: list[dict[str, Any]] = []
+        self.tick = 0
+        self.minibatch = 0
+        self.depth = 0  # calls in progress (a step's minibatches are part of the step)
+        self._local = threading.local()
+        self._quiet = 0
+        self.replaying: dict[str, Any] | None = None  # set by mtlab.replay: the entry being applied
+        self.due: dict[int, list[Any]] = {}  # tick -> callables mtlab.replay applies at that tick
+
+    # ------------------------------------------------------------------ sources
+    @contextlib.contextmanager
+    def source(self, name: str) -> Iterator[None]:
+        """Record the changes made inside the block as coming from ``name``."""
+        if name not in SOURCES:
+            raise ConfigError(f"journal source {name!r} is not one of {SOURCES}")
+        stack = self._local.__dict__.setdefault("stack", [])
+        stack.append(name)
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    def current_source(self) -> str:
+        stack = self._local.__dict__.get("stack")
+        return stack[-1] if stack else "code"
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Changes made inside (a restore setting every knob) are not recorded one by one."""
+        with self.lock:
+            self._quiet += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._quiet -= 1
+
+    # ------------------------------------------------------------------ recording
+    def pristine(self) -> bool:
+        """Nothing recorded yet (a freshly built trainer)."""
+        return not self.entries and self.header.get("initial") is None
+
+    def begin(self, trainer: Trainer) -> None:
+        """Before the first call or restore: the initial weights' digest and the RNG state, so a replay can
+        check it starts from the same weights and draws the same random numbers."""
+        if self.header.get("initial") is not None:
+            return
+        from .state import digest  # a light module; imported here to keep this one free of the checkpoint code
+
+        initial: dict[str, Any] = {"weights": digest({k: m.state_dict() for k, m in trainer.models.items()}),
+                                   "rng": _b64(torch.get_rng_state())}
+        if trainer.device.type == "cuda":
+            initial["cuda_rng"] = _b64(torch.cuda.get_rng_state(trainer.device))
+        self.header["initial"] = initial
+
+    def _entry(self, typ: str, kind: str, step: int, payload: Mapping[str, Any]) -> dict[str, Any]:
+        r = self.replaying
+        if r is not None:  # a replay writes the original's entry again
+            out = {k: v for k, v in r.items() if k != "failed"}
+            if typ == "call" and kind == "step":
+                out["count"] = 1
+            return out
+        return {"type": typ, "kind": kind, "step": step, "minibatch": self.minibatch, "tick": self.tick,
+                "source": r["source"] if r else self.current_source(), "inside": self.depth > 0,
+                "time": r["time"] if r else round(time.time(), 3), **payload}
+
+    def change(self, kind: str, step: int, **payload: Any) -> dict[str, Any] | None:
+        """Record a knob change (callers hold ``lock`` while changing the knob and recording it)."""
+        with self.lock:
+            if self._quiet:
+                return None
+            entry = self._entry("change", kind, step, payload)
+            self.entries.append(entry)
+            return entry
+
+    @contextlib.contextmanager
+    def call(self, trainer: Trainer, kind: str, **payload: Any) -> Iterator[None]:
+        """Around a public training call: recorded when it is not part of another (a step's minibatches)."""
+        with self.lock:
+            outer = self.depth == 0 and not self._quiet
+            entry = None
+            if outer:
+                self.begin(trainer)
+                last = self.entries[-1] if self.entries else None
+                if kind == "step" and last is not None and last["type"] == "call" and last["kind"] == "step" \
+                        and "failed" not in last and last["step"] + last["count"] == trainer.step_count:
+                    last["count"] += 1
+                    entry = last
+                else:
+                    entry = self._entry("call", kind, trainer.step_count, {**payload, **({"count": 1}
+                                                                                         if kind == "step" else {})})
+                    self.entries.append(entry)
+            self.depth += 1
+        try:
+            yield
+        except BaseException as exc:
+            if entry is not None:
+                with self.lock:
+                    if kind == "step" and entry["count"] > 1:  # the failed step gets an entry of its own
+                        entry["count"] -= 1
+                        failed = {**entry, "count": 1, "step": trainer.step_count, "failed": type(exc).__name__}
+                        self.entries.append(failed)
+                    else:
+                        entry["failed"] = type(exc).__name__
+            raise
+        finally:
+            with self.lock:
+                self.depth -= 1
+
+    def read(self, kind: str) -> None:
+        """The trainer is about to read its knobs (step start, minibatch, normalize, clip, apply); hold ``lock``.
+        A replay applies here the changes that were made at this point of the original run."""
+        for apply_change in self.due.pop(self.tick, ()):
+            apply_change()
+        self.tick += 1
+        if kind == "minibatch":
+            self.minibatch += 1
+        elif kind == "step":
+            self.minibatch = 0
+
+    def applied(self) -> None:
+        """A step was applied (or its accumulation reset): the next minibatch is the first of a new one."""
+        self.minibatch = 0
+
+    # ------------------------------------------------------------------ reading
+    def changes(self) -> list[dict[str, Any]]:
+        """The knob changes only (no training calls)."""
+        return [e for e in self.entries if e["type"] == "change"]
+
+    def position(self) -> dict[str, Any]:
+        """Where the run stands in this journal (kept in ``state_dict()``: a restore of that state names it)."""
+        last = self.entries[-1] if self.entries else None
+        return {"id": self.id, "n": len(self.entries),
+                "k": last["count"] if last is not None and last["kind"] == "step" and last["type"] == "call" else None}
+
+    def knows(self, position: Mapping[str, Any]) -> bool:
+        """True when ``position`` (of a state's journal) lies on this journal's own line: a replay can
+        reproduce that state."""
+        if position.get("id") == self.id:
+            return position["n"] <= len(self.entries)
+        return any(a["id"] == position.get("id") and position["n"] <= a["n"] for a in self.lineage)
+
+    def frame(self) -> Any:
+        """A pandas DataFrame, one row per entry."""
+        import pandas as pd
+
+        return pd.DataFrame(self.entries)
+
+    def lines(self, calls: bool = False) -> list[str]:
+        """One line of text per change (and per call with ``calls=True``), for logs and the dashboard."""
+        out = []
+        for e in self.entries:
+            if e["type"] == "call" and not calls:
+                continue
+            skip = {"type", "kind", "step", "minibatch", "tick", "source", "inside", "time"}
+            what = ", ".join(f"{k}={v}" for k, v in e.items() if k not in skip)
+            where = f"step {e['step']}" + (f", minibatch {e['minibatch']}" if e["minibatch"] else "")
+            out.append(f"{where}: {e['kind']} {what} ({e['source']}{', during the step' if e['inside'] else ''})")
+        return out
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __repr__(self) -> str:
+        return (f"Journal({len(self.changes())} change(s), {len(self.entries) - len(self.changes())} call "
+                f"entries, id={self.id[:8]})")
+
+    # ------------------------------------------------------------------ plain JSON
+    def to_dict(self) -> dict[str, Any]:
+        with self.lock:
+            return json.loads(json.dumps({"format": FORMAT, "version": VERSION, "id": self.id,
+                                          "lineage": self.lineage, "header": self.header,
+                                          "entries": self.entries, "tick": self.tick}))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Journal:
+        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+            raise ConfigError("not an mtlab journal (expected the JSON Journal.to_json() writes, with "
+                              f"'format': {FORMAT!r})")
+        if data.get("version") != VERSION:
+            raise ConfigError(f"journal version {data.get('version')!r} is not supported ({VERSION}); replay it "
+                              "with the mtlab that wrote it")
+        j = cls()
+        j.id, j.lineage, j.header = data["id"], [dict(a) for a in data["lineage"]], dict(data["header"])
+        j.entries = [dict(e) for e in data["entries"]]
+        j.tick = int(data.get("tick", 0))
+        return j
+
+    @classmethod
+    def from_json(cls, text: str) -> Journal:
+        return cls.from_dict(json.loads(text))
+
+    def write(self, path: str | Path) -> Path:
+        """``journal.jsonl``: a header line, then one line per entry."""
+        data = self.to_dict()
+        entries = data.pop("entries")
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(x) + "\n" for x in [data, *entries]))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def read_file(cls, path: str | Path) -> Journal:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "journal.jsonl"
+        if not path.is_file():
+            raise ConfigError(f"no journal at {path}; an experiment folder written by mtlab.run holds journal.jsonl")
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not lines:
+            raise ConfigError(f"{path} is empty")
+        return cls.from_dict({**lines[0], "entries": lines[1:]})
+
+    def state_dict(self) -> dict[str, Any]:
+        """As kept in a trainer state: the JSON text and the position (plain containers)."""
+        return {"json": self.to_json(), "position": self.position()}
+
+    def adopt(self, state: Mapping[str, Any]) -> None:
+        """Continue the journal of a loaded state (a resumed run)."""
+        other = Journal.from_json(state["json"])
+        with self.lock:
+            self.id, self.lineage, self.header = other.id, other.lineage, other.header
+            self.entries, self.tick = other.entries, other.tick

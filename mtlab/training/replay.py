@@ -1,0 +1,220 @@
+"""Replay a journal: train a freshly built trainer through a run's calls, applying each knob change where it
+took effect, and get the same run bit for bit (parameters, optimizer state, history).
+
+>>> fresh = build_trainer()                 # same models, tasks and seed as the original
+>>> mtlab.replay(original.journal, fresh)   # or a journal.jsonl path, a JSON string, a Journal
+>>> torch.equal(fresh.params["enc.lin.weight"], original.params["enc.lin.weight"])
+True
+
+A journal that does not fit the trainer (another task, linked set, model, shape or seed), a trainer that
+already trained, or a journal with something no replay can redo (a minibatch passed by hand, a combination
+given as an object, a restore of a state from another run) is refused before anything changes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..base.errors import ConfigError, MtlabError
+from ..core.journal import Journal, _unb64, graph_mismatch, graph_of
+from ..core.state import digest
+from ..core.trainer import Trainer
+
+__all__ = ["ReplayError", "as_journal", "replay"]
+
+
+class ReplayError(MtlabError, RuntimeError):
+    """The replay went another way than the journal (a call failed in one run and not in the other)."""
+
+
+def as_journal(journal: Any) -> Journal:
+    """A Journal from a Journal, a trainer, a dict, a JSON string, or a path (journal.jsonl or its folder)."""
+    if isinstance(journal, Journal):
+        return journal
+    if isinstance(journal, Trainer):
+        return journal.journal
+    if isinstance(journal, Mapping):
+        return Journal.from_dict(journal)
+    if isinstance(journal, str) and journal.lstrip().startswith("{"):
+        return Journal.from_json(journal)
+    if isinstance(journal, (str, Path)):
+        return Journal.read_file(journal)
+    raise ConfigError(f"replay(): cannot read a journal from {type(journal).__name__}; pass trainer.journal, "
+                      "its to_json() text, or the path of journal.jsonl")
+
+
+def _why_not(entry: Mapping[str, Any], trainer: Trainer) -> str | None:
+    kind = entry["kind"]
+    if entry.get("replayable") is False:
+        if kind == "restore":
+            return "a restore of a state that is not on this journal's line (another run, or a file without journal)"
+        return f"a {kind} change that cannot be written down ({entry.get('method')!r}: pass the method by name)"
+    if entry.get("batch") == "explicit":
+        return "a minibatch passed by hand (process_minibatch(..., batch=...)); its data are not in the journal"
+    if kind == "minibatches_per_step" and entry.get("task") is not None \
+            and not hasattr(trainer, "set_minibatches_per_step"):
+        return "minibatches per step of one task (this mtlab has no set_minibatches_per_step)"
+    if kind in ("batch_size", "reinitialize") and not hasattr(trainer, "set_batch_size" if kind == "batch_size"
+                                                              else "reinitialize"):
+        return f"a {kind} change this mtlab cannot make"
+    if entry["type"] == "change" and kind not in ("weight", "task_weight", "lr", "clip", "combine",
+                                                  "minibatches_per_step", "batch_size", "restore", "resume",
+                                                  "reinitialize", "fork"):
+        return f"an unknown change {kind!r}"
+    return None
+
+
+def check(journal: Journal, trainer: Trainer) -> None:
+    """Refuse, naming why, a journal that this trainer cannot replay (nothing is changed)."""
+    if trainer.step_count != 0 or not trainer.journal.pristine():
+        raise ConfigError(f"replay(): the trainer has already trained or been changed (step {trainer.step_count}, "
+                          f"{len(trainer.journal)} journal entries); build a fresh one the way the original was built")
+    problems = graph_mismatch(graph_of(trainer), journal.header.get("graph", {}))
+    if problems:
+        raise ConfigError("replay(): the journal does not fit this trainer (" + "; ".join(problems) + "); build the "
+                          "trainer from the same recipe (models, tasks, linked sets, seed) as the journal's run")
+    bad = [(i, why) for i, e in enumerate(journal.entries) if (why := _why_not(e, trainer))]
+    if bad:
+        i, why = bad[0]
+        raise ConfigError(f"replay(): entry {i} of the journal cannot be replayed: {why} "
+                          f"({len(bad)} such entr{'y' if len(bad) == 1 else 'ies'})")
+    initial = journal.header.get("initial")
+    if initial is not None:
+        ours = digest({k: m.state_dict() for k, m in trainer.models.items()})
+        if ours != initial["weights"]:
+            raise ConfigError("replay(): the trainer's initial weights differ from those the journal's run started "
+                              "from; build it with the same seed (and load the same pretrained weights, if any)")
+
+
+def apply_change(trainer: Trainer, e: Mapping[str, Any]) -> None:
+    """Make one recorded knob change (restore, resume and fork are handled by the replay)."""
+    kind = e["kind"]
+    if kind == "weight":
+        trainer.set_weight(e["task"], e["linkedset"], e["value"])
+    elif kind == "task_weight":
+        trainer.set_task_weight(e["task"], e["value"])
+    elif kind == "lr":
+        trainer.lr = e["value"]
+    elif kind == "clip":
+        trainer.normalize_gradients = bool(e["normalize"])
+        trainer._set_clip(e["value"], e["norm"], e["percentile"])
+    elif kind == "combine":
+        trainer.set_combine(e["method"])
+    elif kind == "minibatches_per_step":
+        if e.get("task") is None:
+            trainer.numbatches_to_aggregate = e["value"]
+        else:
+            trainer.set_minibatches_per_step(e["value"], task=e["task"])
+    elif kind == "batch_size":
+        trainer.set_batch_size(e["task"], e["value"])
+    elif kind == "reinitialize":
+        trainer.reinitialize()
+    else:
+        raise ReplayError(f"replay(): no way to apply a {kind!r} change")
+
+
+def _call(trainer: Trainer, e: Mapping[str, Any]) -> None:
+    kind = e["kind"]
+    if kind == "step":
+        trainer.step()
+    elif kind == "minibatch":
+        trainer.process_minibatch(e["task"], e["linkedset"])
+    elif kind in ("normalize", "clip"):
+        getattr(trainer, kind)(e.get("task"))
+    elif kind in ("apply", "finish"):
+        getattr(trainer, kind)()
+    elif kind == "reset":
+        trainer.reset(e.get("task"))
+
+
+def replay(journal: Any, trainer: Trainer, steps: int | None = None) -> Trainer:
+    """Train ``trainer`` (freshly built, same models, tasks and seed) through ``journal``; returns it.
+
+    ``steps``: stop once the trainer has applied that many steps (None: the whole journal). Sets torch's RNG
+    to the state the original run started with."""
+    j = as_journal(journal)
+    check(j, trainer)
+    jr = trainer.journal
+    targets = {(e["state"]["n"], e["state"]["k"]) for e in j.entries if e["kind"] == "restore" and e.get("state")}
+    captured: dict[tuple[int, int | None], dict[str, Any]] = {}
+    jr.id, jr.lineage, jr.header = j.id, [dict(a) for a in j.lineage], json.loads(json.dumps(j.header))
+    initial = j.header.get("initial")
+    if initial is not None:
+        torch.set_rng_state(_unb64(initial["rng"]))
+        if "cuda_rng" in initial and trainer.device.type == "cuda":
+            torch.cuda.set_rng_state(_unb64(initial["cuda_rng"]), trainer.device)
+
+    def as_recorded(e: dict[str, Any], fn: Any) -> None:
+        before, jr.replaying = jr.replaying, e
+        try:
+            fn()
+        finally:
+            jr.replaying = before
+
+    def change(e: dict[str, Any]) -> None:
+        kind = e["kind"]
+        if kind == "restore":
+            key = (e["state"]["n"], e["state"]["k"])
+            if key not in captured:
+                raise ReplayError(f"replay(): the state restored at step {e['step']} was never reached in the replay")
+            as_recorded(e, lambda: trainer.load_state_dict(captured[key], history=e.get("history", True)))
+        elif kind in ("resume", "fork"):
+            if kind == "resume" and trainer.step_count != e["to_step"]:
+                raise ReplayError(f"replay(): the run resumed at step {e['to_step']}, the replay is at step "
+                                  f"{trainer.step_count}")
+            jr.entries.append(dict(e))  # changes nothing: the state continues (resume) or branches off (fork)
+        else:
+            as_recorded(e, lambda: apply_change(trainer, e))
+
+    def capture() -> None:
+        pos = jr.position()
+        key = (pos["n"], pos["k"])
+        if key in targets and key not in captured:
+            captured[key] = trainer.state_dict()
+
+    def done() -> bool:
+        return steps is not None and trainer.step_count >= steps
+
+    entries = j.entries
+    i = 0
+    capture()
+    while i < len(entries) and not done():
+        e = dict(entries[i])
+        inside = []
+        k = i + 1
+        while k < len(entries) and entries[k].get("inside"):
+            inside.append(dict(entries[k]))
+            k += 1
+        if e["type"] == "change":
+            change(e)
+            capture()
+            i += 1
+            continue
+        for x in inside:  # made while this call ran: at the knob read where the original took them
+            jr.due.setdefault(x["tick"], []).append(lambda x=x: change(x))
+        for _ in range(e.get("count", 1)):
+            failed = e.get("failed")
+            try:
+                as_recorded(e, lambda: _call(trainer, e))
+            except Exception as exc:  # noqa: BLE001 (compared with the journal below)
+                if not failed:
+                    raise ReplayError(f"replay(): entry {i} ({e['kind']} at step {e['step']}) failed in the replay "
+                                      f"but not in the original run: {type(exc).__name__}: {exc}") from exc
+            else:
+                if failed:
+                    raise ReplayError(f"replay(): entry {i} ({e['kind']} at step {e['step']}) failed in the original "
+                                      f"run ({failed}) but not in the replay")
+            capture()
+            if done():
+                break
+        for tick in sorted(jr.due):  # made after the call's last knob read: before the next call, as then
+            for fn in jr.due.pop(tick):
+                fn()
+        capture()
+        i = k
+    return trainer

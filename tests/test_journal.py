@@ -1,0 +1,226 @@
+"""The journal records every knob change where it took effect; mtlab.replay reproduces the run bit for bit."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+import mtlab
+from helpers import make_examples, make_models, task_a, task_b
+from mtlab.base.errors import ConfigError
+from mtlab.core.journal import Journal
+from mtlab.core.state import digest
+
+EX, EX2 = make_examples(24, 3), make_examples(24, 4)
+
+
+def build(**kw) -> mtlab.Trainer:
+    kw.setdefault("numbatches_to_aggregate", 2)
+    kw.setdefault("clip_grad_value", 0.5)
+    return mtlab.Trainer(make_models(), [task_a((EX, EX2)), task_b(EX)], lr=1e-2, device="cpu", **kw)
+
+
+def fingerprint(tr: mtlab.Trainer) -> str:
+    """Parameters, optimizer, accumulators, data positions, RNG, settings, history and journal."""
+    return digest(tr.state_dict())
+
+
+def replayed(journal, **kw) -> mtlab.Trainer:  # noqa: ANN001
+    return mtlab.replay(journal, build(**kw))
+
+
+def assert_same(a: mtlab.Trainer, want: str, b: mtlab.Trainer) -> None:
+    assert b.step_count == a.step_count
+    for name, p in a.params.items():
+        assert torch.equal(p, b.params[name]), name
+    assert b.history.equals(a.history)
+    assert fingerprint(b) == want
+
+
+def test_weights_changed_between_two_minibatches_of_a_step():
+    tr = build()
+    tr.step()
+    tr.process_minibatch("a", "clean")
+    tr.set_weight("a", "noisy", 0.2)  # between two minibatches by hand
+    tr.process_minibatch("a", "noisy")
+    tr.set_task_weight("b", 0.3)
+    tr.process_minibatch("b", "clean")
+    tr.finish()
+
+    def inside(event, info):  # noqa: ANN001 (a change made while step() runs, at its second minibatch)
+        if event == "minibatch" and tr.state("a").minibatches == 2 and tr.step_count == 2:
+            tr.set_weight("a", "clean", 0.7)
+    tr.add_callback(inside)
+    tr.step()
+    tr.remove_callback(inside)
+    tr.step()
+    want = fingerprint(tr)
+    inside_entries = [e for e in tr.journal.changes() if e["inside"]]
+    assert [(e["kind"], e["step"], e["minibatch"]) for e in inside_entries] == [("weight", 2, 2)]
+    assert_same(tr, want, replayed(tr.journal))
+
+
+def test_lr_and_clip_changed_at_a_step_boundary():
+    tr = build()
+    tr.step()
+    tr.lr = 3e-3
+    tr.clip_grad_value = 0.05
+    tr.step()
+    tr.clip_grad_value = None
+    tr.clip_grad_norm = 0.2
+    tr.step()
+    want = fingerprint(tr)
+    kinds = [e["kind"] for e in tr.journal.changes()]
+    assert kinds == ["lr", "clip", "clip", "clip"]
+    assert_same(tr, want, replayed(tr.journal))
+
+
+def test_combination_method_switched():
+    tr = build()
+    tr.step()
+    tr.set_combine("mgda")
+    tr.step()
+    tr.set_combine("sum")
+    tr.step()
+    want = fingerprint(tr)
+    assert [e["method"] for e in tr.journal.changes()] == ["mgda", "sum"]
+    assert_same(tr, want, replayed(tr.journal))
+
+
+def test_minibatches_per_step_changed():
+    tr = build()
+    tr.step()
+    tr.numbatches_to_aggregate = 3
+    tr.step()
+    tr.numbatches_to_aggregate = 1
+    tr.step()
+    want = fingerprint(tr)
+    assert [(e["kind"], e["value"]) for e in tr.journal.changes()] == [("minibatches_per_step", 3),
+                                                                      ("minibatches_per_step", 1)]
+    assert tr.history["a/minibatches"].tolist() == [4, 6, 2]
+    assert_same(tr, want, replayed(tr.journal))
+
+
+def test_a_restored_snapshot_and_a_fork_replay():
+    tr = build()
+    tr.step()
+    snap = tr.state_dict()
+    tr.step()
+    tr.lr = 5e-2
+    tr.step()
+    tr.load_state_dict(snap)  # back to step 1: the abandoned steps stay in the journal
+    tr.set_weight("a", "noisy", 0.1)
+    tr.step()
+    branch = tr.fork("low-lr")
+    branch.lr = 1e-4
+    branch.step()
+    tr.step()
+    want, want_branch = fingerprint(tr), fingerprint(branch)
+    assert [e["kind"] for e in tr.journal.changes()] == ["lr", "restore", "weight", "fork"]
+    assert branch.journal.changes()[-2:] == [tr.journal.changes()[-1], branch.journal.changes()[-1]]
+    assert branch.journal.lineage[-1]["id"] == tr.journal.id
+    assert_same(tr, want, replayed(tr.journal))
+    assert_same(branch, want_branch, replayed(branch.journal))
+    assert not torch.equal(branch.params["enc.lin.weight"], tr.params["enc.lin.weight"])
+
+
+def test_replay_across_a_checkpoint_resume(tmp_path):
+    first = build()
+    first.step()
+    first.set_weight("a", "clean", 0.4)
+    first.step()
+    first.save(tmp_path / "mid.pt")
+    resumed = build()
+    resumed.load_checkpoint(tmp_path / "mid.pt")  # a fresh trainer continues the run and its journal
+    assert resumed.journal.id == first.journal.id and resumed.journal.entries[-1]["kind"] == "resume"
+    resumed.lr = 2e-3
+    resumed.step()
+    resumed.step()
+    want = fingerprint(resumed)
+    assert_same(resumed, want, replayed(resumed.journal))
+
+
+def test_replay_after_a_json_round_trip(tmp_path):
+    tr = build(noise_scale=True)
+    tr.step()
+    tr.set_weight("a", "noisy", 0.25)
+    tr.lr = 4e-3
+    tr.step()
+    want = fingerprint(tr)
+    text = tr.journal.to_json()
+    again = Journal.from_json(json.dumps(json.loads(text)))
+    assert again.to_dict() == tr.journal.to_dict()
+    assert_same(tr, want, replayed(text, noise_scale=True))
+    path = tr.journal.write(tmp_path / "journal.jsonl")
+    assert_same(tr, want, replayed(path, noise_scale=True))
+
+
+def test_a_background_run_steered_through_the_dashboard_controller(one_thread):
+    from mtlab.ui.controller import Controller
+
+    tr = build()
+    c = Controller(tr)
+    done = threading.Event()
+    seen = []
+
+    def steer(event, info):  # noqa: ANN001 (the "user" moves sliders from another thread while steps run)
+        if event == "minibatch" and tr.step_count in (2, 5) and not seen.count(tr.step_count):
+            seen.append(tr.step_count)
+            t = threading.Thread(target=lambda: (c.set_weight("a", "noisy", 0.1 * (len(seen) + 1)),
+                                                 c.set_lr(1e-3 * len(seen)), done.set()))
+            t.start()
+            t.join()
+    tr.add_callback(steer)
+    assert c.start(8)
+    c.set_clip(0.1)  # queued: at the end of the current step
+    c.wait(60)
+    c.close()
+    tr.remove_callback(steer)
+    assert done.is_set() and tr.step_count == 8
+    want = fingerprint(tr)
+    changes = tr.journal.changes()
+    assert {e["source"] for e in changes} == {"dashboard"}
+    assert any(e["inside"] for e in changes) and any(e["kind"] == "clip" for e in changes)
+    assert_same(tr, want, replayed(tr.journal))
+
+
+def test_a_journal_of_another_graph_is_refused_and_nothing_changes():
+    tr = build()
+    tr.step()
+    other = mtlab.Trainer(make_models(), [task_b(EX)], device="cpu")
+    before = digest(other.state_dict())
+    with pytest.raises(ConfigError, match="tasks: the journal has \\['a', 'b'\\], the trainer \\['b'\\]"):
+        mtlab.replay(tr.journal, other)
+    assert digest(other.state_dict()) == before
+    used = build()
+    used.step()
+    with pytest.raises(ConfigError, match="fresh one"):
+        mtlab.replay(tr.journal, used)
+
+
+def test_a_minibatch_passed_by_hand_is_refused_before_anything_changes():
+    tr = build()
+    tr.process_minibatch("a", "clean", batch=next(tr.stream("a", "clean")))
+    tr.finish()
+    fresh = build()
+    before = digest(fresh.state_dict())
+    with pytest.raises(ConfigError, match="passed by hand"):
+        mtlab.replay(tr.journal, fresh)
+    assert digest(fresh.state_dict()) == before
+
+
+def test_the_journal_is_in_the_state_and_names_sources():
+    tr = build()
+    with tr.journal.source("schedule"):
+        tr.lr = 1e-3
+    tr.set_weight("a", "clean", 0.5)
+    tr.set_weight("a", "clean", 0.5)  # no change, no entry
+    state = tr.state_dict()
+    assert Journal.from_json(state["journal"]["json"]).changes() == tr.journal.changes()
+    assert [(e["kind"], e["source"]) for e in tr.journal.changes()] == [("lr", "schedule"), ("weight", "code")]
+    with pytest.raises(ConfigError, match="not one of"):
+        with tr.journal.source("slider"):
+            pass
