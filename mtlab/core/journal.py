@@ -75,11 +75,13 @@ def graph_mismatch(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[s
     return out
 
 
-def _b64(t: torch.Tensor) -> str:
+def b64(t: torch.Tensor) -> str:
+    """An RNG state (uint8 tensor) as base64 text, for the JSON header."""
     return base64.b64encode(t.contiguous().numpy().tobytes()).decode("ascii")
 
 
-def _unb64(s: str) -> torch.Tensor:
+def rng_bytes(s: str) -> torch.Tensor:
+    """The RNG state ``b64`` wrote."""
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
@@ -147,9 +149,9 @@ class Journal:
         from .state import digest  # a light module; imported here to keep this one free of the checkpoint code
 
         initial: dict[str, Any] = {"weights": digest({k: m.state_dict() for k, m in trainer.models.items()}),
-                                   "rng": _b64(torch.get_rng_state())}
+                                   "rng": b64(torch.get_rng_state())}
         if trainer.device.type == "cuda":
-            initial["cuda_rng"] = _b64(torch.cuda.get_rng_state(trainer.device))
+            initial["cuda_rng"] = b64(torch.cuda.get_rng_state(trainer.device))
         self.header["initial"] = initial
 
     def _entry(self, typ: str, kind: str, step: int, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -160,8 +162,7 @@ class Journal:
                 out["count"] = 1
             return out
         return {"type": typ, "kind": kind, "step": step, "minibatch": self.minibatch, "tick": self.tick,
-                "source": r["source"] if r else self.current_source(), "inside": self.depth > 0,
-                "time": r["time"] if r else round(time.time(), 3), **payload}
+                "source": self.current_source(), "inside": self.depth > 0, "time": round(time.time(), 3), **payload}
 
     def change(self, kind: str, step: int, **payload: Any) -> dict[str, Any] | None:
         """Record a knob change (callers hold ``lock`` while changing the knob and recording it)."""
@@ -292,13 +293,17 @@ class Journal:
     def from_json(cls, text: str) -> Journal:
         return cls.from_dict(json.loads(text))
 
-    def write(self, path: str | Path) -> Path:
-        """``journal.jsonl``: a header line, then one line per entry."""
+    def to_jsonl(self) -> list[str]:
+        """The lines of ``journal.jsonl``: a header, then one per entry."""
         data = self.to_dict()
         entries = data.pop("entries")
+        return [json.dumps(x) for x in [data, *entries]]
+
+    def write(self, path: str | Path) -> Path:
+        """``journal.jsonl``: a header line, then one line per entry."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json.dumps(x) + "\n" for x in [data, *entries]))
+        tmp.write_text("".join(line + "\n" for line in self.to_jsonl()))
         tmp.replace(path)
         return path
 
@@ -324,3 +329,21 @@ class Journal:
         with self.lock:
             self.id, self.lineage, self.header = other.id, other.lineage, other.header
             self.entries, self.tick = other.entries, other.tick
+
+
+def knob_differences(journals: Mapping[str, Journal]) -> dict[str, list[str]]:
+    """Run name -> its knob changes after the entries all the journals share (a fork's common past), one
+    line each: what sets the runs apart. Unrelated runs share nothing, and list all their changes."""
+    lists = [j.entries for j in journals.values()]
+    shared = 0
+    if lists:
+        for shared in range(min(len(e) for e in lists) + 1):
+            if shared == min(len(e) for e in lists) or any(e[shared] != lists[0][shared] for e in lists[1:]):
+                break
+    out: dict[str, list[str]] = {}
+    for name, j in journals.items():
+        tail = Journal()
+        tail.entries = [e for e in j.entries[shared:] if e["type"] == "change" and e["kind"] != "fork"]
+        out[name] = tail.lines()
+    return out
+

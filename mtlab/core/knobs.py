@@ -1,4 +1,8 @@
-"""The accumulation knobs of a trainer: minibatch rounds per step (K) per task and batch size per task.
+"""The knobs of a trainer: lr, clipping, weights, the combination method (``Knobs``), minibatch rounds per
+step (K) per task and batch size per task (``AccumulationKnobs``).
+
+Each setter checks its value, changes the knob under ``journal.lock`` (the trainer reads the knobs under the
+same lock, at known points) and records the change through one hook, ``record_change``, in ``trainer.journal``.
 
 Each knob change is applied in one place (the ``set_*`` methods here) and announced as a trainer event
 (``minibatches_per_step``, ``batch_size``), so a dashboard, a journal or a logger can follow it.
@@ -6,13 +10,16 @@ Each knob change is applied in one place (the ``set_*`` methods here) and announ
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from ..tasks.task import check_count
+from ..tasks.task import check_count, check_positive, check_relative_weights, check_weight
+from .transforms import Chain
 
 if TYPE_CHECKING:
     from ..tasks.task import Task
     from .events import Events
+    from .journal import Journal
 
 
 class AccumulationKnobs:
@@ -24,6 +31,10 @@ class AccumulationKnobs:
     step_count: int
     _k_default: int
     _k_task: dict[str, int]
+    journal: Journal
+
+    if TYPE_CHECKING:
+        def record_change(self, kind: str, **payload: Any) -> None: ...  # Knobs'
 
     if TYPE_CHECKING:
         def task(self, task: str) -> Task: ...  # the Trainer's
@@ -51,14 +62,19 @@ class AccumulationKnobs:
         """
         check_count(k, "minibatches per step" if task is None else f"minibatches per step of task {task!r}",
                     "minibatch rounds accumulated before each apply(); e.g. set_minibatches_per_step(2)")
-        before = self.minibatches_per_step
-        if task is None:
-            self._k_default = k
-            self._k_task.clear()
-        else:
+        if task is not None:
             self.task(task)
-            self._k_task[task] = k
-        if self.minibatches_per_step != before:
+        with self.journal.lock:  # step() reads the rounds under this lock
+            before = self.minibatches_per_step
+            if task is None:
+                self._k_default = k
+                self._k_task.clear()
+            else:
+                self._k_task[task] = k
+            changed = self.minibatches_per_step != before
+            if changed:
+                self.record_change("minibatches_per_step", value=k, task=task)
+        if changed:
             self.events.emit("minibatches_per_step", {"task": task, "k": k, "step": self.step_count})
 
     def set_batch_size(self, task: str, batch_size: int) -> None:
@@ -68,5 +84,117 @@ class AccumulationKnobs:
         check_count(batch_size, f"batch size of task {task!r}",
                     f"examples per minibatch; e.g. set_batch_size({task!r}, 8)")
         if t.batch_size != batch_size:
-            t.batch_size = batch_size  # the streams adopt it when they next draw (in the training thread)
+            with self.journal.lock:
+                t.batch_size = batch_size  # the streams adopt it when they next draw (in the training thread)
+                self.record_change("batch_size", task=task, value=batch_size)
             self.events.emit("batch_size", {"task": task, "batch_size": batch_size, "step": self.step_count})
+
+
+class Knobs:
+    """Settings of a :class:`~mtlab.core.trainer.Trainer` that a person changes while it trains."""
+
+    journal: Journal
+    _journaling: bool
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next ``apply()`` (set it between calls; must be > 0)."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        value = check_positive(value, "lr")
+        with self.journal.lock:
+            changed = getattr(self, "_lr", None) != value
+            self._lr = value
+            if changed:
+                self.record_change("lr", value=value)
+
+    def record_change(self, kind: str, **payload: Any) -> None:
+        """The one hook every setter calls after a change: an entry in ``trainer.journal``."""
+        if self._journaling:
+            self.journal.change(kind, self.step_count, **payload)
+
+    @property
+    def clip_grad_value(self) -> float | None:
+        """Element-wise clipping bound (``ClipByValue`` in the chain), or None."""
+        return self._clip[0]
+
+    @clip_grad_value.setter
+    def clip_grad_value(self, value: float | None) -> None:
+        self._set_clip(value, *self._clip[1:])
+
+    @property
+    def clip_grad_norm(self) -> float | None:
+        """Global-norm clipping bound per task (``ClipByGlobalNorm`` in the chain), or None."""
+        return self._clip[1]
+
+    @clip_grad_norm.setter
+    def clip_grad_norm(self, value: float | None) -> None:
+        self._set_clip(self._clip[0], value, self._clip[2])
+
+    @property
+    def clip_grad_percentile(self) -> float | None:
+        """AutoClip: each task's global norm clipped to this percentile of its norm history
+        (``ClipByHistory`` in the chain), or None."""
+        return self._clip[2]
+
+    @clip_grad_percentile.setter
+    def clip_grad_percentile(self, value: float | None) -> None:
+        self._set_clip(*self._clip[:2], value)
+
+    def set_clip(self, value: float | None, norm: float | None = None, percentile: float | None = None,
+                 normalize: bool | None = None) -> None:
+        """Every clip setting at once (and ``normalize_gradients`` unless None): one journal entry."""
+        if normalize is not None:
+            self.normalize_gradients = bool(normalize)
+        self._set_clip(value, norm, percentile)
+
+    def knobs_loaded(self) -> None:
+        """After a state was loaded quietly: the clip settings it set are the ones to compare changes with."""
+        self._clip_normalize = self.normalize_gradients
+
+    def _set_clip(self, value: float | None, norm: float | None, percentile: float | None = None) -> None:
+        chain = Chain.from_settings(self.normalize_gradients, value, norm, percentile)  # checks each
+        chain.load_state_dict(self.chain.state_dict())  # a norm history survives a change of the clip value
+        clip = tuple(None if v is None else float(v) for v in (value, norm, percentile))
+        with self.journal.lock:
+            changed = (clip, self.normalize_gradients) != (self._clip, self._clip_normalize)
+            self.chain = chain
+            self._clip, self._clip_normalize = clip, self.normalize_gradients  # type: ignore[assignment]
+            if changed:
+                self.record_change("clip", normalize=self.normalize_gradients, value=clip[0], norm=clip[1],
+                                    percentile=clip[2])
+
+    def set_weight(self, task: str, linkedset: str, weight: float) -> None:
+        """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""
+        ls = self.linkedset(task, linkedset)
+        weight = check_weight(weight, f"weight of linked set {linkedset!r} of task {task!r}")
+        if self.linkedset_weights == "relative":
+            check_relative_weights(self.tasks[task], {linkedset: weight})
+        with self.journal.lock:
+            changed, ls.weight = ls.weight != weight, weight
+            if changed:
+                self.record_change("weight", task=task, linkedset=linkedset, value=weight)
+        self.events.emit("weight", {"task": task, "linkedset": linkedset, "weight": ls.weight})
+
+    def set_task_weight(self, task: str, weight: float) -> None:
+        """Weight of a task in the combined update (0 leaves the task out of step() and apply())."""
+        t = self.task(task)
+        weight = check_weight(weight, f"weight of task {task!r}")
+        with self.journal.lock:
+            changed, t.weight = t.weight != weight, weight
+            if changed:
+                self.record_change("task_weight", task=task, value=weight)
+        self.events.emit("task_weight", {"task": task, "weight": t.weight})
+
+    def set_combine(self, method: Any) -> None:
+        """How tasks' processed gradients become one direction, from the next apply() on: ``"sum"`` (the
+        default), a ``mtlab.combine`` aggregator, a ``mtlab.weighting`` loss weighting, or both (``"dwa+upgrad"``)."""
+        with self.lock, self.journal.lock:
+            self.update.set_method(method)
+            stored = self.update.method
+            plain = stored is None or isinstance(stored, (str, Mapping))
+            self.record_change("combine", method=dict(stored) if isinstance(stored, Mapping) else stored,
+                                **({} if plain else {"replayable": False}))
+            self.events.emit("combine", {"method": self.update.method})

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..base import gradops
+from ..base.errors import ConfigError
 
 if TYPE_CHECKING:
     from .accumulator import Accumulator
@@ -60,6 +61,16 @@ class NoiseScale:
             raise ValueError(f"NoiseScale(beta={beta!r}): beta must be in [0, 1) (0: no averaging)")
         self.beta = float(beta)
         self.tasks: dict[str, _TaskNoise] = {}
+
+    @classmethod
+    def build(cls, spec: Any, scaling: bool = False) -> NoiseScale | None:
+        """The trainer's ``noise_scale=`` argument: False/None (off), True, or a NoiseScale."""
+        if not spec:
+            return None
+        if scaling:
+            raise ConfigError("noise_scale is not measured under precision='16-mixed' (scaled gradients); use '32' "
+                             "or 'bf16-mixed', or noise_scale=False")
+        return spec if isinstance(spec, NoiseScale) else cls()
 
     def _of(self, task: str) -> _TaskNoise:
         st = self.tasks.get(task)

@@ -13,7 +13,6 @@ UI: those are built on top of it.
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,14 +29,15 @@ from ..base.threads import apply_threads
 from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
-from .knobs import AccumulationKnobs
+from .branch import fork_trainer, restore_journaled
 from .journal import Journal, graph_of
+from .knobs import AccumulationKnobs, Knobs
 from .noise import NoiseScale
 from .precision import Precision, compile_models
 from ..base.report import trainer_html
 from ..tasks.sampling import BatchStream, Streams
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
-                          check_positive, check_relative_weights, check_tasks, check_weight)
+                          check_relative_weights, check_tasks)
 from .optimizers import OptimizerFactory, optimizer_factory
 from .transforms import Chain
 from .update import PerTaskUpdate, Update
@@ -69,7 +69,7 @@ def kept_note(accs: Mapping[str, Accumulator]) -> str:
             "step() draws fresh minibatches")
 
 
-class Trainer(AccumulationKnobs):
+class Trainer(AccumulationKnobs, Knobs):
     """Multi-task trainer whose step can be run one call at a time.
 
     Examples:
@@ -94,7 +94,8 @@ class Trainer(AccumulationKnobs):
                  combine: Any = None, clip_grad_percentile: float | None = None, precision: Any = "32",
                  compile: bool = False, linkedset_weights: str = "absolute",
                  noise_scale: bool | NoiseScale = False) -> None:
-        self._build = {k: v for k, v in locals().items() if k not in ("self", "models", "tasks", "__class__")}
+        # the constructor arguments (less models and tasks): fork() builds a branch with them
+        self.build_args = {k: v for k, v in locals().items() if k not in ("self", "models", "tasks", "__class__")}
         self.name = "main"  # a branch made by fork() carries its own
         apply_threads()  # torch's CPU threads from the free CPUs, unless the program set them (mtlab.base.threads)
         check_models(models)
@@ -154,12 +155,7 @@ class Trainer(AccumulationKnobs):
         self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda", device=self.device)
         self._training_mode: bool | None = None
         self._initial = checkpoint.initial_state(self)  # what reinitialize() goes back to (on the CPU)
-        self.noise_scale: NoiseScale | None = None
-        if noise_scale:
-            if self.precision.scaling:
-                raise ConfigError("noise_scale is not measured under precision='16-mixed' (scaled gradients); "
-                                  "use '32' or 'bf16-mixed', or noise_scale=False")
-            self.noise_scale = noise_scale if isinstance(noise_scale, NoiseScale) else NoiseScale()
+        self.noise_scale = NoiseScale.build(noise_scale, self.precision.scaling)  # None unless asked for
         self.journal.header["graph"] = graph_of(self)
         self._journaling = True
 
@@ -172,99 +168,6 @@ class Trainer(AccumulationKnobs):
     def task_optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """Task -> its own optimizer with ``acc_steps``; empty otherwise."""
         return self.update.optimizers if isinstance(self.update, PerTaskUpdate) else {}
-
-    # ------------------------------------------------------------------ settings
-    @property
-    def lr(self) -> float:
-        """The learning rate of the next ``apply()`` (set it between calls; must be > 0)."""
-        return self._lr
-
-    @lr.setter
-    def lr(self, value: float) -> None:
-        value = check_positive(value, "lr")
-        with self.journal.lock:
-            changed = getattr(self, "_lr", None) != value
-            self._lr = value
-            if changed:
-                self._record_change("lr", value=value)
-
-    def _record_change(self, kind: str, **payload: Any) -> None:
-        """The one hook every setter calls after a change: an entry in ``trainer.journal``."""
-        if self._journaling:
-            self.journal.change(kind, self.step_count, **payload)
-
-    @property
-    def clip_grad_value(self) -> float | None:
-        """Element-wise clipping bound (``ClipByValue`` in the chain), or None."""
-        return self._clip[0]
-
-    @clip_grad_value.setter
-    def clip_grad_value(self, value: float | None) -> None:
-        self._set_clip(value, *self._clip[1:])
-
-    @property
-    def clip_grad_norm(self) -> float | None:
-        """Global-norm clipping bound per task (``ClipByGlobalNorm`` in the chain), or None."""
-        return self._clip[1]
-
-    @clip_grad_norm.setter
-    def clip_grad_norm(self, value: float | None) -> None:
-        self._set_clip(self._clip[0], value, self._clip[2])
-
-    @property
-    def clip_grad_percentile(self) -> float | None:
-        """AutoClip: each task's global norm clipped to this percentile of its norm history
-        (``ClipByHistory`` in the chain), or None."""
-        return self._clip[2]
-
-    @clip_grad_percentile.setter
-    def clip_grad_percentile(self, value: float | None) -> None:
-        self._set_clip(*self._clip[:2], value)
-
-    def _set_clip(self, value: float | None, norm: float | None, percentile: float | None = None) -> None:
-        chain = Chain.from_settings(self.normalize_gradients, value, norm, percentile)  # checks each
-        chain.load_state_dict(self.chain.state_dict())  # a norm history survives a change of the clip value
-        clip = tuple(None if v is None else float(v) for v in (value, norm, percentile))
-        with self.journal.lock:
-            changed = (clip, self.normalize_gradients) != (self._clip, self._clip_normalize)
-            self.chain = chain
-            self._clip, self._clip_normalize = clip, self.normalize_gradients  # type: ignore[assignment]
-            if changed:
-                self._record_change("clip", normalize=self.normalize_gradients, value=clip[0], norm=clip[1],
-                                    percentile=clip[2])
-
-    def set_weight(self, task: str, linkedset: str, weight: float) -> None:
-        """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""
-        ls = self.linkedset(task, linkedset)
-        weight = check_weight(weight, f"weight of linked set {linkedset!r} of task {task!r}")
-        if self.linkedset_weights == "relative":
-            check_relative_weights(self.tasks[task], {linkedset: weight})
-        with self.journal.lock:
-            changed, ls.weight = ls.weight != weight, weight
-            if changed:
-                self._record_change("weight", task=task, linkedset=linkedset, value=weight)
-        self.events.emit("weight", {"task": task, "linkedset": linkedset, "weight": ls.weight})
-
-    def set_task_weight(self, task: str, weight: float) -> None:
-        """Weight of a task in the combined update (0 leaves the task out of step() and apply())."""
-        t = self.task(task)
-        weight = check_weight(weight, f"weight of task {task!r}")
-        with self.journal.lock:
-            changed, t.weight = t.weight != weight, weight
-            if changed:
-                self._record_change("task_weight", task=task, value=weight)
-        self.events.emit("task_weight", {"task": task, "weight": t.weight})
-
-    def set_combine(self, method: Any) -> None:
-        """How tasks' processed gradients become one direction, from the next apply() on: ``"sum"`` (the
-        default), a ``mtlab.combine`` aggregator, a ``mtlab.weighting`` loss weighting, or both (``"dwa+upgrad"``)."""
-        with self.lock, self.journal.lock:
-            self.update.set_method(method)
-            stored = self.update.method
-            plain = stored is None or isinstance(stored, (str, Mapping))
-            self._record_change("combine", method=dict(stored) if isinstance(stored, Mapping) else stored,
-                                **({} if plain else {"replayable": False}))
-            self.events.emit("combine", {"method": self.update.method})
 
     def weights(self) -> dict[str, float]:
         """Every task weight (``"a"``) and linked-set weight (``"a/clean"``)."""
@@ -653,23 +556,7 @@ class Trainer(AccumulationKnobs):
             self.events.emit("restore", {"step": self.step_count})
 
     def _restore(self, state: Mapping[str, Any], history: bool = True, source: str = "the state") -> None:
-        """Load a state and journal it: a fresh trainer continues the state's journal (a resume); any other
-        records a restore naming where that state stood in its journal (a replay can take it again)."""
-        journal = self.journal
-        saved = state.get("journal") if isinstance(state, Mapping) else None
-        adopt = journal.pristine() and self.step_count == 0 and saved is not None
-        if not adopt:
-            journal.begin(self)
-        with journal.lock, journal.quiet():
-            checkpoint.load_trainer_state(self, state, history, source=source)
-            self._clip_normalize = self.normalize_gradients
-        if adopt:
-            journal.adopt(saved)
-            self._record_change("resume", to_step=self.step_count)
-            return
-        position = saved["position"] if saved is not None else None
-        self._record_change("restore", state=position, to_step=self.step_count, history=bool(history),
-                            **({} if position is not None and journal.knows(position) else {"replayable": False}))
+        restore_journaled(self, state, history, source)
 
     def fork(self, name: str, state: Mapping[str, Any] | None = None) -> Trainer:
         """A named branch: a new trainer with copies of the models and everything ``state_dict()`` holds (or
@@ -678,38 +565,7 @@ class Trainer(AccumulationKnobs):
 
         >>> lower = trainer.fork("lower-lr"); lower.lr = 1e-4; mtlab.run(lower, steps=100)
         """
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"fork(): name must be a non-empty string, got {name!r}")
-        if self.parallel.reducer is not None:
-            raise ConfigError("fork(): not while data parallel training is attached; fork in a single process")
-        with self.lock:
-            build = dict(self._build)
-            if isinstance(build.get("noise_scale"), NoiseScale):
-                build["noise_scale"] = NoiseScale(build["noise_scale"].beta)
-            models = {k: copy.deepcopy(getattr(m, "_orig_mod", m)) for k, m in self.models.items()}
-            tasks = []
-            for t in self.tasks.values():
-                twin = copy.copy(t)  # the data are shared; weights and batch size are the branch's own
-                twin.linkedsets = {k: copy.copy(ls) for k, ls in t.linkedsets.items()}
-                tasks.append(twin)
-            branch = Trainer(models, tasks, **build)
-            branch.name = name
-            self.journal.begin(self)
-            with self.journal.lock:
-                entry = self.journal.change("fork", self.step_count, name=name, branch=branch.journal.id,
-                                            parent=self.name)
-                parent = self.journal.to_dict()
-            with branch.journal.quiet():
-                checkpoint.load_trainer_state(branch, self.state_dict(), source=f"the state of {self.name!r}")
-                branch._clip_normalize = branch.normalize_gradients
-            j = branch.journal
-            j.header, j.entries, j.tick = parent["header"], parent["entries"], parent["tick"]
-            j.lineage = [*parent["lineage"], {"id": parent["id"], "n": len(parent["entries"]), "name": self.name}]
-            if entry is not None:
-                self.events.emit("fork", {"name": name, "step": self.step_count})
-        if state is not None:
-            branch.load_state_dict(state)
-        return branch
+        return fork_trainer(self, name, state)
 
     # ------------------------------------------------------------------ introspection
     def __repr__(self) -> str:

@@ -586,3 +586,6 @@ def save_plots(history: Any, directory: str | Path, validation: Any = None, dpi:
         fig.savefig(path, dpi=dpi)
         paths.append(path)
     return paths
+
+
+from .runplots import plot_noise_scale, plot_runs  # noqa: E402 (runs side by side and the noise scale panel)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..base.errors import ConfigError, MtlabError
-from ..core.journal import Journal, _unb64, graph_mismatch, graph_of
+from ..core.journal import Journal, rng_bytes, graph_mismatch, graph_of
 from ..core.state import digest
 from ..core.trainer import Trainer
 
@@ -101,8 +101,7 @@ def apply_change(trainer: Trainer, e: Mapping[str, Any]) -> None:
     elif kind == "lr":
         trainer.lr = e["value"]
     elif kind == "clip":
-        trainer.normalize_gradients = bool(e["normalize"])
-        trainer._set_clip(e["value"], e["norm"], e["percentile"])
+        trainer.set_clip(e["value"], e["norm"], e["percentile"], normalize=e["normalize"])
     elif kind == "combine":
         trainer.set_combine(e["method"])
     elif kind == "minibatches_per_step":
@@ -145,9 +144,9 @@ def replay(journal: Any, trainer: Trainer, steps: int | None = None) -> Trainer:
     jr.id, jr.lineage, jr.header = j.id, [dict(a) for a in j.lineage], json.loads(json.dumps(j.header))
     initial = j.header.get("initial")
     if initial is not None:
-        torch.set_rng_state(_unb64(initial["rng"]))
+        torch.set_rng_state(rng_bytes(initial["rng"]))
         if "cuda_rng" in initial and trainer.device.type == "cuda":
-            torch.cuda.set_rng_state(_unb64(initial["cuda_rng"]), trainer.device)
+            torch.cuda.set_rng_state(rng_bytes(initial["cuda_rng"]), trainer.device)
 
     def as_recorded(e: dict[str, Any], fn: Any) -> None:
         before, jr.replaying = jr.replaying, e

@@ -26,7 +26,7 @@ from .runcontrol import RunControl
 from .runs import Run, current_run
 from .schedules import schedule_text
 from .state import DashState, RunView, SeriesStore
-from .texts import BUSY, REASONS, STEPWISE, skipped_tasks, state_table_html
+from .texts import BUSY, REASONS, STEPWISE, noise_html, skipped_tasks, state_table_html
 
 View = Callable[[DashState], None]
 _BY_TRAINER: dict[int, list[Controller]] = {}  # id(trainer) -> its attached controllers (the newest last)
@@ -43,6 +43,7 @@ class Controller(RunControl):
         self.refresh_s = float(refresh_s)
         self.data = SeriesStore()
         self.snapshots: list[dict[str, Any]] = []
+        self.branches: dict[str, Any] = {}  # name -> trainer made by "fork here"
         self.run: Run | None = None
         self.error: BaseException | None = None
         self.closed = False
@@ -97,7 +98,7 @@ class Controller(RunControl):
             events=events, records=records, snapshots=tuple(f"#{i + 1}: step {s['step']}"
                                                             for i, s in enumerate(self.snapshots)),
             schedule=schedule_text(self.schedule, tr), run_refusal=self._run_refusal(),
-            table_html=state_table_html(tr))
+            table_html=state_table_html(tr), journal=tuple(tr.journal.lines()), noise_html=noise_html(tr))
 
     def refresh(self) -> DashState:
         """Read new history rows, rebuild the state and show it (between steps or while idle)."""
@@ -273,6 +274,18 @@ class Controller(RunControl):
                 raise
             return f"restored snapshot #{i + 1} (step {snap['step']}); the abandoned branch stays grey on the plot"
         return self._between_steps("restore", back)
+
+    def fork(self, name: str | None = None, index: int | None = None) -> bool:
+        """"fork here": a branch of the trainer now, or of snapshot ``index``; kept in ``branches``."""
+        name = name or f"branch-{len(self.branches) + 1}"
+        snap = self.snapshots[int(index)] if index is not None and self.snapshots else None
+
+        def make() -> str:
+            self.branches[name] = self.trainer.fork(name, state=snap)
+            where = f"snapshot at step {snap['step']}" if snap is not None else f"step {self.trainer.step_count}"
+            self.data.event(self.trainer.step_count, f"fork {name}")
+            return f"fork: branch {name!r} from {where}; controller.branches[{name!r}] trains on independently"
+        return self._between_steps("fork", make)
 
     def _between_steps(self, what: str, fn: Callable[[], Any]) -> bool:
         """Run ``fn`` now, or, during an active run, in the training thread before its next step."""

@@ -17,6 +17,7 @@ from .texts import TOOLTIPS
 BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "clip", "apply": "apply",
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",
            "restore": "restore", "export_png": "PNG", "export_svg": "SVG", "export_csv": "history CSV",
+           "fork": "fork here", "export_journal": "journal",
            "clear_error": "clear", "reinitialize": "re-initialise"}
 LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
@@ -245,6 +246,7 @@ class Controls:
         self.progress_label = widgets.HTML()
         self.validation_table, self.event_log, self.readout = widgets.HTML(), widgets.HTML(), widgets.HTML()
         self.error_box, self.export_links, self.plot_label = widgets.HTML(), widgets.HTML(), widgets.HTML()
+        self.noise_panel = widgets.HTML()
         self.image = widgets.Image(format="png", layout=_layout(width=f"{PLOT_WIDTH}px", height="auto"))
 
     def layout(self, plots: bool, hide: Sequence[str] = (), presentation: bool = False) -> list[widgets.Widget]:
@@ -264,8 +266,9 @@ class Controls:
                                  widgets.HBox([B[n] for n in ("minibatch", "normalize", "clip", "apply", "step",
                                                               "reset")], layout=wrap)])
         snaps = widgets.VBox([widgets.HBox([tipped(self.snapshot_dropdown), B["snapshot"], B["restore"]], layout=wrap),
-                              widgets.HBox([B["reinitialize"]], layout=wrap),
-                              widgets.HBox([B["export_png"], B["export_svg"], B["export_csv"]], layout=wrap),
+                              widgets.HBox([B["reinitialize"], B["fork"]], layout=wrap),
+                              widgets.HBox([B["export_png"], B["export_svg"], B["export_csv"], B["export_journal"]],
+                                           layout=wrap),
                               self.export_links])
         pages = [(g, box, title) for g, box, title in (("weights", weights, "weights"),
                                                         ("accumulation", accumulation, "batches"),
@@ -277,8 +280,9 @@ class Controls:
             left_parts.append(widgets.Tab([p[1] for p in pages], titles=tuple(p[2] for p in pages),
                                           layout=_layout(width=f"{round(LEFT_WIDTH * (1.3 if presentation else 1))}px")))
         left = widgets.VBox(left_parts, layout=_layout(width=width if not presentation else "auto", flex="0 0 auto"))
-        lower = None if "log" in hidden else widgets.Tab([self.readout, self.event_log, self.validation_table],
-                                                         titles=("read-out", "events", "validation"))
+        lower = None if "log" in hidden else widgets.Tab(
+            [self.readout, self.event_log, self.validation_table, self.noise_panel],
+            titles=("read-out", "events", "validation", "noise scale"))
         options = [] if "plot_options" in hidden or not plots else [
             widgets.HBox([self.scale_toggle, self.smoothing_slider, self.zoom, tipped(self.read_step)], layout=wrap)]
         if plots and not presentation:
@@ -308,4 +312,4 @@ class Controls:
                 *self.k_boxes.values(), *self.batch_boxes.values(),
                 self.scale_toggle, self.smoothing_slider, self.zoom, self.read_step, self.counter, self.status,
                 self.table, self.progress, self.progress_label, self.validation_table, self.event_log, self.readout,
-                self.error_box, self.export_links, self.plot_label, self.image]
+                self.error_box, self.export_links, self.plot_label, self.image, self.noise_panel]

@@ -143,6 +143,8 @@ class DashState:
     schedule: str  # "schedule: step 154 of 251, lr 1.2e-03" or "" without one
     run_refusal: str | None  # why the run button would be refused now, None when it would start
     table_html: str = field(default="", repr=False)  # the per-task state table (needs the accumulators)
+    journal: tuple[str, ...] = ()  # trainer.journal's knob changes, one line each
+    noise_html: str = field(default="", repr=False)  # the noise-scale panel
 
     @property
     def running(self) -> bool:

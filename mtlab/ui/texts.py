@@ -49,6 +49,11 @@ TOOLTIPS = {
                     "and RNG of a freshly built trainer, step 0; the knobs stay as set and the old curves stay grey on the "
                     "plot (an abandoned branch). Unlike reset, which only discards the accumulation in progress. During a "
                     "run it happens at the end of the current step.",
+    "fork": "trainer.fork(): a branch of the trainer as it is now, that trains on independently (from a snapshot: "
+            "controller.fork(index=i)); kept in dashboard.controller.branches; mtlab.plots.plot_runs draws them "
+            "side by side.",
+    "export_journal": "Write trainer.journal as journal.jsonl into the export folder and offer a download link "
+                      "(mtlab.replay reruns it bit for bit).",
 }
 
 
@@ -201,3 +206,34 @@ def events_html(events: Sequence[tuple[int, str]], last: int = 12) -> str:
                     for i, (s, t) in list(enumerate(events, start=1))[-last:])
     return (f"<div style='font-size:12px'><b>events</b> (numbered triangles on the plot)"
             f"<ol style='margin:0'>{items}</ol></div>")
+
+
+def journal_html(lines: Sequence[str]) -> str:
+    """The whole journal of knob changes (newest last), scrollable."""
+    if not lines:
+        return "<div style='font-size:12px'><b>journal</b>: no knob change yet</div>"
+    items = "".join(f"<li>{html.escape(t)}</li>" for t in lines)
+    return (f"<div style='font-size:12px'><b>journal</b> ({len(lines)} change(s); export: snapshots tab)"
+            f"<ol style='margin:0;max-height:180px;overflow-y:auto'>{items}</ol></div>")
+
+
+def noise_html(trainer: Trainer) -> str:
+    """Each task's gradient noise scale from the latest history row, its message and suggested minibatches."""
+    noise = trainer.noise_scale
+    if noise is None:
+        return ("<div style='font-size:12px'>gradient noise scale: off; build the trainer with "
+                "<code>noise_scale=True</code> (and two or more minibatches per step) to measure it</div>")
+    rows = trainer.log.rows()  # read by the dashboard's collection already: no new device read
+    last = rows[-1] if rows else {}
+    cells = []
+    for task in trainer.tasks:
+        value, per_step = last.get(f"gns/{task}"), last.get(f"gns_minibatches/{task}")
+        shown = f"{value:.3g}" if isinstance(value, float) and math.isfinite(value) else "n/a"
+        k = (f"{max(1, math.ceil(per_step))}" if isinstance(per_step, float) and math.isfinite(per_step)
+             and per_step > 0 else "n/a")
+        cells.append(f"<tr><td>{html.escape(task)}</td><td>{shown}</td><td>{k}</td>"
+                     f"<td>{html.escape(noise.message(task))}</td></tr>")
+    return ("<div style='font-size:12px'><b>gradient noise scale</b> B_simple (normalizer units, EMA)"
+            "<table><tr><th>task</th><th>B_simple</th><th>minibatches/step</th><th></th></tr>"
+            + "".join(cells) + "</table></div>")
+

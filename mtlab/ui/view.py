@@ -41,6 +41,7 @@ from .texts import (
     counter_html,
     error_html,
     events_html,
+    journal_html,
     progress_html,
     status_html,
     validation_html,
@@ -187,7 +188,8 @@ class Dashboard(widgets.VBox):
                    "pause": c.toggle_pause, "stop": self._click_stop, "snapshot": c.take_snapshot,
                    "restore": lambda: c.restore(w.snapshot_dropdown.value), "clear_error": c.clear_error,
                    "export_png": lambda: self._export("png"), "export_svg": lambda: self._export("svg"),
-                   "export_csv": lambda: self._export("csv")}
+                   "export_csv": lambda: self._export("csv"), "export_journal": lambda: self._export("journal"),
+                   "fork": lambda: c.fork()}
         for name in ("normalize", "clip", "apply", "reset"):
             actions[name] = lambda n=name: c.call(n)
         for name, fn in actions.items():
@@ -239,7 +241,8 @@ class Dashboard(widgets.VBox):
             w.status.value = status_html(state)
         w.table.value = state.table_html
         w.progress_label.value = progress_html(state)
-        w.event_log.value = events_html(state.events)
+        w.event_log.value = events_html(state.events) + journal_html(state.journal)
+        w.noise_panel.value = state.noise_html
         w.validation_table.value = validation_html(state.records)
         w.error_box.value = error_html(state)
         w.buttons["clear_error"].layout.display = "" if state.error else "none"
@@ -410,11 +413,14 @@ class Dashboard(widgets.VBox):
     def export(self, kind: str) -> str:
         """Write the figure (``png``/``svg``) or the history (``csv``) into ``export_dir``; a download link
         appears next to the buttons. Returns the status message."""
-        if kind not in ("png", "svg", "csv"):
-            raise ValueError(f"export kind must be 'png', 'svg' or 'csv', got {kind!r}")
+        if kind not in ("png", "svg", "csv", "journal"):
+            raise ValueError(f"export kind must be 'png', 'svg', 'csv' or 'journal', got {kind!r}")
         self.export_dir.mkdir(parents=True, exist_ok=True)
         stamp, step = datetime.now().strftime("%Y%m%d-%H%M%S"), self.trainer.step_count
-        if kind == "csv":
+        if kind == "journal":
+            data, name, mime = ("".join(line + "\n" for line in self.trainer.journal.to_jsonl())).encode(), \
+                f"journal-step{step}-{stamp}.jsonl", "application/jsonl"
+        elif kind == "csv":
             data, name, mime = self.trainer.history.to_csv(index=False).encode(), f"history-step{step}-{stamp}.csv", \
                 "text/csv"
         else:
