@@ -224,3 +224,21 @@ def test_the_journal_is_in_the_state_and_names_sources():
     with pytest.raises(ConfigError, match="not one of"):
         with tr.journal.source("slider"):
             pass
+
+
+def test_a_loop_with_lr_decay_validation_go_back_and_halved_lr_replays(monkeypatch):
+    from helpers import script_validations
+
+    ex = make_examples(12, 6)
+    a = task_a((EX, EX2))
+    a.linkedsets["clean"].valid = ex
+    tr = mtlab.Trainer(make_models(), [a, task_b(EX)], device="cpu", numbatches_to_aggregate=2)
+    script_validations(monkeypatch, [1.0, 2.0, 0.5, 3.0] + [0.4 - 0.01 * i for i in range(30)], first=("a", "clean"))
+    schedule = mtlab.Schedule(num_steps=10, initial_learning_rate=1e-2, learning_rate_decay=0.1, valid_frequency=2,
+                              go_back=True, valid_adapt=True, num_tries=None)
+    mtlab.run(tr, schedule, progress=False)
+    want = fingerprint(tr)
+    sources = {(e["kind"], e["source"]) for e in tr.journal.changes()}
+    assert {("lr", "schedule"), ("restore", "validation"), ("data_position", "validation")} <= sources
+    fresh = mtlab.Trainer(make_models(), [a, task_b(EX)], device="cpu", numbatches_to_aggregate=2)
+    assert_same(tr, want, mtlab.replay(tr.journal, fresh))

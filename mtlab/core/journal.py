@@ -39,7 +39,7 @@ FORMAT = "mtlab-journal"
 VERSION = 1
 SOURCES = ("code", "dashboard", "schedule", "validation")
 CHANGES = ("weight", "task_weight", "lr", "clip", "combine", "minibatches_per_step", "batch_size", "restore",
-           "resume", "reinitialize", "fork")
+           "resume", "reinitialize", "fork", "data_position")
 CALLS = ("step", "minibatch", "normalize", "clip", "apply", "finish", "reset")
 
 

@@ -150,6 +150,13 @@ class Knobs:
             self.normalize_gradients = bool(normalize)
         self._set_clip(value, norm, percentile)
 
+    def set_data_positions(self, positions: Mapping[str, Any]) -> None:
+        """Move the data streams to ``positions`` (``trainer.streams.state_dict()``), e.g. to go on with the data
+        that follow those already drawn after a go-back; journaled."""
+        with self.journal.lock:
+            self.streams.load_state_dict(positions, self.tasks)
+            self.record_change("data_position", positions={k: dict(v) for k, v in positions.items()})
+
     def knobs_loaded(self) -> None:
         """After a state was loaded quietly: the clip settings it set are the ones to compare changes with."""
         self._clip_normalize = self.normalize_gradients

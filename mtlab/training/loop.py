@@ -235,7 +235,8 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
                 if schedule.stopped:
                     continue
             if schedule.resume_streams is not None:  # after a go_back: continue the data, do not replay it
-                trainer.streams.load_state_dict(schedule.resume_streams, trainer.tasks)
+                with trainer.journal.source("validation"):
+                    trainer.set_data_positions(schedule.resume_streams)
                 schedule.resume_streams = None
             if not follow_lr:
                 with trainer.journal.source("schedule"):

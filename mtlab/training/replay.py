@@ -64,7 +64,7 @@ def _why_not(entry: Mapping[str, Any], trainer: Trainer) -> str | None:
         return f"a {kind} change this mtlab cannot make"
     if entry["type"] == "change" and kind not in ("weight", "task_weight", "lr", "clip", "combine",
                                                   "minibatches_per_step", "batch_size", "restore", "resume",
-                                                  "reinitialize", "fork"):
+                                                  "reinitialize", "fork", "data_position"):
         return f"an unknown change {kind!r}"
     return None
 
@@ -111,6 +111,8 @@ def apply_change(trainer: Trainer, e: Mapping[str, Any]) -> None:
             trainer.set_minibatches_per_step(e["value"], task=e["task"])
     elif kind == "batch_size":
         trainer.set_batch_size(e["task"], e["value"])
+    elif kind == "data_position":
+        trainer.set_data_positions(e["positions"])
     elif kind == "reinitialize":
         trainer.reinitialize()
     else:
