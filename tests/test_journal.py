@@ -195,6 +195,10 @@ def test_a_journal_of_another_graph_is_refused_and_nothing_changes():
     with pytest.raises(ConfigError, match="tasks: the journal has \\['a', 'b'\\], the trainer \\['b'\\]"):
         mtlab.replay(tr.journal, other)
     assert digest(other.state_dict()) == before
+    other_lr = mtlab.Trainer(make_models(), [task_a((EX, EX2)), task_b(EX)], lr=1e-3, device="cpu",
+                             numbatches_to_aggregate=2, clip_grad_value=0.5)
+    with pytest.raises(ConfigError, match="initial lr: 0.01 in the journal, 0.001 in the trainer"):
+        mtlab.replay(tr.journal, other_lr)
     used = build()
     used.step()
     with pytest.raises(ConfigError, match="fresh one"):

@@ -3,8 +3,9 @@
 ``trainer.journal`` records two kinds of entries, in order:
 
 - **changes** (``type: "change"``): linked-set weight, task weight, lr, clip settings, combination method,
-  minibatches per step, batch size, restore, resume, re-initialise and fork, each with its value and its
-  ``source`` (``code``, ``dashboard``, ``schedule``, ``validation``);
+  minibatches per step, batch size, restore, resume, re-initialise, fork, data positions (a go-back that goes on
+  with the data) and a schedule's next stage, each with its value and its ``source`` (``code``,
+  ``dashboard``, ``schedule``, ``validation``);
 - **calls** (``type: "call"``): ``step`` (consecutive steps as one entry with a ``count``), ``minibatch``,
   ``normalize``, ``clip``, ``apply``, ``finish``, ``reset``.
 
@@ -39,7 +40,7 @@ FORMAT = "mtlab-journal"
 VERSION = 1
 SOURCES = ("code", "dashboard", "schedule", "validation")
 CHANGES = ("weight", "task_weight", "lr", "clip", "combine", "minibatches_per_step", "batch_size", "restore",
-           "resume", "reinitialize", "fork", "data_position")
+           "resume", "reinitialize", "fork", "data_position", "stage")
 CALLS = ("step", "minibatch", "normalize", "clip", "apply", "finish", "reset")
 
 
@@ -51,6 +52,11 @@ def graph_of(trainer: Trainer) -> dict[str, Any]:
                                                                           for p in trainer.task_params[n]})}
                   for n, t in trainer.tasks.items()},
         "seed": trainer.seed, "acc_steps": trainer.acc_steps,
+        "settings": {"lr": trainer.lr, "numbatches_to_aggregate": trainer.numbatches_to_aggregate,
+                     "normalize_gradients": trainer.normalize_gradients, "clip": list(trainer.clip_settings()),
+                     "nonfinite": trainer.nonfinite, "combine": str(trainer.update.method),
+                     "precision": trainer.precision.mode, "weights": trainer.weights(),
+                     "batch_size": {n: t.batch_size for n, t in trainer.tasks.items()}},
     }
 
 
@@ -72,6 +78,9 @@ def graph_mismatch(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[s
     for key in ("seed", "acc_steps"):
         if ours.get(key) != theirs.get(key):
             out.append(f"{key}: {theirs.get(key)!r} in the journal, {ours.get(key)!r} in the trainer")
+    mine, saved = ours.get("settings", {}), theirs.get("settings", {})
+    out += [f"initial {key}: {saved.get(key)!r} in the journal, {mine.get(key)!r} in the trainer"
+            for key in sorted(set(mine) | set(saved)) if mine.get(key) != saved.get(key)]
     return out
 
 

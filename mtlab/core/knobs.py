@@ -143,6 +143,10 @@ class Knobs:
     def clip_grad_percentile(self, value: float | None) -> None:
         self._set_clip(*self._clip[:2], value)
 
+    def clip_settings(self) -> tuple[float | None, float | None, float | None]:
+        """(clip_grad_value, clip_grad_norm, clip_grad_percentile)."""
+        return self._clip
+
     def set_clip(self, value: float | None, norm: float | None = None, percentile: float | None = None,
                  normalize: bool | None = None) -> None:
         """Every clip setting at once (and ``normalize_gradients`` unless None): one journal entry."""

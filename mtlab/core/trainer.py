@@ -14,6 +14,7 @@ UI: those are built on top of it.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -397,6 +398,9 @@ class Trainer(AccumulationKnobs, Knobs):
                 self.journal.read("apply")
                 weights_now = {n: t.weight for n, t in self.tasks.items()}  # read once: a slider may move them
                 lr = self.lr
+                shown = {n: SimpleNamespace(weight=t.weight, linkedsets={s: SimpleNamespace(weight=ls.weight)
+                                                                         for s, ls in t.linkedsets.items()})
+                         for n, t in self.tasks.items()}  # the row shows the weights of this knob read
             self._agree("apply", None)
             names = [n for n, a in self._accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)]
             if not names:
@@ -435,7 +439,7 @@ class Trainer(AccumulationKnobs, Knobs):
                     for name, acc in zip(names, accs):
                         noise_cols.update(self.noise_scale.after_apply(acc, self.normalize_gradients, found_inf))
                 self.journal.applied()
-                row = step_row(self.step_count, lr, found_inf, self.tasks, {n: self._accs[n] for n in names},
+                row = step_row(self.step_count, lr, found_inf, shown, {n: self._accs[n] for n in names},
                                {**self.update.stats, **self.precision.update(found_inf), **noise_cols},
                                self._cycle_k or self.minibatches_per_step)
                 self.log.append(row)

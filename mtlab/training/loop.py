@@ -226,6 +226,7 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
             if over:
                 with trainer.journal.source("schedule"):
                     schedule.next_stage(trainer, progress)
+                    trainer.record_change("stage", stage=schedule.stage)  # new data views: not replayable
                 bar.total = _left(trainer, schedule, done)
                 continue
             if (schedule.validate_at_step_0 and schedule.valid_frequency

@@ -54,6 +54,8 @@ def _why_not(entry: Mapping[str, Any], trainer: Trainer) -> str | None:
         if kind == "restore":
             return "a restore of a state that is not on this journal's line (another run, or a file without journal)"
         return f"a {kind} change that cannot be written down ({entry.get('method')!r}: pass the method by name)"
+    if kind == "stage":
+        return "a schedule stage began (new segment length and data views, a fresh optimizer state)"
     if entry.get("batch") == "explicit":
         return "a minibatch passed by hand (process_minibatch(..., batch=...)); its data are not in the journal"
     if kind == "minibatches_per_step" and entry.get("task") is not None \
