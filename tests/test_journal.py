@@ -63,8 +63,9 @@ def test_weights_changed_between_two_minibatches_of_a_step():
     assert_same(tr, want, replayed(tr.journal))
 
 
-def test_lr_and_clip_changed_at_a_step_boundary():
-    tr = build()
+@pytest.mark.parametrize("acc_steps", [False, True])
+def test_lr_and_clip_changed_at_a_step_boundary(acc_steps):
+    tr = build(acc_steps=acc_steps)
     tr.step()
     tr.lr = 3e-3
     tr.clip_grad_value = 0.05
@@ -75,7 +76,7 @@ def test_lr_and_clip_changed_at_a_step_boundary():
     want = fingerprint(tr)
     kinds = [e["kind"] for e in tr.journal.changes()]
     assert kinds == ["lr", "clip", "clip", "clip"]
-    assert_same(tr, want, replayed(tr.journal))
+    assert_same(tr, want, replayed(tr.journal, acc_steps=acc_steps))
 
 
 def test_combination_method_switched():

@@ -140,3 +140,20 @@ def test_noise_scale_state_survives_a_checkpoint(tmp_path):
     other.load_state_dict(tr.state_dict())
     tr.step(), other.step()
     assert tr.history["gns/b"].iloc[-1] == other.history["gns/b"].iloc[-1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on GPU machines)")
+def test_noise_scale_is_sync_free_on_cuda():
+    ex = make_examples(24, 3)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex)], clip_grad_value=0.5,
+                       numbatches_to_aggregate=2, device="cuda", nonfinite="skip", noise_scale=True)
+    tr.step()
+    batches = [(t, s, next(tr.stream(t, s))) for t, sets in tr.active_tasks().items() for s in sets] * 2
+    torch.cuda.set_sync_debug_mode("error")  # any device-to-host wait in the step raises
+    try:
+        for t, s, b in batches:
+            tr.process_minibatch(t, s, batch=b)
+        tr.finish()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert tr.history["gns/a"].notna().all()

@@ -128,7 +128,7 @@ class NoiseScale:
             return None
         c2 = torch.stack([st.c2[i] for i in keep])  # [k, models+1]
         m = torch.stack([st.m[i] for i in keep]).to(c2.device)  # [k]
-        n = m / torch.tensor([st.w[i] for i in keep], dtype=torch.float64, device=c2.device)
+        n = torch.stack([st.m[i] / st.w[i] for i in keep]).to(c2.device)  # host weights: no copy to the device
         total_m = m.sum()
         pi = m / total_m
         a, b = (pi / n).sum(), (pi.square() / n).sum()

@@ -8,6 +8,7 @@ gradient noise scale panel. Re-exported by ``mtlab.plots``::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -22,23 +23,37 @@ TASK_DASHES = ("-", "--", ":", "-.")
 
 
 def _journal(run: Any) -> Journal | None:
+    if isinstance(run, (str, Path)):
+        return Journal.read_file(run) if (Path(run) / "journal.jsonl").is_file() else None
     journal = getattr(run, "journal", None)
     return journal if isinstance(journal, Journal) else None
+
+
+def _history(run: Any) -> pd.DataFrame:
+    """A run's history: a trainer's, a DataFrame, or an experiment folder's history.csv."""
+    if isinstance(run, (str, Path)):
+        path = Path(run) / "history.csv"
+        if not path.is_file():
+            raise ValueError(f"plot_runs(): {run} holds no history.csv; give an experiment folder, a trainer or a "
+                             "history DataFrame")
+        return pd.read_csv(path)
+    from .plots import as_frame
+
+    return as_frame(run)
 
 
 def plot_runs(runs: Mapping[str, Any], panel: str = "loss", width_px: int = 830,
               height_px: int | None = None, differences: bool = True) -> Figure:
     """One panel (``loss``, ``grad_norm``, ... as in ``plot_history``) with every run on it: a colour per run,
-    a dash per task. Runs are trainers (their journals give the knob differences, listed at the right) or
-    history DataFrames."""
-    from .plots import FONT, PALETTE, as_frame, legend_outside, log_axis, new_figure, series_from_frame, tasks_in, \
-        thin
+    a dash per task. Runs are trainers or experiment folders (their journals give the knob differences, listed
+    at the right) or history DataFrames."""
+    from .plots import FONT, PALETTE, legend_outside, log_axis, new_figure, series_from_frame, tasks_in, thin
 
     if not runs:
         raise ValueError("plot_runs(): give at least one run, e.g. {'main': trainer, 'branch': trainer.fork('b')}")
     fig = new_figure(width_px, height_px)
     ax = fig.add_subplot()
-    frames = {name: as_frame(run) for name, run in runs.items()}
+    frames = {name: _history(run) for name, run in runs.items()}
     tasks = sorted({t for df in frames.values() for t in tasks_in(df.columns)})
     for i, (name, df) in enumerate(frames.items()):
         color = PALETTE[i % len(PALETTE)]

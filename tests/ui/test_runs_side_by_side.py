@@ -1,0 +1,32 @@
+"""mtlab.plots.plot_runs: runs and branches on shared axes, their knob differences listed beside the curves."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="plots need matplotlib: pip install 'mtlab[notebook]'")
+
+import mtlab  # noqa: E402
+from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
+from mtlab.core.journal import knob_differences  # noqa: E402
+
+
+def test_branches_side_by_side_list_what_sets_them_apart(tmp_path, one_thread):
+    ex = make_examples(24, 3)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex)], numbatches_to_aggregate=2, device="cpu",
+                       noise_scale=True)
+    tr.step()
+    branch = tr.fork("low-lr")
+    branch.lr = 1e-4
+    tr.step(), branch.step()
+    assert knob_differences({"main": tr.journal, "low-lr": branch.journal}) == {
+        "main": [], "low-lr": ["step 1: lr value=0.0001 (code)"]}
+    tr.journal.write(tmp_path / "journal.jsonl")
+    tr.history.to_csv(tmp_path / "history.csv", index=False)
+    fig = mtlab.plots.plot_runs({"main": tmp_path, "low-lr": branch})
+    ax = fig.axes[0]
+    assert {line.get_label() for line in ax.get_lines()} == {"main: a", "main: b", "low-lr: a", "low-lr: b"}
+    text = "\n".join(t.get_text() for t in ax.texts)
+    assert "low-lr:\n  step 1: lr value=0.0001 (code)" in text and "main:\n  (no change of its own)" in text
+    fig = mtlab.plots.plot_noise_scale(tr)
+    assert {line.get_label() for line in fig.axes[0].get_lines()} >= {"a", "b"}
