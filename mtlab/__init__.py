@@ -44,6 +44,7 @@ from .tasks.graph import ModelGraph, Node
 from .tasks.task import LinkedSet, Task
 from .core.trainer import Trainer
 from .core.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
+from .core.journal import Journal
 from .core.noise import NoiseScale
 
 __version__ = "0.3.0"
@@ -98,7 +99,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Accumulator", "BatchError", "Chain", "ClipByGlobalNorm", "ClipByValue", "ConfigError", "Experiment", "GraphError",
+    "Accumulator", "BatchError", "Chain", "ClipByGlobalNorm", "ClipByValue", "ConfigError", "Experiment", "GraphError", "Journal",
     "LinkedSet", "MinibatchRecord", "ModelGraph", "MtlabError", "Node", "NoiseScale", "Normalize", "NonFiniteError",
     "Phase",
     "PhaseError", "Schedule", "Task", "Trainer", "ZeroNormError", "collate", "from_recipe", "losses",

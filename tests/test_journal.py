@@ -247,3 +247,14 @@ def test_a_loop_with_lr_decay_validation_go_back_and_halved_lr_replays(monkeypat
     assert {("lr", "schedule"), ("restore", "validation"), ("data_position", "validation")} <= sources
     fresh = mtlab.Trainer(make_models(), [a, task_b(EX)], device="cpu", numbatches_to_aggregate=2)
     assert_same(tr, want, mtlab.replay(tr.journal, fresh))
+
+
+def test_a_staged_schedule_is_refused_by_replay_not_silently_rerun(monkeypatch):
+    from test_loop_stages import staged
+
+    tr, schedule = staged()
+    mtlab.run(tr, schedule, progress=False)
+    assert [e["stage"] for e in tr.journal.changes() if e["kind"] == "stage"] == [0, 1]
+    fresh, _ = staged()
+    with pytest.raises(ConfigError, match="schedule stage"):
+        mtlab.replay(tr.journal, fresh)

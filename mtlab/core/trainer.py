@@ -84,6 +84,9 @@ class Trainer(AccumulationKnobs, Knobs):
     ``"adam_tf1"`` (the original's ``tf.train.AdamOptimizer``, ``mtlab.core.optimizers``) or a function
     ``params -> torch.optim.Optimizer``. ``linkedset_weights``: ``"absolute"`` (the default: each linked set's
     weight as given) or ``"relative"`` (divided by the task's first set's weight, as the original).
+    ``noise_scale=True`` measures each task's gradient noise scale
+    (``mtlab.core.noise``); ``trainer.journal`` records every knob change and call (``mtlab.core.journal``),
+    ``mtlab.replay`` reruns it bit for bit and ``fork()`` branches the run.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], tasks: Sequence[Task] | Task, lr: float = 1e-3,

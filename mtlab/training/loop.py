@@ -210,6 +210,8 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
     shown = 0.0
     with trainer.journal.source("schedule"):
         schedule.apply_stage(trainer)
+        if schedule.stages:  # the stage's data views and batch sizes: journaled so that a replay refuses it
+            trainer.record_change("stage", stage=schedule.stage)
     trainer.events.emit("run_start", {"step": trainer.step_count, "num_steps": schedule.num_steps})
     try:
         while True:

@@ -55,7 +55,8 @@ def _why_not(entry: Mapping[str, Any], trainer: Trainer) -> str | None:
             return "a restore of a state that is not on this journal's line (another run, or a file without journal)"
         return f"a {kind} change that cannot be written down ({entry.get('method')!r}: pass the method by name)"
     if kind == "stage":
-        return "a schedule stage began (new segment length and data views, a fresh optimizer state)"
+        return ("a schedule stage (segment-length curriculum: data views, batch sizes and, at a new stage, a fresh "
+                "optimizer state) that this replay cannot redo")
     if entry.get("batch") == "explicit":
         return "a minibatch passed by hand (process_minibatch(..., batch=...)); its data are not in the journal"
     if kind == "minibatches_per_step" and entry.get("task") is not None \
@@ -73,6 +74,11 @@ def _why_not(entry: Mapping[str, Any], trainer: Trainer) -> str | None:
 
 def check(journal: Journal, trainer: Trainer) -> None:
     """Refuse, naming why, a journal that this trainer cannot replay (nothing is changed)."""
+    bad = [(i, why) for i, e in enumerate(journal.entries) if (why := _why_not(e, trainer))]
+    if bad:
+        i, why = bad[0]
+        raise ConfigError(f"replay(): entry {i} of the journal cannot be replayed: {why} "
+                          f"({len(bad)} such entr{'y' if len(bad) == 1 else 'ies'})")
     if trainer.step_count != 0 or not trainer.journal.pristine():
         raise ConfigError(f"replay(): the trainer has already trained or been changed (step {trainer.step_count}, "
                           f"{len(trainer.journal)} journal entries); build a fresh one the way the original was built")
@@ -80,11 +86,6 @@ def check(journal: Journal, trainer: Trainer) -> None:
     if problems:
         raise ConfigError("replay(): the journal does not fit this trainer (" + "; ".join(problems) + "); build the "
                           "trainer from the same recipe (models, tasks, linked sets, seed) as the journal's run")
-    bad = [(i, why) for i, e in enumerate(journal.entries) if (why := _why_not(e, trainer))]
-    if bad:
-        i, why = bad[0]
-        raise ConfigError(f"replay(): entry {i} of the journal cannot be replayed: {why} "
-                          f"({len(bad)} such entr{'y' if len(bad) == 1 else 'ies'})")
     initial = journal.header.get("initial")
     if initial is not None:
         ours = digest({k: m.state_dict() for k, m in trainer.models.items()})
