@@ -258,3 +258,18 @@ def test_a_staged_schedule_is_refused_by_replay_not_silently_rerun(monkeypatch):
     fresh, _ = staged()
     with pytest.raises(ConfigError, match="schedule stage"):
         mtlab.replay(tr.journal, fresh)
+
+
+def test_a_refused_step_is_journaled_and_replayed_as_refused():
+    bad = make_examples(24, 3)
+    bad[0]["x"] = bad[0]["x"] * float("nan")
+    build_bad = lambda: mtlab.Trainer(make_models(), [task_b(bad, batch_size=24)], lr=1e-2, device="cpu")  # noqa: E731
+    tr = build_bad()
+    with pytest.raises(mtlab.NonFiniteError):
+        tr.step()
+    tr.reset()
+    tr.set_task_weight("b", 0.5)
+    want = fingerprint(tr)
+    assert [(e["kind"], e.get("failed")) for e in tr.journal.entries] == [
+        ("step", "NonFiniteError"), ("reset", None), ("task_weight", None)]
+    assert_same(tr, want, mtlab.replay(tr.journal, build_bad()))

@@ -208,7 +208,8 @@ class Journal:
                     if kind == "step" and entry["count"] > 1:  # the failed step gets an entry of its own
                         entry["count"] -= 1
                         failed = {**entry, "count": 1, "step": trainer.step_count, "failed": type(exc).__name__}
-                        self.entries.append(failed)
+                        at = next(i for i, e in enumerate(self.entries) if e is entry)
+                        self.entries.insert(at + 1, failed)  # before the changes made during the failed step
                     else:
                         entry["failed"] = type(exc).__name__
             raise

@@ -438,7 +438,7 @@ class Trainer(AccumulationKnobs, Knobs):
                     acc.mark_applied()
                 self.step_count += 1
                 noise_cols: dict[str, Any] = {}
-                if self.noise_scale is not None and self.world_size == 1:  # per-minibatch sizes are local
+                if self.noise_scale is not None and self.parallel.world_size == 1:  # per-minibatch sizes are local
                     for name, acc in zip(names, accs):
                         noise_cols.update(self.noise_scale.after_apply(acc, self.normalize_gradients, found_inf))
                 self.journal.applied()
