@@ -273,3 +273,16 @@ def test_a_refused_step_is_journaled_and_replayed_as_refused():
     assert [(e["kind"], e.get("failed")) for e in tr.journal.entries] == [
         ("step", "NonFiniteError"), ("reset", None), ("task_weight", None)]
     assert_same(tr, want, mtlab.replay(tr.journal, build_bad()))
+
+
+def test_relative_linkedset_weights_and_the_tf1_adam_replay_and_fork():
+    tr = build(optimizer="adam_tf1", linkedset_weights="relative")
+    tr.step()
+    tr.set_weight("a", "noisy", 0.25)
+    branch = tr.fork("b")
+    tr.step(), branch.step()
+    want, want_branch = fingerprint(tr), fingerprint(branch)
+    assert_same(tr, want, replayed(tr.journal, optimizer="adam_tf1", linkedset_weights="relative"))
+    assert_same(branch, want_branch, replayed(branch.journal, optimizer="adam_tf1", linkedset_weights="relative"))
+    with pytest.raises(ConfigError, match="initial optimizer"):
+        replayed(tr.journal)

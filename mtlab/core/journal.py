@@ -56,6 +56,8 @@ def graph_of(trainer: Trainer) -> dict[str, Any]:
                      "normalize_gradients": trainer.normalize_gradients, "clip": list(trainer.clip_settings()),
                      "nonfinite": trainer.nonfinite, "combine": str(trainer.update.method),
                      "precision": trainer.precision.mode, "weights": trainer.weights(),
+                     "optimizer": str(getattr(trainer, "optimizer_name", None)),
+                     "linkedset_weights": getattr(trainer, "linkedset_weights", "absolute"),
                      "batch_size": {n: t.batch_size for n, t in trainer.tasks.items()}},
     }
 
