@@ -46,8 +46,8 @@ def fork_trainer(trainer: Trainer, name: str, state: Mapping[str, Any] | None = 
         build = dict(trainer.build_args)
         if build.get("combine") is not None and not isinstance(build["combine"], (str, Mapping)):
             build["combine"] = copy.deepcopy(build["combine"])  # a stateful method object: the branch's own
-        if isinstance(build.get("noise_scale"), NoiseScale):
-            build["noise_scale"] = NoiseScale(build["noise_scale"].beta)
+        if trainer.noise_scale is not None:  # given to the constructor or attached since
+            build["noise_scale"] = NoiseScale(trainer.noise_scale.beta)
         models = {k: copy.deepcopy(getattr(m, "_orig_mod", m)) for k, m in trainer.models.items()}
         tasks = []
         for t in trainer.tasks.values():

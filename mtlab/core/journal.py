@@ -58,6 +58,7 @@ def graph_of(trainer: Trainer) -> dict[str, Any]:
                      "precision": trainer.precision.mode, "weights": trainer.weights(),
                      "optimizer": str(getattr(trainer, "optimizer_name", None)),
                      "linkedset_weights": getattr(trainer, "linkedset_weights", "absolute"),
+                     "noise_scale": trainer.noise_scale is not None,
                      "batch_size": {n: t.batch_size for n, t in trainer.tasks.items()}},
     }
 
