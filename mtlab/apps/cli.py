@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 from typing import Sequence
 
+from .replaycmd import add_replay_parser, replay_command
+
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -145,12 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume", help="continue an experiment from its final.pt")
     p.add_argument("expdir", type=Path)
     common(p)
-    p = sub.add_parser("replay", help="rerun an experiment from its journal.jsonl, bit for bit, and compare it with "
-                                      "the experiment's final.pt")
-    p.add_argument("expdir", type=Path)
-    p.add_argument("--expdir", dest="out", type=Path, default=None,
-                   help="write the replayed run here (final.pt, history.csv, journal.jsonl); default: compare only")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_replay_parser(sub)
     p = sub.add_parser("evaluate", help="evaluate a checkpoint on held-out data")
     p.add_argument("expdir", type=Path)
     p.add_argument("--checkpoint", default="best", help="best, final or a path (default: best, else final)")
@@ -321,43 +318,6 @@ def _resume(args: argparse.Namespace) -> int:
         print(f"{args.expdir}: nothing to resume, {why}")
         return 0
     return _train(exp, args.expdir, args)
-
-
-def _replay(args: argparse.Namespace) -> int:
-    """Rebuild the experiment from its recipe, replay its journal, compare with its final.pt."""
-    from ..base.errors import ConfigError
-    from ..core.journal import Journal
-    from ..core.state import load_safe
-    from ..training.checkpoint import save_checkpoint
-    from ..training.replay import replay
-    from .recipe import from_recipe
-
-    journal = Journal.read_file(args.expdir / "journal.jsonl")
-    final = args.expdir / "final.pt"
-    state = load_safe(final) if final.exists() else None
-    recipe = state.get("recipe") if state is not None else None
-    if recipe is None:
-        raise ConfigError(f"{args.expdir} has no final.pt with its recipe; `mtlab replay` rebuilds the trainer from it")
-    exp = from_recipe(recipe)
-    trainer = replay(journal, exp.trainer)
-    print(f"replayed {len(journal)} journal entries ({len(journal.changes())} change(s)) to step {trainer.step_count}")
-    if args.out is not None:
-        _fresh_expdir(args.out)
-        args.out.mkdir(parents=True, exist_ok=True)
-        save_checkpoint(trainer, exp.schedule, args.out / "final.pt", recipe=recipe)
-        trainer.history.to_csv(args.out / "history.csv", index=False)
-        trainer.journal.write(args.out / "journal.jsonl")
-        print(f"experiment folder: {args.out}")
-    import torch
-
-    ours = {f"{m}.{k}": v for m, model in trainer.models.items() for k, v in model.state_dict().items()}
-    theirs = {f"{m}.{k}": v for m, sd in state["models"].items() for k, v in sd.items()}
-    differ = sorted(k for k in ours if k not in theirs or not torch.equal(ours[k].cpu(), theirs[k]))
-    if state["step"] != trainer.step_count or differ:
-        print(f"differs from {final} (step {state['step']}): {differ[:5] or 'step count'}", file=sys.stderr)
-        return 1
-    print(f"bit-identical to {final}: every parameter of step {trainer.step_count}")
-    return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -609,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "resume":
             return _resume(args)
         if args.command == "replay":
-            return _replay(args)
+            return replay_command(args.expdir, args.out)
         if args.command == "prepare":
             from ..data.layouts import prepare
 
