@@ -100,10 +100,11 @@ def rng_bytes(s: str) -> torch.Tensor:
 class Journal:
     """Ordered record of one run's changes and calls; see the module docstring.
 
-    >>> trainer.set_weight("a", "noisy", 0.2); trainer.step()
-    >>> trainer.journal.changes()[-1]
-    {'type': 'change', 'kind': 'weight', 'task': 'a', 'linkedset': 'noisy', 'value': 0.2, 'step': 0, ...}
-    >>> with trainer.journal.source("schedule"): trainer.lr = 1e-4
+    >>> trainer.set_weight("a", "noisy", 0.2); trainer.step()  # doctest: +SKIP
+    >>> trainer.journal.lines()[-1]  # doctest: +SKIP
+    'step 0: weight task=a, linkedset=noisy, value=0.2 (code)'
+    >>> with trainer.journal.source("schedule"):  # doctest: +SKIP
+    ...     trainer.lr = 1e-4
     """
 
     def __init__(self, graph: Mapping[str, Any] | None = None) -> None:
@@ -134,6 +135,7 @@ class Journal:
             stack.pop()
 
     def current_source(self) -> str:
+        """Where a change made now comes from (this thread's innermost ``source()``; ``code`` outside any)."""
         stack = self._local.__dict__.get("stack")
         return stack[-1] if stack else "code"
 
@@ -280,16 +282,19 @@ class Journal:
 
     # ------------------------------------------------------------------ plain JSON
     def to_dict(self) -> dict[str, Any]:
+        """The whole journal as plain JSON-compatible containers (a copy)."""
         with self.lock:
             return json.loads(json.dumps({"format": FORMAT, "version": VERSION, "id": self.id,
                                           "lineage": self.lineage, "header": self.header,
                                           "entries": self.entries, "tick": self.tick}))
 
     def to_json(self) -> str:
+        """The whole journal as one JSON text (``from_json`` reads it back)."""
         return json.dumps(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Journal:
+        """A journal from ``to_dict()``'s containers; refuses anything else, naming what it expected."""
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise ConfigError("not an mtlab journal (expected the JSON Journal.to_json() writes, with "
                               f"'format': {FORMAT!r})")
@@ -304,6 +309,7 @@ class Journal:
 
     @classmethod
     def from_json(cls, text: str) -> Journal:
+        """A journal from ``to_json()``'s text."""
         return cls.from_dict(json.loads(text))
 
     def to_jsonl(self) -> list[str]:
@@ -322,6 +328,7 @@ class Journal:
 
     @classmethod
     def read_file(cls, path: str | Path) -> Journal:
+        """A journal from ``journal.jsonl`` (or the experiment folder that holds it)."""
         path = Path(path)
         if path.is_dir():
             path = path / "journal.jsonl"

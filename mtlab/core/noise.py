@@ -51,9 +51,11 @@ class _TaskNoise:
 class NoiseScale:
     """Per task (and per model of a task) gradient noise scale ``B_simple`` with an EMA of factor ``beta``.
 
-    >>> trainer = Trainer(models, tasks, numbatches_to_aggregate=4, noise_scale=True)
-    >>> trainer.step(); trainer.history["gns/a"]          # B_simple of task a, in normalizer units
-    >>> trainer.noise_scale.suggest(trainer)              # minibatches per step each task could use
+    B_simple of task a (in normalizer units) and the minibatches per step each task could use:
+
+    >>> trainer = Trainer(models, tasks, numbatches_to_aggregate=4, noise_scale=True)  # doctest: +SKIP
+    >>> trainer.step(); trainer.history["gns/a"]  # doctest: +SKIP
+    >>> trainer.noise_scale.suggest(trainer)  # doctest: +SKIP
     """
 
     def __init__(self, beta: float = 0.95) -> None:
@@ -188,11 +190,13 @@ class NoiseScale:
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        """The moving averages per task (kept in the trainer's state and checkpoints)."""
         return {"beta": self.beta, "tasks": {n: {"ema_trace": st.ema_trace, "ema_g2": st.ema_g2, "steps": st.steps,
                                                  "last_k": st.last_k}
                                              for n, st in self.tasks.items() if st.ema_trace is not None}}
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
+        """Restore ``state_dict()``'s averages onto ``device``."""
         self.beta = float(state.get("beta", self.beta))
         self.tasks = {}
         for name, saved in state.get("tasks", {}).items():

@@ -570,7 +570,8 @@ class Trainer(AccumulationKnobs, Knobs):
         ``state``, a snapshot taken earlier), sharing the data, that trains on independently. Both journals
         record the fork; the branch's journal continues this one's, so ``mtlab.replay`` rebuilds it.
 
-        >>> lower = trainer.fork("lower-lr"); lower.lr = 1e-4; mtlab.run(lower, steps=100)
+        >>> lower = trainer.fork("lower-lr"); lower.lr = 1e-4  # doctest: +SKIP
+        >>> mtlab.run(lower, steps=100)  # doctest: +SKIP
         """
         return fork_trainer(self, name, state)
 

@@ -1,9 +1,12 @@
 """Replay a journal: train a freshly built trainer through a run's calls, applying each knob change where it
 took effect, and get the same run bit for bit (parameters, optimizer state, history).
 
->>> fresh = build_trainer()                 # same models, tasks and seed as the original
->>> mtlab.replay(original.journal, fresh)   # or a journal.jsonl path, a JSON string, a Journal
->>> torch.equal(fresh.params["enc.lin.weight"], original.params["enc.lin.weight"])
+``fresh`` is built like the original (same models, tasks and seed); the journal may also be a journal.jsonl
+path, a JSON string or a Journal:
+
+>>> fresh = build_trainer()  # doctest: +SKIP
+>>> mtlab.replay(original.journal, fresh)  # doctest: +SKIP
+>>> torch.equal(fresh.params["enc.lin.weight"], original.params["enc.lin.weight"])  # doctest: +SKIP
 True
 
 A journal that does not fit the trainer (another task, linked set, model, shape or seed), a trainer that

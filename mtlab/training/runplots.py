@@ -15,6 +15,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from .plotstyle import PALETTE, task_colors, text_pt
+
 # mtlab.plots re-exports this module's functions: its helpers are imported where used (no import cycle)
 
 from ..core.journal import Journal, knob_differences
@@ -27,6 +29,14 @@ def _journal(run: Any) -> Journal | None:
         return Journal.read_file(run) if (Path(run) / "journal.jsonl").is_file() else None
     journal = getattr(run, "journal", None)
     return journal if isinstance(journal, Journal) else None
+
+
+def _legend_right(ax: Axes) -> None:
+    """The legend outside the axes, to the right (the constrained layout makes room)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, fontsize=text_pt("legend"), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0, frameon=False, handlelength=1.8)
 
 
 def _history(run: Any) -> pd.DataFrame:
@@ -47,7 +57,7 @@ def plot_runs(runs: Mapping[str, Any], panel: str = "loss", width_px: int = 830,
     """One panel (``loss``, ``grad_norm``, ... as in ``plot_history``) with every run on it: a colour per run,
     a dash per task. Runs are trainers or experiment folders (their journals give the knob differences, listed
     at the right) or history DataFrames."""
-    from .plots import FONT, PALETTE, legend_outside, log_axis, new_figure, series_from_frame, tasks_in, thin
+    from .plots import log_axis, new_figure, series_from_frame, tasks_in, thin
 
     if not runs:
         raise ValueError("plot_runs(): give at least one run, e.g. {'main': trainer, 'branch': trainer.fork('b')}")
@@ -64,13 +74,13 @@ def plot_runs(runs: Mapping[str, Any], panel: str = "loss", width_px: int = 830,
             xs, ys = thin(xs, ys)
             ax.plot(xs, ys, color=color, ls=TASK_DASHES[tasks.index(task) % len(TASK_DASHES)], lw=1.3,
                     label=f"{name}: {task}")
-    ax.set_xlabel("step", fontsize=FONT)
-    ax.set_title(f"{panel} of {len(frames)} run(s)", fontsize=FONT + 1)
-    ax.tick_params(which="both", labelsize=FONT - 1)
+    ax.set_xlabel("step", fontsize=text_pt("label"))
+    ax.set_title(f"{panel} of {len(frames)} run(s)", fontsize=text_pt("title"))
+    ax.tick_params(which="both", labelsize=text_pt("tick"))
     ax.grid(alpha=0.3)
     if panel == "grad_norm":
         log_axis(ax)
-    legend_outside(ax)
+    _legend_right(ax)
     journals = {name: j for name, run in runs.items() if (j := _journal(run)) is not None}
     if differences and journals:
         lines = []
@@ -79,7 +89,7 @@ def plot_runs(runs: Mapping[str, Any], panel: str = "loss", width_px: int = 830,
             lines.extend(f"  {c}" for c in changes[-6:])
             if not changes:
                 lines.append("  (no change of its own)")
-        ax.text(1.01, 0.0, "\n".join(lines), transform=ax.transAxes, fontsize=FONT - 1, va="bottom", ha="left",
+        ax.text(1.01, 0.0, "\n".join(lines), transform=ax.transAxes, fontsize=text_pt("legend"), va="bottom", ha="left",
                 family="monospace")
     return fig
 
@@ -87,7 +97,7 @@ def plot_runs(runs: Mapping[str, Any], panel: str = "loss", width_px: int = 830,
 def plot_noise_scale(history: Any, ax: Axes | None = None, models: bool = True) -> Figure:
     """``gns/<task>`` (solid) and ``gns/<task>/<model>`` (thin, dashed) over the steps, log scale: the
     batch size (in normalizer units) beyond which a bigger batch stops paying off."""
-    from .plots import FONT, as_frame, legend_outside, log_axis, new_figure, task_colors
+    from .plots import as_frame, log_axis, new_figure
 
     df = as_frame(history)
     if ax is None:
@@ -109,16 +119,16 @@ def plot_noise_scale(history: Any, ax: Axes | None = None, models: bool = True) 
         ax.plot(steps[keep].tolist(), values[keep].tolist(), color=colors[parts[1]], lw=1.5 if len(parts) == 2 else 0.9,
                 ls="-" if len(parts) == 2 else "--", label=parts[1] if len(parts) == 2 else f"{parts[1]}/{parts[2]}")
         drawn += 1
-    ax.set_title("gradient noise scale B_simple (EMA)", fontsize=FONT + 1)
-    ax.set_xlabel("step", fontsize=FONT)
-    ax.tick_params(which="both", labelsize=FONT - 1)
+    ax.set_title("gradient noise scale B_simple (EMA)", fontsize=text_pt("title"))
+    ax.set_xlabel("step", fontsize=text_pt("label"))
+    ax.tick_params(which="both", labelsize=text_pt("tick"))
     ax.grid(alpha=0.3)
     if drawn:
         log_axis(ax)
-        legend_outside(ax)
+        _legend_right(ax)
     else:
         ax.text(0.5, 0.5, "no noise scale yet: Trainer(noise_scale=True) and two or more minibatches per step",
-                transform=ax.transAxes, ha="center", va="center", fontsize=FONT)
+                transform=ax.transAxes, ha="center", va="center", fontsize=text_pt("label"))
     return fig
 
 
