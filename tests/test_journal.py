@@ -286,3 +286,20 @@ def test_relative_linkedset_weights_and_the_tf1_adam_replay_and_fork():
     assert_same(branch, want_branch, replayed(branch.journal, optimizer="adam_tf1", linkedset_weights="relative"))
     with pytest.raises(ConfigError, match="initial optimizer"):
         replayed(tr.journal)
+
+
+def test_minibatches_per_step_of_one_task_batch_size_and_reinitialize_replay():
+    tr = build()
+    tr.step()
+    tr.set_minibatches_per_step(3, task="a")
+    tr.set_batch_size("b", 5)
+    tr.step()
+    tr.reinitialize()  # back to the built state, knobs kept
+    tr.step()
+    tr.set_minibatches_per_step(1)
+    tr.step()
+    want = fingerprint(tr)
+    assert [(e["kind"], e.get("task"), e.get("value")) for e in tr.journal.changes()] == [
+        ("minibatches_per_step", "a", 3), ("batch_size", "b", 5), ("reinitialize", None, None),
+        ("minibatches_per_step", None, 1)]
+    assert_same(tr, want, replayed(tr.journal))

@@ -200,9 +200,12 @@ class Trainer(AccumulationKnobs, Knobs):
         accumulation in progress."""
         with self.lock:
             before = self.step_count
-            checkpoint.load_initial_state(self, self._initial)
+            self.journal.begin(self)
+            with self.journal.lock, self.journal.quiet():
+                checkpoint.load_initial_state(self, self._initial)
             self.log.abandon(0)
             self.step_count = 0
+            self.record_change("reinitialize", from_step=before)
             self.events.emit("reinitialize", {"step": 0, "from_step": before})
 
     def state(self, task: str) -> Accumulator:
@@ -401,8 +404,8 @@ class Trainer(AccumulationKnobs, Knobs):
                 self.journal.read("apply")
                 weights_now = {n: t.weight for n, t in self.tasks.items()}  # read once: a slider may move them
                 lr = self.lr
-                shown = {n: SimpleNamespace(weight=t.weight, linkedsets={s: SimpleNamespace(weight=ls.weight)
-                                                                         for s, ls in t.linkedsets.items()})
+                shown = {n: SimpleNamespace(weight=t.weight, batch_size=t.batch_size, linkedsets={
+                    s: SimpleNamespace(weight=ls.weight) for s, ls in t.linkedsets.items()})
                          for n, t in self.tasks.items()}  # the row shows the weights of this knob read
             self._agree("apply", None)
             names = [n for n, a in self._accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)]
