@@ -43,7 +43,7 @@ from .base.errors import BatchError, ConfigError, GraphError, MtlabError, NonFin
 from .tasks.graph import ModelGraph, Node
 from .tasks.task import LinkedSet, Task
 from .core.trainer import Trainer
-from .core.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
+from .core.transforms import Call, Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
 
 __version__ = "0.3.0"
 
@@ -96,8 +96,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Accumulator", "BatchError", "Chain", "ClipByGlobalNorm", "ClipByValue", "ConfigError", "Experiment", "GraphError",
+    "Accumulator", "BatchError", "Call", "Chain", "ClipByGlobalNorm", "ClipByHistory", "ClipByValue", "ConfigError", "Experiment", "GraphError",
     "LinkedSet", "MinibatchRecord", "ModelGraph", "MtlabError", "Node", "Normalize", "NonFiniteError", "Phase",
-    "PhaseError", "Schedule", "Task", "Trainer", "ZeroNormError", "collate", "from_recipe", "losses",
+    "PhaseError", "Schedule", "Task", "Trainer", "Transform", "ZeroNormError", "collate", "from_recipe", "losses",
     "models", "run",
 ]

@@ -40,7 +40,7 @@ class Trigger:
         if where == "process_minibatch":
             tr.params["head_a.weight"].register_hook(self._hook)
         elif where == "normalize":
-            tr.reducer = self  # the reduction hook is called inside normalize()
+            tr.parallel.reducer = self  # the reduction hook is called inside normalize()
         else:
             step = tr.optimizer.step
 

@@ -265,7 +265,7 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
 
     from .recipe import trainer_settings
 
-    rank = exp.trainer.rank
+    rank = exp.trainer.parallel.rank
     logger = None
     loggers = args.log or trainer_settings(exp.recipe)["log"]  # --log overrides the recipe's [trainer] log
     if loggers and rank == 0:
@@ -394,7 +394,7 @@ def _elastic_train(args: argparse.Namespace) -> int:
         restore_rank_state(exp.trainer, point)
     if restarts:
         check_same_start(exp.trainer, str(point or args.recipe))
-        if exp.trainer.rank == 0:
+        if exp.trainer.parallel.rank == 0:
             where = f"{point} (step {exp.trainer.step_count})" if point else "the start (no checkpoint yet)"
             print(f"restart {restarts} of the worker group: resuming from {where}", file=sys.stderr, flush=True)
         if exp.schedule.finished or exp.trainer.step_count >= exp.schedule.num_steps:

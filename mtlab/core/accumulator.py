@@ -30,6 +30,7 @@ class Phase(StrEnum):
     ACCUMULATING = "accumulating"
     NORMALIZED = "normalized"
     CLIPPED = "clipped"
+    PROCESSED = "processed"  # after a user's transform whose call is neither normalize nor clip
     APPLIED = "applied"
 
 
@@ -89,6 +90,7 @@ class Accumulator:
         self.clip_fraction: Tensor | None = None
         self.model_norms: dict[str, Tensor] = {}
         self.model_norms_clipped: dict[str, Tensor] = {}
+        self.stats: dict[str, Tensor] = {}  # what the chain's transforms measured this step, beyond the norms
 
     # ------------------------------------------------------------------ buffers
     def _allocate(self) -> None:
@@ -182,15 +184,18 @@ class Accumulator:
         self.phase = Phase.ACCUMULATING
         self.restore_grads()
 
-    def advance(self, phase: Phase) -> None:
-        """A transform of the chain processed the gradients: one position further, now ``phase``."""
+    def advance(self, phase: Phase, stats: Mapping[str, Tensor] | None = None) -> None:
+        """A transform of the chain processed the gradients: one position further, now ``phase``, with the
+        statistics it measured (device tensors): ``clip_fraction`` (the first clip of a step that gives one
+        sets it) and any other name, kept in ``stats`` and written into the history as ``<task>/<name>``."""
         self.position += 1
         self.phase = phase
-
-    def set_clip_fraction(self, fraction: Tensor, first: bool = False) -> None:
-        """The share clipping changed (a device tensor); ``first``: unless a clip of this step recorded one."""
-        if not (first and self.clip_fraction is not None):
-            self.clip_fraction = fraction
+        for key, value in (stats or {}).items():
+            if key == "clip_fraction":
+                if self.clip_fraction is None:
+                    self.clip_fraction = value
+            else:
+                self.stats[key] = value
 
     def mark_applied(self) -> None:
         """The optimizer stepped with this accumulation: it stays readable until the next minibatch."""
@@ -302,6 +307,7 @@ class Accumulator:
             "clip_fraction": opt(self.clip_fraction),
             "model_norms": {k: v.clone() for k, v in self.model_norms.items()},
             "model_norms_clipped": {k: v.clone() for k, v in self.model_norms_clipped.items()},
+            "stats": {k: v.detach().clone() for k, v in self.stats.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -326,6 +332,7 @@ class Accumulator:
         self.clip_fraction = to(state["clip_fraction"])
         self.model_norms = {k: v.to(dev) for k, v in state["model_norms"].items()}
         self.model_norms_clipped = {k: v.to(dev) for k, v in state["model_norms_clipped"].items()}
+        self.stats = {k: v.to(dev) for k, v in state.get("stats", {}).items()}
         if self.minibatches:
             if not self.buffers:
                 self._allocate()

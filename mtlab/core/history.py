@@ -106,5 +106,6 @@ def step_row(step: int, lr: float, skipped: Any, tasks: Mapping[str, Any], accs:
             row.update({f"{name}/{s}/loss": acc.linkedset_loss(s) for s in acc.set_totals})
             row.update({f"{name}/grad_norm": acc.grad_norm, f"{name}/grad_norm_clipped": acc.grad_norm_clipped,
                         f"{name}/clip_fraction": acc.clip_fraction, f"{name}/minibatches": acc.minibatches})
+            row.update({f"{name}/{k}": v for k, v in acc.stats.items()})
     row.update(stats or {})
     return row

@@ -3,7 +3,7 @@
 One training step, as in the original task trainer, for every task::
 
     numbatches_to_aggregate x process_minibatch (forward.TaskPlan + accumulator.Accumulator)
-      -> normalize, clip (transforms.Chain)  -> apply (update.Update)
+      -> the chain's calls: normalize, clip, a user's own (transforms.Chain)  -> apply (update.Update)
 
 Each call is public, checks its phase and leaves every piece of state readable. Summing over minibatches
 and dividing once makes the accumulated gradient exactly the gradient of the mean over everything
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from . import state as checkpoint
-from .accumulator import Accumulator, Phase, Reducer
+from .accumulator import Accumulator, Phase
 from .parallel import Parallel
 from ..base.batching import Batch, resolve_device
 from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError, explain
@@ -35,7 +35,7 @@ from ..tasks.sampling import BatchStream, Streams
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
                           check_positive, check_relative_weights, check_tasks, check_weight)
 from .optimizers import OptimizerFactory, optimizer_factory
-from .transforms import Chain
+from .transforms import Call, Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
 from .update import PerTaskUpdate, Update
 
 NONFINITE_POLICIES = ("raise", "skip")
@@ -47,7 +47,7 @@ def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
     if not busy:
         return
     parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
-    calls = [*chain.calls(), "apply"]
+    calls = [*chain.calls(), Call.APPLY]
     first = min(calls.index(c) if c in calls else 0 for c in (chain.next_call(a) for a in busy.values()))
     raise PhaseError(f"step(): tasks hold minibatches processed by hand ({parts}), which a fresh step would "
                      f"discard; finish them with finish() (it makes {', '.join(c + '()' for c in calls[first:])}) "
@@ -74,6 +74,10 @@ class Trainer:
         >>> trainer.clip(); trainer.apply()  # doctest: +SKIP
         >>> trainer.step()  # the whole cycle for every task  # doctest: +SKIP
 
+    The gradient processing between the minibatches and ``apply`` is ``chain`` (``mtlab.Chain``), the user's to
+    give: ``Trainer(..., chain=Chain([Normalize(), ClipByValue(1.0), MyTransform()]))``; ``normalize_gradients``
+    and the ``clip_grad_*`` keywords are shortcuts that build it (give one or the other).
+
     ``precision`` ("32", "bf16-mixed", "16-mixed" or ``{"type": ..., **GradScaler options}``) and ``compile``
     are described in ``mtlab.core.precision``. ``optimizer``: ``"adam"`` (torch's Adam, the default),
     ``"adam_tf1"`` (the original's ``tf.train.AdamOptimizer``, ``mtlab.core.optimizers``) or a function
@@ -82,13 +86,13 @@ class Trainer:
     """
 
     def __init__(self, models: Mapping[str, nn.Module], tasks: Sequence[Task] | Task, lr: float = 1e-3,
-                 clip_grad_value: float | None = None, normalize_gradients: bool = True,
+                 clip_grad_value: float | None = None, normalize_gradients: bool | None = None,
                  numbatches_to_aggregate: int = 1, device: str | torch.device = "auto", seed: int = 0,
                  nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
                  clip_grad_norm: float | None = None, optimizer: str | OptimizerFactory | None = None,
                  combine: Any = None, clip_grad_percentile: float | None = None, precision: Any = "32",
-                 compile: bool = False, linkedset_weights: str = "absolute") -> None:
+                 compile: bool = False, linkedset_weights: str = "absolute", chain: Chain | None = None) -> None:
         apply_threads()  # torch's CPU threads from the free CPUs, unless the program set them (mtlab.base.threads)
         check_models(models)
         tasks = check_tasks(tasks)
@@ -111,10 +115,17 @@ class Trainer:
                 check_relative_weights(t)
         self.plans: dict[str, TaskPlan] = {t.name: TaskPlan(t, self.models, self.device) for t in tasks}
         self.numbatches_to_aggregate = numbatches_to_aggregate
-        self.normalize_gradients = bool(normalize_gradients)
-        self._clip: tuple[float | None, float | None, float | None] = (None, None, None)
-        self.chain = Chain()
-        self._set_clip(clip_grad_value, clip_grad_norm, clip_grad_percentile)
+        if chain is None:
+            chain = Chain.from_settings(normalize_gradients is not False, clip_grad_value, clip_grad_norm,
+                                        clip_grad_percentile)  # checks each
+        elif not isinstance(chain, Chain):
+            raise ConfigError(f"chain must be a mtlab.Chain, got {type(chain).__name__}; e.g. "
+                              "chain=mtlab.Chain([mtlab.Normalize(), mtlab.ClipByValue(1.0)])")
+        elif normalize_gradients is not None or (clip_grad_value, clip_grad_norm, clip_grad_percentile) != (None,) * 3:
+            raise ConfigError("give either chain= or normalize_gradients / clip_grad_value / clip_grad_norm / "
+                              "clip_grad_percentile (shortcuts that build the chain), not both; e.g. "
+                              "chain=mtlab.Chain([mtlab.Normalize(), mtlab.ClipByValue(1.0), ...])")
+        self.chain: Chain = chain
         self.lr = lr
         self.nonfinite = nonfinite
         self.seed = int(seed)
@@ -124,7 +135,6 @@ class Trainer:
         self.events = Events()
         self.lock = threading.RLock()  # one call at a time (a UI thread may read while a run trains)
         self.atomic = False  # True while apply() changes parameters: a loop defers a hard stop until it is False
-        self.parallel = Parallel(local_only=distributed is False)
 
         self.params, self.task_params, users = parameter_users(self.models, self.plans)
         self.param_users = users
@@ -140,6 +150,7 @@ class Trainer:
         if self.acc_steps:
             self.update.set_method(combine)  # refuses any method but the sum: one optimizer per task
         self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda", device=self.device)
+        self.parallel = Parallel(self.streams, local_only=distributed is False)  # rank, shard, agreement, reduction
         self._training_mode: bool | None = None
 
     @property
@@ -162,39 +173,49 @@ class Trainer:
     def lr(self, value: float) -> None:
         self._lr = check_positive(value, "lr")
 
+    def _setting(self, kind: type[Transform], attr: str) -> float | None:
+        t = self.chain.find(kind)
+        return None if t is None else float(getattr(t, attr))
+
+    def _replace(self, kind: type[Transform], new: Transform | None) -> None:
+        self.chain = self.chain.replaced(kind, new)
+
+    @property
+    def normalize_gradients(self) -> bool:
+        """The chain starts with ``Normalize`` (setting it adds or removes it)."""
+        return self.chain.find(Normalize) is not None
+
+    @normalize_gradients.setter
+    def normalize_gradients(self, value: bool) -> None:
+        self._replace(Normalize, Normalize() if value else None)
+
     @property
     def clip_grad_value(self) -> float | None:
-        """Element-wise clipping bound (``ClipByValue`` in the chain), or None."""
-        return self._clip[0]
+        """Element-wise clipping bound (``ClipByValue`` in the chain), or None; setting it replaces that transform."""
+        return self._setting(ClipByValue, "value")
 
     @clip_grad_value.setter
     def clip_grad_value(self, value: float | None) -> None:
-        self._set_clip(value, *self._clip[1:])
+        self._replace(ClipByValue, None if value is None else ClipByValue(value))
 
     @property
     def clip_grad_norm(self) -> float | None:
         """Global-norm clipping bound per task (``ClipByGlobalNorm`` in the chain), or None."""
-        return self._clip[1]
+        return self._setting(ClipByGlobalNorm, "max_norm")
 
     @clip_grad_norm.setter
     def clip_grad_norm(self, value: float | None) -> None:
-        self._set_clip(self._clip[0], value, self._clip[2])
+        self._replace(ClipByGlobalNorm, None if value is None else ClipByGlobalNorm(value))
 
     @property
     def clip_grad_percentile(self) -> float | None:
         """AutoClip: each task's global norm clipped to this percentile of its norm history
         (``ClipByHistory`` in the chain), or None."""
-        return self._clip[2]
+        return self._setting(ClipByHistory, "percentile")
 
     @clip_grad_percentile.setter
     def clip_grad_percentile(self, value: float | None) -> None:
-        self._set_clip(*self._clip[:2], value)
-
-    def _set_clip(self, value: float | None, norm: float | None, percentile: float | None = None) -> None:
-        chain = Chain.from_settings(self.normalize_gradients, value, norm, percentile)  # checks each
-        chain.load_state_dict(self.chain.state_dict())  # a norm history survives a change of the clip value
-        self.chain = chain
-        self._clip = tuple(None if v is None else float(v) for v in (value, norm, percentile))  # type: ignore[assignment]
+        self._replace(ClipByHistory, None if value is None else ClipByHistory(value))
 
     def set_weight(self, task: str, linkedset: str, weight: float) -> None:
         """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""
@@ -241,31 +262,6 @@ class Trainer:
         """The live accumulation state of ``task`` (phase, loss, normalizer, grads, records, norms)."""
         self.task(task)
         return self._accs[task]
-
-    @property
-    def rank(self) -> int:
-        """This process's rank in data-parallel training (0 alone)."""
-        return self.parallel.rank
-
-    @property
-    def world_size(self) -> int:
-        """How many processes train together (1 alone)."""
-        return self.parallel.world_size
-
-    @property
-    def reducer(self) -> Reducer | None:
-        """The data-parallel reduction hook (``mtlab.distributed.attach`` installs it), or None."""
-        return self.parallel.reducer
-
-    @reducer.setter
-    def reducer(self, reducer: Reducer | None) -> None:
-        self.parallel.reducer = reducer
-
-    def set_shard(self, rank: int, world_size: int) -> None:
-        """Read shard ``rank`` of ``world_size`` of every linked set (data parallel); before any stream is used."""
-        if self.streams:
-            raise ConfigError("set_shard() must come before the first minibatch is drawn")
-        self.parallel.rank, self.parallel.world_size = self.streams.shard = (int(rank), int(world_size))
 
     def stream(self, task: str, linkedset: str) -> BatchStream:
         """The endless minibatch stream of a linked set (created on first use)."""
@@ -351,46 +347,27 @@ class Trainer:
             self.events.emit("minibatch", {"task": task, "linkedset": linkedset, "state": acc})
             return acc
 
-    def _targets(self, task: str | None, call: str) -> list[str]:
-        """Tasks a call covers; raises PhaseError naming the call that should come first."""
-        if task is not None:
-            self.task(task)
-            if self.chain.next_call(self._accs[task]) != call:
-                raise self.chain.phase_error(task, self._accs[task], call)
-            return [task]
-        chosen = [n for n, a in self._accs.items() if self.chain.next_call(a) == call]
-        if not chosen:
-            busy = [n for n, a in self._accs.items() if self.chain.next_call(a) != "process_minibatch"]
-            if busy:
-                raise self.chain.phase_error(busy[0], self._accs[busy[0]], call)
-            raise PhaseError(f"{call}(): no task has accumulated minibatches; call process_minibatch(task, linkedset) first")
-        return chosen
-
-    def reducing_call(self) -> str:
-        """The first call after the minibatches (``normalize``; ``clip`` or ``apply`` when the chain has no
-        Normalize): where data parallel ranks sum their accumulators."""
-        calls = self.chain.calls()
-        return calls[0] if calls else "apply"
-
-    def _agree(self, call: str, task: str | None) -> None:
-        self.parallel.agree(call, task, self._accs, self.next_calls(), reduces=call == self.reducing_call())
-
-    def _transform(self, call: str, task: str | None) -> None:
+    def call(self, name: str, task: str | None = None) -> None:
+        """Run the chain's call ``name`` (``"normalize"``, ``"clip"``, a user transform's) on ``task``'s
+        accumulator (default: every task due for it); ``"apply"`` is ``apply()``. Refused, naming the call that
+        should come first, when a task is not due for it."""
+        if name == Call.APPLY and task is None:
+            return self.apply()
         with self.lock:
-            self._agree(call, task)
-            names = self._targets(task, call)
-            accs = {n: self._accs[n] for n in names}
-            if call == self.reducing_call():
-                self._reduce(accs)
-                for acc in accs.values():
-                    self.precision.unscale_(acc.buffers)  # 16-mixed: once per task and step, before any transform
-            for name, acc in accs.items():
-                self.chain.run(call, acc)
-                self.events.emit(call, {"task": name, "state": acc})
+            chain = self.chain
+            reduces = name == chain.reducing_call()
+            accs = self.parallel.enter(name, task, self._accs, chain, reduces)  # agree, choose, sum over ranks
+            if reduces:
+                self._after_reduce(accs)
+            for n, acc in accs.items():
+                chain.run(name, acc)
+                self.events.emit(name, {"task": n, "state": acc})
 
-    def _reduce(self, accs: Mapping[str, Accumulator]) -> None:
-        self.parallel.reduce(accs)
-        if self.normalize_gradients and self.nonfinite == "raise":
+    def _after_reduce(self, accs: Mapping[str, Accumulator]) -> None:
+        """Once per task and step, where the ranks summed: unscale 16-mixed gradients, refuse a zero normalizer."""
+        for acc in accs.values():
+            self.precision.unscale_(acc.buffers)
+        if self.nonfinite == "raise" and self.normalize_gradients:
             # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
             zero = [n for n, v in zip(accs, torch.stack([a.normalizer for a in accs.values()]).tolist()) if v == 0.0]
             if zero:
@@ -399,11 +376,11 @@ class Trainer:
 
     def normalize(self, task: str | None = None) -> None:
         """Divide ``task``'s (default: every task that needs it) gradients by its accumulated normalizer, once."""
-        self._transform("normalize", task)
+        self.call(Call.NORMALIZE, task)
 
     def clip(self, task: str | None = None) -> None:
         """Clip each task's gradients (by value and/or global norm); records norms before and after."""
-        self._transform("clip", task)
+        self.call(Call.CLIP, task)
 
     def apply(self) -> None:
         """One optimizer step with each parameter's direction Σ_t task_weight_t × processed_grad_t.
@@ -413,22 +390,17 @@ class Trainer:
         loss or gradient is not finite. The tasks' gradients are read, never changed.
         """
         with self.lock:
-            self._agree("apply", None)
-            names = [n for n, a in self._accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)]
-            if not names:
-                raise PhaseError("apply(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
-            for name in names:
-                if self.chain.next_call(self._accs[name]) != "apply":
-                    raise self.chain.phase_error(name, self._accs[name], "apply")
+            chain = self.chain
+            reduces = chain.reducing_call() == Call.APPLY  # no transform in the chain: the ranks sum here
+            chosen = self.parallel.enter(Call.APPLY, None, self._accs, chain, reduces)
+            names = list(chosen)
             weights = {n: self.tasks[n].weight for n in names}  # read once: a slider may move them
             if not any(w > 0 for w in weights.values()):
                 raise ConfigError(f"apply(): every task that accumulated ({names}) has weight 0, so there is nothing "
                                   "to apply; raise a task weight or reset()")
-            accs = [self._accs[n] for n in names]
-            if self.reducing_call() == "apply":  # no transform in the chain: the ranks sum here
-                self._reduce({n: self._accs[n] for n in names})
-                for acc in accs:
-                    self.precision.unscale_(acc.buffers)
+            if reduces:
+                self._after_reduce(chosen)
+            accs = list(chosen.values())
             for acc in accs:
                 acc.finish_stats()
             bad_each = ~torch.stack([acc.finite() for acc in accs])
@@ -477,7 +449,7 @@ class Trainer:
                     for _ in range(self.numbatches_to_aggregate):
                         for s in sets:
                             self.process_minibatch(name, s)
-                with self.parallel.one_agreement(self.reducing_call(), self._accs, self.next_calls()):
+                with self.parallel.one_agreement(self._accs, self.chain):
                     self.finish()
             except BaseException as exc:
                 if self.step_count == before:
@@ -497,10 +469,10 @@ class Trainer:
             made = []
             for call in self.chain.calls():
                 if any(self.chain.next_call(a) == call for a in self._accs.values()):
-                    self._transform(call, None)
+                    self.call(call)
                     made.append(call)
             self.apply()
-            return [*made, "apply"]
+            return [*made, Call.APPLY]
 
     @property
     def history(self) -> "pandas.DataFrame":  # noqa: F821
@@ -550,7 +522,7 @@ class Trainer:
     def save(self, path: Any, extra: Mapping[str, Any] | None = None) -> Any:
         """Write a checkpoint atomically; returns its path, or None on a data-parallel rank other than 0
         (which says so in the log: rank 0 writes for everyone)."""
-        return checkpoint.save_trainer(self.state_dict(), path, rank=self.rank, extra=extra)
+        return checkpoint.save_trainer(self.state_dict(), path, rank=self.parallel.rank, extra=extra)
 
     def load_checkpoint(self, path: Any) -> None:
         """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""

@@ -95,9 +95,9 @@ def rank_states(trainer: "Trainer") -> list[dict[str, Any]]:
     """Each rank's RNG state and data positions, in rank order (one all-gather when data parallel): ranks draw
     different noise and, with the stepwise API, may draw different numbers of minibatches."""
     mine = {"rng": rng_state(trainer.device), "streams": trainer.streams.state_dict()}
-    if trainer.world_size == 1 or not active():
+    if trainer.parallel.world_size == 1 or not active():
         return [mine]
-    everyone: list[Any] = [None] * trainer.world_size
+    everyone: list[Any] = [None] * trainer.parallel.world_size
     dist.all_gather_object(everyone, mine)
     return everyone
 
@@ -106,9 +106,9 @@ def restore_rank_state(trainer: "Trainer", path: str | Path) -> bool:
     """Give this rank back its own RNG and data positions from a checkpoint ``Periodic`` wrote; False (nothing
     changed) when the checkpoint has none or was written by another number of ranks."""
     ranks = load_safe(path).get("ranks")
-    if not isinstance(ranks, list) or len(ranks) != trainer.world_size:
+    if not isinstance(ranks, list) or len(ranks) != trainer.parallel.world_size:
         return False
-    mine = ranks[trainer.rank]
+    mine = ranks[trainer.parallel.rank]
     trainer.streams.load_state_dict(mine["streams"], trainer.tasks)
     set_rng_state(mine["rng"], trainer.device)
     return True

@@ -23,6 +23,7 @@ from ..base.batching import Batch
 from ..base.errors import ConfigError
 from ..tasks.forward import TaskPlan
 from ..core.trainer import Trainer
+from ..core.transforms import Call
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,24 +44,26 @@ def next_call(trainer: Trainer) -> str:
     calls = trainer.next_calls()
     k = trainer.numbatches_to_aggregate
     for name, call in calls.items():
-        if call == "normalize" or (call != "process_minibatch" and trainer.state(name).position == 0):
+        if call != Call.PROCESS_MINIBATCH and trainer.state(name).position == 0:
             sets = _active_sets(trainer, name)
             done = trainer.state(name).minibatches
             if sets and done < k * len(sets):
                 nxt = sets[done % len(sets)]
                 return (f"process_minibatch({name!r}, {nxt!r}): task {name!r} has {done} of the {k * len(sets)} "
                         f"minibatches step() would process (then {call}())")
-    pending = {c: [n for n, x in calls.items() if x == c] for c in (*trainer.chain.calls(), "apply")}
+    pending = {c: [n for n, x in calls.items() if x == c] for c in (*trainer.chain.calls(), Call.APPLY)}
     for call, names in pending.items():
         if not names:
             continue
-        if call == "normalize":
-            return f"normalize(): divides the gradients of {names} by their accumulated normalizer (Σ w·normalizer)"
-        if call == "clip":
-            clips = ", ".join(repr(t) for t in trainer.chain if t.call == "clip")
-            return f"clip(): {clips} on the gradients of {names}"
-        return f"apply(): one optimizer step on Σ_t task_weight_t × grad_t for {names}"
+        if call == Call.APPLY:
+            return f"apply(): one optimizer step on Σ_t task_weight_t × grad_t for {names}"
+        return f"{call}(): {call_text(trainer, call)} on the gradients of {names}"
     return "step() runs a whole cycle; or process_minibatch(task, linkedset) starts one by hand"
+
+
+def call_text(trainer: Trainer, call: str) -> str:
+    """What one call of the trainer's chain does: each of its transforms and its description."""
+    return "; ".join(f"{t!r}: {t.describe()}" for t in trainer.chain.of_call(call))
 
 
 def explain(trainer: Trainer) -> str:
@@ -75,16 +78,15 @@ def explain(trainer: Trainer) -> str:
         total = f"{k * len(sets)} minibatches" if sets else "left out (weight 0)"
         lines.append(f"       {name} (task weight {t.weight:g}): {desc} -> {total}")
     lines.append("     each adds w·loss_sum and w·norm to the task's accumulators and backprops w·loss_sum")
-    if trainer.normalize_gradients:
-        lines.append("  3. normalize()          grads /= Σ w·norm, once: the exact gradient of the mean over everything")
-    else:
-        lines.append("  3. normalize()          off (normalize_gradients=False): gradients stay summed")
-    clips = [repr(t) for t in trainer.chain if t.call == "clip"]
-    if clips:
-        lines.append(f"  4. clip()               {', '.join(clips)} (ClipByValue: clamp every element)")
-    else:
-        lines.append("  4. clip()               off (clip_grad_value=None, clip_grad_norm=None)")
-    lines.append(f"  5. apply()              one Adam step (lr={trainer.lr:g}) on Σ_t task_weight_t × grad_t")
+    calls = trainer.chain.calls()
+    off = [f"{c}() off ({why})" for c, why in ((Call.NORMALIZE, "normalize_gradients=False: gradients stay summed"),
+                                              (Call.CLIP, "clip_grad_value=None, clip_grad_norm=None"))
+           if c not in calls]
+    for i, call in enumerate(calls, 3):
+        lines.append(f"  {i}. {call + '()':<21}{call_text(trainer, call)}")
+    lines.append(f"  {len(calls) + 3}. apply()              one optimizer step (lr={trainer.lr:g}) on Σ_t task_weight_t × grad_t")
+    if off:
+        lines.append(f"     (chain {trainer.chain}: {'; '.join(off)})")
     lines.append(f"now: {trainer.step_count} step(s) applied")
     for name in trainer.tasks:
         st = trainer.state(name)

@@ -26,7 +26,7 @@ from .runcontrol import RunControl
 from .runs import Run, current_run
 from .schedules import schedule_text
 from .state import DashState, RunView, SeriesStore
-from .texts import BUSY, REASONS, STEPWISE, skipped_tasks, state_table_html
+from .texts import BUSY, REASONS, call_buttons, skipped_tasks, state_table_html
 
 View = Callable[[DashState], None]
 _BY_TRAINER: dict[int, list[Controller]] = {}  # id(trainer) -> its attached controllers (the newest last)
@@ -194,12 +194,17 @@ class Controller(RunControl):
         return self._command("minibatch", do, stepwise=True)
 
     def call(self, name: str) -> bool:
-        """A stepwise call of the trainer by name: normalize, clip, apply, reset (step: ``step()``)."""
+        """A stepwise call of the trainer by name: a call of its chain (normalize, clip, a user transform's),
+        apply, reset (step: ``step()``)."""
         if name == "step":
             return self._command("step", self._step, stepwise=True)
-        if name not in ("normalize", "clip", "apply", "reset"):
-            raise ValueError(f"call(): {name!r} is not a stepwise call; choose one of {list(STEPWISE)}")
-        return self._command(name, getattr(self.trainer, name), stepwise=True)
+        calls = call_buttons(self.trainer)
+        if name == "reset":
+            return self._command(name, self.trainer.reset, stepwise=True)
+        if name not in (*calls, "apply"):
+            raise ValueError(f"call(): {name!r} is not a stepwise call; choose one of "
+                             f"{['minibatch', *calls, 'apply', 'step', 'reset']}")
+        return self._command(name, lambda: self.trainer.call(name), stepwise=True)
 
     def _step(self) -> str:
         """step(), or, after minibatches processed by hand, ``Trainer.finish()`` on that accumulation (step()

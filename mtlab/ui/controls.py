@@ -9,7 +9,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ..core import combine, weighting
-from .texts import TOOLTIPS
+from .texts import TOOLTIPS, call_buttons, call_tooltip
 
 BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "clip", "apply": "apply",
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",
@@ -86,10 +86,12 @@ class Controls:
             tooltip="steps per run: run trains this many more steps, whatever the schedule's state (a finished "
                     "schedule is continued: lr decay and validation go on); 0 = to the schedule's end, or until stopped once it "
                     "has ended (or without one)")
-        self.buttons = {name: widgets.Button(description=label, tooltip=TOOLTIPS[name],
+        self.calls = call_buttons(trainer)  # the chain's calls, a user transform's included: one button each
+        labels = {**BUTTONS, **{c: c for c in self.calls if c not in BUTTONS}}
+        self.buttons = {name: widgets.Button(description=label, tooltip=call_tooltip(trainer, name),
                                              layout=_layout(width="auto", flex="0 0 auto", min_width="52px"),
                                              button_style="primary" if name in ("step", "run") else "")
-                        for name, label in BUTTONS.items()}
+                        for name, label in labels.items()}
         self.snapshot_dropdown = widgets.Dropdown(options=[], description="snapshot", layout=_layout(width="210px"),
                                                   style={"description_width": "60px"},
                                                   tooltip="the snapshot restore goes back to (the latest by default)")
@@ -126,7 +128,7 @@ class Controls:
         weights = widgets.VBox([*self.sliders.values(), self.lr_slider,
                                 widgets.HBox([self.clip_toggle, self.clip_slider]), self.combine_dropdown])
         stepwise = widgets.VBox([widgets.HBox([self.task_dropdown, self.set_dropdown], layout=wrap),
-                                 widgets.HBox([B[n] for n in ("minibatch", "normalize", "clip", "apply", "step",
+                                 widgets.HBox([B[n] for n in ("minibatch", *self.calls, "apply", "step",
                                                               "reset")], layout=wrap)])
         snaps = widgets.VBox([widgets.HBox([self.snapshot_dropdown, B["snapshot"], B["restore"]], layout=wrap),
                               widgets.HBox([B["export_png"], B["export_svg"], B["export_csv"]], layout=wrap),

@@ -8,11 +8,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.accumulator import Phase
 from ..core.trainer import Trainer
+from ..core.transforms import Call
 from .state import DashState
 
-STEPWISE = ("minibatch", "normalize", "clip", "apply", "step", "reset")
-BUSY = ("accumulating", "normalized", "clipped")
+BUSY = tuple(str(p) for p in Phase if p not in (Phase.EMPTY, Phase.APPLIED))
 
 REASONS = {"steps": "the steps asked for are done", "stopped": "stopped",
            "interrupted": "interrupted (Kernel -> Interrupt)",
@@ -47,6 +48,20 @@ TOOLTIPS = {
     "clear_error": "Clear the error details below.",
 }
 
+
+
+def call_buttons(trainer: Trainer) -> list[str]:
+    """The chain's calls a dashboard offers a button for: normalize and clip always (a setting may add them to
+    the chain), then every other call of the trainer's chain (a user's transform), in chain order."""
+    return list(dict.fromkeys([str(Call.NORMALIZE), str(Call.CLIP), *trainer.chain.calls()]))
+
+
+def call_tooltip(trainer: Trainer, call: str) -> str:
+    """The tooltip of a call's button: the built-in text, or what the chain's transforms of that call do."""
+    if call in TOOLTIPS:
+        return TOOLTIPS[call]
+    parts = "; ".join(f"{t!r}: {t.describe()}" for t in trainer.chain.of_call(call))
+    return f"{call}(): {parts}. Needs: the calls before it in the chain ({', '.join(trainer.chain.calls())}) first."
 
 def fmt(v: Any) -> str:
     """A table cell: floats to 4 significant digits, everything escaped."""

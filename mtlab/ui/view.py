@@ -97,7 +97,7 @@ class Dashboard(widgets.VBox):
                    "restore": lambda: c.restore(w.snapshot_dropdown.value), "clear_error": c.clear_error,
                    "export_png": lambda: self._export("png"), "export_svg": lambda: self._export("svg"),
                    "export_csv": lambda: self._export("csv")}
-        for name in ("normalize", "clip", "apply", "reset"):
+        for name in (*w.calls, "apply", "reset"):  # the chain's calls (a user transform's too), apply, reset
             actions[name] = lambda n=name: c.call(n)
         for name, fn in actions.items():
             w.buttons[name].on_click(lambda _b, f=fn: f())
