@@ -74,6 +74,7 @@ def ref() -> mtlab.Trainer:
     return reference()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("times", [1, 2], ids=["first", "second"])
 @pytest.mark.parametrize("where", ["process_minibatch", "normalize", "apply"])
 def test_ctrl_c_inside_a_run(where: str, times: int, tmp_path: Path, ref: mtlab.Trainer) -> None:

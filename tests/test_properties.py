@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,6 +175,7 @@ class StepwiseCalls(RuleBasedStateMachine):
 
 
 TestStepwiseCalls = StepwiseCalls.TestCase
+TestStepwiseCalls.pytestmark = [pytest.mark.slow]  # a search over call sequences: over a second
 TestStepwiseCalls.settings = settings(max_examples=settings.default.max_examples, stateful_step_count=25)
 
 

@@ -406,6 +406,7 @@ def test_deepclusteringnoise_matches_the_original_formula():
     assert float(norm) == 1.0
 
 
+@pytest.mark.slow
 def test_registry_imports_the_separation_package_on_a_miss():
     import subprocess
     import sys

@@ -433,6 +433,7 @@ def test_graph_multi_output_lengths_and_identity():
         bad.run(models, {"x": data["x"]}, {"x": lens["x"]})
 
 
+@pytest.mark.slow
 def test_import_mtlab_pulls_in_no_ui_library():
     code = ("import sys, mtlab; bad = [m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")

@@ -215,3 +215,33 @@ def test_a_chain_that_cannot_work_is_refused_with_the_fix() -> None:
     tr.clip_grad_value = 0.5  # a shortcut on a user's chain: the built-in takes its usual place
     tr.normalize_gradients = True
     assert [type(t).__name__ for t in tr.chain] == ["Normalize", "ClipByValue", "DecayingScale"]
+
+
+@pytest.mark.parametrize("call", ["normalize", "clip"])
+def test_on_one_process_a_call_reaches_the_gradient_math_in_three_calls(call: str) -> None:
+    """normalize() -> call() -> chain.run() -> the transform (whose body is the gradient math): agreement and
+    reduction add no layers on one process."""
+    import sys
+
+    ex = make_examples(12, 5)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], clip_grad_value=1.0, device="cpu")
+    tr.process_minibatch("a", "clean")
+    if call == "clip":
+        tr.normalize()
+    paths: list[list[str]] = []
+
+    def watch(frame, event, arg) -> None:  # noqa: ANN001
+        if event == "call" and not paths and frame.f_code.co_name == "__call__" \
+                and frame.f_code.co_filename.endswith("transforms.py"):
+            names, f = [], frame
+            while f is not None and f.f_code.co_name != call:
+                names.append(f.f_code.co_qualname)
+                f = f.f_back
+            paths.append(names[::-1])
+
+    sys.setprofile(watch)
+    try:
+        getattr(tr, call)()
+    finally:
+        sys.setprofile(None)
+    assert paths and len(paths[0]) <= 3, paths

@@ -75,6 +75,9 @@ def check_consistent(trainer: Trainer) -> None:
         )
 
 
+CALLS = tuple(str(c) for c in Call)  # the trainer's own call names (0.2's list); a chain may add its own
+
+
 def call_code(call: str) -> int:
     """A number every rank gives the same call name (any call of any chain: a hash of the name)."""
     return zlib.crc32(str(call).encode()) % (1 << 30)

@@ -71,6 +71,7 @@ def test_reader_finds_every_split_mode_source_and_speaker(tree: tuple[str, Path]
                 torch.testing.assert_close(read_wav(m.mixtures["single"]), sample_wave(split, "s1", name) + noise)
 
 
+@pytest.mark.slow
 def test_prepared_lists_load_as_the_sample_corpus(tree: tuple[str, Path], tmp_path: Path) -> None:
     layout, root = tree
     out = tmp_path / "lists"
@@ -129,6 +130,7 @@ def build(spec: dict) -> object:
     return build_trainer(spec)
 
 
+@pytest.mark.slow
 def test_a_recipe_trains_from_each_layout(tree: tuple[str, Path], tmp_path: Path, one_thread: None) -> None:
     layout, root = tree
     prepared = prepare(layout, root, tmp_path / "lists")
