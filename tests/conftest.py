@@ -15,6 +15,11 @@ if "MTLAB_CACHE" not in os.environ:  # parsed lists, header lengths, statistics:
     os.environ["MTLAB_CACHE"] = tempfile.mkdtemp(prefix="mtlab-test-cache-")
 import torch  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
+
+# A test run leaves the checkout as it found it: Hypothesis keeps its files (the constants it finds in the
+# code) in a temporary folder, never in .hypothesis/ of the working directory.
+set_hypothesis_home_dir(os.path.join(os.environ["MTLAB_CACHE"], "hypothesis"))
 
 # Property tests: derandomized in CI, so a failure CI finds reproduces with the same command, with a bounded
 # number of examples (tests scale their budget from ``settings.default.max_examples``) and shrink time.

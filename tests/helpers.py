@@ -98,7 +98,6 @@ def clone_models(models: dict[str, nn.Module]) -> dict[str, nn.Module]:
 def script_validations(monkeypatch, values: list[float], first: tuple[str, str] = ("spk", "clean")) -> list[int]:  # noqa: ANN001
     """Every Trainer's validation returns the next value of ``values`` for each linked set; the steps at
     which linked set ``first`` was validated are returned (filled in as the run goes)."""
-    from typing import Any
 
     calls: list[int] = []
 

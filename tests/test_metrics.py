@@ -157,7 +157,7 @@ def test_evaluate_table_rows_summary_and_files(tmp_path) -> None:
         assert ev.summary.loc[m, "improvement"] == pytest.approx(
             ev.summary.loc[m, "separated"] - ev.summary.loc[m, "mixture"])
     # Each row's SDR is mir_eval's mean over the sources.
-    for (name, est, refs, _), sdr_value in zip(utts, ev.utterances["sdr"]):
+    for (_name, est, refs, _), sdr_value in zip(utts, ev.utterances["sdr"]):
         assert sdr_value == pytest.approx(float(mir_eval_sdr(refs, est).mean()), abs=0.01)
     back = pd.read_csv(ev.paths["utterances"])
     assert list(back["name"]) == list(ev.utterances["name"])

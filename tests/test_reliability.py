@@ -4,8 +4,6 @@ Each case says what it tried (tests/campaign.py); scripts/reliability_report.py 
 from __future__ import annotations
 
 import errno
-import os
-import pickle
 import shutil
 
 import pytest

@@ -157,7 +157,7 @@ def tiny_separators():
 
 @pytest.mark.slow
 def test_runner_trains_evaluates_and_separates(tiny_separators):
-    for loss, sep in tiny_separators.items():
+    for _loss, sep in tiny_separators.items():
         before = {k: p.detach().clone() for k, p in sep.trainer.params.items()}
         assert sep.step(2) == 2 and sep.trainer.step_count == 2
         assert any(not torch.equal(before[k], p) for k, p in sep.trainer.params.items())

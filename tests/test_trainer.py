@@ -143,7 +143,7 @@ def test_apply_equals_torch_adam_over_several_steps():
             for pn, p in oracle[mn].named_parameters():
                 p.grad = grads[f"{mn}.{pn}"]
         opt.step()
-        for (n1, p1), p2 in zip([(n, p) for m in models.values() for n, p in m.named_parameters()], params):
+        for (_n1, p1), p2 in zip([(n, p) for m in models.values() for n, p in m.named_parameters()], params):
             torch.testing.assert_close(p1, p2, atol=1e-6, rtol=0)
     assert models["unused"].weight.grad is None
     assert models["unused"].weight not in tr.optimizer.state

@@ -39,7 +39,7 @@ def test_clip_by_global_norm_equals_torch_clip_grad_norm_per_task(max_norm: floa
         total = torch.nn.utils.clip_grad_norm_(params, max_norm)
         st = tr.state(t)
         torch.testing.assert_close(st.grad_norm, total, rtol=1e-12, atol=0)
-        for p, (k, v) in zip(params, st.grads.items()):
+        for p, (_k, v) in zip(params, st.grads.items()):
             torch.testing.assert_close(v, p.grad, rtol=1e-12, atol=1e-15)
         assert float(st.grad_norm_clipped) <= max_norm * (1 + 1e-9) or max_norm > float(total)
     assert tr.phase() == {"a": "clipped", "b": "clipped"}

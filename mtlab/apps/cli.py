@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from typing import Sequence
+from collections.abc import Sequence
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

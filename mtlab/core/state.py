@@ -240,7 +240,7 @@ def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(rng["cuda"], device)
 
 
-def trainer_state(trainer: "Trainer") -> dict[str, Any]:
+def trainer_state(trainer: Trainer) -> dict[str, Any]:
     """``Trainer.state_dict()``: weights, optimizer, accumulators, data positions, RNG, step, settings,
     weights and history, as plain containers (loadable with ``weights_only=True``)."""
     tr = trainer
@@ -262,7 +262,7 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
     })
 
 
-def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, source: str = "the state") -> None:
+def load_trainer_state(trainer: Trainer, state: Any, history: bool = True, source: str = "the state") -> None:
     """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
     tr = trainer
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps, source)

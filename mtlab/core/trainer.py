@@ -475,7 +475,7 @@ class Trainer:
             return [*made, Call.APPLY]
 
     @property
-    def history(self) -> "pandas.DataFrame":  # noqa: F821
+    def history(self) -> pandas.DataFrame:  # noqa: F821
         """One row per applied step (reads the device once for rows not yet read)."""
         return self.log.frame()
 

@@ -390,7 +390,7 @@ class PerTaskUpdate:
                 for name, p in self.task_params[task].items():
                     p.grad = grads.get(name)
                 optimizer_step(opt, found_inf)
-                for name, p in self.task_params[task].items():
+                for p in self.task_params[task].values():
                     p.grad = None
         finally:
             for acc in accs.values():

@@ -772,7 +772,7 @@ def format_table(rows: list[dict[str, Any]], header: bool = True) -> str:
         lines.append("  ".join(f"{t:<{width}}" if k == "task" else f"{t:>9}" for t, k, _ in cols))
     for r in rows:
         cells = []
-        for title, key, fmt in cols:
+        for _title, key, fmt in cols:
             value = r.get(key)
             text = "-" if value is None else fmt.format(value)
             cells.append(f"{text:<{width}}" if key == "task" else f"{text:>9}")

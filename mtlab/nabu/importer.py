@@ -918,7 +918,7 @@ def extra_feature_inputs(imp: Importer, tname: str, orig: Mapping[str, Any], key
         if item in TARGET_KEYS or item == "features":
             imp.refuse("trainer.cfg", f"[{tname}] {item}", f"an input of features named as mtlab's data key {item!r}; "
                        "rename it in the task (inputs and the nodes reading it)")
-        for set_name, lset in orig["linkedsets"].items():
+        for _set_name, lset in orig["linkedsets"].items():
             sec, ref = lset["sections"].get(item, {}), lset["sections"].get(main, {})
             mvn = sec.get("mvn", "global")
             if mvn != ref.get("mvn", "global") or mvn == "global":

@@ -370,7 +370,7 @@ class BatchStream:
         self._batches = None
         self._close_loader()
 
-    def __iter__(self) -> "BatchStream":
+    def __iter__(self) -> BatchStream:
         return self
 
     def __next__(self) -> Batch:
@@ -507,7 +507,7 @@ class Streams(dict):
         super().__init__()
         self.seed, self.pin_memory, self.shard, self.device = seed, pin_memory, (0, 1), device
 
-    def get_stream(self, task: Any, linkedset: str) -> "BatchStream":
+    def get_stream(self, task: Any, linkedset: str) -> BatchStream:
         """The stream of ``task.linkedsets[linkedset]`` (``task`` is a ``mtlab.Task``)."""
         key = (task.name, linkedset)
         if key not in self:

@@ -58,7 +58,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import torch
 
@@ -85,7 +86,7 @@ class _Sigint:
         self.finishing = False  # writing the experiment folder: a Ctrl-C waits until final.pt is written
         self._previous: Any = None
 
-    def __enter__(self) -> "_Sigint":
+    def __enter__(self) -> _Sigint:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
             self.trainer.add_callback(self._after_call)

@@ -9,7 +9,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from ..core import combine, weighting
-from .texts import TOOLTIPS, call_buttons, call_tooltip
+from .texts import call_buttons, call_tooltip
 
 BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "clip", "apply": "apply",
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",

@@ -25,7 +25,7 @@ from typing import Any
 from .texts import BUSY
 
 _LOCK = threading.Lock()
-_RUNS: dict[int, "Run"] = {}  # id(trainer) -> its run; the run holds the trainer, so the id stays unique
+_RUNS: dict[int, Run] = {}  # id(trainer) -> its run; the run holds the trainer, so the id stays unique
 
 Listener = Callable[["Run", str], None]
 

@@ -27,7 +27,7 @@ def test_a_user_transform_gets_its_call_explain_line_button_and_gradient(one_thr
     text = mtlab.debug.explain(tr)
     assert "4. scale()" in text and "DecayingScale(0.25): Multiply each task's gradient" in text
     plan = list(zip((1.0, 0.3), batches(1, sizes=(3, 2), lengths=((2, 5), (9, 14)))))
-    for (w, batch), s in zip(plan, ("clean", "noisy")):
+    for (_, batch), s in zip(plan, ("clean", "noisy")):
         tr.process_minibatch("a", s, batch)
     tr.normalize()
     assert tr.next_calls() == {"a": "scale"}
