@@ -523,3 +523,36 @@ def test_normalize_all_covers_the_tasks_still_accumulating():
     assert tr.phase() == {"a": "normalized", "b": "normalized"}
     with pytest.raises(mtlab.PhaseError, match="already normalized; next call: clip"):
         tr.normalize()
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_failed_minibatch_puts_the_data_position_back(where, monkeypatch):
+    """A minibatch whose forward or backward fails is not consumed: the stream is where it was, and the next
+    minibatch is the one a trainer that never failed draws."""
+    ex = make_examples(12, 3)
+    tr, twin = (mtlab.Trainer(make_models(), [task_a((ex, ex))], device="cpu") for _ in range(2))
+    for t in (tr, twin):
+        t.process_minibatch("a", "clean")
+    stream = tr.stream("a", "clean")
+    before = (stream.epoch, stream.position)
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # noqa: ANN001, ANN205
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):  # noqa: ANN001, ANN205
+            raise RuntimeError("backward failed")
+
+    if where == "forward":
+        monkeypatch.setattr(tr.plans["a"], "loss", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("forward failed")))
+    else:
+        monkeypatch.setattr(tr.precision, "scale", lambda loss: Boom.apply(loss))
+    with pytest.raises(RuntimeError, match=f"{where} failed"):
+        tr.process_minibatch("a", "clean")
+    monkeypatch.undo()
+    assert (stream.epoch, stream.position) == before
+    tr.reset(); twin.reset()
+    tr.process_minibatch("a", "clean"); twin.process_minibatch("a", "clean")
+    assert torch.equal(tr.state("a").loss, twin.state("a").loss)
