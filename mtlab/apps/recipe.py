@@ -330,7 +330,7 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     mvn = data.get("mvn", "global")
     num_sources = data.get("num_sources", NUM_SOURCES)
     # streamed unless told otherwise: audio read per batch, features on the trainer's device
-    streamed = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances", "dynamic_mix",
+    streamed: dict[str, Any] = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances", "dynamic_mix",
                                                         "layout") if k in data}}
     inputs = dict(data.get("feature_inputs", {}))
     key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), repr(ivec),
@@ -338,7 +338,7 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     if key not in cache:
         cache[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
                                 targets=targets, stats=stats, spectral=spectral, ivec=ivec, mvn=mvn,
-                                num_sources=num_sources, **streamed, **({"feature_inputs": inputs} if inputs else {}))
+                                num_sources=num_sources, feature_inputs=inputs or None, **streamed)
         if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
             computed = cache[key].stats
             cache[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = cache[key]

@@ -223,7 +223,7 @@ def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
     ``mtlab.nabu`` imports it (``stages`` and the original's stopping rules)."""
     path = Path(path)
     parser = configparser.ConfigParser(interpolation=None)
-    parser.optionxform = str  # keep key case as written
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keep key case as written (configparser's idiom)
     try:
         read = parser.read(path)
     except configparser.Error as exc:

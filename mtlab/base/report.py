@@ -1,5 +1,5 @@
 """Messages for the person running training: the ``mtlab`` logger (above a progress bar when one is shown), and
-the trainer as an HTML table."""
+tables of values in HTML."""
 
 from __future__ import annotations
 
@@ -24,18 +24,3 @@ def values_html(values: Mapping[str, Any], caption: str) -> str:
     rows = "".join(f"<tr><td>{k}</td><td>{'' if v is None else (f'{v:.6g}' if isinstance(v, float) else v)}</td></tr>"
                    for k, v in values.items())
     return f"<table><caption>{caption}</caption>{rows}</table>"
-
-
-def trainer_html(trainer: Any) -> str:
-    """A trainer as an HTML table (its ``_repr_html_``): step, lr, chain, and per task its weights, models,
-    phase and minibatches."""
-    tr = trainer
-    rows = "".join(
-        f"<tr><td>{n}</td><td>{t.weight:g}</td><td>{', '.join(f'{s} ({ls.weight:g})' for s, ls in t.linkedsets.items())}"
-        f"</td><td>{', '.join(tr.plans[n].model_names)}</td><td>{tr.state(n).phase}</td>"
-        f"<td>{tr.state(n).minibatches}</td></tr>" for n, t in tr.tasks.items())
-    return ("<div><b>mtlab.Trainer</b> "
-            f"step {tr.step_count} &middot; lr {tr.lr:g} &middot; {tr.chain} &middot; "
-            f"K={tr.numbatches_to_aggregate} &middot; {tr.device}"
-            "<table><tr><th>task</th><th>weight</th><th>linked sets (weight)</th><th>models</th>"
-            f"<th>phase</th><th>minibatches</th></tr>{rows}</table></div>")

@@ -216,7 +216,7 @@ def check_optimizer_state(state: dict[str, Any], name: str) -> None:
 
 
 def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int = 0,
-                 extra: dict[str, Any] | None = None) -> Path | None:
+                 extra: Mapping[str, Any] | None = None) -> Path | None:
     """Write a trainer state (plus ``extra`` entries such as the recipe) atomically. Data parallel: only rank 0
     writes (every rank holds the same state); other ranks log that they did not and return None."""
     if rank != 0:

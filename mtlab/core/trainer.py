@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,13 +30,15 @@ from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
 from .precision import Precision, compile_models
-from ..base.report import trainer_html
 from ..tasks.sampling import BatchStream, Streams
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
                           check_positive, check_relative_weights, check_tasks, check_weight)
 from .optimizers import OptimizerFactory, optimizer_factory
 from .transforms import Call, Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
 from .update import PerTaskUpdate, Update
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -475,7 +477,7 @@ class Trainer:
             return [*made, Call.APPLY]
 
     @property
-    def history(self) -> pandas.DataFrame:  # noqa: F821
+    def history(self) -> pd.DataFrame:
         """One row per applied step (reads the device once for rows not yet read)."""
         return self.log.frame()
 
@@ -537,4 +539,13 @@ class Trainer:
                 f"phase={ {k: str(v) for k, v in self.phase().items()} }, chain={self.chain}, device={self.device})")
 
     def _repr_html_(self) -> str:
-        return trainer_html(self)
+        """The trainer as an HTML table: step, lr, chain, and per task its weights, models, phase and minibatches."""
+        rows = "".join(
+            f"<tr><td>{n}</td><td>{t.weight:g}</td><td>{', '.join(f'{s} ({ls.weight:g})' for s, ls in t.linkedsets.items())}"
+            f"</td><td>{', '.join(self.plans[n].model_names)}</td><td>{self._accs[n].phase}</td>"
+            f"<td>{self._accs[n].minibatches}</td></tr>" for n, t in self.tasks.items())
+        return ("<div><b>mtlab.Trainer</b> "
+                f"step {self.step_count} &middot; lr {self.lr:g} &middot; {self.chain} &middot; "
+                f"K={self.numbatches_to_aggregate} &middot; {self.device}"
+                "<table><tr><th>task</th><th>weight</th><th>linked sets (weight)</th><th>models</th>"
+                f"<th>phase</th><th>minibatches</th></tr>{rows}</table></div>")

@@ -243,7 +243,8 @@ class Update:
     def task_weights(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float,
                      found_inf: Tensor | None) -> dict[str, Weight]:
         """Each contributing task's weight: the task weight, times the weighting's coefficient if one is set."""
-        active = {t: w for t, w in weights.items() if w is not None and w > 0.0 and accs[t].minibatches}
+        active: dict[str, Weight] = {t: w for t, w in weights.items()
+                                     if w is not None and w > 0.0 and accs[t].minibatches}
         if self.weighting is None or not active:
             return active
         tasks = list(active)
@@ -328,7 +329,7 @@ class Update:
             state["method"] = self.method if not isinstance(self.method, Mapping) else dict(self.method)
         if self.weighting is not None:
             state["weighting"] = self.weighting.state_dict()
-        combine_state = getattr(self.combine, "state_dict", dict)()
+        combine_state: dict[str, Any] = getattr(self.combine, "state_dict", dict)()
         if combine_state:
             state["combine"] = combine_state
         return state

@@ -46,7 +46,7 @@ import wave
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -54,6 +54,9 @@ import torch
 from ..base.errors import ConfigError, MtlabError
 from .importer import SAMPLE_RATE, Importer, build_task
 from .ini import read_ini, section, words
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
 
 RECONSTRUCTOR_KEYS = ("reconstruct_type", "org_mix", "usedbins", "nrs", "store_output", "activation",
                       "output_activation", "noise_threshold_for_kmeans", "min_kmeans_perc", "store_masks")
@@ -397,7 +400,7 @@ def stats_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask],
     return stats
 
 
-def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit: int | None = None,
+def evaluate_tests(trainer: Trainer | None, tests: Mapping[str, EvalTask], out: Path, limit: int | None = None,
                    pesq: bool = False, seed: int = 0, echo: Callable[[str], None] | None = None,
                    order: str = "sir", wav_format: str = "int16") -> EvalResult:
     """Run the test tasks on ``trainer`` (built from their recipe, holding the trained weights); see the module
@@ -463,7 +466,7 @@ def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit
     return result
 
 
-def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng: np.random.RandomState,
+def _test_task(trainer: Trainer, tname: str, test: EvalTask, limit: int | None, rng: np.random.RandomState,
                metrics: tuple[str, ...], out: Path, order: str = "sir", wav_format: str = "int16"
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One test task: its summary row and its utterance rows (see :func:`evaluate_tests`)."""

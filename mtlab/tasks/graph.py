@@ -112,9 +112,9 @@ class ModelGraph:
                 available[produced] = f"node {node.name!r}"
         for name in self.outputs:
             if name not in available or available[name] == "task input":
-                produced = sorted(k for k, v in available.items() if v != "task input")
+                made = sorted(k for k, v in available.items() if v != "task input")
                 raise GraphError(
-                    f"{where}: output {name!r} is produced by no node; node outputs: {produced}"
+                    f"{where}: output {name!r} is produced by no node; node outputs: {made}"
                 )
         # By id and class: a model freed and a new one at the same address (copies made and dropped, as
         # check_equivalence does) must not inherit another class's answer.

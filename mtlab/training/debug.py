@@ -162,7 +162,7 @@ def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, 
         a, o = accumulated.get(name), oracle.get(name)
         if a is None or o is None:
             present = a if a is not None else o
-            per_param[name] = float(present.abs().max()) if present.numel() else 0.0
+            per_param[name] = float(present.abs().max()) if present is not None and present.numel() else 0.0
         else:
             per_param[name] = float((a.double() - o.double()).abs().max()) if a.numel() else 0.0
     worst = max(per_param.values(), default=0.0)
@@ -200,6 +200,7 @@ def _one_pass(models: dict[str, torch.nn.Module], t: Any, plan: list[tuple[str, 
                 total = total + w * loss_sum
                 norm = norm + w * n
         objective = total / norm if (trainer.normalize_gradients or mean_of_means) else total
+        assert isinstance(objective, Tensor), "the plan holds at least one minibatch"
         objective.backward()
     names = {id(p): f"{mn}.{pn}" for mn, m in models.items() for pn, p in m.named_parameters()}
     grads = {names[id(p)]: p.grad.detach().clone() for p in dict.fromkeys(used) if p.grad is not None}

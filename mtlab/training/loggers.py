@@ -374,7 +374,7 @@ def make(spec: str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]], logd
         raise ConfigError(f"unknown logger {spec!r}; choose from {', '.join(NAMES)}")
     import inspect
 
-    cls = _CLASSES[name]
+    cls: Any = _CLASSES[name]  # a Logger subclass; its constructor's options differ by kind
     try:
         inspect.signature(cls).bind(logdir, **options)
     except TypeError as err:

@@ -19,7 +19,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..training.debug import next_call
 from .runcontrol import RunControl
@@ -27,6 +27,9 @@ from .runs import Run, current_run
 from .schedules import schedule_text
 from .state import DashState, RunView, SeriesStore
 from .texts import BUSY, REASONS, call_buttons, skipped_tasks, state_table_html
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
 
 View = Callable[[DashState], None]
 _BY_TRAINER: dict[int, list[Controller]] = {}  # id(trainer) -> its attached controllers (the newest last)
@@ -36,7 +39,7 @@ _BY_TRAINER_LOCK = threading.Lock()
 class Controller(RunControl):
     """Commands, refusals and run control of one dashboard; see the module docstring."""
 
-    def __init__(self, trainer: Any, schedule: Any = None, keep_snapshots: int = 5, refresh_s: float = 0.25) -> None:
+    def __init__(self, trainer: Trainer, schedule: Any = None, keep_snapshots: int = 5, refresh_s: float = 0.25) -> None:
         self.trainer = trainer
         self.schedule = schedule  # the experiment's schedule (lr decay, validation), None: the trainer's lr
         self.keep_snapshots = keep_snapshots
@@ -152,14 +155,18 @@ class Controller(RunControl):
 
     def set_weight(self, task: str, linkedset: str, value: float) -> bool:
         """A linked set's weight, used from the next minibatch on (also during a run)."""
-        return self._command("weight", lambda: self._weight_message(
-            self.trainer.set_weight(task, linkedset, value), f"{task}/{linkedset}", value))
+        def do() -> str:
+            self.trainer.set_weight(task, linkedset, value)
+            return self._weight_message(f"{task}/{linkedset}", value)
+        return self._command("weight", do)
 
     def set_task_weight(self, task: str, value: float) -> bool:
-        return self._command("task weight", lambda: self._weight_message(
-            self.trainer.set_task_weight(task, value), f"task {task}", value))
+        def do() -> str:
+            self.trainer.set_task_weight(task, value)
+            return self._weight_message(f"task {task}", value)
+        return self._command("task weight", do)
 
-    def _weight_message(self, _: Any, what: str, value: float) -> str:
+    def _weight_message(self, what: str, value: float) -> str:
         skipped = skipped_tasks(self.trainer)
         tail = "; skipped by step(): " + ", ".join(f"{n} ({w})" for n, w in skipped.items()) if skipped else ""
         return f"{what} weight -> {value:.3g}{tail}"

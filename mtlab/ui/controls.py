@@ -4,12 +4,15 @@ what it calls and what it needs. Building only; ``dashboard.py`` wires them to t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import ipywidgets as widgets
 
 from ..core import combine, weighting
 from .texts import call_buttons, call_tooltip
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
 
 BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "clip", "apply": "apply",
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",
@@ -33,7 +36,7 @@ def weight_slider(label: str, value: float, width: str, tip: str) -> widgets.Flo
 class Controls:
     """Every control of a dashboard, by role (see ``Dashboard``'s docstring for the names)."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         keys = [*trainer.weights()]
         width = f"{min(max(len(k) for k in keys) * 7 + 24, 150)}px"
         self.sliders: dict[str, widgets.FloatSlider] = {}

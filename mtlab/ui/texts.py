@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.accumulator import Phase
@@ -191,7 +191,7 @@ def state_table_html(trainer: Trainer) -> str:
     return f"{TABLE_STYLE}<table class='mtlab-state'>{head}{''.join(body)}</table>"
 
 
-def validation_html(records: Sequence[dict[str, Any]], last: int = 12) -> str:
+def validation_html(records: Sequence[Mapping[str, Any]], last: int = 12) -> str:
     """One row per validation of the loop (as fastai shows them): step, each task, total, lr, action."""
     if not records:
         return ""
