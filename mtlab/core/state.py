@@ -10,15 +10,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..base.errors import ConfigError, MtlabError
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 logger = logging.getLogger("mtlab")
 VERSION = 2  # of the trainer state: 2 = accumulators with flat buffers and an update piece
@@ -238,57 +235,3 @@ def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(rng["torch"])
     if "cuda" in rng and device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"], device)
-
-
-def trainer_state(trainer: Trainer) -> dict[str, Any]:
-    """``Trainer.state_dict()``: weights, optimizer, accumulators, data positions, RNG, step, settings,
-    weights and history, as plain containers (loadable with ``weights_only=True``)."""
-    tr = trainer
-    tasks = {n: {**tr.state(n).state_dict(), "weight": t.weight,
-                 "linkedset_weights": {k: ls.weight for k, ls in t.linkedsets.items()}}
-             for n, t in tr.tasks.items()}
-    return clone_tree({
-        "format": "mtlab-trainer", "version": VERSION,
-        "models": {k: m.state_dict() for k, m in tr.models.items()},
-        "update": tr.update.state_dict(), "tasks": tasks, "streams": tr.streams.state_dict(),
-        "rng": rng_state(tr.device), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
-        "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
-        "chain": tr.chain.state_dict(), "history": tr.log.state_dict(),
-        "precision": tr.precision.state_dict(),
-        "settings": {"normalize_gradients": tr.normalize_gradients, "nonfinite": tr.nonfinite,
-                     "numbatches_to_aggregate": tr.numbatches_to_aggregate, "seed": tr.seed,
-                     "acc_steps": tr.acc_steps, "normalize_weights_acc_steps": tr.normalize_weights_acc_steps,
-                     "optimizer": tr.optimizer_name, "linkedset_weights": tr.linkedset_weights},
-    })
-
-
-def load_trainer_state(trainer: Trainer, state: Any, history: bool = True, source: str = "the state") -> None:
-    """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
-    tr = trainer
-    check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps, source)
-    check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
-    check_precision_state(state, tr.precision.mode)
-    check_optimizer_state(state, tr.optimizer_name)
-    tr.streams.check_state_dict(state["streams"], tr.tasks)  # every check before the first change
-    if "weighting" in state["update"] and getattr(tr.update, "weighting", None) is None:
-        raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
-                          "the same combine method")
-    for k, m in tr.models.items():
-        m.load_state_dict(state["models"][k])
-    tr.update.load_state_dict(clone_tree(state["update"]))
-    for name, saved in state["tasks"].items():
-        tr.state(name).load_state_dict(saved)
-        tr.tasks[name].weight = float(saved["weight"])
-        for sname, w in saved["linkedset_weights"].items():
-            if sname in tr.tasks[name].linkedsets:
-                tr.tasks[name].linkedsets[sname].weight = float(w)
-    tr.streams.load_state_dict(state["streams"], tr.tasks)
-    set_rng_state(state["rng"], tr.device)
-    tr.precision.load_state_dict(state.get("precision", {}))
-    tr.step_count = int(state["step"])
-    tr.lr = state["lr"]
-    tr.clip_grad_value, tr.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")
-    tr.clip_grad_percentile = state.get("clip_grad_percentile")
-    tr.chain.load_state_dict(state.get("chain", []))
-    if history:
-        tr.log.load_state_dict(state["history"])

@@ -513,12 +513,27 @@ class Trainer:
         step, settings, weights and history, as a copy in plain containers (loadable with ``weights_only=True``):
         keep it to undo with ``load_state_dict`` later."""
         with self.lock:
-            return checkpoint.trainer_state(self)
+            tasks = {n: {**self._accs[n].state_dict(), "weight": t.weight,
+                         "linkedset_weights": {k: ls.weight for k, ls in t.linkedsets.items()}}
+                     for n, t in self.tasks.items()}
+            return checkpoint.clone_tree({
+                "format": "mtlab-trainer", "version": checkpoint.VERSION,
+                "models": {k: m.state_dict() for k, m in self.models.items()},
+                "update": self.update.state_dict(), "tasks": tasks, "streams": self.streams.state_dict(),
+                "rng": checkpoint.rng_state(self.device), "step": self.step_count, "lr": self.lr,
+                "clip_grad_value": self.clip_grad_value, "clip_grad_norm": self.clip_grad_norm,
+                "clip_grad_percentile": self.clip_grad_percentile, "chain": self.chain.state_dict(),
+                "history": self.log.state_dict(), "precision": self.precision.state_dict(),
+                "settings": {"normalize_gradients": self.normalize_gradients, "nonfinite": self.nonfinite,
+                             "numbatches_to_aggregate": self.numbatches_to_aggregate, "seed": self.seed,
+                             "acc_steps": self.acc_steps, "normalize_weights_acc_steps": self.normalize_weights_acc_steps,
+                             "optimizer": self.optimizer_name, "linkedset_weights": self.linkedset_weights},
+            })
 
     def load_state_dict(self, state: Mapping[str, Any], history: bool = True) -> None:
         """Restore a ``state_dict()``: the trainer continues exactly where that state was taken."""
         with self.lock:
-            checkpoint.load_trainer_state(self, state, history)
+            self._restore(state, history)
             self.events.emit("restore", {"step": self.step_count})
 
     def save(self, path: Any, extra: Mapping[str, Any] | None = None) -> Any:
@@ -530,8 +545,40 @@ class Trainer:
         """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""
         state = checkpoint.load_safe(path)
         with self.lock:
-            checkpoint.load_trainer_state(self, state, source=f"checkpoint {path}")  # names the file if refused
+            self._restore(state, source=f"checkpoint {path}")  # names the file if refused
             self.events.emit("restore", {"step": self.step_count})
+
+    def _restore(self, state: Any, history: bool = True, source: str = "the state") -> None:
+        """Check ``state`` against this trainer (refusing changes nothing), then restore every piece."""
+        checkpoint.check_state(state, list(self.models), {n: self.task_params[n] for n in self.tasks}, self.acc_steps,
+                               source)
+        checkpoint.check_weights(self.models, state["models"], source,
+                                 {n: st["grads"] for n, st in state["tasks"].items()})
+        checkpoint.check_precision_state(state, self.precision.mode)
+        checkpoint.check_optimizer_state(state, self.optimizer_name)
+        self.streams.check_state_dict(state["streams"], self.tasks)  # every check before the first change
+        if "weighting" in state["update"] and getattr(self.update, "weighting", None) is None:
+            raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
+                              "the same combine method")
+        for k, m in self.models.items():
+            m.load_state_dict(state["models"][k])
+        self.update.load_state_dict(checkpoint.clone_tree(state["update"]))
+        for name, saved in state["tasks"].items():
+            self._accs[name].load_state_dict(saved)
+            self.tasks[name].weight = float(saved["weight"])
+            for sname, w in saved["linkedset_weights"].items():
+                if sname in self.tasks[name].linkedsets:
+                    self.tasks[name].linkedsets[sname].weight = float(w)
+        self.streams.load_state_dict(state["streams"], self.tasks)
+        checkpoint.set_rng_state(state["rng"], self.device)
+        self.precision.load_state_dict(state.get("precision", {}))
+        self.step_count = int(state["step"])
+        self.lr = state["lr"]
+        self.clip_grad_value, self.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")
+        self.clip_grad_percentile = state.get("clip_grad_percentile")
+        self.chain.load_state_dict(state.get("chain", []))  # a transform's state (AutoClip's norm history)
+        if history:
+            self.log.load_state_dict(state["history"])
 
     # ------------------------------------------------------------------ introspection
     def __repr__(self) -> str:
