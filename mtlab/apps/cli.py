@@ -451,7 +451,8 @@ def _shard(args: argparse.Namespace) -> int:
     """``mtlab shard``: write (or ``--verify``) the shards of every split and linked set asked for."""
     from ..data.corpus import SPLITS, linked_sets
     from ..data.features import MTLAB, ORIGINAL
-    from ..data.shards import INDEX, SHARD_SIZE, verify_shards, write_shards
+    from ..data.shards import INDEX, SHARD_SIZE, verify_shards
+    from ..data.shardwriter import write_shards
 
     from ..data.errors import DataError
 

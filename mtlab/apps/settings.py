@@ -101,17 +101,17 @@ def _hint(key: str, valid: list[str] | tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _unknown(origin: str, where: str, key: str, valid: list[str] | tuple[str, ...], what: str = "key") -> ConfigError:
+def unknown_key(origin: str, where: str, key: str, valid: list[str] | tuple[str, ...], what: str = "key") -> ConfigError:
     return ConfigError(f"{origin}: unknown {what} {key!r} in {where}{_hint(key, valid)}; valid: {', '.join(valid)}")
 
 
-def _table(value: Any, origin: str, where: str) -> dict[str, Any]:
+def as_table(value: Any, origin: str, where: str) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{origin}: {where} must be a table, got {type(value).__name__} {value!r}")
     return dict(value)
 
 
-def _names(value: Any, origin: str, where: str) -> list[str]:
+def as_names(value: Any, origin: str, where: str) -> list[str]:
     if isinstance(value, str):
         value = value.split()
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -133,7 +133,7 @@ def check_value(key: str, spec: Key, value: Any, origin: str, where: str) -> Any
             raise ConfigError(f"{origin}: {name} = {value!r}{_hint(value, spec.choices)}; valid: {', '.join(spec.choices)}")
         return value
     if spec.kind == "names":
-        return _names(value, origin, name)
+        return as_names(value, origin, name)
     if spec.kind == "tries" and value == "none":
         return None
     if spec.kind == "stages":
@@ -169,10 +169,10 @@ def _stages(value: Any, origin: str, name: str) -> list[dict[str, Any]]:
     out = []
     for i, stage in enumerate(value):
         where = f"{name}[{i}]"
-        stage = _table(stage, origin, where)
+        stage = as_table(stage, origin, where)
         for key in stage:
             if key not in STAGE_KEYS:
-                raise _unknown(origin, where, key, STAGE_KEYS)
+                raise unknown_key(origin, where, key, STAGE_KEYS)
         checked = {k: check_value(k, TRAINER_KEYS[k], v, origin, where) for k, v in stage.items() if k != "segment_length"}
         if checked.get("num_tries", 0) is None:
             checked["num_tries"] = "none"  # a plain TOML/JSON value; the schedule reads it as None
@@ -243,7 +243,7 @@ def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, text in conf.items():
         if key not in TRAINER_KEYS:
-            raise _unknown(str(path), "[trainer]", key, list(TRAINER_KEYS))
+            raise unknown_key(str(path), "[trainer]", key, list(TRAINER_KEYS))
         out[key] = _from_string(key, TRAINER_KEYS[key], text, str(path))
     return out
 
@@ -262,11 +262,11 @@ def _is_original(conf: Mapping[str, str]) -> bool:
 def trainer_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
     """Every ``TRAINER_KEYS`` setting of ``recipe``, checked, with defaults filled in."""
     origin = str(recipe.get("source", DEFAULT_ORIGIN))
-    given = _table(recipe.get("trainer", {}), origin, "[trainer]")
+    given = as_table(recipe.get("trainer", {}), origin, "[trainer]")
     out: dict[str, Any] = {}
     for key, value in given.items():
         if key not in TRAINER_KEYS:
-            raise _unknown(origin, "[trainer]", key, list(TRAINER_KEYS))
+            raise unknown_key(origin, "[trainer]", key, list(TRAINER_KEYS))
         out[key] = check_value(key, TRAINER_KEYS[key], value, origin, "[trainer]")
     for key, spec in TRAINER_KEYS.items():
         out.setdefault(key, spec.default)

@@ -22,9 +22,9 @@ from . import features as F
 from .audio import SAMPLE_RATE, read_wav
 from .errors import DataError
 from .manifest import Column
+from .usercache import user_cache
 
 Progress = Callable[[int, int], None]  # (utterances done, utterances in all)
-CACHE_ENV = "MTLAB_CACHE"
 
 
 def stats_sample(count: int, limit: int | None) -> list[int]:
@@ -52,11 +52,6 @@ def checksum(list_file: Path | None, column: Column, spectral: F.Spectral, sampl
         except OSError:
             h.update(b"missing;")
     return h.hexdigest()
-
-
-def user_cache() -> Path:
-    """The user cache folder: ``$MTLAB_CACHE``, else ``~/.cache/mtlab``."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mtlab")
 
 
 def cache_paths(list_file: Path | None, digest: str) -> list[Path]:

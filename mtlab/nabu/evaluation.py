@@ -288,7 +288,7 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
     """Fill each test task's data folders from the sample corpus's ``test`` split (see ``make_sample_root``), with
     the vector lists of tasks that read i-vectors; a folder that holds its mixture list already is left as it is."""
     from ..data import data_samples_dir
-    from .samples import SAMPLE_SOURCES, _fill, write_input_lists, write_spkinfo, write_vectors
+    from .samples import SAMPLE_SOURCES, fill_split, write_input_lists, write_spkinfo, write_vectors
 
     source = Path(samples) if samples is not None else data_samples_dir()
     made = []
@@ -300,7 +300,7 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
             # a folder filled already (by the training data: a recipe may test on its training folder, or by
             # another test task) is used as it is
             if not (folder / f"mix_{name}.scp").is_file():
-                _fill(folder, source / "test", name, limit, data.get("num_sources", SAMPLE_SOURCES))
+                fill_split(folder, source / "test", name, limit, data.get("num_sources", SAMPLE_SOURCES))
                 made.append(folder)
             if "ivec" in data and not Path(data["ivec"]["list"]).is_file():  # the task's test i-vector list
                 made.append(write_vectors(folder, name, data["ivec"]))
