@@ -45,11 +45,6 @@ class MinibatchRecord:
     norm: Tensor  # weight × its normalizer (0-d float64)
     trace: dict[str, Tensor] | None = None  # per-model gradient contribution, when a MinibatchTrace is attached
 
-    def as_dict(self) -> dict[str, Any]:
-        """The record as plain numbers (reads the loss and the norm from the device)."""
-        return {"linkedset": self.linkedset, "examples": self.num_examples, "weight": self.weight,
-                "loss": float(self.loss), "norm": float(self.norm)}
-
 
 GRAD_STATS = ("grad_norm", "grad_norm_clipped", "clip_fraction")
 _EMPTY: Mapping[str, Tensor] = MappingProxyType({})

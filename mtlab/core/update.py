@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from ..base import gradops
 from .accumulator import Accumulator
+from .columns import combine_column, cosine_column, direction_column, weighting_column
 from ..base.errors import ConfigError
 from ..base.registry import Registry, add_plugin, build
 from ..tasks.sampling import derived_seed
@@ -250,7 +251,7 @@ class Update:
         tasks = list(active)
         losses = torch.stack([accs[t].normalized_loss for t in tasks])
         coef = self.weighting.coefficients(tasks, losses, lr, found_inf, self.step_seed())
-        self.stats.update({f"weighting/{t}": coef[i] for i, t in enumerate(tasks)})
+        self.stats.update({weighting_column(t): coef[i] for i, t in enumerate(tasks)})
         return {t: active[t] * coef[i] for i, t in enumerate(tasks)}
 
     def directions(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float = 0.0,
@@ -287,15 +288,15 @@ class Update:
         if self.record_stats:
             used = [d for d in out.values() if d is not None]
             if used:
-                self.stats["direction_norm"] = gradops.total_norm(used)
+                self.stats[direction_column()] = gradops.total_norm(used)
         return out
 
     def group_stats(self, group: Group, rows: Sequence[Row], dirs: Sequence[Tensor]) -> None:
         """Device tensors for the history: the method's weights, per-model cosine similarities, the norm."""
         chosen = getattr(self.combine, "last_weights", {}).get(group.name)
         if chosen is not None:
-            self.stats.update({f"combine/{group.name}/{t}": chosen[i] for i, (t, _, _) in enumerate(rows)})
-        self.stats[f"direction_norm/{group.name}"] = gradops.total_norm(list(dirs))
+            self.stats.update({combine_column(group.name, t): chosen[i] for i, (t, _, _) in enumerate(rows)})
+        self.stats[direction_column(group.name)] = gradops.total_norm(list(dirs))
         by_model: dict[str, list[int]] = {}
         for i, n in enumerate(group.params):
             by_model.setdefault(model_of(n), []).append(i)
@@ -305,7 +306,7 @@ class Update:
             for a in range(len(rows)):
                 for b in range(a + 1, len(rows)):
                     cos = torch.dot(vecs[a], vecs[b]) / (norms[a] * norms[b])
-                    self.stats[f"cos/{model}/{rows[a][0]},{rows[b][0]}"] = cos
+                    self.stats[cosine_column(model, rows[a][0], rows[b][0])] = cos
 
     def step(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float,
              found_inf: Tensor | None) -> None:

@@ -67,6 +67,7 @@ from ..base.errors import ConfigError, explain
 from ..base.report import say
 from ..base.threads import apply_threads, oversubscribed
 from ..core.accumulator import Phase
+from ..core.columns import parse_column
 from ..core.trainer import KEPT, Trainer
 from . import expdir as expdir_
 from .checkpoint import save_checkpoint
@@ -161,8 +162,9 @@ def _postfix(trainer: Trainer) -> dict[str, str]:
     rows = trainer.log.rows()
     if not rows:
         return {}
-    out = {k.split("/")[0]: f"{v:.4g}" for k, v in rows[-1].items()
-           if k.endswith("/loss") and k.count("/") == 1 and isinstance(v, float)}
+    cols = {k: parse_column(k) for k in rows[-1]}
+    out = {c.task: f"{rows[-1][k]:.4g}" for k, c in cols.items()
+           if c.kind == "loss" and c.task and not c.linkedset and isinstance(rows[-1][k], float)}
     if trainer.device.type == "cpu":  # the thread count decides the speed on a shared CPU: show it
         out["threads"] = str(torch.get_num_threads())
     return out
