@@ -313,9 +313,9 @@ class Trainer:
         """
         with self.lock:
             t = self.tasks.get(task)
-            ls = t.linkedsets.get(linkedset) if t is not None else None
-            if ls is None:
-                ls = self.linkedset(task, linkedset)  # raises, naming the tasks or linked sets there are
+            if t is None or linkedset not in t.linkedsets:
+                t = self.task(task)
+                self.linkedset(task, linkedset)  # raises, naming the tasks or linked sets there are
             acc = self._accs[task]
             if acc.position > 0 and acc.phase is not Phase.APPLIED:
                 raise PhaseError(f"task {task!r} is {acc.phase}; call apply() to finish this step "
