@@ -22,7 +22,7 @@ from . import features as F
 from .audio import SAMPLE_RATE, read_wav
 from .errors import DataError
 from .manifest import Column
-from .usercache import user_cache
+from .usercache import beside_allowed, user_cache
 
 Progress = Callable[[int, int], None]  # (utterances done, utterances in all)
 
@@ -58,7 +58,8 @@ def cache_paths(list_file: Path | None, digest: str) -> list[Path]:
     """Where the statistics of ``list_file`` are looked for and written, in order: beside the list, then the user
     cache folder (the only place for a corpus tree read in place, ``list_file`` None)."""
     home = user_cache() / "stats" / f"{digest}.json"
-    return [list_file.with_suffix(".stats.json"), home] if list_file is not None else [home]
+    beside = list_file is not None and beside_allowed(list_file)
+    return [list_file.with_suffix(".stats.json"), home] if beside and list_file is not None else [home]
 
 
 def load_cached(list_file: Path | None, digest: str) -> F.FeatureStats | None:

@@ -175,9 +175,10 @@ def _lengths_cache(manifest: Manifest, beside: bool = True) -> tuple[list[Path],
     depend on: the list's bytes, the utterances kept and each mixture file's size and modification time, so a
     corpus regenerated under the same lists is read again (one ``stat`` per file, far cheaper than its header);
     a file changed in place after that is caught when it is read (its length no longer matches)."""
-    from .usercache import user_cache
+    from .usercache import beside_allowed, user_cache
 
     mix = manifest.mix
+    beside = beside and beside_allowed(Path(mix.path))
     listed = Path(mix.path).read_bytes() if beside else b""
     h = hashlib.sha256(listed + mix.prefix.encode() + mix.suffixes.tobytes())
     for i in range(len(manifest)):
