@@ -40,6 +40,7 @@ from ..tasks.sampling import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE
 from .errors import DataError
+from .source import AudioSplit
 from .ondevice import Featurizer
 
 FORMAT = 1  # the index's layout version
@@ -117,7 +118,7 @@ def read_index(root: str | Path, split: str, linkedset: str) -> tuple[dict[str, 
     return meta, arrays, path
 
 
-class ShardedSplit(torch.utils.data.Dataset):
+class ShardedSplit(AudioSplit):
     """One split of one linked set read from shards; see the module docstring. Same interface as a
     :class:`~mtlab.data.streamed.StreamedSplit` (``lengths``, ``audio(i)``, ``segment``, ``featurize``, ``split[i]``),
     plus ``shard_of`` (the shard of each utterance), ``files`` (the shard paths) and ``opened`` (those this
@@ -217,17 +218,6 @@ class ShardedSplit(torch.utils.data.Dataset):
             info = json.loads(self._member(i, self._size.shape[1] - 1))
             out["ivec"] = torch.tensor(info["ivec"], dtype=torch.float32)
         return out
-
-    def segment(self, index: int, start: int, frames: int) -> dict[str, torch.Tensor] | Skipped:
-        """``audio(index)`` with ``segment = [start, frames]``."""
-        out = self.audio(index)
-        if isinstance(out, Skipped):
-            return out
-        return {**out, "segment": torch.tensor([start, frames], dtype=torch.long)}
-
-    def featurize(self, batch: Any, device: torch.device | str | None = None) -> Any:
-        """Features and targets of a collated batch, on ``device`` (as the streamed path)."""
-        return self.featurizer(batch, device)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         """The example of utterance ``index`` with every key computed now (on the CPU)."""

@@ -26,6 +26,7 @@ from ..tasks.sampling import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav_int16, wav_samples
 from .errors import DataError
+from .source import AudioSplit
 from .lists import ListEntry
 from .manifest import Manifest
 from .ondevice import Featurizer
@@ -46,7 +47,7 @@ class Row:
     inputs: tuple[ListEntry, ...] = ()  # audio of other inputs of the same kind (``feature_inputs``)
 
 
-class StreamedSplit(torch.utils.data.Dataset):
+class StreamedSplit(AudioSplit):
     """One split of one linked set read lazily; see the module docstring. ``lengths`` are frames (for bucketing),
     ``samples`` the mixture's samples, both from the WAV headers; the lists are held as compact columns
     (:class:`~mtlab.data.manifest.Manifest`)."""
@@ -151,17 +152,6 @@ class StreamedSplit(torch.utils.data.Dataset):
                 wavs.append(wav)
             out["input_wav"] = torch.stack(wavs, dim=-1)
         return out
-
-    def segment(self, index: int, start: int, frames: int) -> dict[str, torch.Tensor] | Skipped:
-        """``audio(index)`` with ``segment = [start, frames]``: the frames the batch keeps of the utterance."""
-        out = self.audio(index)
-        if isinstance(out, Skipped):
-            return out
-        return {**out, "segment": torch.tensor([start, frames], dtype=torch.long)}
-
-    def featurize(self, batch: Any, device: torch.device | str | None = None) -> Any:
-        """Features and targets of a collated batch of :meth:`audio` items, computed on ``device``."""
-        return self.featurizer(batch, device)
 
     def __repr__(self) -> str:
         hours = int(self.samples.sum()) / SAMPLE_RATE / 3600

@@ -12,7 +12,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -44,16 +44,16 @@ def reads_audio(source: Any) -> bool:
     ``source.featurize(batch, device)`` (a streamed linked set), or a view of one."""
     if isinstance(source, (SegmentedExamples, HeadExamples)):
         return reads_audio(source.source)
-    return callable(getattr(source, "audio", None)) and callable(getattr(source, "featurize", None))
+    return isinstance(source, StreamedSource)
 
 
 def tell_epoch(source: Any, epoch: int) -> None:
     """Give ``epoch`` to a source whose examples change per epoch (``set_epoch``, e.g. dynamic mixing), through
     the views wrapping it; before a batch is collated, so DataLoader workers receive it with their copy."""
     while source is not None:
-        if callable(getattr(source, "set_epoch", None)):
+        if isinstance(source, EpochSource):
             source.set_epoch(epoch)
-        source = getattr(source, "source", None)
+        source = source.source if isinstance(source, (SegmentedExamples, HeadExamples)) else None
 
 
 class AudioItems(torch.utils.data.Dataset):
@@ -95,6 +95,33 @@ class ExampleSource(Protocol):
 
     def __len__(self) -> int: ...
     def __getitem__(self, i: int) -> Mapping[str, Tensor]: ...
+
+
+@runtime_checkable
+class StreamedSource(ExampleSource, Protocol):
+    """A source whose audio is read per batch and featurized on the trainer's device (``mtlab.data``'s splits
+    subclass ``mtlab.data.source.AudioSplit``, which also cuts segments)."""
+
+    def audio(self, i: int) -> Any: ...
+    def featurize(self, batch: Batch, device: Any = None) -> Batch: ...
+
+
+class SegmentedSource(StreamedSource, Protocol):
+    """A streamed source that cuts a segment of an utterance (``segment_length``)."""
+
+    def segment(self, i: int, start: int, frames: int) -> Any: ...
+
+
+@runtime_checkable
+class EpochSource(Protocol):
+    """A source whose examples change per epoch (dynamic mixing): told the epoch before a batch is drawn."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+def streamed(source: ExampleSource) -> SegmentedSource:
+    """``source`` as a streamed source (the wrappers forward these calls only for one)."""
+    return cast(SegmentedSource, source)
 
 
 def lengths_of(source: ExampleSource) -> list[int]:
