@@ -37,7 +37,7 @@ def ce_sum(models, batch, task="a"):
 
 
 def processed_grad(models, plan, clip=None, task="a"):
-    """Oracle: gradient of Σ w·loss / Σ w·norm over every minibatch in ONE pass, then clip."""
+    """Oracle: gradient of Σ w·loss / Σ w·normalizer over every minibatch in ONE pass, then clip."""
     for m in models.values():
         m.zero_grad(set_to_none=True)
     total, norm = 0.0, 0.0
@@ -264,7 +264,7 @@ def test_zero_norm_is_refused_and_changes_nothing():
     tr = mtlab.Trainer(models, [task_a((ex, ex), weights=(0.0, 0.0)), task_b(ex)], device="cpu")
     tr.process_minibatch("a", "clean")
     before = snapshot(tr, models)
-    with pytest.raises(mtlab.ZeroNormError, match="norm of 0"):
+    with pytest.raises(mtlab.ZeroNormError, match="normalizer of 0"):
         tr.normalize()
     assert_same(before, snapshot(tr, models))
 

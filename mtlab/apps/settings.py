@@ -41,7 +41,7 @@ TRAINER_KEYS: dict[str, Key] = {
     "clip_grad_norm": Key("clip", False, "mtlab: clip each task's global gradient norm to this (false: off)", 0, True),
     "clip_grad_percentile": Key("clip", False, "mtlab: AutoClip, each task's norm clipped to this percentile of its "
                                 "norm history, e.g. 10 (false: off)", 0, True),
-    "normalize_gradients": Key("bool", True, "divide accumulated gradients by the accumulated norm"),
+    "normalize_gradients": Key("bool", True, "divide accumulated gradients by the accumulated normalizer"),
     "batch_size": Key("int", 8, "utterances per minibatch", 1),
     "numbatches_to_aggregate": Key("int", 1, "minibatch rounds (every linked set once) per step", 1),
     "numbuckets": Key("int", 1, "length buckets for batching (1: plain shuffled batches)", 1),

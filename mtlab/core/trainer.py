@@ -373,7 +373,7 @@ class Trainer:
             # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
             zero = [n for n, v in zip(accs, torch.stack([a.normalizer for a in accs.values()]).tolist()) if v == 0.0]
             if zero:
-                raise ZeroNormError(f"normalize(): task {zero[0]!r} accumulated a norm of 0 (all its minibatches had "
+                raise ZeroNormError(f"normalize(): task {zero[0]!r} accumulated a normalizer of 0 (all its minibatches had "
                                     "weight 0 or no valid frames); process minibatches with a positive weight or reset()")
 
     def normalize(self, task: str | None = None) -> None:

@@ -77,7 +77,7 @@ def explain(trainer: Trainer) -> str:
         desc = ", ".join(f"{s} (w={ls.weight:g})" for s, ls in t.linkedsets.items())
         total = f"{k * len(sets)} minibatches" if sets else "left out (weight 0)"
         lines.append(f"       {name} (task weight {t.weight:g}): {desc} -> {total}")
-    lines.append("     each adds w·loss_sum and w·norm to the task's accumulators and backprops w·loss_sum")
+    lines.append("     each adds w·loss_sum and w·normalizer to the task's accumulators and backprops w·loss_sum")
     calls = trainer.chain.calls()
     off = [f"{c}() off ({why})" for c, why in ((Call.NORMALIZE, "normalize_gradients=False: gradients stay summed"),
                                               (Call.CLIP, "clip_grad_value=None, clip_grad_norm=None"))
@@ -114,7 +114,7 @@ def _draw(trainer: Trainer, task: str, linkedset: str) -> Batch:
 def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, Batch | None]],
                       compare_mean_of_means: bool = True) -> dict[str, Any]:
     """Accumulate ``batches`` (``[(linkedset, batch), ...]``) for ``task`` on a copy of the models,
-    and compare with the gradient of ONE plain-autograd pass of Σ w·loss_sum / Σ w·norm.
+    and compare with the gradient of ONE plain-autograd pass of Σ w·loss_sum / Σ w·normalizer.
 
     The trainer is left unchanged (a copy of its models, no events). ``batch=None`` peeks at the
     linked set's next minibatch. Returns ``max_abs_diff`` (overall), ``per_param`` (name ->
@@ -181,7 +181,7 @@ def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, 
 
 def _one_pass(models: dict[str, torch.nn.Module], t: Any, plan: list[tuple[str, float, Batch]], trainer: Trainer,
               mean_of_means: bool) -> tuple[dict[str, Tensor], float]:
-    """Gradient of Σ w·loss / Σ w·norm (or of the weighted mean of per-minibatch means) in one pass."""
+    """Gradient of Σ w·loss / Σ w·normalizer (or of the weighted mean of per-minibatch means) in one pass."""
     plan_ = TaskPlan(t, models, trainer.device)
     for m in models.values():
         m.train(True)

@@ -23,7 +23,7 @@ REASONS = {"steps": "the steps asked for are done", "stopped": "stopped",
 TOOLTIPS = {
     "minibatch": "process_minibatch(task, set): forward, weighted loss, backward, add into the task's accumulators. "
                  "Needs: the task not normalized/clipped yet (apply or reset first); no run going (pause it).",
-    "normalize": "normalize(): divide each accumulating task's gradients by its accumulated norm Σ w·norm. "
+    "normalize": "normalize(): divide each accumulating task's gradients by its accumulated normalizer Σ w·normalizer. "
                  "Needs: minibatches processed first.",
     "clip": "clip(): clamp every gradient element to ±clip value; records norms and the share clipped. "
             "Needs: normalize() first.",
