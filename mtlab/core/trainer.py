@@ -35,7 +35,7 @@ from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_li
                           check_positive, check_relative_weights, check_tasks, check_weight)
 from .optimizers import OptimizerFactory, optimizer_factory
 from .transforms import Call, Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
-from .update import PerTaskUpdate, Update
+from .update import MethodSpec, PerTaskUpdate, Update
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -93,7 +93,8 @@ class Trainer:
                  nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
                  clip_grad_norm: float | None = None, optimizer: str | OptimizerFactory | None = None,
-                 combine: Any = None, clip_grad_percentile: float | None = None, precision: Any = "32",
+                 combine: MethodSpec = None, clip_grad_percentile: float | None = None,
+                 precision: str | Mapping[str, Any] | Precision = "32",
                  compile: bool = False, linkedset_weights: str = "absolute", chain: Chain | None = None) -> None:
         apply_threads()  # torch's CPU threads from the free CPUs, unless the program set them (mtlab.base.threads)
         check_models(models)
@@ -234,7 +235,7 @@ class Trainer:
         t.weight = check_weight(weight, f"weight of task {task!r}")
         self.events.emit("task_weight", {"task": task, "weight": t.weight})
 
-    def set_combine(self, method: Any) -> None:
+    def set_combine(self, method: MethodSpec) -> None:
         """How tasks' processed gradients become one direction, from the next apply() on: ``"sum"`` (the
         default), a ``mtlab.combine`` aggregator, a ``mtlab.weighting`` loss weighting, or both (``"dwa+upgrad"``)."""
         with self.lock:

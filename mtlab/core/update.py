@@ -151,7 +151,12 @@ add_plugin("combine", "mtlab.core.combine")
 add_plugin("combine", "mtlab.core.weighting")
 
 
-def resolve_method(spec: Any) -> tuple[Any, Weighting | None]:
+# How tasks become one direction: a name ("sum", "upgrad", "dwa+upgrad"), {"type": name, **options}, a
+# combination (callable(group, rows, out)) or a weighting object; None is the weighted sum.
+MethodSpec = str | Mapping[str, Any] | Callable[..., Any] | Weighting | None
+
+
+def resolve_method(spec: MethodSpec) -> tuple[Any, Weighting | None]:
     """``(combine, weighting)`` from a method spec: None or ``"sum"`` (the weighted sum), a name
     (``"upgrad"``, ``"uncertainty"``), a weighting and an aggregator joined by ``+`` (``"dwa+upgrad"``),
     ``{"type": name, **options}`` (plus ``"weighting": spec``), or a combine / weighting object."""
@@ -211,7 +216,7 @@ class Update:
     """
 
     def __init__(self, params: Mapping[str, nn.Parameter], users: Mapping[str, Sequence[str]],
-                 make_optimizer: OptimizerFactory, combine: Any = None, seed: int = 0) -> None:
+                 make_optimizer: OptimizerFactory, combine: MethodSpec = None, seed: int = 0) -> None:
         self.params = dict(params)
         self.users = {k: list(v) for k, v in users.items()}
         self.optimizer = make_optimizer(list(self.params.values()))
@@ -222,7 +227,7 @@ class Update:
         self._buffers: dict[str, Tensor] = {}
         self.set_method(combine)
 
-    def set_method(self, spec: Any) -> None:
+    def set_method(self, spec: MethodSpec) -> None:
         """Choose the combination (and loss weighting) from the next step on; see :func:`resolve_method`."""
         self.combine, self.weighting = resolve_method(spec)
         self.method = spec if spec is None or isinstance(spec, (str, Mapping)) else repr(spec)
@@ -373,7 +378,7 @@ class PerTaskUpdate:
         self.stats: dict[str, Tensor] = {}  # no combination statistics: each task steps its own optimizer
         self.method = None
 
-    def set_method(self, spec: Any) -> None:
+    def set_method(self, spec: MethodSpec) -> None:
         if spec is not None and spec != "sum":
             raise ConfigError(f"combine {spec!r} needs the single optimizer: acc_steps steps one optimizer per task")
 
