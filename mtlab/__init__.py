@@ -82,7 +82,7 @@ class _Aliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(type(f).__name__ == "_Aliases" and getattr(f, "package", None) == __name__ for f in sys.meta_path):
     _finder = _Aliases()
-    _finder.package = __name__  # type: ignore[attr-defined]  (one finder, also after importlib.reload(mtlab))
+    _finder.package = __name__  # type: ignore[attr-defined]  # one finder, also after importlib.reload(mtlab)
     sys.meta_path.append(_finder)
 
 

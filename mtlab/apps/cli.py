@@ -371,7 +371,6 @@ def _periodic(exp: Any, expdir: Path) -> Any:
 
 def _restarts() -> int:
     """How often torchrun has restarted this worker group (a worker died under ``--max-restarts``)."""
-    import os
 
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
@@ -418,7 +417,6 @@ def _import_nabu(args: argparse.Namespace) -> int:
 
 def _init_distributed() -> None:
     """Under torchrun (WORLD_SIZE > 1) join the process group: NCCL on GPUs, gloo on CPUs."""
-    import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return

@@ -247,7 +247,7 @@ class Chain:
 
     @classmethod
     def from_settings(cls, normalize: bool, clip_value: float | None, clip_norm: float | None,
-                      clip_percentile: float | None = None) -> "Chain":
+                      clip_percentile: float | None = None) -> Chain:
         """The chain the trainer's settings describe: ``Normalize`` when ``normalize``, then the clips given."""
         parts: list[Transform] = [Normalize()] if normalize else []
         if clip_value is not None:
@@ -262,7 +262,7 @@ class Chain:
         """The chain's first transform of class ``kind``, or None."""
         return next((t for t in self.transforms if type(t) is kind), None)
 
-    def replaced(self, kind: type[Transform], new: Transform | None) -> "Chain":
+    def replaced(self, kind: type[Transform], new: Transform | None) -> Chain:
         """A chain where the transform of built-in class ``kind`` is ``new`` (None: removed), in its place, or
         where a chain built from settings would have it; the others (a user's too) are the same objects."""
         old = self.find(kind)

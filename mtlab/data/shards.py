@@ -27,6 +27,7 @@ import io
 import json
 import os
 import wave
+import zipfile
 import zlib
 from dataclasses import asdict
 from pathlib import Path

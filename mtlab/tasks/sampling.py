@@ -67,7 +67,7 @@ class AudioItems(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> Any:
         try:
-            return self.source.audio(i)
+            return streamed(self.source).audio(i)
         except MtlabError as err:  # sent back as a value: the stream raises it as is, without the worker's traceback
             return Failed(err)
 
@@ -193,11 +193,11 @@ class SegmentedExamples:
     def audio(self, j: int) -> Any:
         """The audio of segment ``j`` for a streamed source (its ``segment(i, start, frames)``)."""
         i, start, n = self.index[j]
-        return self.source.segment(i, start, n)
+        return streamed(self.source).segment(i, start, n)
 
     def featurize(self, batch: Batch, device: Any = None) -> Batch:
         """Features of a collated batch, by the uncut source."""
-        return self.source.featurize(batch, device)
+        return streamed(self.source).featurize(batch, device)
 
     def __getitem__(self, j: int) -> dict[str, Tensor]:
         i, start, n = self.index[j]
@@ -231,15 +231,15 @@ class HeadExamples:
 
     def audio(self, i: int) -> Any:
         """The audio of example ``i`` (the source's)."""
-        return self.source.audio(i)
+        return streamed(self.source).audio(i)
 
     def featurize(self, batch: Batch, device: Any = None) -> Batch:
         """Features of a collated batch, by the source."""
-        return self.source.featurize(batch, device)
+        return streamed(self.source).featurize(batch, device)
 
     def segment(self, i: int, start: int, frames: int) -> Any:
         """A segment of example ``i`` (the source's)."""
-        return self.source.segment(i, start, frames)
+        return streamed(self.source).segment(i, start, frames)
 
     def __getitem__(self, i: int) -> Mapping[str, Tensor]:
         if not -self.count <= i < self.count:
@@ -426,14 +426,14 @@ class BatchStream:
             else:
                 indices = self.next_indices()
                 tell_epoch(self.source, self.epoch)
-                batch, skipped = collate_kept([self.source.audio(i) for i in indices])
-                if batch is not None and self.pin_memory:
+                batch, skipped = collate_kept([streamed(self.source).audio(i) for i in indices])
+                if batch is not None and not isinstance(batch, Failed) and self.pin_memory:
                     batch = ({k: v.pin_memory() for k, v in batch[0].items()}, batch[1])
             if isinstance(batch, Failed):
                 raise batch.error
             self.skipped.extend({**s.to_dict(), "epoch": self.epoch} for s in skipped)
             if batch is not None:  # else every example of the batch was bad: draw the next
-                return self.source.featurize(batch, self.device)
+                return streamed(self.source).featurize(batch, self.device)
             empty += 1
 
     def _no_readable_data(self, start: tuple[int, int], kept_records: int, empty: int) -> None:
