@@ -180,17 +180,14 @@ class Accumulator:
         self.restore_grads()
 
     def advance(self, phase: Phase, stats: Mapping[str, Tensor] | None = None) -> None:
-        """A transform of the chain processed the gradients: one position further, now ``phase``, with the
-        statistics it measured (device tensors): ``clip_fraction`` (the first clip of a step that gives one
-        sets it) and any other name, kept in ``stats`` and written into the history as ``<task>/<name>``."""
-        self.position += 1
-        self.phase = phase
+        """A transform processed the gradients: one position further, now ``phase``, with what it measured (device
+        tensors): ``clip_fraction`` (a step's first counts), others kept in ``stats`` (history: ``<task>/<name>``)."""
+        self.position, self.phase = self.position + 1, phase
         for key, value in (stats or {}).items():
-            if key == "clip_fraction":
-                if self.clip_fraction is None:
-                    self.clip_fraction = value
-            else:
+            if key != "clip_fraction":
                 self.stats[key] = value
+            elif self.clip_fraction is None:
+                self.clip_fraction = value
 
     def mark_applied(self) -> None:
         """The optimizer stepped with this accumulation: it stays readable until the next minibatch."""
@@ -344,10 +341,7 @@ class Accumulator:
         out: dict[str, Any] = {"task": self.task, "phase": str(self.phase), "minibatches": self.minibatches,
                                "loss": loss, "normalizer": norm,
                                "normalized_loss": loss / norm if norm else float("nan")}
-        for key in GRAD_STATS:
-            value = getattr(self, key)
-            out[key] = None if value is None else float(value)
-        return out
+        return {**out, **{k: None if getattr(self, k) is None else float(getattr(self, k)) for k in GRAD_STATS}}
 
     def __repr__(self) -> str:
         return (f"Accumulator({self.task!r}, phase={str(self.phase)!r}, minibatches={self.minibatches}, "
