@@ -102,16 +102,19 @@ def _hint(key: str, valid: list[str] | tuple[str, ...]) -> str:
 
 
 def unknown_key(origin: str, where: str, key: str, valid: list[str] | tuple[str, ...], what: str = "key") -> ConfigError:
+    """The error for an unknown ``key`` in ``where``: the closest valid one, then every valid one."""
     return ConfigError(f"{origin}: unknown {what} {key!r} in {where}{_hint(key, valid)}; valid: {', '.join(valid)}")
 
 
 def as_table(value: Any, origin: str, where: str) -> dict[str, Any]:
+    """``value`` as a TOML table (a dict), or an error naming ``where``."""
     if not isinstance(value, Mapping):
         raise ConfigError(f"{origin}: {where} must be a table, got {type(value).__name__} {value!r}")
     return dict(value)
 
 
 def as_names(value: Any, origin: str, where: str) -> list[str]:
+    """``value`` as a list of names (a string is split on spaces), or an error naming ``where``."""
     if isinstance(value, str):
         value = value.split()
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):

@@ -7,7 +7,7 @@ summed over the ranks. Alone (no reducer) only the choice is made, and the reduc
 each rank alone when a process group is up. With a reducer (``mtlab.distributed.attach`` installs
 ``AllReduce``) the step equals one process over the union of the ranks' minibatches.
 
->>> trainer.parallel.rank, trainer.parallel.world_size
+>>> trainer.parallel.rank, trainer.parallel.world_size  # doctest: +SKIP
 (0, 1)
 """
 

@@ -475,7 +475,7 @@ class Trainer:
                     self.call(call)
                     made.append(call)
             self.apply()
-            return [*made, Call.APPLY]
+            return [*made, str(Call.APPLY)]
 
     @property
     def history(self) -> pd.DataFrame:

@@ -101,6 +101,7 @@ class Transform:
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what ``state_dict()`` gave (a stateless transform refuses any state)."""
         if state:
             raise ConfigError(f"{self!r} keeps no state, but a checkpoint gives it {sorted(state)}")
 
@@ -136,6 +137,7 @@ class ClipByValue(Transform):
         return {"clip_fraction": fraction}
 
     def describe(self) -> str:
+        """What it does, with its bound."""
         return f"clamp every element to ±{self.value:g}"
 
     def __repr__(self) -> str:
@@ -173,6 +175,7 @@ class ClipByGlobalNorm(Transform):
         return scale_to_norm(acc, self.max_norm / (total + 1e-6))
 
     def describe(self) -> str:
+        """What it does, with its bound."""
         return f"scale each task's gradient to a global norm of at most {self.max_norm:g}"
 
     def __repr__(self) -> str:
@@ -207,12 +210,15 @@ class ClipByHistory(Transform):
         return scale_to_norm(acc, bound / (total.to(torch.float64) + 1e-6))
 
     def describe(self) -> str:
+        """What it does, with its percentile."""
         return f"scale each task's gradient to the {self.percentile:g}th percentile of its norm history (AutoClip)"
 
     def state_dict(self) -> dict[str, Any]:
+        """Each task's norm history (on the CPU)."""
         return {"history": {task: h.detach().cpu().clone() for task, h in self.history.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back a ``state_dict()``'s norm histories."""
         self.history = {task: torch.as_tensor(h, dtype=torch.float64).clone()
                         for task, h in state.get("history", {}).items()}
 
@@ -310,14 +316,14 @@ class Chain:
     def reducing_call(self) -> str:
         """The first call after the minibatches, where data-parallel ranks sum their accumulators (``apply``
         when the chain is empty)."""
-        return self.transforms[0].call if self.transforms else Call.APPLY
+        return str(self.transforms[0].call if self.transforms else Call.APPLY)
 
     def next_call(self, acc: Accumulator) -> str:
         """The call ``acc`` needs next: ``process_minibatch``, a transform's call, or ``apply``."""
         if acc.phase in (Phase.EMPTY, Phase.APPLIED):
-            return Call.PROCESS_MINIBATCH
+            return str(Call.PROCESS_MINIBATCH)
         pos = acc.position
-        return self.transforms[pos].call if pos < len(self.transforms) else Call.APPLY
+        return str(self.transforms[pos].call if pos < len(self.transforms) else Call.APPLY)
 
     def select(self, call: str, task: str | None, accs: Mapping[str, Accumulator]) -> dict[str, Accumulator]:
         """The accumulators ``call`` covers (``task``'s, or every task due for it; ``apply``: every task that

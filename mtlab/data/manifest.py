@@ -84,6 +84,7 @@ def _parse(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def make_column(path: Path, values: np.ndarray, lines: np.ndarray) -> Column:
+    """A list column of ``values`` (bytes per utterance) stored as their common prefix and the rest."""
     if len(values) == 0 or values.dtype.itemsize == 0:
         return Column(path, "", values.astype(bytes), lines.astype(np.int32))
     ordered = np.sort(values)

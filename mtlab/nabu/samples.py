@@ -47,6 +47,8 @@ def _copy(src: Path, dst: Path, names: set[str] | None) -> None:
 
 
 def fill_split(folder: Path, source: Path, linkedset: str, limit: int | None, num_sources: int = SAMPLE_SOURCES) -> None:
+    """Fill ``folder`` with the sample corpus's lists of ``linkedset`` from ``source`` (linked, or made for more
+    speakers), at most ``limit`` utterances."""
     folder.mkdir(parents=True, exist_ok=True)
     mix = "noisy" if "noisy" in linkedset else "clean"
     if num_sources != SAMPLE_SOURCES:
