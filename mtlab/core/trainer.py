@@ -26,6 +26,7 @@ from .accumulator import Accumulator, Phase
 from .parallel import Parallel
 from ..base.batching import Batch, resolve_device
 from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError, explain
+from ..base.report import trainer_html
 from ..base.threads import apply_threads
 from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
@@ -39,7 +40,7 @@ from ..tasks.sampling import BatchStream, Streams
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
                           check_relative_weights, check_tasks)
 from .optimizers import OptimizerFactory, optimizer_factory
-from .transforms import Call, Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
+from .transforms import Call, Chain
 from .update import MethodSpec, PerTaskUpdate, Update
 
 if TYPE_CHECKING:
@@ -406,7 +407,7 @@ class Trainer(AccumulationKnobs, Knobs):
                 self.step_count += 1
                 noise_cols: dict[str, Any] = {}
                 if self.noise_scale is not None and self.parallel.world_size == 1:  # per-minibatch sizes are local
-                    for name, acc in zip(names, accs):
+                    for acc in accs:
                         noise_cols.update(self.noise_scale.after_apply(acc, self.normalize_gradients, found_inf))
                 self.journal.applied()
                 row = step_row(self.step_count, lr, found_inf, shown, {n: self._accs[n] for n in names},
@@ -548,13 +549,5 @@ class Trainer(AccumulationKnobs, Knobs):
                 f"phase={ {k: str(v) for k, v in self.phase().items()} }, chain={self.chain}, device={self.device})")
 
     def _repr_html_(self) -> str:
-        """The trainer as an HTML table: step, lr, chain, and per task its weights, models, phase and minibatches."""
-        rows = "".join(
-            f"<tr><td>{n}</td><td>{t.weight:g}</td><td>{', '.join(f'{s} ({ls.weight:g})' for s, ls in t.linkedsets.items())}"
-            f"</td><td>{', '.join(self.plans[n].model_names)}</td><td>{self._accs[n].phase}</td>"
-            f"<td>{self._accs[n].minibatches}</td></tr>" for n, t in self.tasks.items())
-        return ("<div><b>mtlab.Trainer</b> "
-                f"step {self.step_count} &middot; lr {self.lr:g} &middot; {self.chain} &middot; "
-                f"K={self.numbatches_to_aggregate} &middot; {self.device}"
-                "<table><tr><th>task</th><th>weight</th><th>linked sets (weight)</th><th>models</th>"
-                f"<th>phase</th><th>minibatches</th></tr>{rows}</table></div>")
+        """The trainer as an HTML table: step, lr, chain, K, and per task its weights, models, phase and minibatches."""
+        return trainer_html(self)

@@ -26,7 +26,7 @@ from .runcontrol import RunControl
 from .runs import Run, current_run
 from .schedules import schedule_text
 from .state import DashState, RunView, SeriesStore
-from .texts import BUSY, REASONS, STEPWISE, call_buttons, noise_html, skipped_tasks, state_table_html
+from .texts import BUSY, REASONS, call_buttons, noise_html, skipped_tasks, state_table_html
 
 if TYPE_CHECKING:
     from ..core.trainer import Trainer
