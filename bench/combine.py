@@ -69,7 +69,7 @@ class LibMTLWay:
         for s in sets:  # one round: every task's minibatch of linked set s
             self.opt.zero_grad(set_to_none=True)
             losses = []
-            for t, task in tr.tasks.items():
+            for t, _task in tr.tasks.items():
                 if (t, s) in data:
                     r = tr.plans[t].loss(data[(t, s)], require_grad=True)
                     losses.append(r.loss_sum / r.normalizer)

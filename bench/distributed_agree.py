@@ -49,7 +49,7 @@ def worker(rank: int, port: int, steps: int, out: str) -> None:
     for mode in ("agree", "no agreement", "agree ", "no agreement "):  # twice each, interleaved
         tr = build()
         if mode.startswith("no"):
-            tr.reducer.agree = None  # the trainer then skips the agreement
+            tr.parallel.reducer.agree = None  # the trainer then skips the agreement
         tr.step()  # warm-up
         dist.barrier()
         t0 = time.perf_counter()

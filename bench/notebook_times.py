@@ -1,7 +1,7 @@
 """Wall time and kernel CPU time of each notebook run top to bottom with nbclient, one at a time (as a
 reader runs them), its slowest cells and its longest silence: the longest time a cell ran without showing
-anything new (an output, a progress-bar update or a printed line; the aim is at most 10 s). Without ``--fast`` the notebooks run at their full size (the README lists these
-times; the aim is under 3 minutes each on 2 CPU cores).
+anything new (an output, a progress-bar update or a printed line; the aim is at most 10 s). Without ``--fast``
+the notebooks run at their full size (the README lists these times; the aim is under 3 minutes each on 2 CPU cores).
 
     python bench/notebook_times.py                     # every notebook, full size
     python bench/notebook_times.py 05 06               # the notebooks whose names start so

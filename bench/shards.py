@@ -19,7 +19,7 @@ import torch
 
 from mtlab.base.batching import collate
 from mtlab.data import load_split
-from mtlab.data.shards import write_shards
+from mtlab.data.shardwriter import write_shards
 from mtlab.tasks.sampling import BatchStream
 
 

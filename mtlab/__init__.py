@@ -43,7 +43,7 @@ from .base.errors import BatchError, ConfigError, GraphError, MtlabError, NonFin
 from .tasks.graph import ModelGraph, Node
 from .tasks.task import LinkedSet, Task
 from .core.trainer import Trainer
-from .core.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
+from .core.transforms import Call, Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
 from .core.journal import Journal
 from .core.noise import NoiseScale
 
@@ -85,7 +85,7 @@ class _Aliases(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(type(f).__name__ == "_Aliases" and getattr(f, "package", None) == __name__ for f in sys.meta_path):
     _finder = _Aliases()
-    _finder.package = __name__  # type: ignore[attr-defined]  (one finder, also after importlib.reload(mtlab))
+    _finder.package = __name__  # type: ignore[attr-defined]  # one finder, also after importlib.reload(mtlab)
     sys.meta_path.append(_finder)
 
 
@@ -99,9 +99,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Accumulator", "BatchError", "Chain", "ClipByGlobalNorm", "ClipByValue", "ConfigError", "Experiment", "GraphError", "Journal",
-    "LinkedSet", "MinibatchRecord", "ModelGraph", "MtlabError", "Node", "NoiseScale", "Normalize", "NonFiniteError",
-    "Phase",
-    "PhaseError", "Schedule", "Task", "Trainer", "ZeroNormError", "collate", "from_recipe", "losses",
-    "models", "replay", "run",
+    "Accumulator", "BatchError", "Call", "Chain", "ClipByGlobalNorm", "ClipByHistory", "ClipByValue", "ConfigError",
+    "Experiment", "GraphError", "Journal", "LinkedSet", "MinibatchRecord", "ModelGraph", "MtlabError", "Node",
+    "NoiseScale", "Normalize", "NonFiniteError", "Phase", "PhaseError", "Schedule", "Task", "Trainer", "Transform",
+    "ZeroNormError", "collate", "from_recipe", "losses", "models", "replay", "run",
 ]

@@ -49,7 +49,7 @@ def train_steps(rank: int, world: int, port: int, out: str) -> None:
         tr.step()
     result = {"params": params_of(tr), "unused_grad_none": tr.params["unused.weight"].grad is None,
               "unused_no_state": tr.params["unused.weight"] not in tr.optimizer.state,
-              "world": tr.world_size, "rank": tr.rank, "history": tr.history["a/loss"].tolist()}
+              "world": tr.parallel.world_size, "rank": tr.parallel.rank, "history": tr.history["a/loss"].tolist()}
     if rank == 0:
         tr.save(os.path.join(out, "ck.pt"))
     dist.barrier()
@@ -268,7 +268,7 @@ def uneven_run(rank: int, world: int, port: int, out: str) -> None:
     for _ in range(UNEVEN_STEPS):
         tr.step()
     with open(os.path.join(out, f"uneven{rank}.json"), "w") as f:
-        json.dump({"params": params_of(tr), "world": tr.world_size, "loss": tr.history["a/loss"].tolist()}, f)
+        json.dump({"params": params_of(tr), "world": tr.parallel.world_size, "loss": tr.history["a/loss"].tolist()}, f)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -286,7 +286,7 @@ def _die_at(step: int, rank: int) -> None:
         exp = build_experiment(*args, **kwargs)
 
         def kill(event: str, info: dict) -> None:
-            if event == "apply" and info["step"] == step and exp.trainer.rank == rank:
+            if event == "apply" and info["step"] == step and exp.trainer.parallel.rank == rank:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":

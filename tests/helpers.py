@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -96,7 +98,6 @@ def clone_models(models: dict[str, nn.Module]) -> dict[str, nn.Module]:
 def script_validations(monkeypatch, values: list[float], first: tuple[str, str] = ("spk", "clean")) -> list[int]:  # noqa: ANN001
     """Every Trainer's validation returns the next value of ``values`` for each linked set; the steps at
     which linked set ``first`` was validated are returned (filled in as the run goes)."""
-    from typing import Any
 
     calls: list[int] = []
 
@@ -121,3 +122,30 @@ def assert_grads_reach_weights_and_valid_frames(model: nn.Module) -> None:
     assert x.grad is not None
     assert x.grad[1, 5:].abs().sum() == 0
     assert x.grad[1, :5].abs().sum() > 0
+
+
+class DecayingScale(mtlab.Transform):  # a user's transform, written outside mtlab
+    """Multiply each task's gradient by factor × decay^(steps this task was scaled before)."""
+
+    call = "scale"
+
+    def __init__(self, factor: float, decay: float = 0.5) -> None:
+        self.factor, self.decay = factor, decay
+        self.seen: dict[str, int] = {}
+
+    def __call__(self, acc: mtlab.Accumulator) -> dict[str, torch.Tensor]:
+        k = self.seen.get(acc.task, 0)
+        coef = torch.tensor(self.factor * self.decay ** k, dtype=torch.float64)
+        for buf in acc.buffers:
+            buf.mul_(coef.to(buf.dtype))
+        self.seen[acc.task] = k + 1
+        return {"scale": coef}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": dict(self.seen)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.seen = dict(state["seen"])
+
+    def __repr__(self) -> str:
+        return f"DecayingScale({self.factor:g})"

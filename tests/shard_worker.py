@@ -56,7 +56,7 @@ def train_from_shards(rank: int, world: int, port: int, out: str) -> None:
     tr = build(train)
     for _ in range(STEPS):
         tr.step()
-    result = {"params": params_of(tr), "opened": sorted(set(opened)), "world": tr.world_size,
+    result = {"params": params_of(tr), "opened": sorted(set(opened)), "world": tr.parallel.world_size,
               "positions": tr.streams.state_dict(), "loss": tr.history["frames/loss"].tolist()}
     with open(os.path.join(out, f"shards{rank}.json"), "w") as f:
         json.dump(result, f)

@@ -117,7 +117,7 @@ def test_views_survive_the_all_reduce(tmp_path) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         tr = mtlab.distributed.attach(trainer())
-        assert tr.reducer is not None
+        assert tr.parallel.reducer is not None
         ref = trainer()
         for t in (tr, ref):
             t.reset()

@@ -22,6 +22,7 @@ def mtlab_cmd(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subpr
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_train_resume_evaluate(tiny_corpus: Path, tmp_path: Path) -> None:
     recipe = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=6, valid_frequency=2)
     exp = tmp_path / "exp"
@@ -43,6 +44,7 @@ def test_train_resume_evaluate(tiny_corpus: Path, tmp_path: Path) -> None:
     assert set(result["loss"]) == {"spk/clean", "frames/clean", "frames/noisy"}
 
 
+@pytest.mark.slow
 def test_demo_runs_a_few_steps(tiny_corpus: Path, tmp_path: Path) -> None:
     done = mtlab_cmd("demo", "--steps", "2", "--expdir", "demo", "--no-progress", cwd=tmp_path,
                      env={"MTLAB_DATA": str(tiny_corpus)})

@@ -213,6 +213,7 @@ def test_switching_the_method_between_steps_and_restoring_switches_back() -> Non
     assert tr.update.method is None and tr.update.weighting is None
 
 
+@pytest.mark.slow
 def test_a_recipe_chooses_the_method() -> None:
     from mtlab.apps.recipe import TRAINER_KEYS
     assert TRAINER_KEYS["combine"].default == "sum"
@@ -280,6 +281,7 @@ def dist_worker(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")
 def test_two_ranks_equal_one_process(tmp_path) -> None:
     """Each rank reduces its accumulators at normalize; the combination then runs once on identical inputs

@@ -16,7 +16,8 @@ import mtlab
 from mtlab.tasks.sampling import BatchStream
 from mtlab.tasks.sampling import derived_seed
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")
+pytestmark = [pytest.mark.slow,  # process groups of several processes
+              pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]
 
 
 def free_port() -> int:

@@ -14,7 +14,8 @@ from mtlab.core.accumulator import Accumulator, Phase
 from mtlab.tasks.sampling import BatchStream, derived_seed
 from test_distributed import assert_params_close, spawn
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")
+pytestmark = [pytest.mark.slow,  # process groups of several processes
+              pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]
 
 
 def read(path):

@@ -20,7 +20,8 @@ import mtlab
 from mtlab.tasks.sampling import BatchStream, derived_seed
 from test_recipe import make_tiny_corpus, write_tiny_recipe
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")
+pytestmark = [pytest.mark.slow,  # process groups of several processes
+              pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]
 TESTS = Path(__file__).resolve().parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # torchrun, for this interpreter
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import shard_worker as w
 from mtlab.base.batching import collate
 from mtlab.data import load_split
-from mtlab.data.shards import write_shards
+from mtlab.data.shardwriter import write_shards
 from mtlab.tasks.sampling import BatchStream, derived_seed
 from test_distributed import assert_params_close, spawn
 

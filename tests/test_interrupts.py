@@ -40,7 +40,7 @@ class Trigger:
         if where == "process_minibatch":
             tr.params["head_a.weight"].register_hook(self._hook)
         elif where == "normalize":
-            tr.reducer = self  # the reduction hook is called inside normalize()
+            tr.parallel.reducer = self  # the reduction hook is called inside normalize()
         else:
             step = tr.optimizer.step
 
@@ -74,6 +74,7 @@ def ref() -> mtlab.Trainer:
     return reference()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("times", [1, 2], ids=["first", "second"])
 @pytest.mark.parametrize("where", ["process_minibatch", "normalize", "apply"])
 def test_ctrl_c_inside_a_run(where: str, times: int, tmp_path: Path, ref: mtlab.Trainer) -> None:

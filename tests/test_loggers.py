@@ -99,6 +99,7 @@ def read_csv(path: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
+@pytest.mark.slow
 def test_logged_loss_and_step_axis_do_not_change_with_accumulation(corpus: Path, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="tensorboard comes with the loggers extra")
     logged = {}
@@ -130,6 +131,7 @@ def test_logged_loss_and_step_axis_do_not_change_with_accumulation(corpus: Path,
         assert fours == pytest.approx(ones, rel=1e-4), tag
 
 
+@pytest.mark.slow
 def test_tensorboard_validation_and_buffering(corpus: Path, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="tensorboard comes with the loggers extra")
     trainer = build(recipe(corpus))
@@ -148,6 +150,7 @@ def test_tensorboard_validation_and_buffering(corpus: Path, tmp_path: Path) -> N
     logger.close()
 
 
+@pytest.mark.slow
 def test_rows_cut_by_a_restore_are_not_logged(corpus: Path, tmp_path: Path) -> None:
     trainer = build(recipe(corpus))
     logger = CSVLogger(tmp_path, flush_every=100).attach(trainer)
@@ -174,6 +177,7 @@ def test_rows_carried_by_the_event_need_no_trainer(tmp_path: Path) -> None:
         CSVLogger(tmp_path / "b")("apply", {"step": 1})
 
 
+@pytest.mark.slow
 def test_mlflow_store_reads_back(corpus: Path, tmp_path: Path) -> None:
     pytest.importorskip("mlflow", reason="mlflow comes with the loggers extra")
     from mlflow.tracking import MlflowClient
@@ -204,6 +208,7 @@ def test_mlflow_store_reads_back(corpus: Path, tmp_path: Path) -> None:
     assert [(m.step, m.value) for m in valid] == [(2, pytest.approx(record["loss"]))]
 
 
+@pytest.mark.slow
 def test_trackio_local_store_reads_back(corpus: Path, tmp_path: Path) -> None:
     pytest.importorskip("trackio", reason="trackio comes with the loggers extra")
     script = textwrap.dedent(f"""
@@ -282,6 +287,7 @@ valid = {{ split = "dev" }}
 """
 
 
+@pytest.mark.slow
 def test_cli_log_option_writes_train_and_validation_scalars(corpus: Path, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="tensorboard comes with the loggers extra")
     from mtlab.apps.cli import main
@@ -302,6 +308,7 @@ def test_cli_log_option_writes_train_and_validation_scalars(corpus: Path, tmp_pa
     assert main(["train", str(path), "--expdir", str(tmp_path / "e2"), "--log", "wandb"]) == 2
 
 
+@pytest.mark.slow
 def test_recipe_log_key_chooses_the_loggers_and_names_a_bad_one(corpus: Path, tmp_path: Path) -> None:
     from mtlab.apps.cli import main
 

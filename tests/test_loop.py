@@ -108,6 +108,7 @@ def test_validation_stops_after_num_tries_worse_results(reset_tries: bool, value
     assert tr.step_count == stop_at and sch.last_stop == "num_tries"
 
 
+@pytest.mark.slow
 def test_nan_minibatch_is_skipped_under_nonfinite_skip(tmp_path: Path) -> None:
     ex = make_examples(30, 3)
     ex[7] = {**ex[7], "x": ex[7]["x"].clone()}
@@ -120,6 +121,7 @@ def test_nan_minibatch_is_skipped_under_nonfinite_skip(tmp_path: Path) -> None:
     assert "skipped       1 non-finite steps" in (tmp_path / "summary.txt").read_text()
 
 
+@pytest.mark.slow
 def test_ctrl_c_finishes_the_step_saves_and_resumes_exactly(tmp_path: Path) -> None:
     ref = plain()
     run(ref, Schedule(num_steps=8), progress=False)
@@ -163,6 +165,7 @@ def test_interrupt_inside_a_step_discards_it() -> None:
     assert tr.history.equals(ref.history)
 
 
+@pytest.mark.slow
 def test_n_steps_save_load_n_steps_equals_2n_steps(tiny_corpus: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     values = [1.0, 2.0, 0.5, 0.7, 0.6, 0.8]  # better, worse (go back), better, then three worse: stop

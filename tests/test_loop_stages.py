@@ -160,6 +160,7 @@ RECIPE_STAGES = [{"segment_length": 20, "batch_size": 4, "numbatches_to_aggregat
                  {"segment_length": "full", "batch_size": 2, "initial_learning_rate": 0.005}]
 
 
+@pytest.mark.slow
 def test_recipe_stages_resume_exactly(tiny_corpus: Path, tmp_path: Path) -> None:
     recipe = tiny(tiny_corpus, stages=RECIPE_STAGES, num_epochs=1.0)
     full = from_recipe(recipe)
@@ -191,6 +192,7 @@ def test_recipe_trainset_frac_and_num_tries_none(tiny_corpus: Path) -> None:
     assert exp.schedule.num_steps == 3  # ceil(8 / 3): the spk task's full linked set is the largest
 
 
+@pytest.mark.slow
 def test_recipe_init_file_loads_the_weights(tiny_corpus: Path, tmp_path: Path) -> None:
     first = from_recipe(tiny(tiny_corpus, num_epochs=1.0))
     run(first, steps=2, progress=False)

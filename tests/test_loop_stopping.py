@@ -41,6 +41,7 @@ def script_tasks(trainer: mtlab.Trainer, values: dict[str, list[float]]) -> list
 
 
 # ---------------------------------------------------------------------------------- best model final
+@pytest.mark.slow
 def test_a_stop_restores_the_best_model_which_is_final(tmp_path: Path) -> None:
     tr = plain()
     seen = script(tr, [1.0, 0.8, 0.9, 0.95])  # better, better, worse, worse: stops at step 4 (num_tries 2)
@@ -191,6 +192,7 @@ def test_go_back_continues_the_data(go_back_data: str, data_after: int) -> None:
     assert replay == (go_back_data == "rewind")
 
 
+@pytest.mark.slow
 def test_a_checkpoint_between_go_back_and_the_next_step_continues_the_same(tmp_path: Path) -> None:
     ref = plain()
     script(ref, [1.0, 2.0, 3.0, 4.0])
@@ -239,6 +241,7 @@ def test_per_task_relative_improvement_judges_each_task_on_its_own_values() -> N
 
 
 # ---------------------------------------------------------------------------------- the summary says why
+@pytest.mark.slow
 def test_the_summary_explains_an_early_stop_in_plain_words(tmp_path: Path) -> None:
     tr = plain()
     script(tr, [1.0, 0.8, 0.9, 0.95])  # better, better, worse, worse: stops at step 4 of 100 (num_tries 2)

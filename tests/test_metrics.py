@@ -41,6 +41,7 @@ def mir_eval_sdr(refs: torch.Tensor, est: torch.Tensor) -> np.ndarray:
         return mir_eval_separation.bss_eval_sources(refs.numpy(), est.numpy(), compute_permutation=False)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index,seed", [(0, 1), (5, 2), (11, 3)])
 def test_bss_sdr_matches_mir_eval(index: int, seed: int) -> None:
     _, mix, refs = dev_utterance(index)
@@ -52,6 +53,7 @@ def test_bss_sdr_matches_mir_eval(index: int, seed: int) -> None:
     np.testing.assert_allclose(M.sdr(mix_rep, refs).numpy(), mir_eval_sdr(refs, mix_rep), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_bss_sdr_returns_in_a_fresh_process() -> None:
     # Regression: after torch.set_num_threads changed the thread count, batched float64 solves through
     # torch's CPU LAPACK (oneMKL) failed ("Parameter 6 was incorrect on entry to DLASWP") and deadlocked in
@@ -80,6 +82,7 @@ def test_bss_sdr_differs_from_snr_where_a_filter_helps() -> None:
     assert float(M.sdr(est, ref)) > 40 and float(M.snr(est, ref)) < 10
 
 
+@pytest.mark.slow
 def test_score_uses_the_permutation_for_every_metric_and_the_mixture_baseline() -> None:
     _, mix, refs = dev_utterance(3)
     est = degraded(refs, 4).flip(0)  # estimates in the other order
@@ -140,6 +143,7 @@ def test_bad_input_is_named() -> None:
         M.evaluate_table([])
 
 
+@pytest.mark.slow
 def test_evaluate_table_rows_summary_and_files(tmp_path) -> None:
     utts = []
     for i in range(3):
@@ -153,7 +157,7 @@ def test_evaluate_table_rows_summary_and_files(tmp_path) -> None:
         assert ev.summary.loc[m, "improvement"] == pytest.approx(
             ev.summary.loc[m, "separated"] - ev.summary.loc[m, "mixture"])
     # Each row's SDR is mir_eval's mean over the sources.
-    for (name, est, refs, _), sdr_value in zip(utts, ev.utterances["sdr"]):
+    for (_name, est, refs, _), sdr_value in zip(utts, ev.utterances["sdr"]):
         assert sdr_value == pytest.approx(float(mir_eval_sdr(refs, est).mean()), abs=0.01)
     back = pd.read_csv(ev.paths["utterances"])
     assert list(back["name"]) == list(ev.utterances["name"])
@@ -162,6 +166,7 @@ def test_evaluate_table_rows_summary_and_files(tmp_path) -> None:
     assert summary.loc["stoi", "count"] == 3
 
 
+@pytest.mark.slow
 def test_evaluate_lists_reads_kaldi_lists(tmp_path) -> None:
     import wave
 
@@ -187,6 +192,7 @@ def test_evaluate_lists_reads_kaldi_lists(tmp_path) -> None:
         M.evaluate_lists(folder / "mix_clean.scp", [folder / "s1.scp", folder / "s2.scp"], [tmp_path / "e1.scp"])
 
 
+@pytest.mark.slow
 def test_cli_score_writes_the_tables_of_evaluate_lists(tmp_path, capsys) -> None:
     import wave
 

@@ -27,6 +27,7 @@ def test_import_nabu_writes_the_toml_and_refuses_with_exit_2(tmp_path: Path, cap
     assert tomllib.loads(out.read_text())["nabu"]["unsupported"][0]["key"] == "[main] layer_norm"
 
 
+@pytest.mark.slow
 def test_train_an_original_recipe_folder_with_a_data_root(tmp_path: Path) -> None:
     folder = write_recipe(tmp_path / "MERL_TEST")
     replace_in(folder, "trainer.cfg", "init_file = /models/previous/network.ckpt", "")

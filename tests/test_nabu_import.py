@@ -354,6 +354,7 @@ def test_without_loss_cfg_the_task_loss_type_is_the_type(tmp_path: Path) -> None
     assert r["tasks"]["task_pit"]["loss"]["type"] == "direct" and "activation" not in r["tasks"]["task_pit"]["loss"]
 
 
+@pytest.mark.slow
 def test_an_imported_recipe_builds_and_trains_a_step(tmp_path: Path) -> None:
     """On data laid out as the recipe's database.conf says, made from the shipped samples."""
     from mtlab.data import data_samples_dir
@@ -513,6 +514,7 @@ def test_missing_files_and_folder(tmp_path: Path) -> None:
         import_nabu(folder)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path(__file__).resolve().parents[2].joinpath("shared/nabu/config/recipes").is_dir(),
                     reason="the original's recipes are not next to this checkout")
 def test_every_original_recipe_reads_leniently() -> None:

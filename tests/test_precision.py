@@ -283,6 +283,7 @@ def test_the_recipe_key_sets_precision(tiny_corpus: Path, tmp_path: Path) -> Non
         from_recipe(recipe)
 
 
+@pytest.mark.slow
 def test_the_precision_flag_is_written_into_the_recipe_the_checkpoint_carries(tiny_corpus: Path, tmp_path: Path,
                                                                               capsys) -> None:
     path = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=2, valid_frequency=0)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from torch import nn
 
 import mtlab
@@ -174,6 +175,7 @@ class StepwiseCalls(RuleBasedStateMachine):
 
 
 TestStepwiseCalls = StepwiseCalls.TestCase
+TestStepwiseCalls.pytestmark = [pytest.mark.slow]  # a search over call sequences: over a second
 TestStepwiseCalls.settings = settings(max_examples=settings.default.max_examples, stateful_step_count=25)
 
 

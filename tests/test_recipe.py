@@ -287,6 +287,7 @@ tr.save({path!r})
 """
 
 
+@pytest.mark.slow
 def test_checkpoint_killed_mid_write_leaves_the_old_one(tmp_path: Path) -> None:
     path = tmp_path / "ck.pt"
     code = CHILD.format(tests=str(Path(__file__).parent), path=str(path))
@@ -326,6 +327,7 @@ def test_crafted_pickle_is_not_executed(tmp_path: Path) -> None:
     assert not os.path.exists(marker)
 
 
+@pytest.mark.slow
 def test_resume_names_the_rule_that_stopped_the_run(monkeypatch: pytest.MonkeyPatch, tiny_corpus: Path,
                                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from mtlab.apps.cli import main

@@ -4,8 +4,6 @@ Each case says what it tried (tests/campaign.py); scripts/reliability_report.py 
 from __future__ import annotations
 
 import errno
-import os
-import pickle
 import shutil
 
 import pytest
@@ -26,6 +24,7 @@ def build(nonfinite="skip", **kw):
                          clip_grad_value=1.0, numbatches_to_aggregate=2, device="cpu", nonfinite=nonfinite, **kw)
 
 
+@pytest.mark.slow
 @settings(max_examples=settings.default.max_examples)
 @given(plan=st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["input_nan", "input_inf", "grad_enc", "grad_head_b"])),
                      min_size=1, max_size=3))
@@ -58,6 +57,7 @@ def test_nonfinite_values_never_reach_the_parameters_under_skip(plan):
     assert [i for i, s in enumerate(skipped) if s] == sorted(bad_steps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["process_minibatch", "normalize", "clip", "apply"])
 def test_an_exception_inside_a_call_leaves_the_state_before_it(where, monkeypatch):
     tr = build(nonfinite="raise")
@@ -111,6 +111,7 @@ def good_checkpoint(tmp_path):
     return tr, path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "flipped_bytes", "empty", "wrong_version", "not_mtlab",
                                     "crafted_pickle", "missing"])
 def test_damaged_checkpoints_give_a_clear_error_and_run_nothing(damage, tmp_path):
@@ -149,6 +150,7 @@ def test_damaged_checkpoints_give_a_clear_error_and_run_nothing(damage, tmp_path
     assert held, msg
 
 
+@pytest.mark.slow
 def test_disk_full_while_saving_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     tr, path = good_checkpoint(tmp_path)
     old = path.read_bytes()
@@ -170,6 +172,7 @@ def test_disk_full_while_saving_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     assert load_safe(path)["step"] == 2
 
 
+@pytest.mark.slow
 def test_a_data_file_deleted_mid_run(tmp_path):
     root = tmp_path / "data_samples"
     shutil.copytree(mtlab.data.data_samples_dir(), root)

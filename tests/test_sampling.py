@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mtlab.base.batching import collate
@@ -74,6 +75,7 @@ def test_stream_is_endless_and_position_restores_exactly():
     assert [next(fresh)[0]["id"].tolist() for _ in range(6)] == a
 
 
+@pytest.mark.slow
 def test_stream_with_dataloader_workers_matches_in_process():
     ex = examples(30)
     s0 = BatchStream(ex, batch_size=4, numbuckets=3, seed=5)

@@ -155,8 +155,9 @@ def tiny_separators():
             for loss in ("pit", "deepclustering", "deepattractornet")}
 
 
+@pytest.mark.slow
 def test_runner_trains_evaluates_and_separates(tiny_separators):
-    for loss, sep in tiny_separators.items():
+    for _loss, sep in tiny_separators.items():
         before = {k: p.detach().clone() for k, p in sep.trainer.params.items()}
         assert sep.step(2) == 2 and sep.trainer.step_count == 2
         assert any(not torch.equal(before[k], p) for k, p in sep.trainer.params.items())
@@ -169,6 +170,7 @@ def test_runner_trains_evaluates_and_separates(tiny_separators):
         assert sep.trainer.models["blstm"].training  # evaluation restored training mode
 
 
+@pytest.mark.slow
 def test_remixed_set_is_deterministic_and_shaped_like_the_corpus(tiny_separators):
     from mtlab.separation.remix import RemixedSet
 
@@ -191,6 +193,7 @@ def test_remixed_set_is_deterministic_and_shaped_like_the_corpus(tiny_separators
     assert (strict["usedbins"] <= ds[len(train)]["usedbins"]).all()
 
 
+@pytest.mark.slow
 def test_audio_players_and_settings_errors(tiny_separators):
     pytest.importorskip("IPython")
     from mtlab.separation import audio_players
@@ -206,6 +209,7 @@ def test_audio_players_and_settings_errors(tiny_separators):
         build_separator("pit", "clean", data=(sep.train, sep.dev))
 
 
+@pytest.mark.slow
 def test_import_separation_pulls_in_no_ui_library():
     code = ("import sys, mtlab.separation; bad = [m for m in ('ipywidgets', 'matplotlib', 'IPython') "
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")

@@ -202,7 +202,7 @@ def test_gradients_flow_gradcheck():
     for loss, key in ((DeepClustering(output="emb"), "emb"), (PIT(output="masks"), "masks"),
                       (DeepAttractorNet(output="emb"), "emb"), (Direct(output="masks"), "masks")):
         x = data[key].clone().requires_grad_(True)
-        assert torch.autograd.gradcheck(lambda v: loss(targets, {key: v}, lens)[0], (x,))
+        assert torch.autograd.gradcheck(lambda v: loss(targets, {key: v}, lens)[0], (x,))  # noqa: B023 (called here)
     logits = torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True)
     y = torch.tensor([[0, 1], [2, 3], [3, 0]])
     assert torch.autograd.gradcheck(lambda z: CrossEntropyMulti(output="o", target="y")({"y": y}, {"o": z}, {})[0],
@@ -406,6 +406,7 @@ def test_deepclusteringnoise_matches_the_original_formula():
     assert float(norm) == 1.0
 
 
+@pytest.mark.slow
 def test_registry_imports_the_separation_package_on_a_miss():
     import subprocess
     import sys

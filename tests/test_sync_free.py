@@ -175,6 +175,7 @@ def tasks_of_the_recipes(examples) -> list[mtlab.Task]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed", "16-mixed"])
 def test_a_step_with_the_recipes_models_reads_nothing_back(precision):
     ex = sequence_examples(18, 1)

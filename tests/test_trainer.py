@@ -37,7 +37,7 @@ def ce_sum(models, batch, task="a"):
 
 
 def processed_grad(models, plan, clip=None, task="a"):
-    """Oracle: gradient of Σ w·loss / Σ w·norm over every minibatch in ONE pass, then clip."""
+    """Oracle: gradient of Σ w·loss / Σ w·normalizer over every minibatch in ONE pass, then clip."""
     for m in models.values():
         m.zero_grad(set_to_none=True)
     total, norm = 0.0, 0.0
@@ -143,7 +143,7 @@ def test_apply_equals_torch_adam_over_several_steps():
             for pn, p in oracle[mn].named_parameters():
                 p.grad = grads[f"{mn}.{pn}"]
         opt.step()
-        for (n1, p1), p2 in zip([(n, p) for m in models.values() for n, p in m.named_parameters()], params):
+        for (_n1, p1), p2 in zip([(n, p) for m in models.values() for n, p in m.named_parameters()], params):
             torch.testing.assert_close(p1, p2, atol=1e-6, rtol=0)
     assert models["unused"].weight.grad is None
     assert models["unused"].weight not in tr.optimizer.state
@@ -264,7 +264,7 @@ def test_zero_norm_is_refused_and_changes_nothing():
     tr = mtlab.Trainer(models, [task_a((ex, ex), weights=(0.0, 0.0)), task_b(ex)], device="cpu")
     tr.process_minibatch("a", "clean")
     before = snapshot(tr, models)
-    with pytest.raises(mtlab.ZeroNormError, match="norm of 0"):
+    with pytest.raises(mtlab.ZeroNormError, match="normalizer of 0"):
         tr.normalize()
     assert_same(before, snapshot(tr, models))
 
@@ -422,7 +422,6 @@ def test_graph_multi_output_lengths_and_identity():
     res = g.run(models, {"x": data["x"]}, {"x": lens["x"]})
     assert set(res.outputs) >= {"p", "q", "o"}
     assert torch.equal(res.seq_lengths["o"], lens["x"]) and torch.equal(res.seq_lengths["p"], lens["x"])
-    assert [id(m) for m in res.used_models] == [id(models["two"]), id(models["outlayer"])]
     tr = mtlab.Trainer(models, [mtlab.Task("t", g.nodes, ["x"], ["y"], ["o"],
                        loss=lambda t, o, l: (o["o"].sum(), torch.tensor(1.0)),
                        linkedsets={"s": mtlab.LinkedSet()})], device="cpu")
@@ -433,6 +432,7 @@ def test_graph_multi_output_lengths_and_identity():
         bad.run(models, {"x": data["x"]}, {"x": lens["x"]})
 
 
+@pytest.mark.slow
 def test_import_mtlab_pulls_in_no_ui_library():
     code = ("import sys, mtlab; bad = [m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules];"
             "print(bad); sys.exit(1 if bad else 0)")
@@ -522,3 +522,36 @@ def test_normalize_all_covers_the_tasks_still_accumulating():
     assert tr.phase() == {"a": "normalized", "b": "normalized"}
     with pytest.raises(mtlab.PhaseError, match="already normalized; next call: clip"):
         tr.normalize()
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_failed_minibatch_puts_the_data_position_back(where, monkeypatch):
+    """A minibatch whose forward or backward fails is not consumed: the stream is where it was, and the next
+    minibatch is the one a trainer that never failed draws."""
+    ex = make_examples(12, 3)
+    tr, twin = (mtlab.Trainer(make_models(), [task_a((ex, ex))], device="cpu") for _ in range(2))
+    for t in (tr, twin):
+        t.process_minibatch("a", "clean")
+    stream = tr.stream("a", "clean")
+    before = (stream.epoch, stream.position)
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # noqa: ANN001, ANN205
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):  # noqa: ANN001, ANN205
+            raise RuntimeError("backward failed")
+
+    if where == "forward":
+        monkeypatch.setattr(tr.plans["a"], "loss", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("forward failed")))
+    else:
+        monkeypatch.setattr(tr.precision, "scale", lambda loss: Boom.apply(loss))
+    with pytest.raises(RuntimeError, match=f"{where} failed"):
+        tr.process_minibatch("a", "clean")
+    monkeypatch.undo()
+    assert (stream.epoch, stream.position) == before
+    tr.reset(); twin.reset()
+    tr.process_minibatch("a", "clean"); twin.process_minibatch("a", "clean")
+    assert torch.equal(tr.state("a").loss, twin.state("a").loss)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
 
 import mtlab
-from helpers import clone_models, make_examples, make_models, task_a, task_b
+from helpers import DecayingScale, clone_models, make_examples, make_models, task_a, task_b
 from mtlab.core.transforms import Chain, ClipByGlobalNorm, ClipByValue, Normalize
 
 
@@ -36,7 +39,7 @@ def test_clip_by_global_norm_equals_torch_clip_grad_norm_per_task(max_norm: floa
         total = torch.nn.utils.clip_grad_norm_(params, max_norm)
         st = tr.state(t)
         torch.testing.assert_close(st.grad_norm, total, rtol=1e-12, atol=0)
-        for p, (k, v) in zip(params, st.grads.items()):
+        for p, (_k, v) in zip(params, st.grads.items()):
             torch.testing.assert_close(v, p.grad, rtol=1e-12, atol=1e-15)
         assert float(st.grad_norm_clipped) <= max_norm * (1 + 1e-9) or max_norm > float(total)
     assert tr.phase() == {"a": "clipped", "b": "clipped"}
@@ -160,3 +163,85 @@ def test_clip_by_history_refuses_a_bad_percentile_and_a_stateless_transform_refu
         Chain.from_settings(True, None, None, 0)
     with pytest.raises(mtlab.ConfigError, match="keeps no state"):
         ClipByValue(1.0).load_state_dict({"history": {}})
+
+
+def make(chain: mtlab.Chain) -> mtlab.Trainer:
+    ex = make_examples(12, 4)
+    return mtlab.Trainer(make_models(), [task_a((ex, ex), weights=(1.0, 0.3))], lr=1e-2, device="cpu", chain=chain)
+
+
+def test_the_chain_state_is_restored_on_load(one_thread) -> None:
+    """A stateful transform's state (a user's, and AutoClip's norm history) comes back with load_state_dict:
+    resuming from a state continues exactly as not stopping."""
+    for chain in (lambda: mtlab.Chain([mtlab.Normalize(), DecayingScale(0.5)]),
+                  lambda: mtlab.Chain([mtlab.Normalize(), mtlab.ClipByHistory(10.0)])):
+        tr = make(chain())
+        tr.step(); tr.step()
+        saved = tr.state_dict()
+        kept = [t.state_dict() for t in tr.chain]
+        tr.step()
+        after = {k: p.detach().clone() for k, p in tr.params.items()}
+        tr.load_state_dict(saved)
+        assert same([t.state_dict() for t in tr.chain], kept)
+        tr.step()
+        for k, p in tr.params.items():
+            torch.testing.assert_close(p.detach(), after[k], rtol=0, atol=0)
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, Mapping):
+        return isinstance(b, Mapping) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_a_chain_that_cannot_work_is_refused_with_the_fix() -> None:
+    class NoCall(mtlab.Transform):
+        def __call__(self, acc: mtlab.Accumulator) -> None:
+            return None
+
+    with pytest.raises(mtlab.ConfigError, match="Python identifier"):
+        mtlab.Chain([NoCall()])
+    with pytest.raises(mtlab.ConfigError, match="not a transform; subclass mtlab.Transform"):
+        mtlab.Chain([lambda acc: None])  # type: ignore[list-item]
+    with pytest.raises(mtlab.ConfigError, match="not next to each other"):
+        mtlab.Chain([mtlab.ClipByValue(1.0), DecayingScale(1.0), mtlab.ClipByGlobalNorm(1.0)])
+    with pytest.raises(mtlab.ConfigError, match="either chain= or"):
+        mtlab.Trainer(make_models(), [task_a()], chain=mtlab.Chain([]), clip_grad_value=1.0, device="cpu")
+    tr = make(mtlab.Chain([DecayingScale(1.0)]))
+    tr.clip_grad_value = 0.5  # a shortcut on a user's chain: the built-in takes its usual place
+    tr.normalize_gradients = True
+    assert [type(t).__name__ for t in tr.chain] == ["Normalize", "ClipByValue", "DecayingScale"]
+
+
+@pytest.mark.parametrize("call", ["normalize", "clip"])
+def test_on_one_process_a_call_reaches_the_gradient_math_in_three_calls(call: str) -> None:
+    """normalize() -> call() -> chain.run() -> the transform (whose body is the gradient math): agreement and
+    reduction add no layers on one process."""
+    import sys
+
+    ex = make_examples(12, 5)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], clip_grad_value=1.0, device="cpu")
+    tr.process_minibatch("a", "clean")
+    if call == "clip":
+        tr.normalize()
+    paths: list[list[str]] = []
+
+    def watch(frame, event, arg) -> None:  # noqa: ANN001
+        if event == "call" and not paths and frame.f_code.co_name == "__call__" \
+                and frame.f_code.co_filename.endswith("transforms.py"):
+            names, f = [], frame
+            while f is not None and f.f_code.co_name != call:
+                names.append(f.f_code.co_qualname)
+                f = f.f_back
+            paths.append(names[::-1])
+
+    sys.setprofile(watch)
+    try:
+        getattr(tr, call)()
+    finally:
+        sys.setprofile(None)
+    assert paths and len(paths[0]) <= 3, paths

@@ -98,6 +98,7 @@ def test_famo_coefficients_are_torchjds_famo() -> None:
     assert not torch.allclose(coefs(tr)[-1], coefs(tr)[0])  # the logits moved
 
 
+@pytest.mark.slow
 def test_random_loss_weights_are_seeded_by_the_step_and_resume_exactly() -> None:
     tr = trainer("random_loss")
     tr.step()

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # builds and installs a wheel in a subprocess
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from typing import Sequence
+from collections.abc import Sequence
 
 from .replaycmd import add_replay_parser, replay_command
 
@@ -268,7 +268,7 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
 
     from .recipe import trainer_settings
 
-    rank = exp.trainer.rank
+    rank = exp.trainer.parallel.rank
     logger = None
     loggers = args.log or trainer_settings(exp.recipe)["log"]  # --log overrides the recipe's [trainer] log
     if loggers and rank == 0:
@@ -374,7 +374,6 @@ def _periodic(exp: Any, expdir: Path) -> Any:
 
 def _restarts() -> int:
     """How often torchrun has restarted this worker group (a worker died under ``--max-restarts``)."""
-    import os
 
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
@@ -397,7 +396,7 @@ def _elastic_train(args: argparse.Namespace) -> int:
         restore_rank_state(exp.trainer, point)
     if restarts:
         check_same_start(exp.trainer, str(point or args.recipe))
-        if exp.trainer.rank == 0:
+        if exp.trainer.parallel.rank == 0:
             where = f"{point} (step {exp.trainer.step_count})" if point else "the start (no checkpoint yet)"
             print(f"restart {restarts} of the worker group: resuming from {where}", file=sys.stderr, flush=True)
         if exp.schedule.finished or exp.trainer.step_count >= exp.schedule.num_steps:
@@ -421,7 +420,6 @@ def _import_nabu(args: argparse.Namespace) -> int:
 
 def _init_distributed() -> None:
     """Under torchrun (WORLD_SIZE > 1) join the process group: NCCL on GPUs, gloo on CPUs."""
-    import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
@@ -454,7 +452,8 @@ def _shard(args: argparse.Namespace) -> int:
     """``mtlab shard``: write (or ``--verify``) the shards of every split and linked set asked for."""
     from ..data.corpus import SPLITS, linked_sets
     from ..data.features import MTLAB, ORIGINAL
-    from ..data.shards import INDEX, SHARD_SIZE, verify_shards, write_shards
+    from ..data.shards import INDEX, SHARD_SIZE, verify_shards
+    from ..data.shardwriter import write_shards
 
     from ..data.errors import DataError
 

@@ -39,7 +39,7 @@ from ..training.loop import run
 from ..training.schedule import Schedule
 from ..core.trainer import Trainer
 from .settings import (CORPORA, DATA_KEYS, DEFAULT_ORIGIN, LINKEDSET_KEYS, NODE_KEYS, TASK_KEYS, TOP_KEYS,
-                       TRAINER_KEYS, Key, _names, _table, _unknown, check_value, load_trainer_cfg,
+                       TRAINER_KEYS, Key, as_names, as_table, unknown_key, check_value, load_trainer_cfg,
                        trainer_settings)
 
 # ---------------------------------------------------------------------------------- parsing and checking
@@ -74,8 +74,8 @@ def resolve_recipe(raw: Mapping[str, Any], origin: str = DEFAULT_ORIGIN, base: P
     base = base if base is not None else Path.cwd()
     for key in recipe:
         if key not in TOP_KEYS:
-            raise _unknown(origin, "the recipe's top level", key, TOP_KEYS)
-    trainer = _table(recipe.get("trainer", {}), origin, "[trainer]")
+            raise unknown_key(origin, "the recipe's top level", key, TOP_KEYS)
+    trainer = as_table(recipe.get("trainer", {}), origin, "[trainer]")
     if "trainer_cfg" in recipe:
         cfg_path = base / str(recipe.pop("trainer_cfg"))
         trainer = {**load_trainer_cfg(cfg_path), **trainer}
@@ -84,18 +84,18 @@ def resolve_recipe(raw: Mapping[str, Any], origin: str = DEFAULT_ORIGIN, base: P
     recipe["trainer"] = trainer
     recipe["source"] = origin
     settings = trainer_settings(recipe)
-    models = _table(recipe.get("models"), origin, "[models]") if "models" in recipe else {}
+    models = as_table(recipe.get("models"), origin, "[models]") if "models" in recipe else {}
     if not models:
         raise ConfigError(f"{origin}: no [models.NAME] table; add at least one model, e.g. [models.enc] type = \"BLSTM\"")
     for name, spec in models.items():
         _model_spec(name, spec, origin)
-    tasks = _table(recipe.get("tasks"), origin, "[tasks]") if "tasks" in recipe else {}
+    tasks = as_table(recipe.get("tasks"), origin, "[tasks]") if "tasks" in recipe else {}
     if not tasks:
         raise ConfigError(f"{origin}: no [tasks.NAME] table; add at least one task")
     for name in settings["tasks"] or []:
         if name not in tasks:
-            raise _unknown(origin, "[trainer] tasks", name, list(tasks), what="task")
-    recipe["tasks"] = tasks = {name: _check_task(name, _table(spec, origin, f"[tasks.{name}]"), models, origin, base)
+            raise unknown_key(origin, "[trainer] tasks", name, list(tasks), what="task")
+    recipe["tasks"] = tasks = {name: _check_task(name, as_table(spec, origin, f"[tasks.{name}]"), models, origin, base)
                                for name, spec in tasks.items()}
     if settings["task_weights"] is not None:
         chosen = settings["tasks"] or list(tasks)
@@ -107,27 +107,27 @@ def resolve_recipe(raw: Mapping[str, Any], origin: str = DEFAULT_ORIGIN, base: P
             raise ConfigError(f"{origin}: task weight given twice, in [trainer] task_weights and [tasks.{both[0]}] "
                               "weight; keep one of them")
     if "stats" in recipe:
-        _table(recipe["stats"], origin, "stats")
+        as_table(recipe["stats"], origin, "stats")
     return recipe
 
 
 def _model_spec(name: str, spec: Any, origin: str) -> tuple[str, dict[str, Any]]:
     from ..models import MODELS
 
-    spec = _table(spec, origin, f"[models.{name}]")
+    spec = as_table(spec, origin, f"[models.{name}]")
     if "." in name:
         raise ConfigError(f"{origin}: model name {name!r} contains '.'; use letters, digits and '_'")
     kind = spec.pop("type", None)
     if not isinstance(kind, str):
         raise ConfigError(f"{origin}: [models.{name}] needs type = \"...\"; valid types: {', '.join(MODELS)}")
     if kind not in MODELS:
-        raise _unknown(origin, f"[models.{name}] type", kind, list(MODELS), what="model type")
+        raise unknown_key(origin, f"[models.{name}] type", kind, list(MODELS), what="model type")
     params = inspect.signature(MODELS[kind]).parameters.values()
     if not any(p.kind is p.VAR_KEYWORD for p in params):  # a typo gets the key's suggestion, as elsewhere
         valid = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         for key in spec:
             if key not in valid:
-                raise _unknown(origin, f"[models.{name}] (type {kind})", key, valid, what="setting")
+                raise unknown_key(origin, f"[models.{name}] (type {kind})", key, valid, what="setting")
     return kind, spec
 
 
@@ -138,7 +138,7 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
     where = f"[tasks.{name}]"
     for key in spec:
         if key not in TASK_KEYS:
-            raise _unknown(origin, where, key, TASK_KEYS)
+            raise unknown_key(origin, where, key, TASK_KEYS)
     for key in ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets"):
         if key not in spec:
             raise ConfigError(f"{origin}: {where} needs {key!r}; a task has {', '.join(TASK_KEYS[:6])}")
@@ -147,30 +147,30 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
         example_keys += tuple(dict.fromkeys(k for s in spec["linkedsets"].values() if isinstance(s, Mapping)
                                             for k in (s.get("data") or {}).get("feature_inputs", {})))
     for key in ("inputs", "targets"):
-        for item in _names(spec[key], origin, f"{where} {key}"):
+        for item in as_names(spec[key], origin, f"{where} {key}"):
             if item not in example_keys:
-                raise _unknown(origin, f"{where} {key}", item, example_keys, what="data key")
-    _names(spec["outputs"], origin, f"{where} outputs")
+                raise unknown_key(origin, f"{where} {key}", item, example_keys, what="data key")
+    as_names(spec["outputs"], origin, f"{where} outputs")
     nodes = spec["nodes"]
     if not isinstance(nodes, list) or not nodes:
         raise ConfigError(f"{origin}: {where} nodes must be a list of tables "
                           "{{ name = ..., model = ..., inputs = [...] }}, got {nodes!r}")
     for i, node in enumerate(nodes):
-        node = _table(node, origin, f"{where} nodes[{i}]")
+        node = as_table(node, origin, f"{where} nodes[{i}]")
         for key in node:
             if key not in NODE_KEYS:
-                raise _unknown(origin, f"{where} nodes[{i}]", key, NODE_KEYS)
+                raise unknown_key(origin, f"{where} nodes[{i}]", key, NODE_KEYS)
         model = node.get("model")
         if not isinstance(node.get("name"), str) or not isinstance(model, str):
             raise ConfigError(f"{origin}: {where} nodes[{i}] needs name = \"...\" and model = \"...\"")
         if model not in models:
-            raise _unknown(origin, f"{where} nodes[{i}] (node {node['name']!r}) model", model, list(models),
+            raise unknown_key(origin, f"{where} nodes[{i}] (node {node['name']!r}) model", model, list(models),
                            what="model")
-    loss = _table(spec["loss"], origin, f"{where} loss")
+    loss = as_table(spec["loss"], origin, f"{where} loss")
     if not isinstance(loss.get("type"), str):
         raise ConfigError(f"{origin}: {where} loss needs type = \"...\"; valid: {', '.join(LOSSES)}")
     if loss["type"].lower() not in LOSSES:
-        raise _unknown(origin, f"{where} loss type", loss["type"], list(LOSSES), what="loss type")
+        raise unknown_key(origin, f"{where} loss type", loss["type"], list(LOSSES), what="loss type")
     for key in ("weight",):
         if key in spec:
             check_value(key, Key("float", 1.0, "task weight in the update", 0), spec[key], origin, where)
@@ -182,15 +182,15 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
         if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac <= 1:
             raise ConfigError(f"{origin}: {where} trainset_frac = {frac!r} must be a fraction in (0, 1] (the first "
                               "int(n x trainset_frac) training utterances of each linked set are used)")
-    sets = _table(spec["linkedsets"], origin, f"{where} linkedsets")
+    sets = as_table(spec["linkedsets"], origin, f"{where} linkedsets")
     if not sets:
         raise ConfigError(f"{origin}: {where} has no linked set; add [tasks.{name}.linkedsets.clean]")
     for sname, sspec in sets.items():
         swhere = f"[tasks.{name}.linkedsets.{sname}]"
-        sspec = _table(sspec, origin, swhere)
+        sspec = as_table(sspec, origin, swhere)
         for key in sspec:
             if key not in LINKEDSET_KEYS:
-                raise _unknown(origin, swhere, key, LINKEDSET_KEYS)
+                raise unknown_key(origin, swhere, key, LINKEDSET_KEYS)
         if "weight" in sspec:
             check_value("weight", Key("float", 1.0, "linked-set weight", 0), sspec["weight"], origin, swhere)
         if "data" not in sspec:
@@ -201,7 +201,7 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
         if sspec.get("valid", False) is not False:
             # validation reads the corpus's own mixtures unless its table asks for dynamic mixing itself
             inherited = {k: v for k, v in data.items() if k != "dynamic_mix"}
-            sspec["valid"] = _check_data({**inherited, **_table(sspec["valid"], origin, f"{swhere} valid")}, origin,
+            sspec["valid"] = _check_data({**inherited, **as_table(sspec["valid"], origin, f"{swhere} valid")}, origin,
                                          f"{swhere} valid", base)
         uses = [k for k in ("inputs", "targets") if "ivec" in spec[k]]
         if uses and "ivec" not in data:
@@ -213,17 +213,17 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
 
 
 def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any]:
-    spec = _table(spec, origin, where)
+    spec = as_table(spec, origin, where)
     for key in spec:
         if key not in DATA_KEYS:
-            raise _unknown(origin, where, key, DATA_KEYS)
+            raise unknown_key(origin, where, key, DATA_KEYS)
     for key, value in spec.items():
         if key == "spectral":  # the STFT settings (mtlab.data.features.Spectral), e.g. the original's
             from ..data.errors import DataError
             from ..data.features import Spectral
 
             try:
-                Spectral(**_table(value, origin, f"{where} spectral"))
+                Spectral(**as_table(value, origin, f"{where} spectral"))
             except (TypeError, DataError) as exc:
                 raise ConfigError(f"{origin}: {where} spectral: {exc}") from None
         elif key == "ivec":  # the per-utterance vectors (mtlab.data.vectors.VectorList)
@@ -231,7 +231,7 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             from ..data.vectors import VectorList
 
             try:
-                vectors = VectorList.from_dict(_table(value, origin, f"{where} ivec"), origin=f"{where} ivec")
+                vectors = VectorList.from_dict(as_table(value, origin, f"{where} ivec"), origin=f"{where} ivec")
             except (TypeError, DataError) as exc:
                 raise ConfigError(f"{origin}: {where} ivec: {exc}") from None
             paths = {k: str((base / p).resolve()) for k in ("list", "stats_list") if (p := getattr(vectors, k))}
@@ -240,7 +240,7 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             from ..data.features import MVN_TYPES
 
             if value not in MVN_TYPES:
-                raise _unknown(origin, f"{where} mvn", value, MVN_TYPES, what="mvn")
+                raise unknown_key(origin, f"{where} mvn", value, MVN_TYPES, what="mvn")
         elif key == "num_sources":  # speakers per mixture: the lists s1.scp ... s<num_sources>.scp
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{origin}: {where} num_sources = {value!r} must be a positive integer (the "
@@ -264,7 +264,7 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             spec[key] = {"gain_db": list(settings.gain_db), "noise_snr_db": list(settings.noise_snr_db),
                          "seed": settings.seed, **({"noise": settings.noise} if settings.noise else {})}
         elif key == "feature_inputs":  # more data keys: features of other audio lists, as the mixture's
-            table = _table(value, origin, f"{where} feature_inputs")
+            table = as_table(value, origin, f"{where} feature_inputs")
             for name, path in table.items():
                 if not isinstance(path, str) or not path:
                     raise ConfigError(f"{origin}: {where} feature_inputs {name} must be the path of an audio list, "
@@ -274,18 +274,18 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             from ..data.layouts import ALIASES, LAYOUTS
 
             if not isinstance(value, str) or ALIASES.get(value.lower(), value.lower()) not in LAYOUTS:
-                raise _unknown(origin, f"{where} layout", str(value), tuple(LAYOUTS), what="layout")
+                raise unknown_key(origin, f"{where} layout", str(value), tuple(LAYOUTS), what="layout")
         elif key == "on_bad_data":  # a bad audio file mid-epoch: stop with its name, or skip and record it
             from ..data.streamed import BAD_DATA
 
             if value not in BAD_DATA:
-                raise _unknown(origin, f"{where} on_bad_data", value, BAD_DATA, what="policy")
+                raise unknown_key(origin, f"{where} on_bad_data", value, BAD_DATA, what="policy")
         elif not isinstance(value, str) or not value:
             raise ConfigError(f"{origin}: {where} {key} must be a non-empty string, got {value!r}")
     if ("corpus" in spec) == ("root" in spec):
         raise ConfigError(f"{origin}: {where} needs exactly one of corpus = \"samples\" or root = \"path/to/corpus\"")
     if "corpus" in spec and spec["corpus"] not in CORPORA:
-        raise _unknown(origin, f"{where} corpus", spec["corpus"], CORPORA, what="corpus")
+        raise unknown_key(origin, f"{where} corpus", spec["corpus"], CORPORA, what="corpus")
     if "layout" in spec and ("root" not in spec or spec.get("stream") is False):
         raise ConfigError(f"{origin}: {where} layout = {spec['layout']!r} reads the corpus tree at root = \"...\" in "
                           "place, streamed: give root and leave stream = true")
@@ -330,7 +330,7 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     mvn = data.get("mvn", "global")
     num_sources = data.get("num_sources", NUM_SOURCES)
     # streamed unless told otherwise: audio read per batch, features on the trainer's device
-    streamed = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances", "dynamic_mix",
+    streamed: dict[str, Any] = {"stream": True, **{k: data[k] for k in ("stream", "on_bad_data", "stats_utterances", "dynamic_mix",
                                                         "layout") if k in data}}
     inputs = dict(data.get("feature_inputs", {}))
     key = (str(_root(data)), data["split"], data.get("linkedset", linkedset), targets, repr(spectral), repr(ivec),
@@ -338,7 +338,7 @@ def _dataset(data: Mapping[str, Any], linkedset: str, targets: tuple[str, ...], 
     if key not in cache:
         cache[key] = load_split(_root(data), split=data["split"], linkedset=data.get("linkedset", linkedset),
                                 targets=targets, stats=stats, spectral=spectral, ivec=ivec, mvn=mvn,
-                                num_sources=num_sources, **streamed, **({"feature_inputs": inputs} if inputs else {}))
+                                num_sources=num_sources, feature_inputs=inputs or None, **streamed)
         if stats is None:  # remember it under the stats it computed, as later lookups ask for it that way
             computed = cache[key].stats
             cache[key[:-1] + (hashlib.sha1(json.dumps(computed.to_dict()).encode()).hexdigest(),)] = cache[key]

@@ -41,7 +41,7 @@ TRAINER_KEYS: dict[str, Key] = {
     "clip_grad_norm": Key("clip", False, "mtlab: clip each task's global gradient norm to this (false: off)", 0, True),
     "clip_grad_percentile": Key("clip", False, "mtlab: AutoClip, each task's norm clipped to this percentile of its "
                                 "norm history, e.g. 10 (false: off)", 0, True),
-    "normalize_gradients": Key("bool", True, "divide accumulated gradients by the accumulated norm"),
+    "normalize_gradients": Key("bool", True, "divide accumulated gradients by the accumulated normalizer"),
     "batch_size": Key("int", 8, "utterances per minibatch", 1),
     "numbatches_to_aggregate": Key("int", 1, "minibatch rounds (every linked set once) per step", 1),
     "numbuckets": Key("int", 1, "length buckets for batching (1: plain shuffled batches)", 1),
@@ -101,17 +101,20 @@ def _hint(key: str, valid: list[str] | tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _unknown(origin: str, where: str, key: str, valid: list[str] | tuple[str, ...], what: str = "key") -> ConfigError:
+def unknown_key(origin: str, where: str, key: str, valid: list[str] | tuple[str, ...], what: str = "key") -> ConfigError:
+    """The error for an unknown ``key`` in ``where``: the closest valid one, then every valid one."""
     return ConfigError(f"{origin}: unknown {what} {key!r} in {where}{_hint(key, valid)}; valid: {', '.join(valid)}")
 
 
-def _table(value: Any, origin: str, where: str) -> dict[str, Any]:
+def as_table(value: Any, origin: str, where: str) -> dict[str, Any]:
+    """``value`` as a TOML table (a dict), or an error naming ``where``."""
     if not isinstance(value, Mapping):
         raise ConfigError(f"{origin}: {where} must be a table, got {type(value).__name__} {value!r}")
     return dict(value)
 
 
-def _names(value: Any, origin: str, where: str) -> list[str]:
+def as_names(value: Any, origin: str, where: str) -> list[str]:
+    """``value`` as a list of names (a string is split on spaces), or an error naming ``where``."""
     if isinstance(value, str):
         value = value.split()
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -133,7 +136,7 @@ def check_value(key: str, spec: Key, value: Any, origin: str, where: str) -> Any
             raise ConfigError(f"{origin}: {name} = {value!r}{_hint(value, spec.choices)}; valid: {', '.join(spec.choices)}")
         return value
     if spec.kind == "names":
-        return _names(value, origin, name)
+        return as_names(value, origin, name)
     if spec.kind == "tries" and value == "none":
         return None
     if spec.kind == "stages":
@@ -169,10 +172,10 @@ def _stages(value: Any, origin: str, name: str) -> list[dict[str, Any]]:
     out = []
     for i, stage in enumerate(value):
         where = f"{name}[{i}]"
-        stage = _table(stage, origin, where)
+        stage = as_table(stage, origin, where)
         for key in stage:
             if key not in STAGE_KEYS:
-                raise _unknown(origin, where, key, STAGE_KEYS)
+                raise unknown_key(origin, where, key, STAGE_KEYS)
         checked = {k: check_value(k, TRAINER_KEYS[k], v, origin, where) for k, v in stage.items() if k != "segment_length"}
         if checked.get("num_tries", 0) is None:
             checked["num_tries"] = "none"  # a plain TOML/JSON value; the schedule reads it as None
@@ -223,7 +226,7 @@ def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
     ``mtlab.nabu`` imports it (``stages`` and the original's stopping rules)."""
     path = Path(path)
     parser = configparser.ConfigParser(interpolation=None)
-    parser.optionxform = str  # keep key case as written
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keep key case as written (configparser's idiom)
     try:
         read = parser.read(path)
     except configparser.Error as exc:
@@ -243,7 +246,7 @@ def load_trainer_cfg(path: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, text in conf.items():
         if key not in TRAINER_KEYS:
-            raise _unknown(str(path), "[trainer]", key, list(TRAINER_KEYS))
+            raise unknown_key(str(path), "[trainer]", key, list(TRAINER_KEYS))
         out[key] = _from_string(key, TRAINER_KEYS[key], text, str(path))
     return out
 
@@ -262,11 +265,11 @@ def _is_original(conf: Mapping[str, str]) -> bool:
 def trainer_settings(recipe: Mapping[str, Any]) -> dict[str, Any]:
     """Every ``TRAINER_KEYS`` setting of ``recipe``, checked, with defaults filled in."""
     origin = str(recipe.get("source", DEFAULT_ORIGIN))
-    given = _table(recipe.get("trainer", {}), origin, "[trainer]")
+    given = as_table(recipe.get("trainer", {}), origin, "[trainer]")
     out: dict[str, Any] = {}
     for key, value in given.items():
         if key not in TRAINER_KEYS:
-            raise _unknown(origin, "[trainer]", key, list(TRAINER_KEYS))
+            raise unknown_key(origin, "[trainer]", key, list(TRAINER_KEYS))
         out[key] = check_value(key, TRAINER_KEYS[key], value, origin, "[trainer]")
     for key, spec in TRAINER_KEYS.items():
         out.setdefault(key, spec.default)

@@ -20,7 +20,7 @@ class PhaseError(MtlabError, RuntimeError):
 
 
 class ZeroNormError(MtlabError, ArithmeticError):
-    """Normalizing by an accumulated norm of zero."""
+    """Normalizing by an accumulated normalizer of zero."""
 
 
 class NonFiniteError(MtlabError, FloatingPointError):

@@ -26,7 +26,7 @@ def add_plugin(kind: str, module: str) -> None:
         PLUGINS[kind].append(module)
 
 
-class Registry(dict):  # type: ignore[type-arg]
+class Registry(dict):
     """``name -> type`` table that imports the plugin modules of its kind on a miss or a listing."""
 
     def __init__(self, kind: str, entries: Mapping[str, type] | None = None) -> None:
@@ -62,12 +62,12 @@ class Registry(dict):  # type: ignore[type-arg]
         self.load_plugins()
         return dict.__iter__(self)
 
-    def keys(self):  # type: ignore[no-untyped-def]
+    def keys(self):
         """The registered names, plug-ins loaded first."""
         self.load_plugins()
         return dict.keys(self)
 
-    def items(self):  # type: ignore[no-untyped-def]
+    def items(self):
         """``(name, entry)`` pairs, plug-ins loaded first."""
         self.load_plugins()
         return dict.items(self)

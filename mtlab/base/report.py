@@ -1,5 +1,5 @@
 """Messages for the person running training: the ``mtlab`` logger (above a progress bar when one is shown), and
-the trainer as an HTML table."""
+tables of values in HTML."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ class Phase(StrEnum):
     ACCUMULATING = "accumulating"
     NORMALIZED = "normalized"
     CLIPPED = "clipped"
+    PROCESSED = "processed"  # after a user's transform whose call is neither normalize nor clip
     APPLIED = "applied"
 
 
@@ -43,11 +44,6 @@ class MinibatchRecord:
     loss: Tensor  # weight × the minibatch's summed loss (0-d float64, on the loss's device)
     norm: Tensor  # weight × its normalizer (0-d float64)
     trace: dict[str, Tensor] | None = None  # per-model gradient contribution, when a MinibatchTrace is attached
-
-    def as_dict(self) -> dict[str, Any]:
-        """The record as plain numbers (reads the loss and the norm from the device)."""
-        return {"linkedset": self.linkedset, "examples": self.num_examples, "weight": self.weight,
-                "loss": float(self.loss), "norm": float(self.norm)}
 
 
 GRAD_STATS = ("grad_norm", "grad_norm_clipped", "clip_fraction")
@@ -89,6 +85,7 @@ class Accumulator:
         self.clip_fraction: Tensor | None = None
         self.model_norms: dict[str, Tensor] = {}
         self.model_norms_clipped: dict[str, Tensor] = {}
+        self.stats: dict[str, Tensor] = {}  # what the chain's transforms measured this step, beyond the norms
 
     # ------------------------------------------------------------------ buffers
     def _allocate(self) -> None:
@@ -182,15 +179,15 @@ class Accumulator:
         self.phase = Phase.ACCUMULATING
         self.restore_grads()
 
-    def advance(self, phase: Phase) -> None:
-        """A transform of the chain processed the gradients: one position further, now ``phase``."""
-        self.position += 1
-        self.phase = phase
-
-    def set_clip_fraction(self, fraction: Tensor, first: bool = False) -> None:
-        """The share clipping changed (a device tensor); ``first``: unless a clip of this step recorded one."""
-        if not (first and self.clip_fraction is not None):
-            self.clip_fraction = fraction
+    def advance(self, phase: Phase, stats: Mapping[str, Tensor] | None = None) -> None:
+        """A transform processed the gradients: one position further, now ``phase``, with what it measured (device
+        tensors): ``clip_fraction`` (a step's first counts), others kept in ``stats`` (history: ``<task>/<name>``)."""
+        self.position, self.phase = self.position + 1, phase
+        for key, value in (stats or {}).items():
+            if key != "clip_fraction":
+                self.stats[key] = value
+            elif self.clip_fraction is None:
+                self.clip_fraction = value
 
     def mark_applied(self) -> None:
         """The optimizer stepped with this accumulation: it stays readable until the next minibatch."""
@@ -302,6 +299,7 @@ class Accumulator:
             "clip_fraction": opt(self.clip_fraction),
             "model_norms": {k: v.clone() for k, v in self.model_norms.items()},
             "model_norms_clipped": {k: v.clone() for k, v in self.model_norms_clipped.items()},
+            "stats": {k: v.detach().clone() for k, v in self.stats.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -326,6 +324,7 @@ class Accumulator:
         self.clip_fraction = to(state["clip_fraction"])
         self.model_norms = {k: v.to(dev) for k, v in state["model_norms"].items()}
         self.model_norms_clipped = {k: v.to(dev) for k, v in state["model_norms_clipped"].items()}
+        self.stats = {k: v.to(dev) for k, v in state.get("stats", {}).items()}
         if self.minibatches:
             if not self.buffers:
                 self._allocate()
@@ -342,10 +341,7 @@ class Accumulator:
         out: dict[str, Any] = {"task": self.task, "phase": str(self.phase), "minibatches": self.minibatches,
                                "loss": loss, "normalizer": norm,
                                "normalized_loss": loss / norm if norm else float("nan")}
-        for key in GRAD_STATS:
-            value = getattr(self, key)
-            out[key] = None if value is None else float(value)
-        return out
+        return {**out, **{k: None if getattr(self, k) is None else float(getattr(self, k)) for k in GRAD_STATS}}
 
     def __repr__(self) -> str:
         return (f"Accumulator({self.task!r}, phase={str(self.phase)!r}, minibatches={self.minibatches}, "

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import state as checkpoint
 from ..base.errors import ConfigError
 from .noise import NoiseScale
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 
-def restore_journaled(trainer: Trainer, state: Mapping[str, Any], history: bool = True,
+def restore_journaled(trainer: Any, state: Mapping[str, Any], history: bool = True,
                       source: str = "the state") -> None:
     """Load a state and journal it: a fresh trainer continues the state's journal (a resume); any other
     records a restore naming where that state stood in its journal (a replay can take it again)."""
@@ -35,7 +33,7 @@ def restore_journaled(trainer: Trainer, state: Mapping[str, Any], history: bool 
                            **({} if position is not None and journal.knows(position) else {"replayable": False}))
 
 
-def fork_trainer(trainer: Trainer, name: str, state: Mapping[str, Any] | None = None) -> Trainer:
+def fork_trainer(trainer: Any, name: str, state: Mapping[str, Any] | None = None) -> Any:
     """``Trainer.fork``: the same constructor arguments, copies of the models, the tasks' weights and batch
     sizes (their data shared), then this trainer's state and journal."""
     if not isinstance(name, str) or not name:

@@ -9,14 +9,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from .columns import set_column, task_column
+
 if TYPE_CHECKING:
     import pandas as pd
-
-
-def _host(value: Any) -> Any:
-    if isinstance(value, Tensor):
-        return value.item() if value.numel() == 1 else value.tolist()
-    return value
 
 
 class History:
@@ -107,17 +103,18 @@ def step_row(step: int, lr: float, skipped: Any, tasks: Mapping[str, Any], accs:
     ``direction_norm/<group>``, ``direction_norm``: 0-d tensors, read back with the rest)."""
     row: dict[str, Any] = {"step": step, "lr": lr, "skipped": skipped}
     for name, task in tasks.items():
-        row[f"{name}/weight"] = task.weight
-        row.update({f"{name}/{s}/weight": ls.weight for s, ls in task.linkedsets.items()})
+        row[task_column(name, "weight")] = task.weight
+        row.update({set_column(name, s, "weight"): ls.weight for s, ls in task.linkedsets.items()})
         if getattr(task, "batch_size", None) is not None:
-            row[f"{name}/batch_size"] = task.batch_size
+            row[task_column(name, "batch_size")] = task.batch_size
         if rounds is not None:
-            row[f"{name}/minibatches_per_step"] = rounds[name]
+            row[task_column(name, "minibatches_per_step")] = rounds[name]
         acc = accs.get(name)
         if acc is not None:
-            row[f"{name}/loss"] = acc.normalized_loss
-            row.update({f"{name}/{s}/loss": acc.linkedset_loss(s) for s in acc.set_totals})
-            row.update({f"{name}/grad_norm": acc.grad_norm, f"{name}/grad_norm_clipped": acc.grad_norm_clipped,
-                        f"{name}/clip_fraction": acc.clip_fraction, f"{name}/minibatches": acc.minibatches})
+            row[task_column(name, "loss")] = acc.normalized_loss
+            row.update({set_column(name, s, "loss"): acc.linkedset_loss(s) for s in acc.set_totals})
+            row.update({task_column(name, k): getattr(acc, k) for k in ("grad_norm", "grad_norm_clipped", "clip_fraction",
+                                                                        "minibatches")})
+            row.update({task_column(name, k): v for k, v in acc.stats.items()})
     row.update(stats or {})
     return row

@@ -27,14 +27,12 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..base.errors import ConfigError
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 FORMAT = "mtlab-journal"
 VERSION = 1
@@ -44,7 +42,7 @@ CHANGES = ("weight", "task_weight", "lr", "clip", "combine", "minibatches_per_st
 CALLS = ("step", "minibatch", "normalize", "clip", "apply", "finish", "reset")
 
 
-def graph_of(trainer: Trainer) -> dict[str, Any]:
+def graph_of(trainer: Any) -> dict[str, Any]:
     """What a journal must fit: models with parameter shapes, tasks with linked sets and models, seed."""
     return {
         "models": {m: {k: list(v.shape) for k, v in model.state_dict().items()} for m, model in trainer.models.items()},
@@ -155,7 +153,7 @@ class Journal:
         """Nothing recorded yet (a freshly built trainer)."""
         return not self.entries and self.header.get("initial") is None
 
-    def begin(self, trainer: Trainer) -> None:
+    def begin(self, trainer: Any) -> None:
         """Before the first call or restore: the initial weights' digest and the RNG state, so a replay can
         check it starts from the same weights and draws the same random numbers."""
         if self.header.get("initial") is not None:
@@ -188,7 +186,7 @@ class Journal:
             return entry
 
     @contextlib.contextmanager
-    def call(self, trainer: Trainer, kind: str, **payload: Any) -> Iterator[None]:
+    def call(self, trainer: Any, kind: str, **payload: Any) -> Iterator[None]:
         """Around a public training call: recorded when it is not part of another (a step's minibatches)."""
         with self.lock:
             outer = self.depth == 0 and not self._quiet

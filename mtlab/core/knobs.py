@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..tasks.task import check_count, check_positive, check_relative_weights, check_weight
-from .transforms import Chain
+from .transforms import Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
 
 if TYPE_CHECKING:
     from ..tasks.task import Task
@@ -95,6 +95,7 @@ class Knobs:
 
     journal: Journal
     _journaling: bool
+    chain: Chain
 
     @property
     def lr(self) -> float:
@@ -115,44 +116,57 @@ class Knobs:
         if self._journaling:
             self.journal.change(kind, self.step_count, **payload)
 
+    def _setting(self, kind: type[Transform], attr: str) -> float | None:
+        t = self.chain.find(kind)
+        return None if t is None else float(getattr(t, attr))
+
+    @property
+    def normalize_gradients(self) -> bool:
+        """The chain holds ``Normalize`` (setting it adds or removes it, in its place)."""
+        return self.chain.find(Normalize) is not None
+
+    @normalize_gradients.setter
+    def normalize_gradients(self, value: bool) -> None:
+        self.set_clip(*self.clip_settings(), normalize=bool(value))
+
     @property
     def clip_grad_value(self) -> float | None:
-        """Element-wise clipping bound (``ClipByValue`` in the chain), or None."""
-        return self._clip[0]
+        """Element-wise clipping bound (``ClipByValue`` in the chain), or None; setting it replaces that transform."""
+        return self._setting(ClipByValue, "value")
 
     @clip_grad_value.setter
     def clip_grad_value(self, value: float | None) -> None:
-        self._set_clip(value, *self._clip[1:])
+        self._set_clip(value, *self.clip_settings()[1:])
 
     @property
     def clip_grad_norm(self) -> float | None:
         """Global-norm clipping bound per task (``ClipByGlobalNorm`` in the chain), or None."""
-        return self._clip[1]
+        return self._setting(ClipByGlobalNorm, "max_norm")
 
     @clip_grad_norm.setter
     def clip_grad_norm(self, value: float | None) -> None:
-        self._set_clip(self._clip[0], value, self._clip[2])
+        current = self.clip_settings()
+        self._set_clip(current[0], value, current[2])
 
     @property
     def clip_grad_percentile(self) -> float | None:
         """AutoClip: each task's global norm clipped to this percentile of its norm history
         (``ClipByHistory`` in the chain), or None."""
-        return self._clip[2]
+        return self._setting(ClipByHistory, "percentile")
 
     @clip_grad_percentile.setter
     def clip_grad_percentile(self, value: float | None) -> None:
-        self._set_clip(*self._clip[:2], value)
+        self._set_clip(*self.clip_settings()[:2], value)
 
     def clip_settings(self) -> tuple[float | None, float | None, float | None]:
-        """(clip_grad_value, clip_grad_norm, clip_grad_percentile)."""
-        return self._clip
+        """(clip_grad_value, clip_grad_norm, clip_grad_percentile), read from the chain."""
+        return (self._setting(ClipByValue, "value"), self._setting(ClipByGlobalNorm, "max_norm"),
+                self._setting(ClipByHistory, "percentile"))
 
     def set_clip(self, value: float | None, norm: float | None = None, percentile: float | None = None,
                  normalize: bool | None = None) -> None:
         """Every clip setting at once (and ``normalize_gradients`` unless None): one journal entry."""
-        if normalize is not None:
-            self.normalize_gradients = bool(normalize)
-        self._set_clip(value, norm, percentile)
+        self._set_clip(value, norm, percentile, normalize)
 
     def set_data_positions(self, positions: Mapping[str, Any]) -> None:
         """Move the data streams to ``positions`` (``trainer.streams.state_dict()``), e.g. to go on with the data
@@ -162,20 +176,28 @@ class Knobs:
             self.record_change("data_position", positions={k: dict(v) for k, v in positions.items()})
 
     def knobs_loaded(self) -> None:
-        """After a state was loaded quietly: the clip settings it set are the ones to compare changes with."""
-        self._clip_normalize = self.normalize_gradients
+        """After a state was loaded quietly: nothing to remember (the clip settings are read from the chain)."""
 
-    def _set_clip(self, value: float | None, norm: float | None, percentile: float | None = None) -> None:
-        chain = Chain.from_settings(self.normalize_gradients, value, norm, percentile)  # checks each
-        chain.load_state_dict(self.chain.state_dict())  # a norm history survives a change of the clip value
-        clip = tuple(None if v is None else float(v) for v in (value, norm, percentile))
+    def _set_clip(self, value: float | None, norm: float | None, percentile: float | None = None,
+                  normalize: bool | None = None) -> None:
+        """Replace the built-in transforms whose setting changes, each in its place; a user's transforms and an
+        unchanged transform's state (AutoClip's norm history) are kept; one journal entry."""
+        Chain.from_settings(bool(normalize), value, norm, percentile)  # checks each value first
+        before = (self.clip_settings(), self.normalize_gradients)
+        chain = self.chain
+        if normalize is not None and bool(normalize) != self.normalize_gradients:
+            chain = chain.replaced(Normalize, Normalize() if normalize else None)
+        for kind, old, new in ((ClipByValue, before[0][0], value), (ClipByGlobalNorm, before[0][1], norm),
+                               (ClipByHistory, before[0][2], percentile)):
+            wanted = None if new is None else float(new)
+            if wanted != old:
+                chain = chain.replaced(kind, None if wanted is None else kind(wanted))
         with self.journal.lock:
-            changed = (clip, self.normalize_gradients) != (self._clip, self._clip_normalize)
             self.chain = chain
-            self._clip, self._clip_normalize = clip, self.normalize_gradients  # type: ignore[assignment]
-            if changed:
-                self.record_change("clip", normalize=self.normalize_gradients, value=clip[0], norm=clip[1],
-                                    percentile=clip[2])
+            after = (self.clip_settings(), self.normalize_gradients)
+            if after != before:
+                clip = after[0]
+                self.record_change("clip", normalize=after[1], value=clip[0], norm=clip[1], percentile=clip[2])
 
     def set_weight(self, task: str, linkedset: str, weight: float) -> None:
         """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""

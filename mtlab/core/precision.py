@@ -90,7 +90,7 @@ class Precision:
         self._carriers: list[_Carrier] = []
 
     @classmethod
-    def build(cls, spec: "Precision | str | Mapping[str, Any] | None", device: torch.device) -> "Precision":
+    def build(cls, spec: Precision | str | Mapping[str, Any] | None, device: torch.device) -> Precision:
         """From a Trainer's ``precision=``: a name, ``{"type": name, **scaler options}``, or a Precision."""
         if isinstance(spec, Precision):
             if spec.device.type != device.type:

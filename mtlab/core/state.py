@@ -10,15 +10,12 @@ import tempfile
 import zipfile
 from pathlib import Path
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..base.errors import ConfigError, MtlabError
-
-if TYPE_CHECKING:
-    from .trainer import Trainer
 
 logger = logging.getLogger("mtlab")
 VERSION = 2  # of the trainer state: 2 = accumulators with flat buffers and an update piece
@@ -216,7 +213,7 @@ def check_optimizer_state(state: dict[str, Any], name: str) -> None:
 
 
 def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int = 0,
-                 extra: dict[str, Any] | None = None) -> Path | None:
+                 extra: Mapping[str, Any] | None = None) -> Path | None:
     """Write a trainer state (plus ``extra`` entries such as the recipe) atomically. Data parallel: only rank 0
     writes (every rank holds the same state); other ranks log that they did not and return None."""
     if rank != 0:
@@ -240,7 +237,7 @@ def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(rng["cuda"], device)
 
 
-def trainer_state(trainer: "Trainer") -> dict[str, Any]:
+def trainer_state(trainer: Any) -> dict[str, Any]:
     """``Trainer.state_dict()``: weights, optimizer, accumulators, data positions, RNG, step, settings,
     weights and history, as plain containers (loadable with ``weights_only=True``)."""
     tr = trainer
@@ -265,7 +262,7 @@ def trainer_state(trainer: "Trainer") -> dict[str, Any]:
     })
 
 
-def initial_state(trainer: Trainer) -> dict[str, Any]:
+def initial_state(trainer: Any) -> dict[str, Any]:
     """What ``Trainer.reinitialize()`` goes back to, taken when the trainer is built: parameters, optimizer,
     update, accumulators, chain, precision and RNG, as CPU copies (no second copy on the device)."""
     tr = trainer
@@ -286,7 +283,7 @@ def to_cpu(obj: Any) -> Any:
     return obj
 
 
-def load_initial_state(trainer: Trainer, init: Mapping[str, Any]) -> None:
+def load_initial_state(trainer: Any, init: Mapping[str, Any]) -> None:
     """The state part of ``Trainer.reinitialize()``: parameters, optimizer and update state (for the combine
     method chosen now), accumulators, chain, precision, RNG, fresh data streams. Knobs and history untouched."""
     tr = trainer
@@ -308,7 +305,7 @@ def load_initial_state(trainer: Trainer, init: Mapping[str, Any]) -> None:
     set_rng_state(init["rng"], tr.device)
 
 
-def load_trainer_state(trainer: "Trainer", state: Any, history: bool = True, source: str = "the state") -> None:
+def load_trainer_state(trainer: Any, state: Any, history: bool = True, source: str = "the state") -> None:
     """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
     tr = trainer
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps, source)

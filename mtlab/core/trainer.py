@@ -3,7 +3,7 @@
 One training step, as in the original task trainer, for every task::
 
     numbatches_to_aggregate x process_minibatch (forward.TaskPlan + accumulator.Accumulator)
-      -> normalize, clip (transforms.Chain)  -> apply (update.Update)
+      -> the chain's calls: normalize, clip, a user's own (transforms.Chain)  -> apply (update.Update)
 
 Each call is public, checks its phase and leaves every piece of state readable. Summing over minibatches
 and dividing once makes the accumulated gradient exactly the gradient of the mean over everything
@@ -16,16 +16,17 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from . import state as checkpoint
-from .accumulator import Accumulator, Phase, Reducer
+from .accumulator import Accumulator, Phase
 from .parallel import Parallel
 from ..base.batching import Batch, resolve_device
 from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError, explain
+from ..base.report import trainer_html
 from ..base.threads import apply_threads
 from .events import Events, Listener
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
@@ -35,13 +36,15 @@ from .journal import Journal, graph_of
 from .knobs import AccumulationKnobs, Knobs
 from .noise import NoiseScale
 from .precision import Precision, compile_models
-from ..base.report import trainer_html
 from ..tasks.sampling import BatchStream, Streams
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
                           check_relative_weights, check_tasks)
 from .optimizers import OptimizerFactory, optimizer_factory
-from .transforms import Chain
-from .update import PerTaskUpdate, Update
+from .transforms import Call, Chain
+from .update import MethodSpec, PerTaskUpdate, Update
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -52,7 +55,7 @@ def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
     if not busy:
         return
     parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
-    calls = [*chain.calls(), "apply"]
+    calls = [*chain.calls(), Call.APPLY]
     first = min(calls.index(c) if c in calls else 0 for c in (chain.next_call(a) for a in busy.values()))
     raise PhaseError(f"step(): tasks hold minibatches processed by hand ({parts}), which a fresh step would "
                      f"discard; finish them with finish() (it makes {', '.join(c + '()' for c in calls[first:])}) "
@@ -79,6 +82,10 @@ class Trainer(AccumulationKnobs, Knobs):
         >>> trainer.clip(); trainer.apply()  # doctest: +SKIP
         >>> trainer.step()  # the whole cycle for every task  # doctest: +SKIP
 
+    The gradient processing between the minibatches and ``apply`` is ``chain`` (``mtlab.Chain``), the user's to
+    give: ``Trainer(..., chain=Chain([Normalize(), ClipByValue(1.0), MyTransform()]))``; ``normalize_gradients``
+    and the ``clip_grad_*`` keywords are shortcuts that build it (give one or the other).
+
     ``precision`` ("32", "bf16-mixed", "16-mixed" or ``{"type": ..., **GradScaler options}``) and ``compile``
     are described in ``mtlab.core.precision``. ``optimizer``: ``"adam"`` (torch's Adam, the default),
     ``"adam_tf1"`` (the original's ``tf.train.AdamOptimizer``, ``mtlab.core.optimizers``) or a function
@@ -90,13 +97,14 @@ class Trainer(AccumulationKnobs, Knobs):
     """
 
     def __init__(self, models: Mapping[str, nn.Module], tasks: Sequence[Task] | Task, lr: float = 1e-3,
-                 clip_grad_value: float | None = None, normalize_gradients: bool = True,
+                 clip_grad_value: float | None = None, normalize_gradients: bool | None = None,
                  numbatches_to_aggregate: int = 1, device: str | torch.device = "auto", seed: int = 0,
                  nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
                  clip_grad_norm: float | None = None, optimizer: str | OptimizerFactory | None = None,
-                 combine: Any = None, clip_grad_percentile: float | None = None, precision: Any = "32",
-                 compile: bool = False, linkedset_weights: str = "absolute",
+                 combine: MethodSpec = None, clip_grad_percentile: float | None = None,
+                 precision: str | Mapping[str, Any] | Precision = "32",
+                 compile: bool = False, linkedset_weights: str = "absolute", chain: Chain | None = None,
                  noise_scale: bool | NoiseScale = False) -> None:
         # the constructor arguments (less models and tasks): fork() builds a branch with them
         self.build_args = {k: v for k, v in locals().items() if k not in ("self", "models", "tasks", "__class__")}
@@ -127,11 +135,17 @@ class Trainer(AccumulationKnobs, Knobs):
         self._k_default = numbatches_to_aggregate  # minibatch rounds per step for every task without its own
         self._k_task: dict[str, int] = {}  # task -> its own minibatch rounds per step (set_minibatches_per_step)
         self._cycle_k: dict[str, int] | None = None  # the rounds of the step() in progress (for its history row)
-        self.normalize_gradients = bool(normalize_gradients)
-        self._clip: tuple[float | None, float | None, float | None] = (None, None, None)
-        self._clip_normalize = self.normalize_gradients
-        self.chain = Chain()
-        self._set_clip(clip_grad_value, clip_grad_norm, clip_grad_percentile)
+        if chain is None:
+            chain = Chain.from_settings(normalize_gradients is not False, clip_grad_value, clip_grad_norm,
+                                        clip_grad_percentile)  # checks each
+        elif not isinstance(chain, Chain):
+            raise ConfigError(f"chain must be a mtlab.Chain, got {type(chain).__name__}; e.g. "
+                              "chain=mtlab.Chain([mtlab.Normalize(), mtlab.ClipByValue(1.0)])")
+        elif normalize_gradients is not None or (clip_grad_value, clip_grad_norm, clip_grad_percentile) != (None,) * 3:
+            raise ConfigError("give either chain= or normalize_gradients / clip_grad_value / clip_grad_norm / "
+                              "clip_grad_percentile (shortcuts that build the chain), not both; e.g. "
+                              "chain=mtlab.Chain([mtlab.Normalize(), mtlab.ClipByValue(1.0), ...])")
+        self.chain: Chain = chain
         self.lr = lr
         self.nonfinite = nonfinite
         self.seed = int(seed)
@@ -141,7 +155,6 @@ class Trainer(AccumulationKnobs, Knobs):
         self.events = Events()
         self.lock = threading.RLock()  # one call at a time (a UI thread may read while a run trains)
         self.atomic = False  # True while apply() changes parameters: a loop defers a hard stop until it is False
-        self.parallel = Parallel(local_only=distributed is False)
 
         self.params, self.task_params, users = parameter_users(self.models, self.plans)
         self.param_users = users
@@ -157,6 +170,7 @@ class Trainer(AccumulationKnobs, Knobs):
         if self.acc_steps:
             self.update.set_method(combine)  # refuses any method but the sum: one optimizer per task
         self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda", device=self.device)
+        self.parallel = Parallel(self.streams, local_only=distributed is False)  # rank, shard, agreement, reduction
         self._training_mode: bool | None = None
         self._initial = checkpoint.initial_state(self)  # what reinitialize() goes back to (on the CPU)
         self.noise_scale = NoiseScale.build(noise_scale, self.precision.scaling)  # None unless asked for
@@ -213,31 +227,6 @@ class Trainer(AccumulationKnobs, Knobs):
         self.task(task)
         return self._accs[task]
 
-    @property
-    def rank(self) -> int:
-        """This process's rank in data-parallel training (0 alone)."""
-        return self.parallel.rank
-
-    @property
-    def world_size(self) -> int:
-        """How many processes train together (1 alone)."""
-        return self.parallel.world_size
-
-    @property
-    def reducer(self) -> Reducer | None:
-        """The data-parallel reduction hook (``mtlab.distributed.attach`` installs it), or None."""
-        return self.parallel.reducer
-
-    @reducer.setter
-    def reducer(self, reducer: Reducer | None) -> None:
-        self.parallel.reducer = reducer
-
-    def set_shard(self, rank: int, world_size: int) -> None:
-        """Read shard ``rank`` of ``world_size`` of every linked set (data parallel); before any stream is used."""
-        if self.streams:
-            raise ConfigError("set_shard() must come before the first minibatch is drawn")
-        self.parallel.rank, self.parallel.world_size = self.streams.shard = (int(rank), int(world_size))
-
     def stream(self, task: str, linkedset: str) -> BatchStream:
         """The endless minibatch stream of a linked set (created on first use)."""
         self.linkedset(task, linkedset)
@@ -291,9 +280,9 @@ class Trainer(AccumulationKnobs, Knobs):
         with self.lock, self.journal.call(self, "minibatch", task=task, linkedset=linkedset,
                                           **({} if batch is None else {"batch": "explicit"})):
             t = self.tasks.get(task)
-            ls = t.linkedsets.get(linkedset) if t is not None else None
-            if ls is None:
-                ls = self.linkedset(task, linkedset)  # raises, naming the tasks or linked sets there are
+            if t is None or linkedset not in t.linkedsets:
+                t = self.task(task)
+                self.linkedset(task, linkedset)  # raises, naming the tasks or linked sets there are
             acc = self._accs[task]
             if acc.position > 0 and acc.phase is not Phase.APPLIED:
                 raise PhaseError(f"task {task!r} is {acc.phase}; call apply() to finish this step "
@@ -336,61 +325,42 @@ class Trainer(AccumulationKnobs, Knobs):
             self.events.emit("minibatch", {"task": task, "linkedset": linkedset, "state": acc})
             return acc
 
-    def _targets(self, task: str | None, call: str) -> list[str]:
-        """Tasks a call covers; raises PhaseError naming the call that should come first."""
-        if task is not None:
-            self.task(task)
-            if self.chain.next_call(self._accs[task]) != call:
-                raise self.chain.phase_error(task, self._accs[task], call)
-            return [task]
-        chosen = [n for n, a in self._accs.items() if self.chain.next_call(a) == call]
-        if not chosen:
-            busy = [n for n, a in self._accs.items() if self.chain.next_call(a) != "process_minibatch"]
-            if busy:
-                raise self.chain.phase_error(busy[0], self._accs[busy[0]], call)
-            raise PhaseError(f"{call}(): no task has accumulated minibatches; call process_minibatch(task, linkedset) first")
-        return chosen
-
-    def reducing_call(self) -> str:
-        """The first call after the minibatches (``normalize``; ``clip`` or ``apply`` when the chain has no
-        Normalize): where data parallel ranks sum their accumulators."""
-        calls = self.chain.calls()
-        return calls[0] if calls else "apply"
-
-    def _agree(self, call: str, task: str | None) -> None:
-        self.parallel.agree(call, task, self._accs, self.next_calls(), reduces=call == self.reducing_call())
-
-    def _transform(self, call: str, task: str | None) -> None:
-        with self.lock, self.journal.call(self, call, task=task):
+    def call(self, name: str, task: str | None = None) -> None:
+        """Run the chain's call ``name`` (``"normalize"``, ``"clip"``, a user transform's) on ``task``'s
+        accumulator (default: every task due for it); ``"apply"`` is ``apply()``. Refused, naming the call that
+        should come first, when a task is not due for it."""
+        if name == Call.APPLY and task is None:
+            return self.apply()
+        with self.lock, self.journal.call(self, str(name), task=task):
             with self.journal.lock:
-                self.journal.read(call)
-            self._agree(call, task)
-            names = self._targets(task, call)
-            accs = {n: self._accs[n] for n in names}
-            if call == self.reducing_call():
-                self._reduce(accs)
-                for acc in accs.values():
-                    self.precision.unscale_(acc.buffers)  # 16-mixed: once per task and step, before any transform
-            for name, acc in accs.items():
-                self.chain.run(call, acc)
-                self.events.emit(call, {"task": name, "state": acc})
+                self.journal.read(str(name))
+            chain = self.chain
+            reduces = name == chain.reducing_call()
+            accs = self.parallel.enter(name, task, self._accs, chain, reduces)  # agree, choose, sum over ranks
+            if reduces:
+                self._after_reduce(accs)
+            for n, acc in accs.items():
+                chain.run(name, acc)
+                self.events.emit(name, {"task": n, "state": acc})
 
-    def _reduce(self, accs: Mapping[str, Accumulator]) -> None:
-        self.parallel.reduce(accs)
-        if self.normalize_gradients and self.nonfinite == "raise":
+    def _after_reduce(self, accs: Mapping[str, Accumulator]) -> None:
+        """Once per task and step, where the ranks summed: unscale 16-mixed gradients, refuse a zero normalizer."""
+        for acc in accs.values():
+            self.precision.unscale_(acc.buffers)
+        if self.nonfinite == "raise" and self.normalize_gradients:
             # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
             zero = [n for n, v in zip(accs, torch.stack([a.normalizer for a in accs.values()]).tolist()) if v == 0.0]
             if zero:
-                raise ZeroNormError(f"normalize(): task {zero[0]!r} accumulated a norm of 0 (all its minibatches had "
+                raise ZeroNormError(f"normalize(): task {zero[0]!r} accumulated a normalizer of 0 (all its minibatches had "
                                     "weight 0 or no valid frames); process minibatches with a positive weight or reset()")
 
     def normalize(self, task: str | None = None) -> None:
         """Divide ``task``'s (default: every task that needs it) gradients by its accumulated normalizer, once."""
-        self._transform("normalize", task)
+        self.call(Call.NORMALIZE, task)
 
     def clip(self, task: str | None = None) -> None:
         """Clip each task's gradients (by value and/or global norm); records norms before and after."""
-        self._transform("clip", task)
+        self.call(Call.CLIP, task)
 
     def apply(self) -> None:
         """One optimizer step with each parameter's direction Σ_t task_weight_t × processed_grad_t.
@@ -407,22 +377,17 @@ class Trainer(AccumulationKnobs, Knobs):
                 shown = {n: SimpleNamespace(weight=t.weight, batch_size=t.batch_size, linkedsets={
                     s: SimpleNamespace(weight=ls.weight) for s, ls in t.linkedsets.items()})
                          for n, t in self.tasks.items()}  # the row shows the weights of this knob read
-            self._agree("apply", None)
-            names = [n for n, a in self._accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)]
-            if not names:
-                raise PhaseError("apply(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
-            for name in names:
-                if self.chain.next_call(self._accs[name]) != "apply":
-                    raise self.chain.phase_error(name, self._accs[name], "apply")
+            chain = self.chain
+            reduces = chain.reducing_call() == Call.APPLY  # no transform in the chain: the ranks sum here
+            chosen = self.parallel.enter(Call.APPLY, None, self._accs, chain, reduces)
+            names = list(chosen)
             weights = {n: weights_now[n] for n in names}
             if not any(w > 0 for w in weights.values()):
                 raise ConfigError(f"apply(): every task that accumulated ({names}) has weight 0, so there is nothing "
                                   "to apply; raise a task weight or reset()")
-            accs = [self._accs[n] for n in names]
-            if self.reducing_call() == "apply":  # no transform in the chain: the ranks sum here
-                self._reduce({n: self._accs[n] for n in names})
-                for acc in accs:
-                    self.precision.unscale_(acc.buffers)
+            if reduces:
+                self._after_reduce(chosen)
+            accs = list(chosen.values())
             for acc in accs:
                 acc.finish_stats()
             bad_each = ~torch.stack([acc.finite() for acc in accs])
@@ -442,7 +407,7 @@ class Trainer(AccumulationKnobs, Knobs):
                 self.step_count += 1
                 noise_cols: dict[str, Any] = {}
                 if self.noise_scale is not None and self.parallel.world_size == 1:  # per-minibatch sizes are local
-                    for name, acc in zip(names, accs):
+                    for acc in accs:
                         noise_cols.update(self.noise_scale.after_apply(acc, self.normalize_gradients, found_inf))
                 self.journal.applied()
                 row = step_row(self.step_count, lr, found_inf, shown, {n: self._accs[n] for n in names},
@@ -481,7 +446,7 @@ class Trainer(AccumulationKnobs, Knobs):
                     for _ in range(rounds[name]):
                         for s in sets:
                             self.process_minibatch(name, s)
-                with self.parallel.one_agreement(self.reducing_call(), self._accs, self.next_calls()):
+                with self.parallel.one_agreement(self._accs, self.chain):
                     self.finish()
             except BaseException as exc:
                 if self.step_count == before:
@@ -503,13 +468,13 @@ class Trainer(AccumulationKnobs, Knobs):
             made = []
             for call in self.chain.calls():
                 if any(self.chain.next_call(a) == call for a in self._accs.values()):
-                    self._transform(call, None)
+                    self.call(call)
                     made.append(call)
             self.apply()
-            return [*made, "apply"]
+            return [*made, str(Call.APPLY)]
 
     @property
-    def history(self) -> "pandas.DataFrame":  # noqa: F821
+    def history(self) -> pd.DataFrame:
         """One row per applied step (reads the device once for rows not yet read)."""
         return self.log.frame()
 
@@ -542,8 +507,8 @@ class Trainer(AccumulationKnobs, Knobs):
     # ------------------------------------------------------------------ state you can keep
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: weights, optimizer, accumulators, data positions, RNG,
-        step, settings, weights and history, as a copy in plain containers (loadable with ``weights_only=True``):
-        keep it to undo with ``load_state_dict`` later."""
+        step, settings, weights, journal and history, as a copy in plain containers (loadable with
+        ``weights_only=True``): keep it to undo with ``load_state_dict`` later."""
         with self.lock:
             return checkpoint.trainer_state(self)
 
@@ -556,7 +521,7 @@ class Trainer(AccumulationKnobs, Knobs):
     def save(self, path: Any, extra: Mapping[str, Any] | None = None) -> Any:
         """Write a checkpoint atomically; returns its path, or None on a data-parallel rank other than 0
         (which says so in the log: rank 0 writes for everyone)."""
-        return checkpoint.save_trainer(self.state_dict(), path, rank=self.rank, extra=extra)
+        return checkpoint.save_trainer(self.state_dict(), path, rank=self.parallel.rank, extra=extra)
 
     def load_checkpoint(self, path: Any) -> None:
         """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""
@@ -584,4 +549,5 @@ class Trainer(AccumulationKnobs, Knobs):
                 f"phase={ {k: str(v) for k, v in self.phase().items()} }, chain={self.chain}, device={self.device})")
 
     def _repr_html_(self) -> str:
+        """The trainer as an HTML table: step, lr, chain, K, and per task its weights, models, phase and minibatches."""
         return trainer_html(self)

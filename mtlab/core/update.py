@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from ..base import gradops
 from .accumulator import Accumulator
+from .columns import combine_column, cosine_column, direction_column, weighting_column
 from ..base.errors import ConfigError
 from ..base.registry import Registry, add_plugin, build
 from ..tasks.sampling import derived_seed
@@ -150,7 +151,12 @@ add_plugin("combine", "mtlab.core.combine")
 add_plugin("combine", "mtlab.core.weighting")
 
 
-def resolve_method(spec: Any) -> tuple[Any, Weighting | None]:
+# How tasks become one direction: a name ("sum", "upgrad", "dwa+upgrad"), {"type": name, **options}, a
+# combination (callable(group, rows, out)) or a weighting object; None is the weighted sum.
+MethodSpec = str | Mapping[str, Any] | Callable[..., Any] | Weighting | None
+
+
+def resolve_method(spec: MethodSpec) -> tuple[Any, Weighting | None]:
     """``(combine, weighting)`` from a method spec: None or ``"sum"`` (the weighted sum), a name
     (``"upgrad"``, ``"uncertainty"``), a weighting and an aggregator joined by ``+`` (``"dwa+upgrad"``),
     ``{"type": name, **options}`` (plus ``"weighting": spec``), or a combine / weighting object."""
@@ -210,7 +216,7 @@ class Update:
     """
 
     def __init__(self, params: Mapping[str, nn.Parameter], users: Mapping[str, Sequence[str]],
-                 make_optimizer: OptimizerFactory, combine: Any = None, seed: int = 0) -> None:
+                 make_optimizer: OptimizerFactory, combine: MethodSpec = None, seed: int = 0) -> None:
         self.params = dict(params)
         self.users = {k: list(v) for k, v in users.items()}
         self.optimizer = make_optimizer(list(self.params.values()))
@@ -221,7 +227,7 @@ class Update:
         self._buffers: dict[str, Tensor] = {}
         self.set_method(combine)
 
-    def set_method(self, spec: Any) -> None:
+    def set_method(self, spec: MethodSpec) -> None:
         """Choose the combination (and loss weighting) from the next step on; see :func:`resolve_method`."""
         self.combine, self.weighting = resolve_method(spec)
         self.method = spec if spec is None or isinstance(spec, (str, Mapping)) else repr(spec)
@@ -243,13 +249,14 @@ class Update:
     def task_weights(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float,
                      found_inf: Tensor | None) -> dict[str, Weight]:
         """Each contributing task's weight: the task weight, times the weighting's coefficient if one is set."""
-        active = {t: w for t, w in weights.items() if w is not None and w > 0.0 and accs[t].minibatches}
+        active: dict[str, Weight] = {t: w for t, w in weights.items()
+                                     if w is not None and w > 0.0 and accs[t].minibatches}
         if self.weighting is None or not active:
             return active
         tasks = list(active)
         losses = torch.stack([accs[t].normalized_loss for t in tasks])
         coef = self.weighting.coefficients(tasks, losses, lr, found_inf, self.step_seed())
-        self.stats.update({f"weighting/{t}": coef[i] for i, t in enumerate(tasks)})
+        self.stats.update({weighting_column(t): coef[i] for i, t in enumerate(tasks)})
         return {t: active[t] * coef[i] for i, t in enumerate(tasks)}
 
     def directions(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float = 0.0,
@@ -286,15 +293,15 @@ class Update:
         if self.record_stats:
             used = [d for d in out.values() if d is not None]
             if used:
-                self.stats["direction_norm"] = gradops.total_norm(used)
+                self.stats[direction_column()] = gradops.total_norm(used)
         return out
 
     def group_stats(self, group: Group, rows: Sequence[Row], dirs: Sequence[Tensor]) -> None:
         """Device tensors for the history: the method's weights, per-model cosine similarities, the norm."""
         chosen = getattr(self.combine, "last_weights", {}).get(group.name)
         if chosen is not None:
-            self.stats.update({f"combine/{group.name}/{t}": chosen[i] for i, (t, _, _) in enumerate(rows)})
-        self.stats[f"direction_norm/{group.name}"] = gradops.total_norm(list(dirs))
+            self.stats.update({combine_column(group.name, t): chosen[i] for i, (t, _, _) in enumerate(rows)})
+        self.stats[direction_column(group.name)] = gradops.total_norm(list(dirs))
         by_model: dict[str, list[int]] = {}
         for i, n in enumerate(group.params):
             by_model.setdefault(model_of(n), []).append(i)
@@ -304,7 +311,7 @@ class Update:
             for a in range(len(rows)):
                 for b in range(a + 1, len(rows)):
                     cos = torch.dot(vecs[a], vecs[b]) / (norms[a] * norms[b])
-                    self.stats[f"cos/{model}/{rows[a][0]},{rows[b][0]}"] = cos
+                    self.stats[cosine_column(model, rows[a][0], rows[b][0])] = cos
 
     def step(self, accs: Mapping[str, Accumulator], weights: Mapping[str, float], lr: float,
              found_inf: Tensor | None) -> None:
@@ -328,7 +335,7 @@ class Update:
             state["method"] = self.method if not isinstance(self.method, Mapping) else dict(self.method)
         if self.weighting is not None:
             state["weighting"] = self.weighting.state_dict()
-        combine_state = getattr(self.combine, "state_dict", dict)()
+        combine_state: dict[str, Any] = getattr(self.combine, "state_dict", dict)()
         if combine_state:
             state["combine"] = combine_state
         return state
@@ -371,7 +378,7 @@ class PerTaskUpdate:
         self.stats: dict[str, Tensor] = {}  # no combination statistics: each task steps its own optimizer
         self.method = None
 
-    def set_method(self, spec: Any) -> None:
+    def set_method(self, spec: MethodSpec) -> None:
         if spec is not None and spec != "sum":
             raise ConfigError(f"combine {spec!r} needs the single optimizer: acc_steps steps one optimizer per task")
 
@@ -390,7 +397,7 @@ class PerTaskUpdate:
                 for name, p in self.task_params[task].items():
                     p.grad = grads.get(name)
                 optimizer_step(opt, found_inf)
-                for name, p in self.task_params[task].items():
+                for p in self.task_params[task].values():
                     p.grad = None
         finally:
             for acc in accs.values():

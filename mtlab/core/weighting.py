@@ -62,7 +62,7 @@ class UncertaintyWeighting:
     def coefficients(self, tasks: Sequence[str], losses: Tensor, lr: float, found_inf: Tensor | None,
                      seed: int) -> Tensor:
         """This step's factor per task, from the step's per-task losses."""
-        params = [self.parameter(t, losses) for t in tasks]
+        params: list[Tensor] = [self.parameter(t, losses) for t in tasks]
         s = torch.stack(params)
         with torch.enable_grad():
             objective = (0.5 * torch.exp(-s) * losses.detach() + 0.5 * s).sum()
@@ -204,6 +204,7 @@ class FAMOWeighting:
             delta = torch.log(self.previous - shift) - torch.log(losses - shift)
             with torch.enable_grad():
                 (logits.grad,) = torch.autograd.grad(torch.softmax(logits, dim=0), logits, grad_outputs=delta)
+            assert self.optimizer is not None  # made with the logits, before the first step
             optimizer_step(self.optimizer, found_inf)
             logits.grad = None
         with torch.enable_grad():

@@ -340,7 +340,7 @@ and whose features are computed per batch on the training device (memory indepen
 statistics (when ``stats`` is None) come from :func:`cached_stats`: from at most ``stats_utterances`` utterances
 spread evenly over the training list (all of a smaller list; None: all), with ``progress`` shown.
 ``on_bad_data="skip"`` (streamed only) leaves bad files out and records them instead of raising.
-``root`` may be a folder of shards that :func:`mtlab.data.shards.write_shards` wrote (``<root>/<split>/<linkedset>/
+``root`` may be a folder of shards that :func:`mtlab.data.shardwriter.write_shards` wrote (``<root>/<split>/<linkedset>/
 index.npz``), local or an fsspec URL (``s3://...``): with ``stream=True`` it returns a
 :class:`~mtlab.data.shards.ShardedSplit`, whose statistics (when ``stats`` is None) are those the shards hold.
 ``dynamic_mix`` (streamed only: a :class:`~mtlab.data.dynamic.MixSettings` or its dict, e.g.

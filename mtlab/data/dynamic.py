@@ -26,6 +26,7 @@ from ..base.batching import collate
 from ..tasks.sampling import Skipped
 from .audio import SAMPLE_RATE, read_wav_int16
 from .errors import DataError
+from .source import AudioSplit
 from .lists import ListEntry, read_list
 
 PEAK = 32000.0  # the largest sample a mixture may reach: gains are lowered together above it (no clipping)
@@ -105,7 +106,7 @@ def _fit(wav: np.ndarray, length: int, gen: np.random.Generator) -> np.ndarray:
     return out
 
 
-class DynamicMix(torch.utils.data.Dataset):
+class DynamicMix(AudioSplit):
     """A streamed split whose example ``i`` is a new mixture each epoch; see the module docstring.
 
     Examples:
@@ -203,17 +204,6 @@ class DynamicMix(torch.utils.data.Dataset):
         if "spk_pair" in keys:
             out["spk_pair"] = torch.tensor(mixture.speakers, dtype=torch.long)
         return out
-
-    def segment(self, index: int, start: int, frames: int) -> dict[str, torch.Tensor] | Skipped:
-        """``audio(index)`` with ``segment = [start, frames]``."""
-        out = self.audio(index)
-        if isinstance(out, Skipped):
-            return out
-        return {**out, "segment": torch.tensor([start, frames], dtype=torch.long)}
-
-    def featurize(self, batch: Any, device: torch.device | str | None = None) -> Any:
-        """Features and targets of a collated batch of :meth:`audio` items, on ``device`` (the split's)."""
-        return self.base.featurize(batch, device)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         """Example ``index`` of the current epoch with every key computed now (on the CPU)."""

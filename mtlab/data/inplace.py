@@ -31,7 +31,7 @@ from .layouts import (
     read_corpus,
 )
 from .lists import JoinReport
-from .manifest import Column, Manifest, _column, pack_manifest, unpack_manifest
+from .manifest import Column, Manifest, make_column, pack_manifest, unpack_manifest
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def _read_tree(layout: str, root: str, linkedset: str,
     unchanged (``signature``): train and dev each ask. Only compact columns are kept, not the readers' objects.
     They are also kept in the user cache folder (``trees/<key>.npz``), as listing and sorting the folders of a
     30 h corpus takes seconds."""
-    from .statcache import user_cache
+    from .usercache import user_cache
 
     key = hashlib.sha256(repr((layout, root, linkedset, signature)).encode()).hexdigest()
     path = user_cache() / "trees" / f"{key}.npz"
@@ -148,11 +148,11 @@ def _manifest(mixes: list[Mixture], linkedset: str, ids: dict[str, int]) -> Mani
 
     def column(paths: list[Path]) -> Column:
         values = np.array([os.fsencode(p) for p in paths], dtype=bytes)
-        return _column(paths[0].parent, values, lines)
+        return make_column(paths[0].parent, values, lines)
 
     mix = column([m.mixtures[linkedset] for m in mixes])
     sources = tuple(column([m.sources[k] for m in mixes]) for k in range(2))
-    spk = _column(mix.path.parent / "spk", np.array([f"{ids[m.speakers[0]]} {ids[m.speakers[1]]}".encode()
+    spk = make_column(mix.path.parent / "spk", np.array([f"{ids[m.speakers[0]]} {ids[m.speakers[1]]}".encode()
                                                      for m in mixes], dtype=bytes), lines)
     report = JoinReport((mix.path.name, "s1", "s2", "speakers"), len(mixes), (), {})
     return Manifest(names, mix, sources, spk, None, report)

@@ -83,7 +83,8 @@ def _parse(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return out
 
 
-def _column(path: Path, values: np.ndarray, lines: np.ndarray) -> Column:
+def make_column(path: Path, values: np.ndarray, lines: np.ndarray) -> Column:
+    """A list column of ``values`` (bytes per utterance) stored as their common prefix and the rest."""
     if len(values) == 0 or values.dtype.itemsize == 0:
         return Column(path, "", values.astype(bytes), lines.astype(np.int32))
     ordered = np.sort(values)
@@ -149,7 +150,7 @@ def read_manifest(mix: Path, sources: list[Path], speakers: Path | None = None,
         found = where >= 0
         present &= found
         missing[path.name] = tuple(n.decode() for n in names[~found])
-        columns[label] = _column(path, np.where(found, o_values[np.maximum(where, 0)], b""),
+        columns[label] = make_column(path, np.where(found, o_values[np.maximum(where, 0)], b""),
                                  np.where(found, o_lines[np.maximum(where, 0)], 0))
     labels = (mix.name, *(p.name for p in others.values()))
     dropped = tuple([*(n.decode() for n in names[~present]), *extra])
@@ -159,7 +160,7 @@ def read_manifest(mix: Path, sources: list[Path], speakers: Path | None = None,
         raise DataError(f"no utterance name is in all of: {sizes}; the lists describe different utterances")
     if dropped:
         warnings.warn(str(report), DataWarning, stacklevel=3)
-    full = Manifest(names, _column(mix, values, lines), tuple(columns[f"s{k}"] for k in range(1, len(sources) + 1)),
+    full = Manifest(names, make_column(mix, values, lines), tuple(columns[f"s{k}"] for k in range(1, len(sources) + 1)),
                     columns.get("spk"), columns.get("vector"), report,
                     tuple(columns[f"input{k}"] for k in range(len(inputs))))
     return full if present.all() else full.subset(present)
@@ -204,7 +205,7 @@ def cached_manifest(key: bytes, build: Callable[[], Manifest]) -> Manifest:
     a list of many utterances parses in about a second, its arrays load in a few milliseconds. ``key`` must hold
     everything the manifest depends on (the lists' bytes, or a corpus tree's folder times). A manifest that
     dropped utterances in its join is not cached (its warning is shown again each time)."""
-    from .statcache import user_cache
+    from .usercache import user_cache
 
     path = user_cache() / "manifests" / f"{hashlib.sha256(key).hexdigest()}.npz"
     try:

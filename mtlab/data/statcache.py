@@ -22,9 +22,9 @@ from . import features as F
 from .audio import SAMPLE_RATE, read_wav
 from .errors import DataError
 from .manifest import Column
+from .usercache import beside_allowed, user_cache
 
 Progress = Callable[[int, int], None]  # (utterances done, utterances in all)
-CACHE_ENV = "MTLAB_CACHE"
 
 
 def stats_sample(count: int, limit: int | None) -> list[int]:
@@ -54,16 +54,12 @@ def checksum(list_file: Path | None, column: Column, spectral: F.Spectral, sampl
     return h.hexdigest()
 
 
-def user_cache() -> Path:
-    """The user cache folder: ``$MTLAB_CACHE``, else ``~/.cache/mtlab``."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "mtlab")
-
-
 def cache_paths(list_file: Path | None, digest: str) -> list[Path]:
     """Where the statistics of ``list_file`` are looked for and written, in order: beside the list, then the user
     cache folder (the only place for a corpus tree read in place, ``list_file`` None)."""
     home = user_cache() / "stats" / f"{digest}.json"
-    return [list_file.with_suffix(".stats.json"), home] if list_file is not None else [home]
+    beside = list_file is not None and beside_allowed(list_file)
+    return [list_file.with_suffix(".stats.json"), home] if beside and list_file is not None else [home]
 
 
 def load_cached(list_file: Path | None, digest: str) -> F.FeatureStats | None:

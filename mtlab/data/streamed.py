@@ -26,6 +26,7 @@ from ..tasks.sampling import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav_int16, wav_samples
 from .errors import DataError
+from .source import AudioSplit
 from .lists import ListEntry
 from .manifest import Manifest
 from .ondevice import Featurizer
@@ -46,7 +47,7 @@ class Row:
     inputs: tuple[ListEntry, ...] = ()  # audio of other inputs of the same kind (``feature_inputs``)
 
 
-class StreamedSplit(torch.utils.data.Dataset):
+class StreamedSplit(AudioSplit):
     """One split of one linked set read lazily; see the module docstring. ``lengths`` are frames (for bucketing),
     ``samples`` the mixture's samples, both from the WAV headers; the lists are held as compact columns
     (:class:`~mtlab.data.manifest.Manifest`)."""
@@ -152,17 +153,6 @@ class StreamedSplit(torch.utils.data.Dataset):
             out["input_wav"] = torch.stack(wavs, dim=-1)
         return out
 
-    def segment(self, index: int, start: int, frames: int) -> dict[str, torch.Tensor] | Skipped:
-        """``audio(index)`` with ``segment = [start, frames]``: the frames the batch keeps of the utterance."""
-        out = self.audio(index)
-        if isinstance(out, Skipped):
-            return out
-        return {**out, "segment": torch.tensor([start, frames], dtype=torch.long)}
-
-    def featurize(self, batch: Any, device: torch.device | str | None = None) -> Any:
-        """Features and targets of a collated batch of :meth:`audio` items, computed on ``device``."""
-        return self.featurizer(batch, device)
-
     def __repr__(self) -> str:
         hours = int(self.samples.sum()) / SAMPLE_RATE / 3600
         return (f"StreamedSplit({self.split}/{self.linkedset}: {len(self)} utterances, {sum(self.lengths)} frames, "
@@ -175,9 +165,10 @@ def _lengths_cache(manifest: Manifest, beside: bool = True) -> tuple[list[Path],
     depend on: the list's bytes, the utterances kept and each mixture file's size and modification time, so a
     corpus regenerated under the same lists is read again (one ``stat`` per file, far cheaper than its header);
     a file changed in place after that is caught when it is read (its length no longer matches)."""
-    from .statcache import user_cache
+    from .usercache import beside_allowed, user_cache
 
     mix = manifest.mix
+    beside = beside and beside_allowed(Path(mix.path))
     listed = Path(mix.path).read_bytes() if beside else b""
     h = hashlib.sha256(listed + mix.prefix.encode() + mix.suffixes.tobytes())
     for i in range(len(manifest)):

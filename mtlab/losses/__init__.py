@@ -8,7 +8,7 @@ whatever the minibatch lengths. Nothing here reads a value back to the host.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -140,6 +140,6 @@ LOSSES: Registry = Registry("loss", {"crossentropy": CrossEntropy, "mse": MSE})
 ORIGINAL_LOSS_TYPES: set[str] = {"crossentropy"}
 
 
-def get_loss(name: str, **settings: object) -> object:
+def get_loss(name: str, **settings: object) -> Callable[..., tuple[Tensor, Tensor]]:
     """``get_loss("crossentropy", output="logits", target="y")``; unknown names list the valid ones."""
     return build("loss", LOSSES, name.lower(), settings)

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..base.errors import ConfigError
-
-if TYPE_CHECKING:
-    from .importer import Importer
+from .ini import SpecReader
 
 KEYS = frozenset({"architecture", "num_capsules", "capsule_dim", "routing_iters", "num_layers", "logits_prior",
                   "input_noise", "dropout", "trainable"})
@@ -16,7 +14,7 @@ KEYS = frozenset({"architecture", "num_capsules", "capsule_dim", "routing_iters"
 REQUIRED = ("num_capsules", "capsule_dim", "routing_iters", "num_layers", "input_noise", "dropout")
 
 
-def capsnet_spec(imp: Importer, where: str, conf: Mapping[str, str], input_dims: list[int | None]
+def capsnet_spec(imp: SpecReader, where: str, conf: Mapping[str, str], input_dims: list[int | None]
                  ) -> tuple[dict[str, Any], int | None]:
     """(CapsNet spec, output size per frame) of one ``capsnet`` section."""
     file = "model.cfg"
@@ -55,7 +53,7 @@ DBR_KEYS = KEYS | {"rec_only_vote", "recurrent_probability_fn", "accumulate_inpu
 DBR_UNREAD = ("accumulate_inputs_logits",)
 
 
-def dbr_capsnet_spec(imp: Importer, where: str, conf: Mapping[str, str], input_dims: list[int | None]
+def dbr_capsnet_spec(imp: SpecReader, where: str, conf: Mapping[str, str], input_dims: list[int | None]
                      ) -> tuple[dict[str, Any], int | None]:
     """(DBRCapsNet spec, output size per frame) of one ``dbr_capsnet`` section."""
     file = "model.cfg"

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..base.errors import ConfigError
-from .ini import words
-
-if TYPE_CHECKING:
-    from .importer import Importer
+from .ini import SpecReader, words
 
 KEYS = frozenset({"architecture", "filters", "filter_size_t", "filter_size_f", "filter_size_t_fac_after_pool",
                   "filter_size_f_fac_after_pool", "f_pool_rate", "t_pool_rate", "num_encoder_layers",
@@ -24,7 +21,7 @@ PLACEHOLDERS = {"fac_per_layer": "1.0", "num_output_filters": "0", "bypass": "Fa
                 "input_noise": "0", "dropout": "1.0"}
 
 
-def encoder_decoder_spec(imp: Importer, where: str, conf: Mapping[str, str]) -> tuple[dict[str, Any], int]:
+def encoder_decoder_spec(imp: SpecReader, where: str, conf: Mapping[str, str]) -> tuple[dict[str, Any], int]:
     """(EncoderDecoderCNN spec, channels per time-frequency bin) of one ``encoder_decoder_cnn`` section."""
     file = "model.cfg"
     path = imp.folder / file

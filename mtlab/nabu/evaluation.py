@@ -46,7 +46,7 @@ import wave
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -54,6 +54,9 @@ import torch
 from ..base.errors import ConfigError, MtlabError
 from .importer import SAMPLE_RATE, Importer, build_task
 from .ini import read_ini, section, words
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
 
 RECONSTRUCTOR_KEYS = ("reconstruct_type", "org_mix", "usedbins", "nrs", "store_output", "activation",
                       "output_activation", "noise_threshold_for_kmeans", "min_kmeans_perc", "store_masks")
@@ -285,7 +288,7 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
     """Fill each test task's data folders from the sample corpus's ``test`` split (see ``make_sample_root``), with
     the vector lists of tasks that read i-vectors; a folder that holds its mixture list already is left as it is."""
     from ..data import data_samples_dir
-    from .samples import SAMPLE_SOURCES, _fill, write_input_lists, write_spkinfo, write_vectors
+    from .samples import SAMPLE_SOURCES, fill_split, write_input_lists, write_spkinfo, write_vectors
 
     source = Path(samples) if samples is not None else data_samples_dir()
     made = []
@@ -297,7 +300,7 @@ def make_test_root(tests: Mapping[str, EvalTask], samples: str | Path | None = N
             # a folder filled already (by the training data: a recipe may test on its training folder, or by
             # another test task) is used as it is
             if not (folder / f"mix_{name}.scp").is_file():
-                _fill(folder, source / "test", name, limit, data.get("num_sources", SAMPLE_SOURCES))
+                fill_split(folder, source / "test", name, limit, data.get("num_sources", SAMPLE_SOURCES))
                 made.append(folder)
             if "ivec" in data and not Path(data["ivec"]["list"]).is_file():  # the task's test i-vector list
                 made.append(write_vectors(folder, name, data["ivec"]))
@@ -397,7 +400,7 @@ def stats_for_test(recipe: Mapping[str, Any], tests: Mapping[str, EvalTask],
     return stats
 
 
-def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit: int | None = None,
+def evaluate_tests(trainer: Trainer | None, tests: Mapping[str, EvalTask], out: Path, limit: int | None = None,
                    pesq: bool = False, seed: int = 0, echo: Callable[[str], None] | None = None,
                    order: str = "sir", wav_format: str = "int16") -> EvalResult:
     """Run the test tasks on ``trainer`` (built from their recipe, holding the trained weights); see the module
@@ -463,7 +466,7 @@ def evaluate_tests(trainer: Any, tests: Mapping[str, EvalTask], out: Path, limit
     return result
 
 
-def _test_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, rng: np.random.RandomState,
+def _test_task(trainer: Trainer, tname: str, test: EvalTask, limit: int | None, rng: np.random.RandomState,
                metrics: tuple[str, ...], out: Path, order: str = "sir", wav_format: str = "int16"
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One test task: its summary row and its utterance rows (see :func:`evaluate_tests`)."""
@@ -772,7 +775,7 @@ def format_table(rows: list[dict[str, Any]], header: bool = True) -> str:
         lines.append("  ".join(f"{t:<{width}}" if k == "task" else f"{t:>9}" for t, k, _ in cols))
     for r in rows:
         cells = []
-        for title, key, fmt in cols:
+        for _title, key, fmt in cols:
             value = r.get(key)
             text = "-" if value is None else fmt.format(value)
             cells.append(f"{text:<{width}}" if key == "task" else f"{text:>9}")

@@ -33,6 +33,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..base.errors import ConfigError
+from .capsule import capsnet_spec, dbr_capsnet_spec
+from .cnn import encoder_decoder_spec
 from .ini import read_ini, section, words
 
 SAMPLE_RATE = 8000  # the original recipes' corpora (wav8k)
@@ -282,15 +284,11 @@ class Importer:
                                                        f"{', '.join(ARCHITECTURES)})")
             return {"type": f"nabu:{arch}"}, None
         if arch == "encoder_decoder_cnn":  # its keys and sizes: mtlab.nabu.cnn
-            from .cnn import encoder_decoder_spec
-
             if len(input_dims) != 1:
                 raise ConfigError(f"{self.folder / file}: {where} architecture {arch!r} reads one input (the "
                                   f"original raises otherwise), its nodes give {len(input_dims)}")
             return encoder_decoder_spec(self, where, conf)
         if arch in ("capsnet", "dbr_capsnet"):  # their keys and sizes: mtlab.nabu.capsule
-            from .capsule import capsnet_spec, dbr_capsnet_spec
-
             return (capsnet_spec if arch == "capsnet" else dbr_capsnet_spec)(self, where, conf, input_dims)
         known = {"architecture", "input_noise", "dropout", "trainable"}
         if flag("trainable", "True") != "True":
@@ -918,7 +916,7 @@ def extra_feature_inputs(imp: Importer, tname: str, orig: Mapping[str, Any], key
         if item in TARGET_KEYS or item == "features":
             imp.refuse("trainer.cfg", f"[{tname}] {item}", f"an input of features named as mtlab's data key {item!r}; "
                        "rename it in the task (inputs and the nodes reading it)")
-        for set_name, lset in orig["linkedsets"].items():
+        for _set_name, lset in orig["linkedsets"].items():
             sec, ref = lset["sections"].get(item, {}), lset["sections"].get(main, {})
             mvn = sec.get("mvn", "global")
             if mvn != ref.get("mvn", "global") or mvn == "global":

@@ -5,8 +5,21 @@ from __future__ import annotations
 
 import configparser
 from pathlib import Path
+from typing import Any, Protocol
 
 from ..base.errors import ConfigError
+
+
+class SpecReader(Protocol):
+    """What an architecture's spec function needs of an import (``mtlab.nabu.importer.Importer`` is one):
+    the recipe folder, typed values, and a record of what mtlab refuses or takes from a default."""
+
+    folder: Path
+    defaults: list[str]
+
+    def refuse(self, file: str, key: str, why: str) -> None: ...
+    def unknown(self, file: str, where: str, key: str, valid: tuple[str, ...] | list[str]) -> ConfigError: ...
+    def value(self, file: str, key: str, kind: str, text: str) -> Any: ...
 
 
 def read_ini(path: Path, required: bool = True) -> configparser.ConfigParser | None:

@@ -46,7 +46,9 @@ def _copy(src: Path, dst: Path, names: set[str] | None) -> None:
     dst.write_text("".join(line for line in lines if names is None or line.split(maxsplit=1)[:1][0] in names))
 
 
-def _fill(folder: Path, source: Path, linkedset: str, limit: int | None, num_sources: int = SAMPLE_SOURCES) -> None:
+def fill_split(folder: Path, source: Path, linkedset: str, limit: int | None, num_sources: int = SAMPLE_SOURCES) -> None:
+    """Fill ``folder`` with the sample corpus's lists of ``linkedset`` from ``source`` (linked, or made for more
+    speakers), at most ``limit`` utterances."""
     folder.mkdir(parents=True, exist_ok=True)
     mix = "noisy" if "noisy" in linkedset else "clean"
     if num_sources != SAMPLE_SOURCES:
@@ -229,7 +231,7 @@ def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = Non
             root = Path(data["root"])
             name = data.get("linkedset", sname)
             num_sources = data.get("num_sources", SAMPLE_SOURCES)
-            _fill(root / data["split"], source / "train", name, limit, num_sources)
+            fill_split(root / data["split"], source / "train", name, limit, num_sources)
             made.append(root / data["split"])
             if "ivec" in data:
                 made.append(write_vectors(root / data["split"], name, data["ivec"]))
@@ -239,7 +241,7 @@ def make_sample_root(recipe: Mapping[str, Any], samples: str | Path | None = Non
             valid = lset.get("valid")
             if valid:
                 vroot = Path(valid.get("root", root))
-                _fill(vroot / valid["split"], source / "dev", valid.get("linkedset", name), limit,
+                fill_split(vroot / valid["split"], source / "dev", valid.get("linkedset", name), limit,
                       valid.get("num_sources", num_sources))
                 made.append(vroot / valid["split"])
                 if "ivec" in valid:

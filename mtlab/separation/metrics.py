@@ -315,8 +315,8 @@ class Evaluation:
     """``utterances``: one row per utterance; ``summary``: per metric, the means of the separated
     signals, of the mixture, of the improvement, its standard deviation and the count."""
 
-    utterances: "Any"  # pandas.DataFrame
-    summary: "Any"  # pandas.DataFrame
+    utterances: Any  # pandas.DataFrame
+    summary: Any  # pandas.DataFrame
     paths: dict[str, Path] = field(default_factory=dict)
 
     def __repr__(self) -> str:

@@ -220,7 +220,7 @@ class Separator:
         return {"name": name, "sample_rate": SAMPLE_RATE, "mixture": mix.numpy(),
                 "estimates": est[list(sc.perm)].numpy(), "references": refs.numpy(), "scores": sc.row()}
 
-    def evaluate(self, split: str = "dev", limit: int | None = None) -> "pandas.DataFrame":  # noqa: F821
+    def evaluate(self, split: str = "dev", limit: int | None = None) -> pandas.DataFrame:  # noqa: F821
         """One row per utterance: SI-SDR / SDR of the estimates and of the mixture, and the
         improvements ``si_sdri``, ``sdri`` (dB, mean over the speakers)."""
         import pandas as pd

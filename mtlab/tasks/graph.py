@@ -2,16 +2,15 @@
 
 Nodes run in the order given. A node's inputs are task inputs or outputs of earlier nodes; a
 model with several outputs names them. A node's output inherits the sequence lengths of its
-first input. The graph reports the models it used by object identity, never by name prefix.
+first input.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 from ..base.errors import BatchError, GraphError, MtlabError
@@ -66,7 +65,6 @@ class GraphResult:
 
     outputs: dict[str, Tensor]
     seq_lengths: dict[str, Tensor]
-    used_models: list[nn.Module] = field(default_factory=list)
 
 
 class ModelGraph:
@@ -112,9 +110,9 @@ class ModelGraph:
                 available[produced] = f"node {node.name!r}"
         for name in self.outputs:
             if name not in available or available[name] == "task input":
-                produced = sorted(k for k, v in available.items() if v != "task input")
+                made = sorted(k for k, v in available.items() if v != "task input")
                 raise GraphError(
-                    f"{where}: output {name!r} is produced by no node; node outputs: {produced}"
+                    f"{where}: output {name!r} is produced by no node; node outputs: {made}"
                 )
         # By id and class: a model freed and a new one at the same address (copies made and dropped, as
         # check_equivalence does) must not inherit another class's answer.
@@ -143,7 +141,7 @@ class ModelGraph:
         seq_lengths: Mapping[str, Tensor],
         host_lengths: Mapping[str, Tensor] | None = None,
     ) -> GraphResult:
-        """Run every node; return all node outputs, their sequence lengths and the models used.
+        """Run every node; return all node outputs and their sequence lengths.
 
         ``host_lengths`` are the same lengths on the CPU (the batch's, before it moved to the device): a model
         whose forward takes ``host_lengths`` (BLSTM's packing) gets them, so it never copies lengths back."""
@@ -158,7 +156,6 @@ class ModelGraph:
             values[name] = data[name]
             if name in seq_lengths:
                 lengths[name] = seq_lengths[name]
-        used: dict[int, nn.Module] = {}
         for node in self.nodes:
             model = models[node.model]
             args = [values[name] for name in node.inputs]
@@ -183,7 +180,6 @@ class ModelGraph:
                     f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; check that the "
                     "batch's shapes and dtypes match what the model expects"
                 ) from exc
-            used[key] = model
             if node.outputs:
                 if not isinstance(result, (tuple, list)) or len(result) != len(node.outputs):
                     got = f"a {type(result).__name__}" + (
@@ -207,14 +203,5 @@ class ModelGraph:
                     lengths[out_name] = first_len
                 if first_host is not None:
                     hosts[out_name] = first_host
-        return GraphResult(outputs=values, seq_lengths=lengths, used_models=list(used.values()))
+        return GraphResult(outputs=values, seq_lengths=lengths)
 
-
-def parameters_of(models: Sequence[nn.Module]) -> list[torch.nn.Parameter]:
-    """Trainable parameters of ``models``, deduplicated by identity, in a stable order."""
-    seen: dict[int, nn.Parameter] = {}
-    for model in models:
-        for p in model.parameters():
-            if p.requires_grad and id(p) not in seen:
-                seen[id(p)] = p
-    return list(seen.values())

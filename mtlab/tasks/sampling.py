@@ -12,7 +12,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -44,16 +44,16 @@ def reads_audio(source: Any) -> bool:
     ``source.featurize(batch, device)`` (a streamed linked set), or a view of one."""
     if isinstance(source, (SegmentedExamples, HeadExamples)):
         return reads_audio(source.source)
-    return callable(getattr(source, "audio", None)) and callable(getattr(source, "featurize", None))
+    return isinstance(source, StreamedSource)
 
 
 def tell_epoch(source: Any, epoch: int) -> None:
     """Give ``epoch`` to a source whose examples change per epoch (``set_epoch``, e.g. dynamic mixing), through
     the views wrapping it; before a batch is collated, so DataLoader workers receive it with their copy."""
     while source is not None:
-        if callable(getattr(source, "set_epoch", None)):
+        if isinstance(source, EpochSource):
             source.set_epoch(epoch)
-        source = getattr(source, "source", None)
+        source = source.source if isinstance(source, (SegmentedExamples, HeadExamples)) else None
 
 
 class AudioItems(torch.utils.data.Dataset):
@@ -67,7 +67,7 @@ class AudioItems(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> Any:
         try:
-            return self.source.audio(i)
+            return streamed(self.source).audio(i)
         except MtlabError as err:  # sent back as a value: the stream raises it as is, without the worker's traceback
             return Failed(err)
 
@@ -95,6 +95,33 @@ class ExampleSource(Protocol):
 
     def __len__(self) -> int: ...
     def __getitem__(self, i: int) -> Mapping[str, Tensor]: ...
+
+
+@runtime_checkable
+class StreamedSource(ExampleSource, Protocol):
+    """A source whose audio is read per batch and featurized on the trainer's device (``mtlab.data``'s splits
+    subclass ``mtlab.data.source.AudioSplit``, which also cuts segments)."""
+
+    def audio(self, i: int) -> Any: ...
+    def featurize(self, batch: Batch, device: Any = None) -> Batch: ...
+
+
+class SegmentedSource(StreamedSource, Protocol):
+    """A streamed source that cuts a segment of an utterance (``segment_length``)."""
+
+    def segment(self, i: int, start: int, frames: int) -> Any: ...
+
+
+@runtime_checkable
+class EpochSource(Protocol):
+    """A source whose examples change per epoch (dynamic mixing): told the epoch before a batch is drawn."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+def streamed(source: ExampleSource) -> SegmentedSource:
+    """``source`` as a streamed source (the wrappers forward these calls only for one)."""
+    return cast(SegmentedSource, source)
 
 
 def lengths_of(source: ExampleSource) -> list[int]:
@@ -166,11 +193,11 @@ class SegmentedExamples:
     def audio(self, j: int) -> Any:
         """The audio of segment ``j`` for a streamed source (its ``segment(i, start, frames)``)."""
         i, start, n = self.index[j]
-        return self.source.segment(i, start, n)
+        return streamed(self.source).segment(i, start, n)
 
     def featurize(self, batch: Batch, device: Any = None) -> Batch:
         """Features of a collated batch, by the uncut source."""
-        return self.source.featurize(batch, device)
+        return streamed(self.source).featurize(batch, device)
 
     def __getitem__(self, j: int) -> dict[str, Tensor]:
         i, start, n = self.index[j]
@@ -204,15 +231,15 @@ class HeadExamples:
 
     def audio(self, i: int) -> Any:
         """The audio of example ``i`` (the source's)."""
-        return self.source.audio(i)
+        return streamed(self.source).audio(i)
 
     def featurize(self, batch: Batch, device: Any = None) -> Batch:
         """Features of a collated batch, by the source."""
-        return self.source.featurize(batch, device)
+        return streamed(self.source).featurize(batch, device)
 
     def segment(self, i: int, start: int, frames: int) -> Any:
         """A segment of example ``i`` (the source's)."""
-        return self.source.segment(i, start, frames)
+        return streamed(self.source).segment(i, start, frames)
 
     def __getitem__(self, i: int) -> Mapping[str, Tensor]:
         if not -self.count <= i < self.count:
@@ -370,7 +397,7 @@ class BatchStream:
         self._batches = None
         self._close_loader()
 
-    def __iter__(self) -> "BatchStream":
+    def __iter__(self) -> BatchStream:
         return self
 
     def __next__(self) -> Batch:
@@ -399,14 +426,14 @@ class BatchStream:
             else:
                 indices = self.next_indices()
                 tell_epoch(self.source, self.epoch)
-                batch, skipped = collate_kept([self.source.audio(i) for i in indices])
-                if batch is not None and self.pin_memory:
+                batch, skipped = collate_kept([streamed(self.source).audio(i) for i in indices])
+                if batch is not None and not isinstance(batch, Failed) and self.pin_memory:
                     batch = ({k: v.pin_memory() for k, v in batch[0].items()}, batch[1])
             if isinstance(batch, Failed):
                 raise batch.error
             self.skipped.extend({**s.to_dict(), "epoch": self.epoch} for s in skipped)
             if batch is not None:  # else every example of the batch was bad: draw the next
-                return self.source.featurize(batch, self.device)
+                return streamed(self.source).featurize(batch, self.device)
             empty += 1
 
     def _no_readable_data(self, start: tuple[int, int], kept_records: int, empty: int) -> None:
@@ -523,7 +550,7 @@ class Streams(dict):
         super().__init__()
         self.seed, self.pin_memory, self.shard, self.device = seed, pin_memory, (0, 1), device
 
-    def get_stream(self, task: Any, linkedset: str) -> "BatchStream":
+    def get_stream(self, task: Any, linkedset: str) -> BatchStream:
         """The stream of ``task.linkedsets[linkedset]`` (``task`` is a ``mtlab.Task``)."""
         key = (task.name, linkedset)
         stream = self.get(key)

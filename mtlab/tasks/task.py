@@ -26,7 +26,7 @@ def check_models(models: Any) -> None:
             raise ConfigError(f"model name {name!r} contains '.', which separates model and parameter names")
 
 
-def check_tasks(tasks: Any) -> list["Task"]:
+def check_tasks(tasks: Any) -> list[Task]:
     """One Task or a sequence of Tasks with unique names, as a list."""
     tasks = [tasks] if isinstance(tasks, Task) else list(tasks)
     if not tasks:

@@ -13,7 +13,8 @@ Examples:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 import torch.distributed as dist
 
@@ -49,7 +50,7 @@ class Periodic:
         """The trainer whose state is written."""
         return getattr(self.experiment, "trainer", self.experiment)
 
-    def attach(self) -> "Periodic":
+    def attach(self) -> Periodic:
         """Start writing ``latest.pt`` every ``every`` steps."""
         self.trainer.add_callback(self)
         return self
@@ -91,24 +92,24 @@ class Periodic:
             self.save()
 
 
-def rank_states(trainer: "Trainer") -> list[dict[str, Any]]:
+def rank_states(trainer: Trainer) -> list[dict[str, Any]]:
     """Each rank's RNG state and data positions, in rank order (one all-gather when data parallel): ranks draw
     different noise and, with the stepwise API, may draw different numbers of minibatches."""
     mine = {"rng": rng_state(trainer.device), "streams": trainer.streams.state_dict()}
-    if trainer.world_size == 1 or not active():
+    if trainer.parallel.world_size == 1 or not active():
         return [mine]
-    everyone: list[Any] = [None] * trainer.world_size
+    everyone: list[Any] = [None] * trainer.parallel.world_size
     dist.all_gather_object(everyone, mine)
     return everyone
 
 
-def restore_rank_state(trainer: "Trainer", path: str | Path) -> bool:
+def restore_rank_state(trainer: Trainer, path: str | Path) -> bool:
     """Give this rank back its own RNG and data positions from a checkpoint ``Periodic`` wrote; False (nothing
     changed) when the checkpoint has none or was written by another number of ranks."""
     ranks = load_safe(path).get("ranks")
-    if not isinstance(ranks, list) or len(ranks) != trainer.world_size:
+    if not isinstance(ranks, list) or len(ranks) != trainer.parallel.world_size:
         return False
-    mine = ranks[trainer.rank]
+    mine = ranks[trainer.parallel.rank]
     trainer.streams.load_state_dict(mine["streams"], trainer.tasks)
     set_rng_state(mine["rng"], trainer.device)
     return True
@@ -133,7 +134,7 @@ def resume_point(expdir: str | Path) -> Path | None:
     return max(found)[2] if found else None
 
 
-def save_checkpoint(trainer: "Trainer", schedule: "Schedule | None", path: str | Path, include_best: bool = True,
+def save_checkpoint(trainer: Trainer, schedule: Schedule | None, path: str | Path, include_best: bool = True,
                     recipe: Mapping[str, Any] | None = None) -> Path | None:
     """Atomic checkpoint of the trainer state plus its recipe and schedule (``mtlab.recipe.load`` reads it).
     Data parallel: rank 0 writes it (every rank holds the same state); other ranks return None."""

@@ -23,6 +23,7 @@ from ..base.batching import Batch
 from ..base.errors import ConfigError
 from ..tasks.forward import TaskPlan
 from ..core.trainer import Trainer
+from ..core.transforms import Call
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,7 +44,8 @@ def next_call(trainer: Trainer) -> str:
     calls = trainer.next_calls()
     rounds = trainer.minibatches_per_step
     for name, call in calls.items():
-        if call == "normalize" or (call != "process_minibatch" and trainer.state(name).position == 0):
+        first = next(iter(trainer.chain.calls()), None)
+        if call != Call.PROCESS_MINIBATCH and (call == first or trainer.state(name).position == 0):
             k = rounds[name]
             sets = _active_sets(trainer, name)
             done = trainer.state(name).minibatches
@@ -51,17 +53,19 @@ def next_call(trainer: Trainer) -> str:
                 nxt = sets[done % len(sets)]
                 return (f"process_minibatch({name!r}, {nxt!r}): task {name!r} has {done} of the {k * len(sets)} "
                         f"minibatches step() would process (then {call}())")
-    pending = {c: [n for n, x in calls.items() if x == c] for c in (*trainer.chain.calls(), "apply")}
+    pending = {c: [n for n, x in calls.items() if x == c] for c in (*trainer.chain.calls(), Call.APPLY)}
     for call, names in pending.items():
         if not names:
             continue
-        if call == "normalize":
-            return f"normalize(): divides the gradients of {names} by their accumulated normalizer (Σ w·normalizer)"
-        if call == "clip":
-            clips = ", ".join(repr(t) for t in trainer.chain if t.call == "clip")
-            return f"clip(): {clips} on the gradients of {names}"
-        return f"apply(): one optimizer step on Σ_t task_weight_t × grad_t for {names}"
+        if call == Call.APPLY:
+            return f"apply(): one optimizer step on Σ_t task_weight_t × grad_t for {names}"
+        return f"{call}(): {call_text(trainer, call)} on the gradients of {names}"
     return "step() runs a whole cycle; or process_minibatch(task, linkedset) starts one by hand"
+
+
+def call_text(trainer: Trainer, call: str) -> str:
+    """What one call of the trainer's chain does: each of its transforms and its description."""
+    return "; ".join(f"{t!r}: {t.describe()}" for t in trainer.chain.of_call(call))
 
 
 def explain(trainer: Trainer) -> str:
@@ -77,17 +81,16 @@ def explain(trainer: Trainer) -> str:
         own = f" ({rounds[name]} rounds: its own)" if rounds[name] != k else ""
         total = f"{rounds[name] * len(sets)} minibatches{own}" if sets else "left out (weight 0)"
         lines.append(f"       {name} (task weight {t.weight:g}): {desc} -> {total}")
-    lines.append("     each adds w·loss_sum and w·norm to the task's accumulators and backprops w·loss_sum")
-    if trainer.normalize_gradients:
-        lines.append("  3. normalize()          grads /= Σ w·norm, once: the exact gradient of the mean over everything")
-    else:
-        lines.append("  3. normalize()          off (normalize_gradients=False): gradients stay summed")
-    clips = [repr(t) for t in trainer.chain if t.call == "clip"]
-    if clips:
-        lines.append(f"  4. clip()               {', '.join(clips)} (ClipByValue: clamp every element)")
-    else:
-        lines.append("  4. clip()               off (clip_grad_value=None, clip_grad_norm=None)")
-    lines.append(f"  5. apply()              one Adam step (lr={trainer.lr:g}) on Σ_t task_weight_t × grad_t")
+    lines.append("     each adds w·loss_sum and w·normalizer to the task's accumulators and backprops w·loss_sum")
+    calls = trainer.chain.calls()
+    off = [f"{c}() off ({why})" for c, why in ((Call.NORMALIZE, "normalize_gradients=False: gradients stay summed"),
+                                              (Call.CLIP, "clip_grad_value=None, clip_grad_norm=None"))
+           if c not in calls]
+    for i, call in enumerate(calls, 3):
+        lines.append(f"  {i}. {call + '()':<21}{call_text(trainer, call)}")
+    lines.append(f"  {len(calls) + 3}. apply()              one optimizer step (lr={trainer.lr:g}) on Σ_t task_weight_t × grad_t")
+    if off:
+        lines.append(f"     (chain {trainer.chain}: {'; '.join(off)})")
     lines.append(f"now: {trainer.step_count} step(s) applied")
     for name in trainer.tasks:
         st = trainer.state(name)
@@ -115,7 +118,7 @@ def _draw(trainer: Trainer, task: str, linkedset: str) -> Batch:
 def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, Batch | None]],
                       compare_mean_of_means: bool = True) -> dict[str, Any]:
     """Accumulate ``batches`` (``[(linkedset, batch), ...]``) for ``task`` on a copy of the models,
-    and compare with the gradient of ONE plain-autograd pass of Σ w·loss_sum / Σ w·norm.
+    and compare with the gradient of ONE plain-autograd pass of Σ w·loss_sum / Σ w·normalizer.
 
     The trainer is left unchanged (a copy of its models, no events). ``batch=None`` peeks at the
     linked set's next minibatch. Returns ``max_abs_diff`` (overall), ``per_param`` (name ->
@@ -163,7 +166,7 @@ def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, 
         a, o = accumulated.get(name), oracle.get(name)
         if a is None or o is None:
             present = a if a is not None else o
-            per_param[name] = float(present.abs().max()) if present.numel() else 0.0
+            per_param[name] = float(present.abs().max()) if present is not None and present.numel() else 0.0
         else:
             per_param[name] = float((a.double() - o.double()).abs().max()) if a.numel() else 0.0
     worst = max(per_param.values(), default=0.0)
@@ -182,7 +185,7 @@ def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, 
 
 def _one_pass(models: dict[str, torch.nn.Module], t: Any, plan: list[tuple[str, float, Batch]], trainer: Trainer,
               mean_of_means: bool) -> tuple[dict[str, Tensor], float]:
-    """Gradient of Σ w·loss / Σ w·norm (or of the weighted mean of per-minibatch means) in one pass."""
+    """Gradient of Σ w·loss / Σ w·normalizer (or of the weighted mean of per-minibatch means) in one pass."""
     plan_ = TaskPlan(t, models, trainer.device)
     for m in models.values():
         m.train(True)
@@ -201,6 +204,7 @@ def _one_pass(models: dict[str, torch.nn.Module], t: Any, plan: list[tuple[str, 
                 total = total + w * loss_sum
                 norm = norm + w * n
         objective = total / norm if (trainer.normalize_gradients or mean_of_means) else total
+        assert isinstance(objective, Tensor), "the plan holds at least one minibatch"
         objective.backward()
     names = {id(p): f"{mn}.{pn}" for mn, m in models.items() for pn, p in m.named_parameters()}
     grads = {names[id(p)]: p.grad.detach().clone() for p in dict.fromkeys(used) if p.grad is not None}

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from ..core.accumulator import Accumulator
 from ..base.errors import ConfigError, MtlabError
 from ..core.trainer import Trainer
+from ..core.transforms import Call
 
 
 class DistributedError(MtlabError, RuntimeError):
@@ -58,11 +59,11 @@ def fingerprint(trainer: Trainer) -> str:
 def check_consistent(trainer: Trainer) -> None:
     """Every rank must build the same trainer; otherwise say which ranks differ."""
     mine = fingerprint(trainer)
-    everyone: list[Any] = [None] * trainer.world_size
+    everyone: list[Any] = [None] * trainer.parallel.world_size
     try:
-        dist.all_gather_object(everyone, {"fingerprint": mine, "world_size": trainer.world_size})
+        dist.all_gather_object(everyone, {"fingerprint": mine, "world_size": trainer.parallel.world_size})
     except RuntimeError as exc:
-        raise DistributedError(f"rank {trainer.rank}: could not reach the other ranks at start-up ({exc})") from exc
+        raise DistributedError(f"rank {trainer.parallel.rank}: could not reach the other ranks at start-up ({exc})") from exc
     prints = [e["fingerprint"] for e in everyone]
     if len(set(prints)) > 1:
         groups: dict[str, list[int]] = {}
@@ -74,19 +75,19 @@ def check_consistent(trainer: Trainer) -> None:
         )
 
 
-CALLS = ("process_minibatch", "normalize", "clip", "apply", "step")
+CALLS = tuple(str(c) for c in Call)  # the trainer's own call names (0.2's list); a chain may add its own
 
 
-def _call_code(call: str) -> int:
-    """A number every rank gives the same call (names beyond ``CALLS`` are hashed)."""
-    return CALLS.index(call) if call in CALLS else len(CALLS) + zlib.crc32(call.encode()) % (1 << 30)
+def call_code(call: str) -> int:
+    """A number every rank gives the same call name (any call of any chain: a hash of the name)."""
+    return zlib.crc32(str(call).encode()) % (1 << 30)
 
 
 def check_same_start(trainer: Trainer, source: str) -> None:
     """After a restart every rank must continue from the same step; otherwise say which rank read what."""
-    if trainer.world_size == 1 or not active():
+    if trainer.parallel.world_size == 1 or not active():
         return
-    everyone: list[Any] = [None] * trainer.world_size
+    everyone: list[Any] = [None] * trainer.parallel.world_size
     dist.all_gather_object(everyone, [trainer.step_count, source])
     if len({step for step, _ in everyone}) > 1:
         seen = "; ".join(f"rank {r}: step {step} from {src}" for r, (step, src) in enumerate(everyone))
@@ -132,26 +133,25 @@ class AllReduce:
         return torch.stack(everyone).tolist()
 
     def agree(self, call: str, task: str | None, accs: Mapping[str, Accumulator], next_calls: Mapping[str, str],
-              reduces: bool | None = None, within: str | None = None) -> None:
-        """Check every rank makes this call on the same tasks (one all-gather); at the call that reduces
-        (``normalize`` unless ``reduces`` says otherwise), adopt tasks that other ranks accumulated. ``within``
-        names the call this one opens (``"step"``: the ranks agree once for the whole cycle). Raises
-        :class:`DistributedError` on every rank when they differ."""
-        reduces = call == "normalize" if reduces is None else reduces
+              reduces: bool, within: str | None = None) -> None:
+        """Check every rank makes this call on the same tasks (one all-gather); at the call that ``reduces`` (the
+        chain's first), adopt tasks that other ranks accumulated. ``within`` names the call this one opens
+        (``"step"``: the ranks agree once for the whole cycle). Raises :class:`DistributedError` on every rank
+        when they differ, naming each rank's call."""
         names = list(accs)
         sets = {t: self.linkedsets.get(t, ()) for t in names}
-        row = [_call_code(within or call), -1 if task is None else (names.index(task) if task in names else -2)]
+        row = [call_code(within or call), -1 if task is None else (names.index(task) if task in names else -2)]
         for t in names:
-            row += [_call_code(next_calls[t]), accs[t].minibatches]
+            row += [call_code(next_calls[t]), accs[t].minibatches]
         row += [int(s in accs[t].set_totals) for t in names for s in sets[t]]
         rows = self._gather(row, within or call)
         width = 2 + 2 * len(names)
         if any(len(r) != len(row) for r in rows) or len({tuple(r[:2]) for r in rows}) > 1:
-            raise self._mismatch(within or call, rows, names, "different calls")
-        code = _call_code
+            raise self._mismatch(within or call, rows, names, next_calls, "different calls")
+        code = call_code
         if not reduces:
             if len({tuple(r[2:width:2]) for r in rows}) > 1:
-                raise self._mismatch(call, rows, names, "tasks in different places")
+                raise self._mismatch(call, rows, names, next_calls, "tasks in different places")
             return
         targets = names if task is None else [task] if task in names else []
         chosen: dict[str, int] = {}
@@ -160,8 +160,8 @@ class AllReduce:
             at = [r[i] for r in rows]
             if code(call) not in at:
                 continue
-            if any(c not in (code(call), code("process_minibatch")) for c in at):
-                raise self._mismatch(within or call, rows, names, f"task {t!r} already past {call} on some ranks")
+            if any(c not in (code(call), code(Call.PROCESS_MINIBATCH)) for c in at):
+                raise self._mismatch(within or call, rows, names, next_calls, f"task {t!r} already past {call} on some ranks")
             chosen[t] = sum(r[i + 1] for r in rows if r[i] == code(call))
         offset = width
         for t in names:
@@ -170,18 +170,20 @@ class AllReduce:
                 self._present[t] = {s for j, s in enumerate(sets[t]) if any(r[offset + j] for r in rows)}
             offset += len(sets[t])
         for t, total in chosen.items():
-            if next_calls[t] == "process_minibatch":
+            if next_calls[t] == Call.PROCESS_MINIBATCH:
                 accs[t].adopt(total)  # zeros here; the reduction brings the other ranks' sums
 
-    def _mismatch(self, call: str, rows: list[list[int]], names: list[str], what: str) -> DistributedError:
-        known = {_call_code(c): c for c in CALLS}
-        known[_call_code(call)] = call
+    def _mismatch(self, call: str, rows: list[list[int]], names: list[str], next_calls: Mapping[str, str],
+                  what: str) -> DistributedError:
+        # The names this rank knows (the calls of its chain that its tasks are at, and the trainer's own); a
+        # call only another rank makes is described as unknown.
+        known = {call_code(c): str(c) for c in (*Call, *next_calls.values(), call)}
 
         def describe(r: list[int]) -> str:
             name = known.get(r[0], "an unknown call")
             arg = "" if r[1] == -1 else repr(names[r[1]]) if r[1] >= 0 else "an unknown task"
             tasks = [f"{t} ({r[3 + 2 * i]} minibatches, next {known.get(r[2 + 2 * i], '?')})"
-                     for i, t in enumerate(names) if r[2 + 2 * i] != _call_code("process_minibatch")]
+                     for i, t in enumerate(names) if r[2 + 2 * i] != call_code(Call.PROCESS_MINIBATCH)]
             return f"{name}({arg}) with tasks {', '.join(tasks) if tasks else 'none accumulated'}"
 
         lines = "; ".join(f"rank {i}: {describe(r)}" for i, r in enumerate(rows))
@@ -218,8 +220,8 @@ def attach(trainer: Trainer) -> Trainer:
         raise ConfigError("mtlab.training.distributed.attach() needs torch.distributed.init_process_group() first "
                           "(torchrun does it for `python -m mtlab train`)")
     rank, world_size = world()
-    trainer.set_shard(rank, world_size)
-    trainer.reducer = AllReduce(rank, world_size, {n: list(t.linkedsets) for n, t in trainer.tasks.items()})
+    trainer.parallel.set_shard(rank, world_size)
+    trainer.parallel.reducer = AllReduce(rank, world_size, {n: list(t.linkedsets) for n, t in trainer.tasks.items()})
     check_consistent(trainer)
     return trainer
 

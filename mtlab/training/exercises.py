@@ -95,7 +95,7 @@ def accumulation_matches_one_pass(reduce: Callable[[list[Tensor], list[Tensor]],
     got = _grad(model, loss.reshape(()))
     diff = float((got - exact).abs().max())
     tol = 1e-9 * max(1.0, float(exact.abs().max()))
-    mean_of_means = _grad(model, sum(s / n for s, n in zip(sums, norms)) / len(sums))
+    mean_of_means = _grad(model, torch.stack([s / n for s, n in zip(sums, norms)]).sum() / len(sums))
     details = {"max_abs_diff": diff, "tolerance": tol, "lengths": list(lengths),
                "mean_of_means_max_abs_diff": float((mean_of_means - exact).abs().max())}
     if diff <= tol:
@@ -251,7 +251,7 @@ def _answer(answer: Any) -> tuple[Any, Any, Any]:
                               "(mtlab.debug.find_nonfinite(trainer) returns such a dict)")
         return answer["task"], answer["linkedset"], answer["minibatch"]
     if isinstance(answer, (tuple, list)) and len(answer) == 3:
-        return tuple(answer)  # type: ignore[return-value]
+        return tuple(answer)
     raise ConfigError("give the answer as (task, linkedset, minibatch) or a dict with those keys, "
                       f"got {type(answer).__name__}")
 

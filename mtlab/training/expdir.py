@@ -33,7 +33,7 @@ Schedule = Any
 
 def prepare(trainer: Trainer, path: Path, recipe: Mapping[str, Any] | None = None) -> None:
     """Create ``path`` and write the recipe (copy and resolved JSON) and the feature stats."""
-    if trainer.rank != 0:  # data parallel: rank 0 writes the experiment folder
+    if trainer.parallel.rank != 0:  # data parallel: rank 0 writes the experiment folder
         return
     path.mkdir(parents=True, exist_ok=True)
     if recipe is None:
@@ -143,7 +143,7 @@ def finish(trainer: Trainer, schedule: Schedule, path: Path, wall_s: float, step
     and summary."""
     import pandas as pd
 
-    if trainer.rank != 0:  # data parallel: rank 0 writes the experiment folder
+    if trainer.parallel.rank != 0:  # data parallel: rank 0 writes the experiment folder
         return summary(trainer, schedule, wall_s, steps_run, recipe, start_step)
     path.mkdir(parents=True, exist_ok=True)
     save(path / "final.pt")

@@ -82,11 +82,11 @@ class Logger:
         if flush_every < 1:
             raise ConfigError(f"{type(self).__name__}: flush_every must be >= 1, got {flush_every}")
         self.flush_every = flush_every
-        self.trainer: "Trainer | None" = None
+        self.trainer: Trainer | None = None
         self._pending: list[Any] = []  # history rows, or their index in trainer.log when the event has no row
         self.closed = False
 
-    def attach(self, trainer: "Trainer") -> "Logger":
+    def attach(self, trainer: Trainer) -> Logger:
         """Listen to ``trainer`` (``trainer.add_callback(self)``); returns self."""
         self.trainer = trainer
         trainer.add_callback(self)
@@ -159,7 +159,7 @@ class Logger:
     def _close(self) -> None:
         """Release the backend (subclasses)."""
 
-    def __enter__(self) -> "Logger":
+    def __enter__(self) -> Logger:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -323,7 +323,7 @@ class LoggerGroup(Logger):
         super().__init__(1)
         self.loggers = list(loggers)
 
-    def attach(self, trainer: "Trainer") -> "LoggerGroup":
+    def attach(self, trainer: Trainer) -> LoggerGroup:
         """Attach every logger of the group to ``trainer``."""
         self.trainer = trainer
         for lg in self.loggers:
@@ -374,7 +374,7 @@ def make(spec: str | Mapping[str, Any] | Sequence[str | Mapping[str, Any]], logd
         raise ConfigError(f"unknown logger {spec!r}; choose from {', '.join(NAMES)}")
     import inspect
 
-    cls = _CLASSES[name]
+    cls: Any = _CLASSES[name]  # a Logger subclass; its constructor's options differ by kind
     try:
         inspect.signature(cls).bind(logdir, **options)
     except TypeError as err:

@@ -58,7 +58,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import torch
 
@@ -66,6 +67,7 @@ from ..base.errors import ConfigError, explain
 from ..base.report import say
 from ..base.threads import apply_threads, oversubscribed
 from ..core.accumulator import Phase
+from ..core.columns import parse_column
 from ..core.trainer import KEPT, Trainer
 from . import expdir as expdir_
 from .checkpoint import save_checkpoint
@@ -85,7 +87,7 @@ class _Sigint:
         self.finishing = False  # writing the experiment folder: a Ctrl-C waits until final.pt is written
         self._previous: Any = None
 
-    def __enter__(self) -> "_Sigint":
+    def __enter__(self) -> _Sigint:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
             self.trainer.add_callback(self._after_call)
@@ -160,8 +162,9 @@ def _postfix(trainer: Trainer) -> dict[str, str]:
     rows = trainer.log.rows()
     if not rows:
         return {}
-    out = {k.split("/")[0]: f"{v:.4g}" for k, v in rows[-1].items()
-           if k.endswith("/loss") and k.count("/") == 1 and isinstance(v, float)}
+    cols = {k: parse_column(k) for k in rows[-1]}
+    out = {c.task: f"{rows[-1][k]:.4g}" for k, c in cols.items()
+           if c.kind == "loss" and c.task and not c.linkedset and isinstance(rows[-1][k], float)}
     if trainer.device.type == "cpu":  # the thread count decides the speed on a shared CPU: show it
         out["threads"] = str(torch.get_num_threads())
     return out

@@ -131,12 +131,12 @@ def _call(trainer: Trainer, e: Mapping[str, Any]) -> None:
         trainer.step()
     elif kind == "minibatch":
         trainer.process_minibatch(e["task"], e["linkedset"])
-    elif kind in ("normalize", "clip"):
-        getattr(trainer, kind)(e.get("task"))
     elif kind in ("apply", "finish"):
         getattr(trainer, kind)()
     elif kind == "reset":
         trainer.reset(e.get("task"))
+    else:  # a call of the chain: normalize, clip, a user transform's
+        trainer.call(kind, e.get("task"))
 
 
 def replay(journal: Any, trainer: Trainer, steps: int | None = None) -> Trainer:
@@ -207,7 +207,7 @@ def replay(journal: Any, trainer: Trainer, steps: int | None = None) -> Trainer:
         for _ in range(e.get("count", 1)):
             failed = e.get("failed")
             try:
-                as_recorded(e, lambda: _call(trainer, e))
+                as_recorded(e, lambda e=e: _call(trainer, e))
             except Exception as exc:  # noqa: BLE001 (compared with the journal below)
                 if not failed:
                     raise ReplayError(f"replay(): entry {i} ({e['kind']} at step {e['step']}) failed in the replay "

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from ..base.errors import ConfigError
 from ..base.report import say
@@ -142,7 +143,7 @@ class Schedule:
         return steps
 
     @classmethod
-    def for_trainer(cls, trainer: Trainer, settings: Mapping[str, Any]) -> "Schedule":
+    def for_trainer(cls, trainer: Trainer, settings: Mapping[str, Any]) -> Schedule:
         """The schedule of recipe ``settings`` (see ``mtlab.recipe.TRAINER_KEYS``) for ``trainer``. With
         ``stages`` each stage's ``num_steps`` is derived from its own data and settings, and the first stage's
         data view and settings are applied to the trainer."""
@@ -247,7 +248,7 @@ class Schedule:
         return out
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any], trainer: Trainer | None = None) -> "Schedule":
+    def from_state(cls, state: Mapping[str, Any], trainer: Trainer | None = None) -> Schedule:
         """Inverse of ``state_dict``; a checkpoint taken at the best step serves as its own best state."""
         known = set(cls.__dataclass_fields__)
         schedule = cls(**{k: v for k, v in state.items() if k in known and k != "best_state"})

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from ..base.report import say
 from ..core.trainer import Trainer

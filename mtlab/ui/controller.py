@@ -19,14 +19,17 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..training.debug import next_call
 from .runcontrol import RunControl
 from .runs import Run, current_run
 from .schedules import schedule_text
 from .state import DashState, RunView, SeriesStore
-from .texts import BUSY, REASONS, STEPWISE, noise_html, skipped_tasks, state_table_html
+from .texts import BUSY, REASONS, call_buttons, noise_html, skipped_tasks, state_table_html
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
 
 View = Callable[[DashState], None]
 _BY_TRAINER: dict[int, list[Controller]] = {}  # id(trainer) -> its attached controllers (the newest last)
@@ -36,7 +39,7 @@ _BY_TRAINER_LOCK = threading.Lock()
 class Controller(RunControl):
     """Commands, refusals and run control of one dashboard; see the module docstring."""
 
-    def __init__(self, trainer: Any, schedule: Any = None, keep_snapshots: int = 5, refresh_s: float = 0.25) -> None:
+    def __init__(self, trainer: Trainer, schedule: Any = None, keep_snapshots: int = 5, refresh_s: float = 0.25) -> None:
         self.trainer = trainer
         self.schedule = schedule  # the experiment's schedule (lr decay, validation), None: the trainer's lr
         self.keep_snapshots = keep_snapshots
@@ -154,14 +157,18 @@ class Controller(RunControl):
 
     def set_weight(self, task: str, linkedset: str, value: float) -> bool:
         """A linked set's weight, used from the next minibatch on (also during a run)."""
-        return self._command("weight", lambda: self._weight_message(
-            self.trainer.set_weight(task, linkedset, value), f"{task}/{linkedset}", value))
+        def do() -> str:
+            self.trainer.set_weight(task, linkedset, value)
+            return self._weight_message(f"{task}/{linkedset}", value)
+        return self._command("weight", do)
 
     def set_task_weight(self, task: str, value: float) -> bool:
-        return self._command("task weight", lambda: self._weight_message(
-            self.trainer.set_task_weight(task, value), f"task {task}", value))
+        def do() -> str:
+            self.trainer.set_task_weight(task, value)
+            return self._weight_message(f"task {task}", value)
+        return self._command("task weight", do)
 
-    def _weight_message(self, _: Any, what: str, value: float) -> str:
+    def _weight_message(self, what: str, value: float) -> str:
         skipped = skipped_tasks(self.trainer)
         tail = "; skipped by step(): " + ", ".join(f"{n} ({w})" for n, w in skipped.items()) if skipped else ""
         return f"{what} weight -> {value:.3g}{tail}"
@@ -222,12 +229,17 @@ class Controller(RunControl):
         return self._command("minibatch", do, stepwise=True)
 
     def call(self, name: str) -> bool:
-        """A stepwise call of the trainer by name: normalize, clip, apply, reset (step: ``step()``)."""
+        """A stepwise call of the trainer by name: a call of its chain (normalize, clip, a user transform's),
+        apply, reset (step: ``step()``)."""
         if name == "step":
             return self._command("step", self._step, stepwise=True)
-        if name not in ("normalize", "clip", "apply", "reset"):
-            raise ValueError(f"call(): {name!r} is not a stepwise call; choose one of {list(STEPWISE)}")
-        return self._command(name, getattr(self.trainer, name), stepwise=True)
+        calls = call_buttons(self.trainer)
+        if name == "reset":
+            return self._command(name, self.trainer.reset, stepwise=True)
+        if name not in (*calls, "apply"):
+            raise ValueError(f"call(): {name!r} is not a stepwise call; choose one of "
+                             f"{['minibatch', *calls, 'apply', 'step', 'reset']}")
+        return self._command(name, lambda: self.trainer.call(name), stepwise=True)
 
     def _step(self) -> str:
         """step(), or, after minibatches processed by hand, ``Trainer.finish()`` on that accumulation (step()

@@ -6,13 +6,16 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 import traitlets
 
 from ..core import combine, weighting
-from .texts import TOOLTIPS
+from .texts import call_buttons, call_tooltip
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
 
 BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "clip", "apply": "apply",
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",
@@ -149,7 +152,7 @@ def weight_slider(label: str, value: float, width: str, tip: str) -> widgets.Flo
 class Controls:
     """Every control of a dashboard, by role (see ``Dashboard``'s docstring for the names)."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         keys = [*trainer.weights()]
         width = f"{min(max(len(k) for k in keys) * 7 + 24, 150)}px"
         self.sliders: dict[str, widgets.FloatSlider] = {}
@@ -215,10 +218,12 @@ class Controls:
             tooltip=f"trainer.set_batch_size({n!r}, n): examples per minibatch of task {n!r}, from the next minibatch "
                     "drawn on (each stream keeps its place in the epoch)")
             for n, t in trainer.tasks.items()}
-        self.buttons = {name: widgets.Button(description=label, tooltip=TOOLTIPS[name],
+        self.calls = call_buttons(trainer)  # the chain's calls, a user transform's included: one button each
+        labels = {**BUTTONS, **{c: c for c in self.calls if c not in BUTTONS}}
+        self.buttons = {name: widgets.Button(description=label, tooltip=call_tooltip(trainer, name),
                                              layout=_layout(width="auto", flex="0 0 auto", min_width="52px"),
                                              button_style="primary" if name in ("step", "run") else "")
-                        for name, label in BUTTONS.items()}
+                        for name, label in labels.items()}
         self.snapshot_dropdown = widgets.Dropdown(options=[], description="snapshot", layout=_layout(width="210px"),
                                                   style={"description_width": "60px"},
                                                   tooltip="the snapshot restore goes back to (the latest by default)")
@@ -263,7 +268,7 @@ class Controls:
             widgets.HBox([widgets.HTML(f"<b>{html.escape(n)}</b>", layout=_layout(width="70px")),
                           tipped(self.k_boxes[n]), tipped(self.batch_boxes[n])], layout=wrap) for n in self.k_boxes])
         stepwise = widgets.VBox([widgets.HBox([tipped(self.task_dropdown), tipped(self.set_dropdown)], layout=wrap),
-                                 widgets.HBox([B[n] for n in ("minibatch", "normalize", "clip", "apply", "step",
+                                 widgets.HBox([B[n] for n in ("minibatch", *self.calls, "apply", "step",
                                                               "reset")], layout=wrap)])
         snaps = widgets.VBox([widgets.HBox([tipped(self.snapshot_dropdown), B["snapshot"], B["restore"]], layout=wrap),
                               widgets.HBox([B["reinitialize"], B["fork"]], layout=wrap),

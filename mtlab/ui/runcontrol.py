@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any, TYPE_CHECKING
 
 from .runs import Run, current_run
 from .schedules import continue_schedule, extend_before_end, schedule_over
 from .state import DashState, SeriesStore
 from .texts import REASONS, run_refusal
 
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
+
 
 class RunControl:
     """Run control over the attributes a ``Controller`` sets up (trainer, schedule, run, data, status)."""
 
-    trainer: Any
+    trainer: Trainer
     schedule: Any
     run: Run | None
     data: SeriesStore

@@ -20,23 +20,18 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
+from ..training.loop import run
 from .texts import BUSY
 
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
+
 _LOCK = threading.Lock()
-_RUNS: dict[int, "Run"] = {}  # id(trainer) -> its run; the run holds the trainer, so the id stays unique
+_RUNS: dict[int, Run] = {}  # id(trainer) -> its run; the run holds the trainer, so the id stays unique
 
 Listener = Callable[["Run", str], None]
-
-
-def _loop_run() -> Callable[..., Any] | None:
-    """``mtlab.run`` where the training loop module exists, else None."""
-    try:
-        from ..training.loop import run  # type: ignore[import-not-found, attr-defined]
-    except ImportError:
-        return None
-    return run
 
 
 class Run:
@@ -47,7 +42,7 @@ class Run:
     or what the loop reports); ``error`` holds the exception of a failed run.
     """
 
-    def __init__(self, trainer: Any, steps: int = 0, schedule: Any = None) -> None:
+    def __init__(self, trainer: Trainer, steps: int = 0, schedule: Any = None) -> None:
         self.trainer = trainer
         self.steps = int(steps)
         self.schedule = schedule
@@ -233,15 +228,10 @@ class Run:
 
     def _main(self) -> None:
         try:
-            loop = _loop_run()
-            if loop is not None:
-                out = loop(self.trainer, schedule=self.schedule, steps=self.steps or None, progress=False,
-                           between_steps=self._between)
-                last = self.loop_reason or getattr(out, "last_stop", None) or getattr(out, "reason", None)
-                self.reason = self.reason or (str(last) if last else None)
-            else:
-                while not self._between():
-                    self.trainer.step()
+            out = run(self.trainer, schedule=self.schedule, steps=self.steps or None, progress=False,
+                      between_steps=self._between)  # the one training loop
+            last = self.loop_reason or getattr(out, "last_stop", None) or getattr(out, "reason", None)
+            self.reason = self.reason or (str(last) if last else None)
             self._run_commands()
         except BaseException as exc:  # noqa: BLE001 (shown by the viewers; the thread must not die silently)
             self.error = exc
@@ -262,7 +252,7 @@ class Run:
             self._tell("end")
 
 
-def current_run(trainer: Any) -> Run | None:
+def current_run(trainer: Trainer) -> Run | None:
     """The run training ``trainer`` now (running, paused or stopping), or None."""
     with _LOCK:
         run = _RUNS.get(id(trainer))

@@ -10,9 +10,12 @@ import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from ..training.plots import panel_of
+
+if TYPE_CHECKING:
+    from ..core.trainer import Trainer
 
 Series = tuple[list[float], list[float]]
 
@@ -48,7 +51,7 @@ class SeriesStore:
         with self.lock:
             self._reload = int(step)
 
-    def collect(self, trainer: Any) -> int:
+    def collect(self, trainer: Trainer) -> int:
         """Add the history rows written since the last call; returns how many."""
         rows = trainer.log.rows()
         with self.lock:
@@ -63,7 +66,7 @@ class SeriesStore:
             new = rows[self._seen:]
             self._seen = len(rows)
             for row in new:
-                step = row.get("step")
+                step = row["step"]
                 for key, value in row.items():
                     if isinstance(value, (int, float)) and not isinstance(value, bool) \
                             and panel_of(key) is not None and math.isfinite(value):

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..core.accumulator import Phase
 from ..core.trainer import Trainer
+from ..core.transforms import Call
 from .state import DashState
 
-STEPWISE = ("minibatch", "normalize", "clip", "apply", "step", "reset")
-BUSY = ("accumulating", "normalized", "clipped")
+BUSY = tuple(str(p) for p in Phase if p not in (Phase.EMPTY, Phase.APPLIED))
 
 REASONS = {"steps": "the steps asked for are done", "stopped": "stopped",
            "interrupted": "interrupted (Kernel -> Interrupt)",
@@ -22,7 +23,7 @@ REASONS = {"steps": "the steps asked for are done", "stopped": "stopped",
 TOOLTIPS = {
     "minibatch": "process_minibatch(task, set): forward, weighted loss, backward, add into the task's accumulators. "
                  "Needs: the task not normalized/clipped yet (apply or reset first); no run going (pause it).",
-    "normalize": "normalize(): divide each accumulating task's gradients by its accumulated norm Σ w·norm. "
+    "normalize": "normalize(): divide each accumulating task's gradients by its accumulated normalizer Σ w·normalizer. "
                  "Needs: minibatches processed first.",
     "clip": "clip(): clamp every gradient element to ±clip value; records norms and the share clipped. "
             "Needs: normalize() first.",
@@ -56,6 +57,20 @@ TOOLTIPS = {
                       "(mtlab.replay reruns it bit for bit).",
 }
 
+
+
+def call_buttons(trainer: Trainer) -> list[str]:
+    """The chain's calls a dashboard offers a button for: normalize and clip always (a setting may add them to
+    the chain), then every other call of the trainer's chain (a user's transform), in chain order."""
+    return list(dict.fromkeys([str(Call.NORMALIZE), str(Call.CLIP), *trainer.chain.calls()]))
+
+
+def call_tooltip(trainer: Trainer, call: str) -> str:
+    """The tooltip of a call's button: the built-in text, or what the chain's transforms of that call do."""
+    if call in TOOLTIPS:
+        return TOOLTIPS[call]
+    parts = "; ".join(f"{t!r}: {t.describe()}" for t in trainer.chain.of_call(call))
+    return f"{call}(): {parts}. Needs: the calls before it in the chain ({', '.join(trainer.chain.calls())}) first."
 
 def fmt(v: Any) -> str:
     """A table cell: floats to 4 significant digits, everything escaped."""
@@ -185,7 +200,7 @@ def state_table_html(trainer: Trainer) -> str:
     return f"{TABLE_STYLE}<table class='mtlab-state'>{head}{''.join(body)}</table>"
 
 
-def validation_html(records: Sequence[dict[str, Any]], last: int = 12) -> str:
+def validation_html(records: Sequence[Mapping[str, Any]], last: int = 12) -> str:
     """One row per validation of the loop (as fastai shows them): step, each task, total, lr, action."""
     if not records:
         return ""

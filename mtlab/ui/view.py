@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import html
 import threading
 from collections.abc import Sequence
@@ -190,8 +191,8 @@ class Dashboard(widgets.VBox):
                    "export_png": lambda: self._export("png"), "export_svg": lambda: self._export("svg"),
                    "export_csv": lambda: self._export("csv"), "export_journal": lambda: self._export("journal"),
                    "fork": lambda: c.fork()}
-        for name in ("normalize", "clip", "apply", "reset"):
-            actions[name] = lambda n=name: c.call(n)
+        for name in (*w.calls, "apply", "reset"):  # the chain's calls (a user transform's too), apply, reset
+            actions[name] = functools.partial(c.call, name)
         for name, fn in actions.items():
             w.buttons[name].on_click(lambda _b, f=fn: f())
         for part in (w.scale_toggle, w.smoothing_slider):
@@ -448,7 +449,7 @@ class Dashboard(widgets.VBox):
         super().close()
 
 
-def dashboard(trainer: Any, schedule: Any = None, **kwargs: Any) -> Dashboard:
+def dashboard(trainer: Trainer, schedule: Any = None, **kwargs: Any) -> Dashboard:
     """A live dashboard widget for a trainer (or an experiment from ``mtlab.from_recipe``); display it
     as a cell's last expression. A dashboard built while the trainer's run goes shows (adopts) that run.
     Its runs go through ``mtlab.loop.run`` with ``schedule`` (default: the experiment's; none: the

@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from data_helpers import make_corpus, write_wav
 
 from mtlab.data import DataError, DataWarning, load_split
-from mtlab.tasks.sampling import BatchStream, DataWorkerError
+from mtlab.tasks.sampling import BatchStream
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NAMES = [f"u{i}" for i in range(6)]

@@ -115,7 +115,8 @@ def test_a_data_error_in_a_worker_leaves_the_stream_as_without_workers(tmp_path:
 
 # ------------------------------------------------------------------ 6. messages and exit codes of the data path
 def test_a_truncated_shard_index_is_named_with_the_fix(tmp_path: Path) -> None:
-    from mtlab.data.shards import INDEX, read_index, write_shards
+    from mtlab.data.shards import INDEX, read_index
+    from mtlab.data.shardwriter import write_shards
 
     write_shards(None, "dev", "clean", tmp_path, shard_size=20, progress=False)
     index = tmp_path / "dev" / "clean" / INDEX

@@ -19,6 +19,7 @@ def train() -> md.SeparationDataset:
     return load_split(split="train", linkedset="clean")
 
 
+@pytest.mark.slow
 def test_example_keys_shapes_and_dtypes(train: md.SeparationDataset) -> None:
     ex = train[0]
     t = ex["features"].shape[0]
@@ -38,6 +39,7 @@ def test_example_keys_shapes_and_dtypes(train: md.SeparationDataset) -> None:
     assert train.report.num_dropped == 0
 
 
+@pytest.mark.slow
 def test_targets_consistent_with_sources(train: md.SeparationDataset) -> None:
     root = md.data_samples_dir() / "train"
     name = train.names[3]
@@ -58,6 +60,7 @@ def test_targets_consistent_with_sources(train: md.SeparationDataset) -> None:
     assert spk[0] == name and ex["spk_pair"].tolist() == [int(spk[1]), int(spk[2])]
 
 
+@pytest.mark.slow
 def test_stats_come_from_train_only(train: md.SeparationDataset, tmp_path: Path) -> None:
     raw = [md.log_magnitude(e["mix_mag"]) for e in train.examples]
     direct = FeatureStats.from_features(raw)
@@ -72,6 +75,7 @@ def test_stats_come_from_train_only(train: md.SeparationDataset, tmp_path: Path)
     assert torch.equal(again[0]["features"], dev[0]["features"])
 
 
+@pytest.mark.slow
 def test_linked_sets_share_names_and_source_targets(train: md.SeparationDataset) -> None:
     noisy = load_split(split="train", linkedset="noisy", targets=("binary_targets", "usedbins"))
     assert noisy.names == train.names and noisy.lengths == train.lengths

@@ -20,6 +20,7 @@ from mtlab.data import (
 )
 
 
+@pytest.mark.slow
 def test_magnitude_matches_direct_stft() -> None:
     wav = torch.randn(8000 * 3 // 2, generator=torch.Generator().manual_seed(0))
     window = torch.hann_window(256)
@@ -69,6 +70,7 @@ def test_frame_target_classes() -> None:
     assert frame_target(src).tolist() == [1, 2, 2, 0]
 
 
+@pytest.mark.slow
 def test_stats_normalize_and_round_trip(tmp_path: Path) -> None:
     feats = [torch.randn(30, NUM_BINS) * 3 + 1, torch.randn(50, NUM_BINS) * 3 + 1]
     stats = FeatureStats.from_features(feats, source="x")
@@ -114,6 +116,7 @@ def original_snip(sig, rate: int, winlen: float, winstep: float):
     return sig[: int(round(num * winstep * rate + winlen * rate))]
 
 
+@pytest.mark.slow
 def test_sine_window_is_scipys_cosine_and_others_match_numpy() -> None:
     import numpy as np
     import scipy.signal

@@ -67,6 +67,6 @@ def test_join_with_nothing_in_common_raises(tmp_path: Path) -> None:
 
 def test_a_list_that_is_not_utf8_names_the_file_and_line(tmp_path) -> None:
     path = tmp_path / "wav.scp"
-    path.write_bytes("utt1 a.wav\n".encode() + "utt2 caf\u00e9.wav\n".encode("latin-1"))
+    path.write_bytes(b"utt1 a.wav\n" + "utt2 caf\u00e9.wav\n".encode("latin-1"))
     with pytest.raises(DataError, match=r"wav.scp:2: not UTF-8 text .*save the list as UTF-8"):
         read_list(path)

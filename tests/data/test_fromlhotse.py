@@ -64,6 +64,7 @@ def test_streamed_split_reads_what_lhotse_reads(tmp_path: Path) -> None:
             assert int(item["spk"]) == ids[0]
 
 
+@pytest.mark.slow
 def test_a_recipe_trains_on_the_lists(tmp_path: Path, one_thread: None) -> None:
     import mtlab
 

@@ -71,6 +71,7 @@ def test_reader_finds_every_split_mode_source_and_speaker(tree: tuple[str, Path]
                 torch.testing.assert_close(read_wav(m.mixtures["single"]), sample_wave(split, "s1", name) + noise)
 
 
+@pytest.mark.slow
 def test_prepared_lists_load_as_the_sample_corpus(tree: tuple[str, Path], tmp_path: Path) -> None:
     layout, root = tree
     out = tmp_path / "lists"
@@ -84,13 +85,13 @@ def test_prepared_lists_load_as_the_sample_corpus(tree: tuple[str, Path], tmp_pa
         data = load_split(out, split="dev", linkedset=ours, targets=targets)
         reference = load_split(data_samples_dir(), split="dev", linkedset=theirs, targets=targets)
         assert len(data) == PER_SPLIT
-        for i, name in enumerate(data.names):
+        for i, _name in enumerate(data.names):
             a, b = (int(prepared.speakers[int(k)]) - offset for k in data[i]["spk_pair"])  # back to the sample ids
             j = reference.names.index(next(n for n, x, y in samples("dev") if (x, y) == (a, b)))
             for key in ("mix_mag", "src_mag", "binary_targets"):
                 torch.testing.assert_close(data[i][key], reference[j][key])
     assert (out / "speakers.tsv").read_text().splitlines()[0] == "id\tspeaker"
-    assert '"layout": "%s"' % LAYOUTS[layout].name in (out / "layout.json").read_text()
+    assert f'"layout": "{LAYOUTS[layout].name}"' in (out / "layout.json").read_text()
 
 
 def recipe(root: Path, linkedsets: list[str], speakers: int) -> dict:
@@ -129,6 +130,7 @@ def build(spec: dict) -> object:
     return build_trainer(spec)
 
 
+@pytest.mark.slow
 def test_a_recipe_trains_from_each_layout(tree: tuple[str, Path], tmp_path: Path, one_thread: None) -> None:
     layout, root = tree
     prepared = prepare(layout, root, tmp_path / "lists")

@@ -18,7 +18,8 @@ from mtlab.base.errors import ConfigError
 from mtlab.data import DataError, data_samples_dir, load_split
 from mtlab.data.audio import read_wav_int16
 from mtlab.data.features import ORIGINAL
-from mtlab.data.shards import ShardedSplit, verify_shards, write_shards
+from mtlab.data.shards import ShardedSplit, verify_shards
+from mtlab.data.shardwriter import write_shards
 from mtlab.tasks.sampling import BatchStream, SegmentedExamples, trainset_fraction
 
 pytestmark = pytest.mark.usefixtures("one_thread")

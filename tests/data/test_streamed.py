@@ -233,3 +233,16 @@ def test_header_lengths_are_cached_and_a_file_changed_since_is_named(tmp_path: P
     (folder / "mix_clean.scp").write_text("a mix_clean/a.wav\nb mix_clean/b.wav\n")  # a new list: headers read again
     with pytest.raises(AssertionError, match="cached lengths"), pytest.warns(DataWarning, match="kept 2 utterances"):
         load_split(tmp_path, stream=True, progress=False)
+
+
+def test_the_sample_corpus_gets_no_cache_files_beside_its_lists(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caches of mtlab's own sample corpus go to the user cache folder: a test run leaves the checkout clean."""
+    from mtlab.data.corpus import data_samples_dir
+    from mtlab.data.statcache import cache_paths
+
+    monkeypatch.setenv("MTLAB_CACHE", str(tmp_path / "cache"))
+    listed = data_samples_dir() / "train" / "mix_clean.scp"
+    assert cache_paths(listed, "d") == [tmp_path / "cache" / "stats" / "d.json"]
+    own = tmp_path / "corpus" / "mix_clean.scp"
+    assert cache_paths(own, "d")[0] == own.with_suffix(".stats.json")

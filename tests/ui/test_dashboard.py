@@ -101,6 +101,7 @@ def test_stepwise_buttons(dash):
     assert {"a/loss", "a/grad_norm", "b/clip_fraction"} <= set(dash.controller.data.series)
 
 
+@pytest.mark.slow
 def test_snapshot_and_restore(dash):
     tr = dash.trainer
     dash.buttons["restore"].click()
@@ -177,6 +178,7 @@ def test_error_in_the_training_thread_is_shown_and_stops_the_run():
     assert d.controller._on_event not in tr.callbacks
 
 
+@pytest.mark.slow
 @pytest.mark.plots
 def test_validation_points_from_evaluate_events(dash):
     tr = dash.trainer
@@ -187,6 +189,7 @@ def test_validation_points_from_evaluate_events(dash):
     assert "valid:a/clean" in dash.live.lines
 
 
+@pytest.mark.slow
 def test_plot_helpers_return_figures_and_write_pngs(tmp_path):
     tr = make_trainer()
     for _ in range(3):

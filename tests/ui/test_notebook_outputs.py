@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import re
 import time

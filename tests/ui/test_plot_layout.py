@@ -210,6 +210,7 @@ def test_the_saved_history_figure_is_readable_for_6_tasks():
     assert readability(plots.plot_history(df, validation=valid)) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clipped,method", [(True, True), (False, False), (True, False)])
 def test_history_figure_has_no_overlapping_text(clipped, method):
     fig = plots.plot_history(history(clipped, method), validation=[{"step": 100, "a": 0.3, "b": 1.1, "loss": 1.4}])
@@ -222,6 +223,7 @@ def test_history_figure_has_no_overlapping_text(clipped, method):
     assert ("combine weights" in titles and "task cosine" in titles) == method
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [620, pytest.param(830, marks=SLOW)])  # the dashboard's plot; a notebook's full width
 def test_live_plot_has_no_overlapping_text_running_and_zoomed(width):
     df = history()
@@ -249,6 +251,7 @@ def test_event_numbers_merge_instead_of_overprinting():
     assert plots.event_groups(events, (9, 12), axes_px=300) == [(10, "1-2"), (11, "3")]  # zoomed: apart again
 
 
+@pytest.mark.slow
 def test_a_non_negative_loss_axis_is_not_padded_below_zero():
     fig = plots.plot_history(history())
     loss = next(ax for ax in fig.axes if ax.get_title() == "normalized loss")

@@ -66,6 +66,7 @@ def test_legend_sits_under_the_axes_and_explains_every_look(trained):
     assert host.axes[0].get_legend() is not None  # on the caller's axes: the legend inside
 
 
+@pytest.mark.slow
 def test_pngs_are_sized_to_the_displayed_width(trained):
     """Shown 1:1: the PNG is exactly as wide as the notebook shows it (a downscaled PNG has tiny text)."""
     fig = plots.plot_history(trained.history)
@@ -97,6 +98,7 @@ def test_clip_fraction_axis_is_percent_without_offset(trained):
     assert ax.yaxis.get_offset_text().get_text() == "" and ax.get_ylim()[0] == 0.0
 
 
+@pytest.mark.slow
 def test_log_linear_toggle_and_smoothing(trained, one_thread):
     assert plots.plot_losses(trained.history, scale="log").axes[0].get_yscale() == "log"
     assert plots.plot_losses(trained.history).axes[0].get_yscale() == "linear"
@@ -140,6 +142,7 @@ def test_one_colour_per_task_everywhere(trained):
     d.close()
 
 
+@pytest.mark.slow
 def test_validation_points_from_the_loop_and_from_evaluate(trained):
     d = mtlab.ui.dashboard(trained)
     for cb in list(trained.callbacks):
@@ -152,6 +155,7 @@ def test_validation_points_from_the_loop_and_from_evaluate(trained):
     d.close()
 
 
+@pytest.mark.slow
 def test_changes_are_marked_and_logged(one_thread):
     tr = make_trainer()
     d = mtlab.ui.dashboard(tr)
@@ -181,6 +185,7 @@ def test_as_of_step_label(trained):
     d.close()
 
 
+@pytest.mark.slow
 def test_the_live_plot_follows_a_run(one_thread):
     tr = make_trainer()
     d = mtlab.ui.dashboard(tr, refresh_s=0.05, draw_interval=0.2)
@@ -198,6 +203,7 @@ def test_the_live_plot_follows_a_run(one_thread):
     d.close()
 
 
+@pytest.mark.slow
 def test_zoom_and_read_out_every_series_at_a_step(trained):
     tr = trained
     for _ in range(4):

@@ -183,6 +183,7 @@ def test_every_button_and_slider_has_a_tooltip():
     d.close()
 
 
+@pytest.mark.slow
 def test_exports_write_png_svg_and_csv(tmp_path):
     tr = make_trainer()
     d = mtlab.ui.dashboard(tr, plots=False, export_dir=tmp_path / "out")
@@ -198,6 +199,7 @@ def test_exports_write_png_svg_and_csv(tmp_path):
     d.close()
 
 
+@pytest.mark.slow
 def test_choose_the_snapshot_and_keep_the_abandoned_branch_grey():
     tr = make_trainer()
     d = mtlab.ui.dashboard(tr, refresh_s=0.0)
@@ -253,6 +255,7 @@ def fake_loop(validate_every: int = 2):
     return run
 
 
+@pytest.mark.slow
 def test_a_run_goes_through_the_training_loop(monkeypatch):
     monkeypatch.setattr(mtlab.ui.runs, "_loop_run", lambda: fake_loop())
     tr = make_trainer()
@@ -285,6 +288,7 @@ def test_the_interrupt_handler_is_put_back_after_the_runs():
     d.close()
 
 
+@pytest.mark.slow
 def test_a_dashboard_run_uses_the_loop_with_lr_decay_and_validation():
     ex = make_examples(24, 5)
     tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], lr=1e-2, clip_grad_value=0.5, device="cpu")
@@ -358,6 +362,7 @@ def test_run_until_stopped_after_the_schedule_and_a_validation_stop_is_cleared()
     d.close()
 
 
+@pytest.mark.slow
 def test_only_the_newest_dashboard_of_a_trainer_stays_attached():
     tr = make_trainer()
     old = mtlab.ui.dashboard(tr, refresh_s=0.0, draw_interval=0.05, max_draw_share=1.0)
@@ -379,6 +384,7 @@ def test_only_the_newest_dashboard_of_a_trainer_stays_attached():
         x.close()
 
 
+@pytest.mark.slow
 def test_inline_painter_draws_between_steps_in_the_run_thread():
     tr = make_trainer()
     d = mtlab.ui.dashboard(tr, refresh_s=0.0, draw_interval=0.05, max_draw_share=1.0, painter="inline")

@@ -1,0 +1,81 @@
+"""The history's column names, built and read in one place.
+
+A row of ``trainer.history`` has ``step``, ``lr`` and ``skipped``, then per task ``<task>/weight``,
+``<task>/<set>/weight``, ``<task>/loss``, ``<task>/<set>/loss``, ``<task>/grad_norm``, ``<task>/grad_norm_clipped``,
+``<task>/clip_fraction``, ``<task>/minibatches`` (and ``<task>/<name>`` for what a transform of the chain
+measured), then the update's ``weighting/<task>``, ``combine/<group>/<task>``, ``cos/<model>/<a>,<b>``,
+``direction_norm/<group>`` and ``direction_norm``.
+
+>>> task_column("a", "loss"), set_column("a", "clean", "loss"), cosine_column("enc", "a", "b")
+('a/loss', 'a/clean/loss', 'cos/enc/a,b')
+>>> parse_column("a/clean/loss")
+Column(kind='loss', task='a', linkedset='clean', group='', pair=())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMBINE, COSINE, WEIGHTING, DIRECTION = "combine", "cos", "weighting", "direction_norm"  # the update's prefixes
+
+
+def task_column(task: str, name: str) -> str:
+    """``<task>/<name>``: a task's loss, weight, gradient norm, clip fraction, minibatches or a transform's statistic."""
+    return f"{task}/{name}"
+
+
+def set_column(task: str, linkedset: str, name: str) -> str:
+    """``<task>/<set>/<name>``: a linked set's loss or weight."""
+    return f"{task}/{linkedset}/{name}"
+
+
+def weighting_column(task: str) -> str:
+    """A loss weighting's coefficient for ``task``."""
+    return f"{WEIGHTING}/{task}"
+
+
+def combine_column(group: str, task: str) -> str:
+    """The weight a combination method gave ``task`` on a group of shared parameters."""
+    return f"{COMBINE}/{group}/{task}"
+
+
+def cosine_column(model: str, a: str, b: str) -> str:
+    """The cosine similarity of tasks ``a`` and ``b``'s processed gradients on ``model``."""
+    return f"{COSINE}/{model}/{a},{b}"
+
+
+def direction_column(group: str | None = None) -> str:
+    """The norm of the update's direction (over one group of shared parameters, or over every parameter)."""
+    return DIRECTION if group is None else f"{DIRECTION}/{group}"
+
+
+@dataclass(frozen=True)
+class Column:
+    """What a column holds: ``kind`` is its last part for a task's columns (``loss``, ``grad_norm`` ...), or
+    ``combine``, ``cos``, ``weighting``, ``direction_norm`` for the update's; ``step``, ``lr``, ``skipped`` for
+    the row's own."""
+
+    kind: str
+    task: str = ""
+    linkedset: str = ""
+    group: str = ""  # the group (combine, direction_norm) or the model (cos)
+    pair: tuple[str, ...] = ()  # the two tasks of a cosine
+
+
+def parse_column(column: str) -> Column:
+    """The parts of a history column name (the inverse of the builders above)."""
+    head, _, rest = column.partition("/")
+    if head == COMBINE:
+        group, _, task = rest.rpartition("/")
+        return Column(COMBINE, task=task, group=group)
+    if head == COSINE:
+        model, _, pair = rest.rpartition("/")
+        return Column(COSINE, group=model, pair=tuple(pair.split(",")))
+    if head == WEIGHTING:
+        return Column(WEIGHTING, task=rest)
+    if head == DIRECTION:
+        return Column(DIRECTION, group=rest)
+    if not rest:
+        return Column(column)
+    middle, _, kind = rest.rpartition("/")
+    return Column(kind, task=head, linkedset=middle)
