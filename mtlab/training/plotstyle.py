@@ -32,7 +32,7 @@ EVENT = "#666666"
 INK = "#222222"
 CLIPPED = {"lw": 4.0, "alpha": 0.3, "solid_capstyle": "butt"}  # after clipping: a wide band under the line
 MIN_PANEL_PX = 290  # a column: axes >= 200 px plus tick labels and spacing
-ROW_PX = 172  # a row: axes >= 120 px plus title, tick labels and spacing
+ROW_PX = 162  # a row: axes >= 110 px plus title, tick labels and spacing (two rows and the legend fit one screen at 1280x800)
 
 
 @dataclass(frozen=True)

@@ -257,7 +257,7 @@ def fake_loop(validate_every: int = 2):
 
 @pytest.mark.slow
 def test_a_run_goes_through_the_training_loop(monkeypatch):
-    monkeypatch.setattr(mtlab.ui.runs, "_loop_run", lambda: fake_loop())
+    monkeypatch.setattr(mtlab.ui.runs, "run", fake_loop())  # the dashboard calls the one training loop
     tr = make_trainer()
     d = mtlab.ui.dashboard(tr, refresh_s=0.0)
     assert d.start(6)
