@@ -102,7 +102,11 @@ def system_loop(models, examples, batch, device, precision: str = "32") -> Syste
 
 def system_accelerate(models, examples, batch, device, precision: str = "32") -> System:
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
 
+    # Accelerate keeps one process-wide state; a new precision in the same process needs it cleared first
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     mixed = {"32": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}[precision]
     acc = Accelerator(gradient_accumulation_steps=K, cpu=device == "cpu", mixed_precision=mixed)
     model = nn.ModuleDict(models)

@@ -53,7 +53,7 @@ def make_examples(n: int, seed: int, din: int = 4, classes: int = 5, lengths: tu
 
 class MeanPool(nn.Module):
     def forward(self, h: torch.Tensor, seq_lengths: torch.Tensor) -> torch.Tensor:
-        mask = (torch.arange(h.shape[1])[None, :] < seq_lengths[:, None]).to(h.dtype)
+        mask = (torch.arange(h.shape[1], device=h.device)[None, :] < seq_lengths[:, None]).to(h.dtype)
         return (h * mask[..., None]).sum(1) / seq_lengths[:, None].to(h.dtype)
 
 
