@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .device import packing_lengths, rnn_precision
+from .device import Packing, rnn_precision
 
 
 class BLSTM(nn.Module):
@@ -35,11 +35,11 @@ class BLSTM(nn.Module):
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
         lstms = list(self.layers) if self.layer_dropout > 0 else [self.lstm]
-        lengths = packing_lengths(seq_lengths, host_lengths)
+        packing = Packing(seq_lengths, host_lengths, x.device)
         region, out = rnn_precision(x)
         with region:
             for lstm in lstms:
-                packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
+                packed = packing.pack(out)
                 out, _ = lstm(packed)
                 out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
                 if self.layer_dropout > 0:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .device import HALF as _HALF, packing_lengths, rnn_precision
+from .device import HALF as _HALF, Packing, rnn_precision
 
 
 class ResetBLSTM(nn.Module):
@@ -331,11 +331,11 @@ class BRNN(nn.Module):
     def forward(self, x: Tensor, seq_lengths: Tensor, host_lengths: Tensor | None = None) -> Tensor:
         if self.training and self.input_noise > 0:
             x = x + self.input_noise * torch.randn_like(x)
-        lengths = packing_lengths(seq_lengths, host_lengths)
+        packing = Packing(seq_lengths, host_lengths, x.device)
         region, out = rnn_precision(x)
         with region:
             for rnn in self.layers:
-                packed = nn.utils.rnn.pack_padded_sequence(out, lengths, batch_first=True, enforce_sorted=False)
+                packed = packing.pack(out)
                 out, _ = rnn(packed)
                 out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
                 if self.layer_dropout > 0:
