@@ -114,7 +114,7 @@ def test_from_recipe_refuses_mask_head_then_pit_softmax() -> None:
 def test_a_missing_mixtomask_processor_cfg_takes_the_documented_default(tmp_path: Path) -> None:
     """Three DANet recipes name a mixtomask_processor.cfg the repository lacks; every one it has is the same."""
     from mtlab.nabu import import_nabu
-    from mtlab.nabu.importer import DEFAULT_PROCESSORS
+    from mtlab.nabu.database import DEFAULT_PROCESSORS
     from test_nabu_import import write_recipe
 
     folder = write_recipe(tmp_path / "MERL_TEST", **{"mixtomask_processor.cfg": None})

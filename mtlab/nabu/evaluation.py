@@ -52,7 +52,8 @@ import numpy as np
 import torch
 
 from ..base.errors import ConfigError, MtlabError
-from .importer import SAMPLE_RATE, Importer, build_task
+from .database import SAMPLE_RATE, data_section, database, processor_path, rerooter
+from .importer import Importer, build_task
 from .ini import read_ini, section, words
 
 if TYPE_CHECKING:
@@ -118,13 +119,13 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
     if ev.get("segment_length", "full") != "full":
         raise ConfigError(f"{path}: [evaluator] segment_length = {ev['segment_length']!r}: mtlab tests whole "
                           "utterances ('full')")
-    db, db_file, globalvars = imp.database()
-    reroot = imp.rerooter(db)
+    db, db_file, globalvars = database(imp.folder)
+    reroot = rerooter(db, imp.data_root)
     cache: dict[str, dict[str, Any] | None] = {}
 
     def data(name: str) -> dict[str, Any] | None:
         if name not in cache:
-            cache[name] = imp.data_section(db, db_file, globalvars, name, reroot)
+            cache[name] = data_section(imp, db, db_file, globalvars, name, reroot)
         return cache[name]
 
     losses = read_ini(folder / "loss.cfg", required=False)
@@ -217,7 +218,7 @@ def _list_section(imp: Importer, file: Path, key: str, name: str, db: Any, globa
         raise ConfigError(f"{imp.folder / 'database.conf'}: [{names[0]}] needs datafiles")
     out: dict[str, Any] = {"section": names[0], "datafiles": reroot(conf["datafiles"])}
     if processor and "processor_config" in conf:
-        proc_path = imp.processor_path(conf["processor_config"])
+        proc_path = processor_path(imp.folder, conf["processor_config"])
         if not proc_path.is_file():
             raise ConfigError(f"{imp.folder / 'database.conf'}: [{names[0]}] processor_config = "
                               f"{conf['processor_config']!r} is neither in the recipe folder nor below the recipes' root")

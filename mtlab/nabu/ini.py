@@ -11,8 +11,9 @@ from ..base.errors import ConfigError
 
 
 class SpecReader(Protocol):
-    """What an architecture's spec function needs of an import (``mtlab.nabu.importer.Importer`` is one):
-    the recipe folder, typed values, and a record of what mtlab refuses or takes from a default."""
+    """What the readers of one file (an architecture's spec function, a database section, a loss table) need of
+    an import (``mtlab.nabu.importer.Importer`` is one): the recipe folder, typed values, and a record of what
+    mtlab refuses or takes from a default."""
 
     folder: Path
     defaults: list[str]
