@@ -27,12 +27,15 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+
+from ..tasks.sampling import Skipped
 
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav
@@ -351,6 +354,8 @@ path is taken from ``root``) whose utterances match the mixtures sample for samp
 list's audio, computed and normalized as the mixture's (e.g. an earlier separation's outputs fed to a second model).
 ``layout`` (``"wsj0-2mix"``, ``"wham"`` or ``"librimix"``; streamed only) reads the corpus tree at ``root`` in
 place, without list files (:mod:`mtlab.data.inplace`); ``split`` is mtlab's name or the corpus's folder (``tr``).
+For list files it is three steps, each callable alone: :func:`read_split` (the lists, or a manifest and its WAV
+headers), :func:`split_statistics` (what the features are normalized with) and :func:`build_split`.
 Example::
 
         train = load_split(split="train", linkedset="noisy")
@@ -374,95 +379,196 @@ Example::
     if layout is not None:
         return _load_tree(base, layout, split, linkedset, keys, stats, usedbins_threshold_db, spectral, ivec, mvn,
                           num_sources, stream, on_bad_data, stats_utterances, progress, dynamic_mix)
-    folder = _split_dir(base, split)
-    if isinstance(num_sources, bool) or not isinstance(num_sources, int) or num_sources < 1:
-        raise DataError(f"load_split num_sources={num_sources!r}: the number of sources per mixture, a positive "
-                        "integer (lists s1.scp ... sS.scp)")
-    if mvn not in F.MVN_TYPES:
-        raise DataError(f"load_split mvn={mvn!r}; valid: {list(F.MVN_TYPES)}")
-    if "ivec" in keys and ivec is None:
-        raise DataError("target key 'ivec' needs its vector list: load_split(..., ivec=VectorList(list=..., "
-                        "nrcol=...)) (a recipe's data = { ..., ivec = { list = ..., nrcol = ... } })")
-    if ivec is not None and "ivec" not in keys:
-        ivec = None
-    vector_list = (Path(ivec.list) if Path(ivec.list).is_absolute() else base / ivec.list) if ivec else None
-    if not stream:
-        rows, report = _read_rows(folder, linkedset, bool(keys & _SOURCE_KEYS), bool(keys & _SPEAKER_KEYS),
-                                  vector_list, num_sources)
-    ivec_stats = None
-    if ivec is not None and ivec.mvn == "global":
-        ivec_stats = vector_stats(ivec, base)
-    if on_bad_data not in BAD_DATA:
-        raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
-    mixing = MixSettings.from_dict(dynamic_mix, base) if dynamic_mix is not None else None
-    if mixing is not None and not stream:
-        raise DataError("load_split dynamic_mix needs stream=True (mixtures are made per batch from the sources)")
-    others = {k: (Path(p) if Path(p).is_absolute() else base / p) for k, p in (feature_inputs or {}).items()}
-    if others and (not stream or mixing is not None or mvn == "global"):
-        raise DataError(f"load_split feature_inputs {sorted(others)} need stream=True, no dynamic_mix and mvn 'local' "
-                        f"or 'none' (got stream={stream}, mvn={mvn!r}): their features are computed per batch and "
-                        "have no statistics of their own")
-    clash = sorted(set(others) & {"features", *TARGET_KEYS})
-    if clash:
-        raise DataError(f"load_split feature_inputs {clash}: name them otherwise than mtlab's data keys "
-                        f"(features, {', '.join(TARGET_KEYS)})")
-    if stream:
-        _input_list_exists(folder, linkedset)
-        manifest = read_manifest_cached(folder / f"mix_{linkedset}.scp",
-                                 [folder / f"s{k}.scp" for k in range(1, num_sources + 1)]
-                                 if keys & _SOURCE_KEYS or mixing else [],
-                                 folder / "spk.txt" if keys & _SPEAKER_KEYS or mixing else None, vector_list,
-                                 tuple(others.values()))
-        manifest, samples, skipped = header_samples(
-            manifest, on_bad_data, progress=printed_progress(f"WAV headers of {split}/mix_{linkedset}.scp")
-            if progress is True else (progress or None))
-        if skipped:
-            warnings.warn(f"{folder}/mix_{linkedset}.scp: left out {len(skipped)} bad file(s) (on_bad_data='skip'), "
-                          f"first {skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=2)
-        if stats is None:
-            # the training split: the utterances its lists share (as the in-memory path); another split: train's
-            own = _own_stats(base, split)
-            stats = cached_stats(base, linkedset, split if own else "train", spectral, stats_utterances, progress,
-                                 on_bad_data, manifest.mix if own else None)
-        compute = partial(_example, keys=keys, stats=stats, threshold_db=usedbins_threshold_db, spectral=spectral,
-                          ivec=ivec, ivec_stats=ivec_stats, mvn=mvn, num_sources=num_sources)
-        featurizer = Featurizer(frozenset(keys), spectral, stats, usedbins_threshold_db, mvn, tuple(others))
-        streamed = StreamedSplit(manifest, samples, stats, split, linkedset,
-                                 _speakers_of_manifest(base, manifest, num_sources), num_sources, featurizer, compute,
-                                 ivec, ivec_stats, on_bad_data, skipped, tuple(others))
-        return DynamicMix(streamed, mixing) if mixing is not None else streamed
-    if on_bad_data != "raise":
-        raise DataError("load_split on_bad_data='skip' needs stream=True (the in-memory path reads every file "
-                        "before training and stops at the first bad one)")
+    request = SplitRequest.checked(base, split, linkedset, keys, spectral, usedbins_threshold_db, ivec, mvn,
+                                   num_sources, stream, on_bad_data, stats_utterances, progress, dynamic_mix,
+                                   feature_inputs)
+    files = read_split(request)
+    return build_split(request, files, split_statistics(request, files, stats))
 
-    # reading and featurizing every utterance takes a while on a real corpus (68 s for one linked set): say so
-    show = printed_progress(f"features of {split}/mix_{linkedset}.scp") if progress is True else (progress or None)
-    made = 0
 
-    def example(row: _Row, feature_stats: F.FeatureStats | None) -> dict[str, torch.Tensor]:
-        nonlocal made
-        out = _example(row, keys, feature_stats, usedbins_threshold_db, spectral, ivec, ivec_stats, mvn, num_sources)
-        made += 1
+@dataclass(frozen=True)
+class SplitRequest:
+    """:func:`load_split`'s arguments for a split of list files, checked: where its lists are, what to compute."""
+
+    base: Path
+    folder: Path
+    split: str
+    linkedset: str
+    keys: frozenset[str]
+    spectral: F.Spectral
+    threshold_db: float
+    ivec: VectorList | None  # None unless the ivec key is asked for
+    mvn: str
+    num_sources: int
+    stream: bool
+    on_bad_data: str
+    stats_utterances: int | None
+    progress: Progress | None | bool
+    mixing: MixSettings | None
+    others: Mapping[str, Path]  # feature_inputs, their paths taken from base
+
+    @classmethod
+    def checked(cls, base: Path, split: str, linkedset: str, keys: set[str], spectral: F.Spectral,
+                threshold_db: float, ivec: VectorList | None, mvn: str, num_sources: int, stream: bool,
+                on_bad_data: str, stats_utterances: int | None, progress: Progress | None | bool,
+                dynamic_mix: Any, feature_inputs: Mapping[str, str | Path] | None) -> SplitRequest:
+        """The request, or a DataError naming the argument to change."""
+        folder = _split_dir(base, split)
+        if isinstance(num_sources, bool) or not isinstance(num_sources, int) or num_sources < 1:
+            raise DataError(f"load_split num_sources={num_sources!r}: the number of sources per mixture, a positive "
+                            "integer (lists s1.scp ... sS.scp)")
+        if mvn not in F.MVN_TYPES:
+            raise DataError(f"load_split mvn={mvn!r}; valid: {list(F.MVN_TYPES)}")
+        if "ivec" in keys and ivec is None:
+            raise DataError("target key 'ivec' needs its vector list: load_split(..., ivec=VectorList(list=..., "
+                            "nrcol=...)) (a recipe's data = { ..., ivec = { list = ..., nrcol = ... } })")
+        if on_bad_data not in BAD_DATA:
+            raise DataError(f"load_split on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
+        mixing = MixSettings.from_dict(dynamic_mix, base) if dynamic_mix is not None else None
+        if mixing is not None and not stream:
+            raise DataError("load_split dynamic_mix needs stream=True (mixtures are made per batch from the sources)")
+        others = {k: (Path(p) if Path(p).is_absolute() else base / p) for k, p in (feature_inputs or {}).items()}
+        if others and (not stream or mixing is not None or mvn == "global"):
+            raise DataError(f"load_split feature_inputs {sorted(others)} need stream=True, no dynamic_mix and mvn "
+                            f"'local' or 'none' (got stream={stream}, mvn={mvn!r}): their features are computed per "
+                            "batch and have no statistics of their own")
+        clash = sorted(set(others) & {"features", *TARGET_KEYS})
+        if clash:
+            raise DataError(f"load_split feature_inputs {clash}: name them otherwise than mtlab's data keys "
+                            f"(features, {', '.join(TARGET_KEYS)})")
+        if not stream and on_bad_data != "raise":
+            raise DataError("load_split on_bad_data='skip' needs stream=True (the in-memory path reads every file "
+                            "before training and stops at the first bad one)")
+        return cls(base, folder, split, linkedset, frozenset(keys), spectral, threshold_db,
+                   ivec if "ivec" in keys else None, mvn, num_sources, stream, on_bad_data, stats_utterances, progress,
+                   mixing, others)
+
+    @property
+    def vector_list(self) -> Path | None:
+        """The ivec key's vector list (a relative path taken from ``base``)."""
+        if self.ivec is None:
+            return None
+        return Path(self.ivec.list) if Path(self.ivec.list).is_absolute() else self.base / self.ivec.list
+
+    @property
+    def list_name(self) -> str:
+        return f"mix_{self.linkedset}.scp"
+
+    def example(self, row: _Row, stats: F.FeatureStats | None,
+                vector_stats: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """One utterance's example (its features normalized with ``stats``, as ``mvn`` says)."""
+        return _example(row, set(self.keys), stats, self.threshold_db, self.spectral, self.ivec, vector_stats,
+                        self.mvn, self.num_sources)
+
+
+@dataclass(frozen=True)
+class StreamedFiles:
+    """What :func:`read_split` finds to stream: the lists as a manifest, each mixture's samples from its WAV header,
+    and the bad files left out (``on_bad_data="skip"``)."""
+
+    manifest: Manifest
+    samples: np.ndarray
+    skipped: list[Skipped]
+
+
+@dataclass(frozen=True)
+class ListedRows:
+    """What :func:`read_split` finds to hold in memory: the utterances every list has, joined by name."""
+
+    rows: list[_Row]
+    report: JoinReport
+
+
+@dataclass(frozen=True)
+class SplitStatistics:
+    """What :func:`split_statistics` gives: the feature statistics, the vector list's (mean, std) when it is
+    normalized globally, and the examples it featurized to compute them (in memory), not yet normalized."""
+
+    features: F.FeatureStats
+    vectors: tuple[torch.Tensor, torch.Tensor] | None = None
+    raw_examples: list[dict[str, torch.Tensor]] | None = None
+
+
+def read_split(request: SplitRequest) -> StreamedFiles | ListedRows:
+    """Read a split's lists: streamed, a manifest with each mixture's WAV header (bad files left out or raising as
+    ``on_bad_data`` says, with a warning); in memory, the rows every list shares."""
+    r = request
+    sources, speakers = bool(r.keys & _SOURCE_KEYS), bool(r.keys & _SPEAKER_KEYS)
+    if not r.stream:
+        return ListedRows(*_read_rows(r.folder, r.linkedset, sources, speakers, r.vector_list, r.num_sources))
+    _input_list_exists(r.folder, r.linkedset)
+    manifest = read_manifest_cached(r.folder / r.list_name,
+                                    [r.folder / f"s{k}.scp" for k in range(1, r.num_sources + 1)]
+                                    if sources or r.mixing else [],
+                                    r.folder / "spk.txt" if speakers or r.mixing else None, r.vector_list,
+                                    tuple(r.others.values()))
+    manifest, samples, skipped = header_samples(
+        manifest, r.on_bad_data, progress=printed_progress(f"WAV headers of {r.split}/{r.list_name}")
+        if r.progress is True else (r.progress or None))
+    if skipped:
+        warnings.warn(f"{r.folder}/{r.list_name}: left out {len(skipped)} bad file(s) (on_bad_data='skip'), "
+                      f"first {skipped[0].reason}; dataset.skipped lists them", DataWarning, stacklevel=3)
+    return StreamedFiles(manifest, samples, skipped)
+
+
+def split_statistics(request: SplitRequest, files: StreamedFiles | ListedRows,
+                     stats: F.FeatureStats | None = None) -> SplitStatistics:
+    """The statistics a split is normalized with: ``stats`` when given, else its own (the training split, see
+    :func:`_own_stats`) or the training split's; streamed, from :func:`cached_stats`."""
+    r = request
+    vectors = vector_stats(r.ivec, r.base) if r.ivec is not None and r.ivec.mvn == "global" else None
+    own = _own_stats(r.base, r.split)
+    if stats is not None:
+        return SplitStatistics(stats, vectors)
+    if isinstance(files, StreamedFiles):
+        # the training split: the utterances its lists share (as the in-memory path); another split: train's
+        return SplitStatistics(cached_stats(r.base, r.linkedset, r.split if own else "train", r.spectral,
+                                            r.stats_utterances, r.progress, r.on_bad_data,
+                                            files.manifest.mix if own else None), vectors)
+    if not own:
+        return SplitStatistics(compute_stats(r.base, r.linkedset, "train", r.spectral), vectors)
+    raw = _featurize(r, files.rows, None, vectors)
+    return SplitStatistics(F.FeatureStats.from_features((e["features"] for e in raw),
+                                                        source=f"{r.split}/{r.list_name}"), vectors, raw)
+
+
+def build_split(request: SplitRequest, files: StreamedFiles | ListedRows,
+                statistics: SplitStatistics) -> SeparationDataset | StreamedSplit | DynamicMix:
+    """The split object: a :class:`StreamedSplit` (a :class:`DynamicMix` over it with ``dynamic_mix``) that reads
+    audio per batch, or a :class:`SeparationDataset` of every example computed now."""
+    r, stats = request, statistics.features
+    if isinstance(files, StreamedFiles):
+        compute = partial(_example, keys=set(r.keys), stats=stats, threshold_db=r.threshold_db, spectral=r.spectral,
+                          ivec=r.ivec, ivec_stats=statistics.vectors, mvn=r.mvn, num_sources=r.num_sources)
+        featurizer = Featurizer(r.keys, r.spectral, stats, r.threshold_db, r.mvn, tuple(r.others))
+        streamed = StreamedSplit(files.manifest, files.samples, stats, r.split, r.linkedset,
+                                 _speakers_of_manifest(r.base, files.manifest, r.num_sources), r.num_sources,
+                                 featurizer, compute, r.ivec, statistics.vectors, r.on_bad_data, files.skipped,
+                                 tuple(r.others))
+        return DynamicMix(streamed, r.mixing) if r.mixing is not None else streamed
+    if statistics.raw_examples is None:
+        examples = _featurize(r, files.rows, stats, statistics.vectors)
+    else:  # featurized to compute the statistics: normalized now
+        examples = statistics.raw_examples
+        if r.mvn == "global":
+            for e in examples:
+                e["features"] = stats.normalize(e["features"])
+    return SeparationDataset(examples, [row.name for row in files.rows], stats, files.report, r.split, r.linkedset,
+                             _num_speakers(r.base, examples), r.num_sources)
+
+
+def _featurize(request: SplitRequest, rows: list[_Row], stats: F.FeatureStats | None,
+               vectors: tuple[torch.Tensor, torch.Tensor] | None) -> list[dict[str, torch.Tensor]]:
+    """Every row's example, with progress: reading and featurizing a real corpus takes a while (68 s for one
+    linked set)."""
+    r = request
+    show = printed_progress(f"features of {r.split}/{r.list_name}") if r.progress is True else (r.progress or None)
+    out = []
+    for row in rows:
+        out.append(r.example(row, stats, vectors))
         if show is not None:
-            show(made, len(rows))
-        return out
-
-    if stats is None:
-        if _own_stats(base, split):
-            raw = [example(r, None) for r in rows]
-            stats = F.FeatureStats.from_features((e["features"] for e in raw), source=f"{split}/mix_{linkedset}.scp")
-            if mvn == "global":
-                for e in raw:
-                    e["features"] = stats.normalize(e["features"])
-            examples = raw
-        else:
-            stats = compute_stats(base, linkedset, "train", spectral)
-            examples = [example(r, stats) for r in rows]
-    else:
-        examples = [example(r, stats) for r in rows]
-    return SeparationDataset(
-        examples, [r.name for r in rows], stats, report, split, linkedset, _num_speakers(base, examples), num_sources
-    )
+            show(len(out), len(rows))
+    return out
 
 
 def _load_tree(base: Path, layout: str, split: str, linkedset: str, keys: set[str], stats: F.FeatureStats | None,
