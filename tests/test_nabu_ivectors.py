@@ -118,9 +118,10 @@ def test_a_segment_keeps_the_whole_vector_even_when_it_is_as_long_as_the_utteran
     from mtlab.data.corpus import SEQUENCE_KEYS
     from mtlab.tasks.sampling import HeadExamples, SegmentedExamples
 
-    class Source(list):
+    class Source(list):  # a mtlab.tasks.sampling.DataSource
         lengths = [4]
         sequence_keys = tuple(k for k in SEQUENCE_KEYS if k == "features")
+        shard_of = None
 
     source = Source([{"features": torch.randn(4, 3), "ivec": torch.arange(4.0)}])
     for view in (source, HeadExamples(source, 1)):

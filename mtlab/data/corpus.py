@@ -48,12 +48,12 @@ from .inplace import split_names, tree_split
 from .layouts import get_layout
 from .manifest import Column, Manifest, read_manifest, read_manifest_cached
 from .shards import ShardedSplit, is_shard_root, load_shards
-from .streamed import BAD_DATA, StreamedSplit, header_samples
+from .source import SEQUENCE_KEYS, Split
+from .streamed import BAD_DATA, Row, StreamedSplit, header_samples
 from .vectors import VectorList, normalize, read_vector, vector_stats
 
 ENV_VAR = "MTLAB_DATA"
 SPLITS = ("train", "dev", "test")
-SEQUENCE_KEYS = ("features", "mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target")
 FIXED_KEYS = ("spk", "spk_pair")
 TARGET_KEYS = ("mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target", "spk", "spk_pair", "ivec")
 _SOURCE_KEYS = {"src_mag", "binary_targets", "frame_target"}
@@ -100,16 +100,7 @@ def _input_list(folder: Path, linkedset: str) -> dict[str, ListEntry]:
     return entries
 
 
-@dataclass(frozen=True)
-class _Row:
-    name: str
-    mix: ListEntry
-    sources: tuple[ListEntry, ...]
-    speakers: ListEntry | None
-    vector: ListEntry | None = None
-
-
-class SeparationDataset(torch.utils.data.Dataset):
+class SeparationDataset(Split):
     """Precomputed examples of one split and linked set; ``dataset[i]`` is a dict of tensors."""
 
     def __init__(
@@ -148,7 +139,7 @@ class SeparationDataset(torch.utils.data.Dataset):
 
 
 def _read_rows(folder: Path, linkedset: str, need_sources: bool, need_speakers: bool,
-               vector_list: Path | None = None, num_sources: int = NUM_SOURCES) -> tuple[list[_Row], JoinReport]:
+               vector_list: Path | None = None, num_sources: int = NUM_SOURCES) -> tuple[list[Row], JoinReport]:
     lists: dict[str, dict[str, ListEntry]] = {f"mix_{linkedset}.scp": _input_list(folder, linkedset)}
     if vector_list is not None:
         lists[str(vector_list)] = read_list(vector_list)
@@ -163,7 +154,7 @@ def _read_rows(folder: Path, linkedset: str, need_sources: bool, need_speakers: 
         sources = tuple(lists[f"s{k}.scp"][name] for k in range(1, num_sources + 1)) if need_sources else ()
         speakers = lists["spk.txt"][name] if need_speakers else None
         vector = lists[str(vector_list)][name] if vector_list is not None else None
-        rows.append(_Row(name, lists[f"mix_{linkedset}.scp"][name], sources, speakers, vector))
+        rows.append(Row(name, lists[f"mix_{linkedset}.scp"][name], sources, speakers, vector))
     return rows, report
 
 
@@ -177,7 +168,7 @@ def _read_mixture(entry: ListEntry) -> torch.Tensor:
     return wav
 
 
-def _example(row: _Row, keys: set[str], stats: F.FeatureStats | None, threshold_db: float,
+def _example(row: Row, keys: set[str], stats: F.FeatureStats | None, threshold_db: float,
              spectral: F.Spectral = F.MTLAB, ivec: VectorList | None = None,
              ivec_stats: tuple[torch.Tensor, torch.Tensor] | None = None,
              mvn: str = "global", num_sources: int = NUM_SOURCES) -> dict[str, torch.Tensor]:
@@ -454,7 +445,7 @@ class SplitRequest:
     def list_name(self) -> str:
         return f"mix_{self.linkedset}.scp"
 
-    def example(self, row: _Row, stats: F.FeatureStats | None,
+    def example(self, row: Row, stats: F.FeatureStats | None,
                 vector_stats: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, torch.Tensor]:
         """One utterance's example (its features normalized with ``stats``, as ``mvn`` says)."""
         return _example(row, set(self.keys), stats, self.threshold_db, self.spectral, self.ivec, vector_stats,
@@ -475,7 +466,7 @@ class StreamedFiles:
 class ListedRows:
     """What :func:`read_split` finds to hold in memory: the utterances every list has, joined by name."""
 
-    rows: list[_Row]
+    rows: list[Row]
     report: JoinReport
 
 
@@ -557,7 +548,7 @@ def build_split(request: SplitRequest, files: StreamedFiles | ListedRows,
                              _num_speakers(r.base, examples), r.num_sources)
 
 
-def _featurize(request: SplitRequest, rows: list[_Row], stats: F.FeatureStats | None,
+def _featurize(request: SplitRequest, rows: list[Row], stats: F.FeatureStats | None,
                vectors: tuple[torch.Tensor, torch.Tensor] | None) -> list[dict[str, torch.Tensor]]:
     """Every row's example, with progress: reading and featurizing a real corpus takes a while (68 s for one
     linked set)."""

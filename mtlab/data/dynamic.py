@@ -27,6 +27,7 @@ from ..tasks.sampling import Skipped
 from .audio import SAMPLE_RATE, read_wav_int16
 from .errors import DataError
 from .source import AudioSplit
+from .streamed import StreamedSplit
 from .lists import ListEntry, read_list
 
 PEAK = 32000.0  # the largest sample a mixture may reach: gains are lowered together above it (no clipping)
@@ -114,7 +115,7 @@ class DynamicMix(AudioSplit):
         >>> train = DynamicMix(split, MixSettings(gain_db=(-5, 5)))  # doctest: +SKIP
     """
 
-    def __init__(self, split: Any, settings: MixSettings | Mapping[str, Any] | None = None) -> None:
+    def __init__(self, split: StreamedSplit, settings: MixSettings | Mapping[str, Any] | None = None) -> None:
         self.settings = MixSettings.from_dict(settings or {})
         m = split.manifest
         if not m.sources or m.speakers is None:
@@ -129,9 +130,10 @@ class DynamicMix(AudioSplit):
         if len(np.unique(self.speaker_ids)) < self.num_sources:
             raise DataError(f"dynamic_mix needs at least {self.num_sources} speakers in {m.speakers.path}; it has "
                             f"{len(np.unique(self.speaker_ids))}")
-        for key in ("samples", "lengths", "stats", "report", "split", "linkedset", "num_speakers", "featurizer",
-                    "sequence_keys", "on_bad_data", "skipped", "manifest"):
-            setattr(self, key, getattr(split, key))
+        self.featurizer, self.samples, self.lengths = split.featurizer, split.samples, split.lengths
+        self.sequence_keys, self.manifest, self.stats, self.report = split.sequence_keys, m, split.stats, split.report
+        self.split, self.linkedset, self.num_speakers = split.split, split.linkedset, split.num_speakers
+        self.on_bad_data, self.skipped = split.on_bad_data, split.skipped
         self.epoch = 0
 
     @property

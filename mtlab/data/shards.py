@@ -127,22 +127,18 @@ class ShardedSplit(AudioSplit):
 
     def __init__(self, root: str | Path, meta: dict[str, Any], arrays: dict[str, np.ndarray], featurizer: Featurizer,
                  stats: F.FeatureStats, on_bad_data: str = "raise") -> None:
+        super().__init__(featurizer, arrays["samples"])
         self.root, self.meta = str(root), meta
         self.split, self.linkedset = meta["split"], meta["linkedset"]
         self.num_sources, self.num_speakers = meta["num_sources"], meta["num_speakers"]
         self.manifest_names = arrays["names"]
-        self.samples = arrays["samples"].astype(np.int64)
         self.shard_of = arrays["shard"].astype(np.int64)
         self._offset, self._size, self._crc = arrays["offset"], arrays["size"], arrays["crc"]
         self._speakers = arrays["speakers"]
         self.files = [join(root, self.split, self.linkedset, s["file"]) for s in meta["shards"]]
-        self.stats, self.featurizer, self.on_bad_data = stats, featurizer, on_bad_data
-        self.lengths = [featurizer.spectral.num_frames(int(n)) for n in self.samples]
+        self.stats, self.on_bad_data = stats, on_bad_data
         self.skipped: list[Skipped] = []
         self.opened: set[str] = set()
-        keys = featurizer.keys
-        self.sequence_keys = tuple(k for k in ("features", "mix_mag", "src_mag", "binary_targets", "usedbins",
-                                               "frame_target") if k == "features" or k in keys)
         self._handles: dict[int, IO[bytes]] = {}
         self._pid = os.getpid()
 

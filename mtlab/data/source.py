@@ -1,13 +1,15 @@
-"""The base class of a linked set whose audio is read per batch (``mtlab.tasks.sampling.StreamedSource``).
+"""The base classes of mtlab.data's splits: :class:`Split` describes its examples (the members of
+``mtlab.tasks.sampling.DataSource``, with their defaults), :class:`AudioSplit` is a split whose audio is read per
+batch (``mtlab.tasks.sampling.StreamedSource``).
 
-A subclass reads utterance ``i``'s audio in :meth:`~AudioSplit.audio` (a dict of int16 waveforms and per-utterance
-targets, or a :class:`~mtlab.tasks.sampling.Skipped` for a bad file); cutting a segment and computing features and
-targets on the training device are the same for every such split and live here::
+An :class:`AudioSplit` subclass reads utterance ``i``'s audio in :meth:`~AudioSplit.audio` (a dict of int16
+waveforms and per-utterance targets, or a :class:`~mtlab.tasks.sampling.Skipped` for a bad file); the lengths and
+per-frame keys it describes, cutting a segment and computing features and targets on the training device are the
+same for every such split and live here::
 
     class MySplit(AudioSplit):
         def __init__(self, ...):
-            self.featurizer = Featurizer(...)   # features, targets and normalization, on the device
-            self.lengths = [...]                # frames per utterance, for bucketing
+            super().__init__(Featurizer(...), samples)  # features and targets on the device; samples per utterance
 
         def __len__(self): ...
         def audio(self, index): ...
@@ -15,22 +17,46 @@ targets on the training device are the same for every such split and live here::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..tasks.sampling import Skipped
 from .ondevice import Featurizer
 
+# The per-frame keys of a split, in this order (a per-utterance vector is not one, however long it is).
+SEQUENCE_KEYS = ("features", "mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target")
 
-class AudioSplit(torch.utils.data.Dataset):
-    """A streamed linked set: ``audio(i)`` read per batch, ``featurize(batch, device)`` on the device."""
 
-    featurizer: Featurizer
+class Split(torch.utils.data.Dataset):
+    """A linked set's examples, described without reading them (``mtlab.tasks.sampling.DataSource``):
+    ``lengths`` (frames per example, for bucketing), ``sequence_keys`` (the per-frame entries a segment cuts; None:
+    every entry as long as its example) and ``shard_of`` (the shard of each example; None: not written as shards)."""
+
     lengths: list[int]
+    sequence_keys: tuple[str, ...] | None = None
+    shard_of: Sequence[int] | np.ndarray | None = None
 
     def __len__(self) -> int:
         raise NotImplementedError(f"{type(self).__name__} must define __len__")
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} must define __getitem__")
+
+
+class AudioSplit(Split):
+    """A streamed linked set: ``audio(i)`` read per batch, ``featurize(batch, device)`` on the device."""
+
+    featurizer: Featurizer
+    samples: np.ndarray  # the mixture's samples per utterance
+
+    def __init__(self, featurizer: Featurizer, samples: Sequence[int] | np.ndarray) -> None:
+        self.featurizer = featurizer
+        self.samples = np.asarray(samples, dtype=np.int64)
+        self.lengths = [featurizer.spectral.num_frames(int(n)) for n in self.samples]
+        self.sequence_keys = tuple(k for k in SEQUENCE_KEYS if k == "features" or k in featurizer.keys)
 
     def audio(self, index: int) -> dict[str, torch.Tensor] | Skipped:
         """Utterance ``index``'s waveforms and per-utterance targets (or why it was skipped)."""

@@ -59,24 +59,19 @@ class StreamedSplit(AudioSplit):
                  feature_inputs: tuple[str, ...] = ()) -> None:
         if on_bad_data not in BAD_DATA:
             raise DataError(f"on_bad_data={on_bad_data!r}; valid: {list(BAD_DATA)}")
+        super().__init__(featurizer, samples)
         self.manifest = manifest
-        self.samples = np.asarray(samples, dtype=np.int64)
-        self.lengths = [featurizer.spectral.num_frames(int(n)) for n in self.samples]
         self.stats = stats
         self.report = manifest.report
         self.split = split
         self.linkedset = linkedset
         self.num_speakers = num_speakers
         self.num_sources = num_sources
-        self.featurizer = featurizer
         self.on_bad_data = on_bad_data
         self.skipped = list(skipped or [])  # left out while the manifest was read (on_bad_data="skip")
         self._example = example  # (row) -> the precomputed-style example; corpus owns how it is computed
         self._ivec, self._ivec_stats = ivec, ivec_stats
         self.feature_inputs = tuple(feature_inputs)  # data keys of manifest.inputs, in order
-        keys = featurizer.keys
-        self.sequence_keys = tuple(k for k in ("features", "mix_mag", "src_mag", "binary_targets", "usedbins",
-                                               "frame_target") if k == "features" or k in keys)
 
     @property
     def names(self) -> list[str]:
@@ -124,15 +119,7 @@ class StreamedSplit(AudioSplit):
                             f"than one analysis window ({F.WIN_LENGTH} samples); remove it from the list")
         out = {"mix_wav": mix}
         if row.sources:
-            srcs = []
-            for src in row.sources:
-                wav = read_wav_int16(src.resolve(), SAMPLE_RATE, origin=src.where)
-                if wav.shape[0] != mix.shape[0]:
-                    raise DataError(f"{src.resolve()} (listed at {src.where}) has {wav.shape[0]} samples but its "
-                                    f"mixture {row.mix.resolve()} has {mix.shape[0]}; sources must match the mixture "
-                                    "sample for sample")
-                srcs.append(wav)
-            out["src_wav"] = torch.stack(srcs, dim=-1)
+            out["src_wav"] = _beside(row.sources, row, mix.shape[0], "sources must match the mixture sample for sample")
         if row.speakers is not None:
             ids = row.speakers.ints(self.num_sources)
             if "spk" in keys:
@@ -142,21 +129,27 @@ class StreamedSplit(AudioSplit):
         if self._ivec is not None and row.vector is not None:
             out["ivec"] = normalize(read_vector(row.vector, self._ivec.nrcol, self._ivec.nrs), self._ivec_stats)
         if row.inputs:
-            wavs = []
-            for entry in row.inputs:
-                wav = read_wav_int16(entry.resolve(), SAMPLE_RATE, origin=entry.where)
-                if wav.shape[0] != mix.shape[0]:
-                    raise DataError(f"{entry.resolve()} (listed at {entry.where}) has {wav.shape[0]} samples but its "
-                                    f"mixture {row.mix.resolve()} has {mix.shape[0]}; an input's audio must match the "
-                                    "mixture sample for sample (its features frame for frame)")
-                wavs.append(wav)
-            out["input_wav"] = torch.stack(wavs, dim=-1)
+            out["input_wav"] = _beside(row.inputs, row, mix.shape[0], "an input's audio must match the mixture sample "
+                                       "for sample (its features frame for frame)")
         return out
 
     def __repr__(self) -> str:
         hours = int(self.samples.sum()) / SAMPLE_RATE / 3600
         return (f"StreamedSplit({self.split}/{self.linkedset}: {len(self)} utterances, {sum(self.lengths)} frames, "
                 f"{hours:.2f} h; read per batch)")
+
+
+def _beside(entries: tuple[ListEntry, ...], row: Row, samples: int, rule: str) -> torch.Tensor:
+    """[N, k] int16: the audio of ``entries`` (a row's sources, or its other inputs), each as long as its mixture
+    (``samples``), else a DataError that says so and why (``rule``)."""
+    wavs = []
+    for entry in entries:
+        wav = read_wav_int16(entry.resolve(), SAMPLE_RATE, origin=entry.where)
+        if wav.shape[0] != samples:
+            raise DataError(f"{entry.resolve()} (listed at {entry.where}) has {wav.shape[0]} samples but its mixture "
+                            f"{row.mix.resolve()} has {samples}; {rule}")
+        wavs.append(wav)
+    return torch.stack(wavs, dim=-1)
 
 
 def _lengths_cache(manifest: Manifest, beside: bool = True) -> tuple[list[Path], str]:

@@ -19,6 +19,7 @@ from torch import Tensor
 from ..data import features as feat
 from ..data import SAMPLE_RATE, read_list, read_wav
 from ..data.corpus import data_samples_dir
+from ..data.source import Split
 from ..base.errors import ConfigError
 
 SIR_DB = (0.0, 5.0)
@@ -46,7 +47,7 @@ def source_pool(root: str | Path | None = None, split: str = "train") -> list[tu
     return pool
 
 
-class RemixedSet(torch.utils.data.Dataset):
+class RemixedSet(Split):
     """The training examples of ``base`` (a ``load_split`` dataset: its ``stats`` normalize the new
     features) followed by ``count`` remixed ones, built on access (no memory held; deterministic per
     index and seed), with the keys ``keys`` (default: ``base``'s).

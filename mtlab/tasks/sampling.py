@@ -98,6 +98,25 @@ class ExampleSource(Protocol):
 
 
 @runtime_checkable
+class DataSource(ExampleSource, Protocol):
+    """A source that describes its examples without reading them: ``mtlab.data``'s splits, whose base class
+    ``mtlab.data.source.Split`` gives the defaults (a source of one's own may subclass it, or define all three).
+
+    - ``lengths``: frames per example, for bucketing;
+    - ``sequence_keys``: the per-frame entries a segment cuts (None: every entry as long as its example);
+    - ``shard_of``: the shard of each example, read whole by one rank (None: not written as shards).
+
+    Any other source (a list of example dicts) is measured from its examples."""
+
+    @property
+    def lengths(self) -> Sequence[int]: ...
+    @property
+    def sequence_keys(self) -> Sequence[str] | None: ...
+    @property
+    def shard_of(self) -> Sequence[int] | np.ndarray | None: ...
+
+
+@runtime_checkable
 class StreamedSource(ExampleSource, Protocol):
     """A source whose audio is read per batch and featurized on the trainer's device (``mtlab.data``'s splits
     subclass ``mtlab.data.source.AudioSplit``, which also cuts segments)."""
@@ -125,10 +144,9 @@ def streamed(source: ExampleSource) -> SegmentedSource:
 
 
 def lengths_of(source: ExampleSource) -> list[int]:
-    """Per-example lengths: ``source.lengths`` when present, else the first tensor's time axis."""
-    lengths = getattr(source, "lengths", None)
-    if lengths is not None:
-        out = [int(x) for x in lengths]
+    """Per-example lengths: a :class:`DataSource`'s ``lengths``, else each example's first tensor's time axis."""
+    if isinstance(source, DataSource):
+        out = [int(x) for x in source.lengths]
         if len(out) != len(source):
             raise ConfigError(f"source.lengths has {len(out)} entries for {len(source)} examples")
         return out
@@ -176,9 +194,10 @@ class SegmentedExamples:
             raise ConfigError(f"segment_length must be a positive number of frames, got {segment_length!r}")
         self.source = source
         self.segment_length = segment_length
-        if keys is None:
-            keys = getattr(source, "sequence_keys", None)
+        if keys is None and isinstance(source, DataSource):
+            keys = source.sequence_keys
         self.keys = None if keys is None else tuple(keys)
+        self.sequence_keys = self.keys  # what is per-frame in a segment: as in the utterance
         self.index: list[tuple[int, int, int]] = []  # (utterance, first frame, frames)
         for i, n in enumerate(lengths_of(source)):
             if n < segment_length:
@@ -186,6 +205,8 @@ class SegmentedExamples:
             else:
                 self.index.extend((i, k * segment_length, segment_length) for k in range(n // segment_length))
         self.lengths = [n for _, _, n in self.index]
+        parts = source.shard_of if isinstance(source, DataSource) else None
+        self.shard_of = None if parts is None else [int(parts[i]) for i, _, _ in self.index]
 
     def __len__(self) -> int:
         return len(self.index)
@@ -224,7 +245,10 @@ class HeadExamples:
         self.count = count
         self.frac = frac  # set by trainset_fraction: a stage's other view of the data keeps this fraction of it
         self.lengths = lengths_of(source)[:count]
-        self.sequence_keys = getattr(source, "sequence_keys", None)
+        described = source if isinstance(source, DataSource) else None
+        self.sequence_keys = described.sequence_keys if described is not None else None
+        parts = described.shard_of if described is not None else None
+        self.shard_of = None if parts is None else [int(x) for x in parts[:count]]
 
     def __len__(self) -> int:
         return self.count
@@ -250,17 +274,11 @@ class HeadExamples:
         return f"HeadExamples(first {self.count} of {len(self.source)})"
 
 
-def shard_parts(source: Any) -> list[int] | None:
-    """The shard of each example of a source written as shards (``source.shard_of``, through segment and head
-    views), or None for any other source."""
-    if isinstance(source, SegmentedExamples):
-        inner = shard_parts(source.source)
-        return None if inner is None else [inner[i] for i, _, _ in source.index]
-    if isinstance(source, HeadExamples):
-        inner = shard_parts(source.source)
-        return None if inner is None else inner[: source.count]
-    found = getattr(source, "shard_of", None)
-    return None if found is None else [int(x) for x in found]
+def shard_parts(source: ExampleSource) -> list[int] | None:
+    """The shard of each example of a source written as shards (a :class:`DataSource`'s ``shard_of``, which the
+    segment and head views carry through), or None for any other source."""
+    parts = source.shard_of if isinstance(source, DataSource) else None
+    return None if parts is None else [int(x) for x in parts]
 
 
 def batch_count(n: int, batch_size: int, numbuckets: int) -> int:
