@@ -356,7 +356,7 @@ Example::
     if unknown:
         raise DataError(f"unknown target keys {unknown}; valid keys: {', '.join(TARGET_KEYS)}")
     keys = set(targets)
-    if is_shard_root(root, split, linkedset):
+    if root is not None and is_shard_root(root, split, linkedset):
         if not stream or dynamic_mix is not None:
             raise DataError(f"{root}: a shard folder is read with stream=True and without dynamic_mix (it draws "
                             "sources from the whole split, not from a rank's own shards)")

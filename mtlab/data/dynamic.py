@@ -69,7 +69,8 @@ class MixSettings:
         seed = spec.get("seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise DataError(f"dynamic_mix seed = {seed!r} must be an integer >= 0")
-        noise, files = spec.get("noise"), ()
+        noise = spec.get("noise")
+        files: tuple[ListEntry, ...] = ()
         if noise is not None:
             if not isinstance(noise, (str, Path)) or not str(noise):
                 raise DataError(f"dynamic_mix noise = {noise!r} must be the path of a list of noise WAVs")

@@ -238,7 +238,10 @@ class FeatureStats:
         try:
             mean = torch.tensor(data["mean"], dtype=torch.float32)
             std = torch.tensor(data["std"], dtype=torch.float32)
-            stats = cls(mean, std, int(data["frames"]), str(data.get("source", "")))
+            frames = data["frames"]
+            if not isinstance(frames, (int, float, str)):
+                raise TypeError(f"frames = {frames!r} is not a number")
+            stats = cls(mean, std, int(frames), str(data.get("source", "")))
         except (KeyError, TypeError, ValueError) as err:
             raise DataError(f"{origin}: not a feature-statistics file (needs mean, std, frames): {err}") from err
         if mean.shape != std.shape or mean.ndim != 1:

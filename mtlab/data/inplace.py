@@ -120,7 +120,7 @@ def _read_tree(layout: str, root: str, linkedset: str,
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
-            np.savez(tmp, **arrays)
+            np.savez(tmp, allow_pickle=False, **arrays)  # read back without pickles
             tmp.replace(path)
         except OSError:
             pass  # no writable cache folder: the tree is read each time

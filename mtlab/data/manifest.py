@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -88,7 +88,8 @@ def make_column(path: Path, values: np.ndarray, lines: np.ndarray) -> Column:
     if len(values) == 0 or values.dtype.itemsize == 0:
         return Column(path, "", values.astype(bytes), lines.astype(np.int32))
     ordered = np.sort(values)
-    prefix = os.path.commonprefix([bytes(ordered[0]), bytes(ordered[-1])])  # of all: the first and last agree on it
+    # of all: the first and last agree on it (bytes in, bytes out: commonprefix's '' is for an empty list only)
+    prefix = cast(bytes, os.path.commonprefix([bytes(ordered[0]), bytes(ordered[-1])]))
     width = values.dtype.itemsize
     cut = values.view(np.uint8).reshape(len(values), width)[:, len(prefix):].copy()
     suffixes = cut.view(f"S{max(width - len(prefix), 1)}").reshape(-1) if width > len(prefix) else \
@@ -186,10 +187,10 @@ def unpack_manifest(data: Any) -> Manifest:
         return Column(Path(str(data[f"{label}.path"])), str(data[f"{label}.prefix"]), data[f"{label}.suffixes"],
                       data[f"{label}.lines"])
 
-    sources = []
+    sources: list[Column] = []
     while (c := column(f"s{len(sources) + 1}")) is not None:
         sources.append(c)
-    inputs = []
+    inputs: list[Column] = []
     while (c := column(f"input{len(inputs)}")) is not None:
         inputs.append(c)
     labels = tuple(str(x) for x in data["labels"])
@@ -218,7 +219,7 @@ def cached_manifest(key: bytes, build: Callable[[], Manifest]) -> Manifest:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
-            np.savez(tmp, **pack_manifest(manifest))
+            np.savez(tmp, allow_pickle=False, **pack_manifest(manifest))  # read back without pickles
             tmp.replace(path)  # atomic: ranks starting together never read half a file
         except OSError:
             pass  # no writable cache folder: parse the lists each time

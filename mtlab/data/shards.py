@@ -125,6 +125,8 @@ class ShardedSplit(AudioSplit):
     plus ``shard_of`` (the shard of each utterance), ``files`` (the shard paths) and ``opened`` (those this
     process opened)."""
 
+    shard_of: np.ndarray
+
     def __init__(self, root: str | Path, meta: dict[str, Any], arrays: dict[str, np.ndarray], featurizer: Featurizer,
                  stats: F.FeatureStats, on_bad_data: str = "raise") -> None:
         super().__init__(featurizer, arrays["samples"])

@@ -25,9 +25,11 @@ from ..tasks.sampling import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE
 from .corpus import DEFAULT_TARGETS, NUM_SOURCES, data_samples_dir, load_split
+from .dynamic import DynamicMix
 from .errors import DataError
 from .shards import FORMAT, INDEX, SHARD_SIZE, SOURCE_KEYS, SPEAKER_KEYS, is_shard_root
 from .statcache import printed_progress
+from .streamed import StreamedSplit
 
 
 def _wav_bytes(samples: torch.Tensor) -> bytes:
@@ -90,6 +92,8 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
         targets.append("ivec")
     data = load_split(base, split, linkedset, targets=targets, stream=True, num_sources=num_sources,
                       spectral=spectral, **load)
+    if not isinstance(data, (StreamedSplit, DynamicMix)):  # list files, streamed: never the in-memory dataset
+        raise DataError(f"{base}: write_shards reads a streamed split of list files, load_split gave {type(data)}")
     progress = load.get("progress", True)
     show = printed_progress(f"shards of {split}/{linkedset}") if progress is True else (progress or None)
     target = Path(out) / split / linkedset

@@ -110,7 +110,7 @@ def streaming_stats(column: Column, sample: Sequence[int], spectral: F.Spectral,
         n = feats.shape[0]
         m = feats.mean(dim=0)
         d2 = (feats - m).square().sum(dim=0)
-        if mean is None:
+        if mean is None or m2 is None:
             count, mean, m2 = n, m, d2
         else:
             delta = m - mean

@@ -103,7 +103,7 @@ def data_section(imp: SpecReader, parser: Any, file: str, globalvars: Mapping[st
                                                         "folder nor below the recipes' root")
         return None
     if proc_path.is_file():
-        proc = section(read_ini(proc_path), "processor", proc_path)  # type: ignore[arg-type]
+        proc = section(read_ini(proc_path), "processor", proc_path)
     else:
         proc = dict(default or {})
         imp.defaults.append(f"[{name}] processor_config: {conf['processor_config']!r} is absent; the settings of "

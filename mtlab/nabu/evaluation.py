@@ -111,7 +111,6 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
     imp = Importer(folder, str(data_root), strict=True)
     path = folder / "test_evaluator.cfg"
     parser = read_ini(path)
-    assert parser is not None
     ev = section(parser, "evaluator", path)
     if ev.get("evaluator") != "multi_task":
         raise ConfigError(f"{path}: [evaluator] evaluator = {ev.get('evaluator')!r}: mtlab tests with the original's "
@@ -222,7 +221,7 @@ def _list_section(imp: Importer, file: Path, key: str, name: str, db: Any, globa
         if not proc_path.is_file():
             raise ConfigError(f"{imp.folder / 'database.conf'}: [{names[0]}] processor_config = "
                               f"{conf['processor_config']!r} is neither in the recipe folder nor below the recipes' root")
-        proc = section(read_ini(proc_path), "processor", proc_path)  # type: ignore[arg-type]
+        proc = section(read_ini(proc_path), "processor", proc_path)
         if "winlen" in proc:
             out["spectral"] = Spectral.from_processor_config(proc, SAMPLE_RATE, origin=str(proc_path))
         out["processor"] = proc
@@ -371,12 +370,15 @@ def open_test(expdir: str | Path, checkpoint: str = "final", recipe_dir: str | P
     recipe = load_safe(ckpt).get("recipe")
     if not isinstance(recipe, Mapping):
         raise ConfigError(f"{ckpt} carries no recipe; test a checkpoint that mtlab train wrote")
-    nabu = recipe.get("nabu")
-    if nabu is None and recipe_dir is None:
+    nabu: Mapping[str, Any] = recipe.get("nabu") or {}
+    if not nabu and recipe_dir is None:
         raise ConfigError(f"{ckpt}: its recipe was not imported from an original recipe folder; give the folder "
                           "whose test_evaluator.cfg to run (--recipe DIR)")
-    folder = Path(recipe_dir or nabu["recipe_dir"])  # type: ignore[index]
-    root = Path(data_root or nabu["data_root"])  # type: ignore[index]
+    if not nabu and data_root is None:
+        raise ConfigError(f"{ckpt}: its recipe was not imported from an original recipe folder, so it names no data "
+                          "root; give the folder database.conf's paths go under (--data-root DIR)")
+    folder = Path(recipe_dir or nabu["recipe_dir"])
+    root = Path(data_root or nabu["data_root"])
     return ckpt, dict(recipe), read_test(folder, root)
 
 
@@ -433,6 +435,9 @@ def evaluate_tests(trainer: Trainer | None, tests: Mapping[str, EvalTask], out: 
             result.notes.append(f"{tname}: refused: {test.refused}")
             say(f"{tname}: refused: {test.refused}")
             continue
+        if trainer is None:
+            raise ConfigError(f"test task {tname!r}: evaluate_tests needs the trainer built from the test recipe "
+                              "(None only when every task is refused)")
         try:
             if test.handler is not None:
                 summary = _verify_task(trainer, tname, test, limit, out, tests, seed, result.notes)
@@ -496,11 +501,11 @@ def _test_task(trainer: Trainer, tname: str, test: EvalTask, limit: int | None, 
                 r = plan.loss(batch, keep_outputs=True)
             sums[0] += float(r.loss_sum)
             sums[1] += float(r.normalizer)
-            if rec is None:
+            if rec is None or names is None:  # no names without a reconstructor: raised above
                 continue
+            kept = RECONSTRUCTORS[rec["type"]]
             for j, i in enumerate(index):
-                outputs = {k: r.outputs[k][j, :ds.lengths[i]].double().cpu().numpy()
-                           for k in RECONSTRUCTORS[rec["type"]]}
+                outputs = {k: r.outputs[k][j, :ds.lengths[i]].double().cpu().numpy() for k in kept}
                 rows.append(_separate(tname, test, names[i], outputs, rng, metrics, out,
                                       apply_and_resynthesize, reconstruct, order, wav_format))
     loss = sums[0] / sums[1] if sums[1] else math.nan
@@ -515,7 +520,7 @@ def _test_task(trainer: Trainer, tname: str, test: EvalTask, limit: int | None, 
     return summary, rows
 
 
-def _verify_task(trainer: Any, tname: str, test: EvalTask, limit: int | None, out: Path,
+def _verify_task(trainer: Trainer, tname: str, test: EvalTask, limit: int | None, out: Path,
                  tests: Mapping[str, EvalTask], seed: int, notes: list[str]) -> dict[str, Any]:
     """A speaker-verification test task (see :mod:`mtlab.nabu.verification`): its loss, the handled vector of each
     utterance (``<task>/data/<utterance>.npy``) and each scorer's equal error rate; its summary row."""

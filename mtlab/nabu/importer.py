@@ -256,7 +256,6 @@ def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: 
     imp = Importer(folder, str(data_root), strict)
     trainer_path = folder / "trainer.cfg"
     tparser = read_ini(trainer_path)
-    assert tparser is not None
     plain, stages, extras = imp.trainer(section(tparser, "trainer", trainer_path))
     db, db_file, globalvars = database(folder)
     reroot = rerooter(db, imp.data_root)
@@ -280,8 +279,8 @@ def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: 
     for tname in plain["tasks"]:
         orig = imp.task("trainer.cfg", tname, section(tparser, tname, trainer_path), data)
         valid = None
-        if validating:
-            if not vparser.has_section(tname):  # type: ignore[union-attr]
+        if validating and vparser is not None:
+            if not vparser.has_section(tname):
                 raise ConfigError(f"{folder / 'validation_evaluator.cfg'}: no [{tname}] section; the original "
                                   "validates every training task")
             valid = imp.task("validation_evaluator.cfg", tname,
@@ -380,14 +379,13 @@ def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str,
         for set_name, spec in linkedsets.items():
             vset = vsets.get(set_name) or (vsets.get("set0") if set_name == next(iter(linkedsets)) else None)
             sec = vset["sections"].get(first, {}) if vset and first else {}
-            if "datafiles" in sec and "data" in spec:
+            if vset is not None and "datafiles" in sec and "data" in spec:  # (no vset: sec is {})
                 vdata = data_spec(sec["datafiles"])
                 spec["valid"] = {k: v for k, v in vdata.items() if spec["data"].get(k) != v} or \
                     {"split": vdata["split"]}
                 if extra:
-                    spec["valid"]["feature_inputs"] = {i: vset["sections"][i]["datafiles"]  # type: ignore[index]
-                                                       for i in extra}
-                vnrs = source_count(imp, tname, set_name, vset["sections"])  # type: ignore[index]
+                    spec["valid"]["feature_inputs"] = {i: vset["sections"][i]["datafiles"] for i in extra}
+                vnrs = source_count(imp, tname, set_name, vset["sections"])
                 if vnrs != spec["data"].get("num_sources", NUM_SOURCES):
                     spec["valid"]["num_sources"] = vnrs
                 train_vectors = spec["data"].get("ivec")
@@ -451,7 +449,8 @@ def size_models(imp: Importer, raw: Mapping[str, Mapping[str, str]], tasks: Mapp
     sizes_in: dict[str, list[int | None]] = {}
     ranks_in: dict[str, list[int]] = {}  # per model: its inputs' axes (RANKS)
     for tname, task in tasks.items():
-        first = next(iter(task["linkedsets"].values()), {}).get("data", {})
+        linkedsets: list[Mapping[str, Any]] = list(task["linkedsets"].values())
+        first: Mapping[str, Any] = linkedsets[0].get("data", {}) if linkedsets else {}
         feature_dim = first.get("spectral", {}).get("n_fft", 256) // 2 + 1
         known = {"features": feature_dim, **{k: feature_dim for k in first.get("feature_inputs", {})},
                  "usedbins": feature_dim, "binary_targets": feature_dim * first.get("num_sources", NUM_SOURCES)}

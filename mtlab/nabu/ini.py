@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import configparser
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 from ..base.errors import ConfigError
 
@@ -21,6 +21,17 @@ class SpecReader(Protocol):
     def refuse(self, file: str, key: str, why: str) -> None: ...
     def unknown(self, file: str, where: str, key: str, valid: tuple[str, ...] | list[str]) -> ConfigError: ...
     def value(self, file: str, key: str, kind: str, text: str) -> Any: ...
+
+
+@overload
+def read_ini(path: Path, required: Literal[True] = True) -> configparser.ConfigParser:
+    """A required file: parsed, or a ConfigError."""
+
+
+@overload
+def read_ini(path: Path, required: bool) -> configparser.ConfigParser | None:
+    """A file that may be missing: None then."""
+
 
 
 def read_ini(path: Path, required: bool = True) -> configparser.ConfigParser | None:

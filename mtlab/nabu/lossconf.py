@@ -73,13 +73,14 @@ def loss_spec(imp: SpecReader, task: str, kind: str, options: Mapping[str, str],
         return None
     allowed = LOSS_OPTIONS.get(kind, {})
     for key, value in options.items():
+        choices = allowed.get(key, ())
         if key not in allowed:
             imp.refuse(file, f"[{kind}] {key}", f"not an option of the original's {kind!r} loss that mtlab "
                                                  f"honours (it honours {', '.join(allowed) or 'none'})")
-        elif allowed[key] is not None and allowed[key] and value not in allowed[key]:  # type: ignore[operator]
-            imp.refuse(file, f"[{kind}] {key}", f"{value!r}: mtlab honours {', '.join(allowed[key] or ())}")
-        elif allowed[key] is None:
+        elif choices is None:
             imp.refuse(file, f"[{kind}] {key}", "mtlab's loss has no such option")
+        elif choices and value not in choices:
+            imp.refuse(file, f"[{kind}] {key}", f"{value!r}: mtlab honours {', '.join(choices)}")
     names = dict(LOSS_NAMES[kind])
     if "logits_name" in options:
         names["output"] = options["logits_name"]

@@ -110,6 +110,7 @@ SpecFunction = Callable[[Section, list[int | None], list[int] | None], Spec]
 
 
 def first_dim(input_dims: list[int | None]) -> int | None:
+    """The size of the first input (None: unknown, or no input)."""
     return input_dims[0] if input_dims else None
 
 

@@ -109,6 +109,13 @@ def _fields(buf: bytes) -> list[tuple[int, int | bytes]]:
     return out
 
 
+def _message(value: int | bytes) -> bytes:
+    """A length-delimited field's bytes (a nested message such as a shape)."""
+    if isinstance(value, int):
+        raise CheckpointFormatError("a number where a nested message belongs (a shape) in an index entry")
+    return value
+
+
 @dataclass(frozen=True)
 class Entry:
     """Where one tensor lies: the fields of TensorFlow's ``BundleEntryProto``."""
@@ -128,19 +135,19 @@ def _entry(value: bytes) -> Entry:
     sliced = False
     for number, v in _fields(value):
         if number == 1:
-            dtype = int(v)  # type: ignore[arg-type]
+            dtype = int(v)
         elif number == 2:
-            for dim_number, dim in _fields(v):  # type: ignore[arg-type]
+            for dim_number, dim in _fields(_message(v)):
                 if dim_number == 2:
-                    shape.append(next((int(s) for n, s in _fields(dim) if n == 1), 0))  # type: ignore[arg-type]
+                    shape.append(next((int(s) for n, s in _fields(_message(dim)) if n == 1), 0))
         elif number == 3:
-            shard = int(v)  # type: ignore[arg-type]
+            shard = int(v)
         elif number == 4:
-            offset = int(v)  # type: ignore[arg-type]
+            offset = int(v)
         elif number == 5:
-            size = int(v)  # type: ignore[arg-type]
+            size = int(v)
         elif number == 6:
-            crc = int(v)  # type: ignore[arg-type]
+            crc = int(v)
         elif number == 7:
             sliced = True
     return Entry(dtype, tuple(shape), shard, offset, size, crc, sliced)
@@ -207,8 +214,8 @@ class TFCheckpoint:
             for key, value in self._items(self._block(data, offset, size, where)):
                 if key == b"":  # the header: number of shards, endianness
                     header = dict(_fields(value))
-                    num_shards = int(header.get(1, 1))  # type: ignore[arg-type]
-                    if int(header.get(2, 0)):  # type: ignore[arg-type]
+                    num_shards = int(header.get(1, 1))
+                    if int(header.get(2, 0)):
                         raise CheckpointFormatError(f"{where}: a big-endian checkpoint; mtlab reads little-endian")
                 else:
                     entries[key.decode()] = _entry(value)

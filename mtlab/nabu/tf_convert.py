@@ -35,14 +35,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..base.errors import ConfigError
+from ..models import BLSTM, BRNN, CapsNet, DBRCapsNet, Dense, EncoderDecoderCNN, LeakyBLSTM, ResetBLSTM
 from .tf_checkpoint import TFCheckpoint
+
+M = TypeVar("M", bound=nn.Module)
 
 # the original's variable names (last scope) and the name older TensorFlow layers gave the same variable
 _KEYS = {"kernel": "kernel", "weights": "kernel", "bias": "bias", "biases": "bias", "kernel_inonly": "kernel_inonly",
@@ -155,21 +158,31 @@ def _fill_lstm(lstm: nn.LSTM, layer_in_lstm: int, reverse: bool, v: _ModelVariab
                         _lstm_weights(kernel, bias, in_dim))))
 
 
+def _as(module: nn.Module, kind: type[M]) -> M:
+    """``module`` as the ``kind`` the recipe's spec built (a TypeError naming both otherwise)."""
+    if not isinstance(module, kind):
+        raise TypeError(f"expected a {kind.__name__} module, found {type(module).__name__}")
+    return module
+
+
 def _fill(model: nn.Module, kind: str, v: _ModelVariables) -> None:
     """Copy the original's variables into ``model`` (built from the recipe), in place."""
     if kind == "BLSTM":
-        layers = list(model.layers) if hasattr(model, "layers") else None
-        num_layers = len(layers) if layers is not None else model.lstm.num_layers
-        for layer in range(num_layers):
-            lstm, index = (layers[layer], 0) if layers is not None else (model.lstm, layer)
+        blstm = _as(model, BLSTM)
+        # one LSTM per layer with the original's dropout after each (mtlab's BLSTM forward), else one stacked LSTM
+        lstms = [(_as(m, nn.LSTM), 0) for m in blstm.layers] if blstm.layer_dropout > 0 else \
+            [(blstm.lstm, layer) for layer in range(blstm.lstm.num_layers)]
+        for layer, (lstm, index) in enumerate(lstms):
             for d in (0, 1):
                 _fill_lstm(lstm, index, d == 1, v, layer, d)
     elif kind in ("ResetBLSTM", "ResetBLSTMInsert"):
-        for layer, (fw, bw) in enumerate(zip(model.forward_lstms, model.backward_lstms)):
-            _fill_lstm(fw, 0, False, v, layer, 0)
-            _fill_lstm(bw, 0, False, v, layer, 1)
+        reset = _as(model, ResetBLSTM)
+        for layer, (fw, bw) in enumerate(zip(reset.forward_lstms, reset.backward_lstms)):
+            _fill_lstm(_as(fw, nn.LSTM), 0, False, v, layer, 0)
+            _fill_lstm(_as(bw, nn.LSTM), 0, False, v, layer, 1)
     elif kind == "BRNN":
-        for layer, rnn in enumerate(model.layers):
+        for layer, module in enumerate(_as(model, BRNN).layers):
+            rnn = _as(module, nn.RNN)
             in_dim, H = rnn.input_size, rnn.hidden_size
             for d, sfx in ((0, "l0"), (1, "l0_reverse")):
                 kernel = v.cell(layer, d, "kernel", (in_dim + H, H))
@@ -177,13 +190,14 @@ def _fill(model: nn.Module, kind: str, v: _ModelVariables) -> None:
                 _set(rnn, {f"weight_ih_{sfx}": kernel[:in_dim].T, f"weight_hh_{sfx}": kernel[in_dim:].T,
                            f"bias_ih_{sfx}": bias, f"bias_hh_{sfx}": torch.zeros_like(bias)})
     elif kind == "LeakyBLSTM":
-        _fill_leaky(model, v)
+        _fill_leaky(_as(model, LeakyBLSTM), v)
     elif kind == "Dense":
+        linears = [_as(m, nn.Linear) for m in _as(model, Dense).layers]
         found = v.dense()
-        if len(found) != len(model.layers):
-            raise ConfigError(f"{v.ckpt.prefix}: model {v.model!r} (Dense) has {len(model.layers)} layer(s) in the "
+        if len(found) != len(linears):
+            raise ConfigError(f"{v.ckpt.prefix}: model {v.model!r} (Dense) has {len(linears)} layer(s) in the "
                               f"recipe, the checkpoint {len(found)} ({[sorted(f.values()) for f in found]})")
-        for i, (linear, names) in enumerate(zip(model.layers, found)):
+        for i, (linear, names) in enumerate(zip(linears, found)):
             where = f"{v.model}/fully_connected{'_' + str(i) if i else ''}"
             values = {"weight": v.take(names.get("kernel"), f"{where}/weights",
                                        (linear.in_features, linear.out_features)).T}
@@ -191,17 +205,21 @@ def _fill(model: nn.Module, kind: str, v: _ModelVariables) -> None:
                 values["bias"] = v.take(names.get("bias"), f"{where}/biases", (linear.out_features,))
             _set(linear, values)
     elif kind == "EncoderDecoderCNN":
-        _fill_cnn(model, v)
+        _fill_cnn(_as(model, EncoderDecoderCNN), v)
     elif kind == "CapsNet":
-        _set(model.primary, {"weight": v.at(("primary_capsule",), "kernel", tuple(model.primary.weight.shape[::-1])).T})
-        for l, layer in enumerate(model.layers, start=1):
-            _set(layer, {k: v.at((f"layer{l}",), k, tuple(getattr(layer, k).shape)) for k in ("kernel", "init_logits")})
+        caps = _as(model, CapsNet)
+        _set(caps.primary, {"weight": v.at(("primary_capsule",), "kernel", tuple(caps.primary.weight.shape[::-1])).T})
+        for l, capsules in enumerate(caps.layers, start=1):
+            _set(capsules, {k: v.at((f"layer{l}",), k, tuple(getattr(capsules, k).shape))
+                            for k in ("kernel", "init_logits")})
     elif kind == "DBRCapsNet":
-        for d, linear in enumerate(model.primary):
+        dbr = _as(model, DBRCapsNet)
+        for d, module in enumerate(dbr.primary):
+            linear = _as(module, nn.Linear)
             _set(linear, {"weight": v.at(("primary_capsule",), "kernel", tuple(linear.weight.shape[::-1]), d).T,
                           "bias": v.at(("primary_capsule",), "bias", tuple(linear.bias.shape), d)})
-        for l, cells in enumerate(model.layers, start=1):
-            for d, cell in enumerate(cells):
+        for l, cells in enumerate(dbr.layers, start=1):
+            for d, cell in enumerate(_as(cells, nn.ModuleList)):
                 _set(cell, {k: v.at((f"layer{l}",), k, tuple(getattr(cell, k).shape), d)
                             for k in ("input_kernel", "recurrent_kernel", "init_input_logits", "init_recurrent_logits")})
     else:
@@ -211,13 +229,14 @@ def _fill(model: nn.Module, kind: str, v: _ModelVariables) -> None:
     v.check_all_used()
 
 
-def _fill_cnn(model: nn.Module, v: _ModelVariables) -> None:
+def _fill_cnn(model: EncoderDecoderCNN, v: _ModelVariables) -> None:
     """``EncoderDecoderCNN`` from the original's ``Conv2D`` layers: kernels to torch's layouts (``[out, in, kt,
     kf]``, transposed ``[in, out, kt, kf]``: both ``permute(3, 2, 0, 1)``) and each batch normalization folded
     into ``FixedStatsNorm``: ``(x - mean) / sqrt(var + eps) * gamma + beta = x / sqrt(1 + eps) * scale + shift``."""
-    layers = [*(("encoder", i, c, "conv2d") for i, c in enumerate(model.encoder)),
-              *(("centre", i, c, "conv2d") for i, c in enumerate(model.centre)),
-              *(("decoder", i, c, "conv2d_transpose") for i, c in enumerate(model.decoder))]
+    layers: list[tuple[str, int, nn.Conv2d | nn.ConvTranspose2d, str]] = [
+        *(("encoder", i, _as(c, nn.Conv2d), "conv2d") for i, c in enumerate(model.encoder)),
+        *(("centre", i, _as(c, nn.Conv2d), "conv2d") for i, c in enumerate(model.centre)),
+        *(("decoder", i, _as(c, nn.ConvTranspose2d), "conv2d_transpose") for i, c in enumerate(model.decoder))]
     for index, (part, i, conv, op) in enumerate(layers):
         scope = (part, f"layer_{i}")
         kt, kf = conv.kernel_size
@@ -233,7 +252,7 @@ def _fill_cnn(model: nn.Module, v: _ModelVariables) -> None:
                                   "shift": stats["beta"] - stats["moving_mean"] * factor})
 
 
-def _fill_leaky(model: nn.Module, v: _ModelVariables) -> None:
+def _fill_leaky(model: LeakyBLSTM, v: _ModelVariables) -> None:
     """``LeakyBLSTM`` per layer and direction from the original's leak cells: ``all`` reads one kernel
     ``[in + H, 4H]``; ``forget_output`` (iznotrec) a kernel ``[in + H, 2H]`` for ``f, o`` and a
     ``kernel_inonly`` ``[in, 2H]`` for ``i, j``; ``none`` (notrec) a kernel ``[in, 4H]``."""

@@ -188,7 +188,8 @@ def draw_trials(spkinfo: Mapping[str, list[str]], names: list[str], scorer: Mapp
     for name in names:
         ids = mix2spk[name]
         other_spk = set(all_spks) - set(ids)
-        mix_pointers, mix_labels = [], []
+        mix_pointers: list[list[list[Any]]] = []
+        mix_labels: list[np.ndarray] = []
         for sid in ids:
             gender = spk2gender[sid]
             if (gender == "F" and gender_rule == "only_m") or (gender == "M" and gender_rule == "only_f"):
