@@ -175,3 +175,19 @@ def vector_section(imp: SpecReader, proc_file: str, proc: Mapping[str, str], out
                           f"knows {' or '.join(VECTOR_MVN)} (its constructor rejects anything else)")
     out["ivec"] = {"nrcol": sizes["nrcol"], "nrs": sizes["nrs"], "mvn": VECTOR_MVN[mvn]}
     return out
+
+
+class DataSections:
+    """database.conf's sections, each read once, when a task first names it: ``sections(name)`` is the section's
+    :func:`data_section` (None where it was refused); ``found`` holds every one read so far."""
+
+    def __init__(self, imp: SpecReader, data_root: str) -> None:
+        self.imp = imp
+        self.parser, self.file, self.globalvars = database(imp.folder)
+        self.reroot = rerooter(self.parser, data_root)
+        self.found: dict[str, dict[str, Any] | None] = {}
+
+    def __call__(self, name: str) -> dict[str, Any] | None:
+        if name not in self.found:
+            self.found[name] = data_section(self.imp, self.parser, self.file, self.globalvars, name, self.reroot)
+        return self.found[name]

@@ -52,9 +52,9 @@ import numpy as np
 import torch
 
 from ..base.errors import ConfigError, MtlabError
-from .database import SAMPLE_RATE, data_section, database, processor_path, rerooter
+from .database import SAMPLE_RATE, DataSections, processor_path
 from .importer import Importer, build_task
-from .ini import read_ini, section, words
+from .ini import read_ini, section, section_kind, words
 
 if TYPE_CHECKING:
     from ..core.trainer import Trainer
@@ -118,15 +118,8 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
     if ev.get("segment_length", "full") != "full":
         raise ConfigError(f"{path}: [evaluator] segment_length = {ev['segment_length']!r}: mtlab tests whole "
                           "utterances ('full')")
-    db, db_file, globalvars = database(imp.folder)
-    reroot = rerooter(db, imp.data_root)
-    cache: dict[str, dict[str, Any] | None] = {}
-
-    def data(name: str) -> dict[str, Any] | None:
-        if name not in cache:
-            cache[name] = data_section(imp, db, db_file, globalvars, name, reroot)
-        return cache[name]
-
+    data = DataSections(imp, imp.data_root)
+    db, globalvars, reroot = data.parser, data.globalvars, data.reroot  # the other configs' paths and values
     losses = read_ini(folder / "loss.cfg", required=False)
     rparser = read_ini(folder / "reconstructor.cfg", required=False)
     sparser = read_ini(folder / "scorer.cfg", required=False)
@@ -232,17 +225,8 @@ def _reconstructor(imp: Importer, file: Path, tname: str, conf: Mapping[str, str
                    globalvars: Mapping[str, str], reroot: Callable[[str], str]) -> dict[str, Any]:
     from ..separation.reconstruct import ACTIVATIONS, RECONSTRUCTORS
 
-    kind = conf.get("reconstruct_type", "")
-    if kind not in RECONSTRUCTORS:
-        raise ConfigError(f"{file}: [{tname}] reconstruct_type = {kind!r}: mtlab reconstructs with "
-                          f"{', '.join(RECONSTRUCTORS)}")
-    for key in conf:
-        if key not in RECONSTRUCTOR_KEYS:
-            raise ConfigError(f"{file}: [{tname}] {key}: not a reconstructor setting mtlab honours (it honours "
-                              f"{', '.join(RECONSTRUCTOR_KEYS)})")
-    for key in ("org_mix", "nrs"):
-        if key not in conf:
-            raise ConfigError(f"{file}: [{tname}] needs {key} (the original reads it)")
+    kind = section_kind(file, f"[{tname}]", conf, "reconstruct_type", tuple(RECONSTRUCTORS), "reconstructs with",
+                        RECONSTRUCTOR_KEYS, "reconstructor", ("org_mix", "nrs"))
     out: dict[str, Any] = {"type": kind, "nrs": imp.value(file.name, f"[{tname}] nrs", "int", conf["nrs"]),
                            "store_output": conf.get("store_output", "False") == "True",
                            "store_masks": conf.get("store_masks", "False") == "True", "options": {}}
@@ -263,16 +247,8 @@ def _reconstructor(imp: Importer, file: Path, tname: str, conf: Mapping[str, str
 
 def _scorer(imp: Importer, file: Path, tname: str, conf: Mapping[str, str], db: Any,
             globalvars: Mapping[str, str], reroot: Callable[[str], str]) -> dict[str, Any]:
-    kind = conf.get("score_type", "")
-    if kind not in SCORERS:
-        raise ConfigError(f"{file}: [{tname}] score_type = {kind!r}: mtlab scores with {', '.join(SCORERS)}")
-    for key in conf:
-        if key not in SCORER_KEYS:
-            raise ConfigError(f"{file}: [{tname}] {key}: not a scorer setting mtlab honours (it honours "
-                              f"{', '.join(SCORER_KEYS)})")
-    for key in ("org_src", "base"):
-        if key not in conf:
-            raise ConfigError(f"{file}: [{tname}] needs {key} (the original reads it)")
+    kind = section_kind(file, f"[{tname}]", conf, "score_type", SCORERS, "scores with", SCORER_KEYS, "scorer",
+                        ("org_src", "base"))
     out = {"type": kind, "org_src": _list_section(imp, file, f"[{tname}] org_src", conf["org_src"], db, globalvars,
                                                   reroot, processor=False),
            "base": _list_section(imp, file, f"[{tname}] base", conf["base"], db, globalvars, reroot, processor=False)}

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import ConfigError
-from .database import data_section, database, rerooter
+from .database import DataSections
 from .ini import read_ini, section, words
 from .lossconf import loss_options, loss_spec
 from .specs import OUTPUT_RANKS, model_spec
@@ -257,15 +257,7 @@ def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: 
     trainer_path = folder / "trainer.cfg"
     tparser = read_ini(trainer_path)
     plain, stages, extras = imp.trainer(section(tparser, "trainer", trainer_path))
-    db, db_file, globalvars = database(folder)
-    reroot = rerooter(db, imp.data_root)
-    data_cache: dict[str, dict[str, Any] | None] = {}
-
-    def data(name: str) -> dict[str, Any] | None:
-        if name not in data_cache:
-            data_cache[name] = data_section(imp, db, db_file, globalvars, name, reroot)
-        return data_cache[name]
-
+    data = DataSections(imp, imp.data_root)
     losses = read_ini(folder / "loss.cfg", required=False)
     vparser = read_ini(folder / "validation_evaluator.cfg", required=False)
     veval = section(vparser, "evaluator", folder / "validation_evaluator.cfg") if vparser is not None and \
@@ -304,7 +296,7 @@ def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: 
             "data_root": str(data_root),
             **extras,
             "tasks": nabu_tasks,
-            "data": {k: v for k, v in data_cache.items() if v is not None},
+            "data": {k: v for k, v in data.found.items() if v is not None},
             "evaluation": {f: str(folder / f) for f in ("test_evaluator.cfg", "reconstructor.cfg", "scorer.cfg",
                                                          "postprocessor.cfg") if (folder / f).is_file()},
         },

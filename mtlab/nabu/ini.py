@@ -4,6 +4,7 @@ lower-cased, ``#``/``;`` comment lines, a repeated option keeps its last value),
 from __future__ import annotations
 
 import configparser
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, overload
 
@@ -59,3 +60,20 @@ def section(parser: configparser.ConfigParser, name: str, path: Path) -> dict[st
 def words(text: str) -> list[str]:
     """Space-separated values (the original splits on ' '; empty parts dropped)."""
     return [w for w in text.split() if w]
+
+
+def section_kind(file: Path, where: str, conf: Mapping[str, str], kind_key: str, kinds: Sequence[str], does: str,
+                 keys: Sequence[str], setting: str, required: Sequence[str] = ()) -> str:
+    """A section's ``kind_key`` (one of ``kinds``: "mtlab <does> <kinds>" otherwise), once each of its keys is a
+    ``setting`` mtlab honours (one of ``keys``) and the ``required`` ones are there; else a ConfigError naming it."""
+    kind = conf.get(kind_key, "")
+    if kind not in kinds:
+        raise ConfigError(f"{file}: {where} {kind_key} = {kind!r}: mtlab {does} {', '.join(kinds)}")
+    for key in conf:
+        if key not in keys:
+            raise ConfigError(f"{file}: {where} {key}: not a {setting} setting mtlab honours (it honours "
+                              f"{', '.join(keys)})")
+    for key in required:
+        if key not in conf:
+            raise ConfigError(f"{file}: {where} needs {key} (the original reads it)")
+    return kind

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import ConfigError
+from .ini import section_kind
 
 HANDLERS = ("attractor_from_embeddings", "ivector_extractor")
 HANDLER_KEYS = ("speaker_verification_handler_type", "store_output", "input_features", "usedbins", "task_for_masks",
@@ -50,16 +51,8 @@ BASE_OUTPUTS = {"attractor_from_embeddings": "speaker_bin_embeddings", "ivector_
 def read_handler(file: Path, tname: str, conf: Mapping[str, str], section_list: Callable[[str, str], dict[str, Any]]
                  ) -> dict[str, Any]:
     """A task's ``speaker_verification_handler.cfg`` section; ``section_list(key, value)`` reads a database section."""
-    kind = conf.get("speaker_verification_handler_type", "")
-    if kind not in HANDLERS:
-        raise ConfigError(f"{file}: [{tname}] speaker_verification_handler_type = {kind!r}: mtlab handles "
-                          f"{', '.join(HANDLERS)}")
-    for key in conf:
-        if key not in HANDLER_KEYS:
-            raise ConfigError(f"{file}: [{tname}] {key}: not a speaker-verification handler setting mtlab honours "
-                              f"(it honours {', '.join(HANDLER_KEYS)})")
-    if "nrs" not in conf:
-        raise ConfigError(f"{file}: [{tname}] needs nrs (the original reads it)")
+    kind = section_kind(file, f"[{tname}]", conf, "speaker_verification_handler_type", HANDLERS, "handles",
+                        HANDLER_KEYS, "speaker-verification handler", ("nrs",))
     outputs = conf.get("output_names", BASE_OUTPUTS[kind]).split()
     if len(outputs) != 1:
         raise ConfigError(f"{file}: [{tname}] output_names = {conf['output_names']!r}: the original expects one")
@@ -86,17 +79,9 @@ def read_handler(file: Path, tname: str, conf: Mapping[str, str], section_list: 
 def read_sv_scorer(file: Path, sname: str, conf: Mapping[str, str],
                    section_list: Callable[[str, str], dict[str, Any]]) -> dict[str, Any]:
     """A ``speaker_verification_scorer.cfg`` section."""
-    kind = conf.get("score_type", "")
-    if kind not in SV_SCORERS:
-        raise ConfigError(f"{file}: [{sname}] score_type = {kind!r}: mtlab scores speaker verification with "
-                          f"{', '.join(SV_SCORERS)}")
-    for key in conf:
-        if key not in SV_SCORER_KEYS:
-            raise ConfigError(f"{file}: [{sname}] {key}: not a speaker-verification scorer setting mtlab honours "
-                              f"(it honours {', '.join(SV_SCORER_KEYS)})")
-    for key in ("nrs", "thr_range", "spkinfo", "num_trials_per_mix_per_spk"):
-        if key not in conf:
-            raise ConfigError(f"{file}: [{sname}] needs {key} (the original reads it)")
+    kind = section_kind(file, f"[{sname}]", conf, "score_type", SV_SCORERS, "scores speaker verification with",
+                        SV_SCORER_KEYS, "speaker-verification scorer", ("nrs", "thr_range", "spkinfo",
+                                                                        "num_trials_per_mix_per_spk"))
     if conf.get("load_enr_vecs", "None") != "None":
         raise ConfigError(f"{file}: [{sname}] load_enr_vecs = {conf['load_enr_vecs']!r}: mtlab enrols with the "
                           "test's own vectors (load_enr_vecs = None)")
