@@ -313,7 +313,7 @@ def load_split(
     on_bad_data: str = "raise",
     stats_utterances: int | None = STATS_UTTERANCES,
     progress: Progress | None | bool = True,
-    dynamic_mix: Any = None,
+    dynamic_mix: MixSettings | Mapping[str, Any] | None = None,
     feature_inputs: Mapping[str, str | Path] | None = None,
     layout: str | None = None,
 ) -> SeparationDataset | StreamedSplit | DynamicMix | ShardedSplit:
@@ -402,7 +402,7 @@ class SplitRequest:
     def checked(cls, base: Path, split: str, linkedset: str, keys: set[str], spectral: F.Spectral,
                 threshold_db: float, ivec: VectorList | None, mvn: str, num_sources: int, stream: bool,
                 on_bad_data: str, stats_utterances: int | None, progress: Progress | None | bool,
-                dynamic_mix: Any, feature_inputs: Mapping[str, str | Path] | None) -> SplitRequest:
+                dynamic_mix: MixSettings | Mapping[str, Any] | None, feature_inputs: Mapping[str, str | Path] | None) -> SplitRequest:
         """The request, or a DataError naming the argument to change."""
         folder = _split_dir(base, split)
         if isinstance(num_sources, bool) or not isinstance(num_sources, int) or num_sources < 1:
@@ -565,7 +565,7 @@ def _featurize(request: SplitRequest, rows: list[Row], stats: F.FeatureStats | N
 def _load_tree(base: Path, layout: str, split: str, linkedset: str, keys: set[str], stats: F.FeatureStats | None,
                threshold_db: float, spectral: F.Spectral, ivec: VectorList | None, mvn: str, num_sources: int,
                stream: bool, on_bad_data: str, stats_utterances: int | None, progress: Progress | None | bool,
-               dynamic_mix: Any) -> StreamedSplit | DynamicMix:
+               dynamic_mix: MixSettings | Mapping[str, Any] | None) -> StreamedSplit | DynamicMix:
     """``load_split(layout=...)``: one split of a corpus tree read in place (see :mod:`mtlab.data.inplace`)."""
     if not stream:
         raise DataError(f"load_split layout={layout!r} reads the corpus tree in place and needs stream=True; for the "

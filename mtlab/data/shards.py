@@ -43,6 +43,7 @@ from .audio import SAMPLE_RATE
 from .errors import DataError
 from .source import AudioSplit
 from .ondevice import Featurizer
+from .vectors import VectorList
 
 FORMAT = 1  # the index's layout version
 INDEX = "index.npz"
@@ -238,7 +239,7 @@ class ShardedSplit(AudioSplit):
 
 def load_shards(root: str | Path, split: str, linkedset: str, keys: set[str], stats: F.FeatureStats | None,
                 spectral: F.Spectral, threshold_db: float, mvn: str, num_sources: int,
-                on_bad_data: str = "raise", ivec: Any = None) -> ShardedSplit:
+                on_bad_data: str = "raise", ivec: VectorList | None = None) -> ShardedSplit:
     """The :class:`ShardedSplit` ``load_split`` returns for a shard folder (arguments checked there). The i-vectors
     are those written in the shards; ``ivec`` (a :class:`~mtlab.data.vectors.VectorList`), when given, must name
     the same shape and normalization."""

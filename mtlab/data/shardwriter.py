@@ -25,7 +25,6 @@ from ..tasks.sampling import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE
 from .corpus import DEFAULT_TARGETS, NUM_SOURCES, data_samples_dir, load_split
-from .dynamic import DynamicMix
 from .errors import DataError
 from .shards import FORMAT, INDEX, SHARD_SIZE, SOURCE_KEYS, SPEAKER_KEYS, is_shard_root
 from .statcache import printed_progress
@@ -92,8 +91,9 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
         targets.append("ivec")
     data = load_split(base, split, linkedset, targets=targets, stream=True, num_sources=num_sources,
                       spectral=spectral, **load)
-    if not isinstance(data, (StreamedSplit, DynamicMix)):  # list files, streamed: never the in-memory dataset
-        raise DataError(f"{base}: write_shards reads a streamed split of list files, load_split gave {type(data)}")
+    if not isinstance(data, StreamedSplit):  # a dynamic mix draws new mixtures each epoch: nothing fixed to write
+        raise DataError(f"write_shards writes the corpus's own mixtures, not a {type(data).__name__}: give no "
+                        "dynamic_mix")
     progress = load.get("progress", True)
     show = printed_progress(f"shards of {split}/{linkedset}") if progress is True else (progress or None)
     target = Path(out) / split / linkedset
@@ -138,7 +138,7 @@ def write_shards(root: str | Path | None, split: str, linkedset: str, out: str |
     return target
 
 
-def _members(data: Any, i: int, sources: bool, speakers: bool, num_sources: int,
+def _members(data: StreamedSplit, i: int, sources: bool, speakers: bool, num_sources: int,
              spk: np.ndarray) -> list[tuple[str, bytes]]:
     """The members of utterance ``i``: mixture, sources, then its JSON (whose speaker ids also go into ``spk``)."""
     item = data.audio(i)

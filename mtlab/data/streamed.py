@@ -17,6 +17,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,8 @@ class StreamedSplit(AudioSplit):
 
     def __init__(self, manifest: Manifest, samples: np.ndarray, stats: F.FeatureStats, split: str,
                  linkedset: str, num_speakers: int, num_sources: int, featurizer: Featurizer,
-                 example: Any, ivec: VectorList | None = None, ivec_stats: Any = None,
+                 example: Callable[[Row], dict[str, torch.Tensor]], ivec: VectorList | None = None,
+                 ivec_stats: tuple[torch.Tensor, torch.Tensor] | None = None,
                  on_bad_data: str = "raise", skipped: list[Skipped] | None = None,
                  feature_inputs: tuple[str, ...] = ()) -> None:
         if on_bad_data not in BAD_DATA:

@@ -4,6 +4,7 @@ and the STFT settings of its processor."""
 from __future__ import annotations
 
 import os
+from configparser import ConfigParser
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -35,7 +36,7 @@ DEFAULT_PROCESSORS: dict[str, dict[str, str]] = {
 
 
 
-def database(folder: Path) -> tuple[Any, str, dict[str, str]]:
+def database(folder: Path) -> tuple[ConfigParser, str, dict[str, str]]:
     """(parser, file name, [globalvars]) of the recipe folder's database.conf (or database.cfg)."""
     for name in ("database.conf", "database.cfg"):
         parser = read_ini(folder / name, required=False)
@@ -47,7 +48,7 @@ def database(folder: Path) -> tuple[Any, str, dict[str, str]]:
                       "sections from it")
 
 
-def rerooter(parser: Any, data_root: str) -> Callable[[str], str]:
+def rerooter(parser: ConfigParser, data_root: str) -> Callable[[str], str]:
     """Map an original absolute data path to the same path below ``data_root``: the common folder of
     every ``datafiles`` in database.conf is replaced by the data root."""
     paths = [PurePosixPath(v.strip()) for s in parser.sections() for k, v in parser.items(s)
@@ -78,7 +79,7 @@ def processor_path(folder: Path, given: str) -> Path:
     return local
 
 
-def data_section(imp: SpecReader, parser: Any, file: str, globalvars: Mapping[str, str], name: str,
+def data_section(imp: SpecReader, parser: ConfigParser, file: str, globalvars: Mapping[str, str], name: str,
                  reroot: Callable[[str], str]) -> dict[str, Any] | None:
     """One database section: re-rooted list, processor settings, mtlab data key and STFT settings."""
     from ..data.features import Spectral

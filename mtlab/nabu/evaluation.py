@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import csv
 import math
+from configparser import ConfigParser
 import struct
 import wave
 from collections.abc import Callable, Mapping
@@ -171,7 +172,7 @@ def read_test(recipe_dir: str | Path, data_root: str | Path) -> dict[str, EvalTa
     return out
 
 
-def _verification(imp: Importer, folder: Path, test: EvalTask, scorers_names: list[str], db: Any,
+def _verification(imp: Importer, folder: Path, test: EvalTask, scorers_names: list[str], db: ConfigParser,
                   globalvars: Mapping[str, str], reroot: Callable[[str], str]) -> None:
     """A speaker-verification test task's handler and scorers (test.py:58-67: speaker_verification_handler.cfg and
     speaker_verification_scorer.cfg, sections by the task's name and its scorers_names)."""
@@ -195,7 +196,7 @@ def _verification(imp: Importer, folder: Path, test: EvalTask, scorers_names: li
         test.sv_scorers[name] = read_sv_scorer(spath, name, section(sparser, name, spath), reader(spath, name))
 
 
-def _list_section(imp: Importer, file: Path, key: str, name: str, db: Any, globalvars: Mapping[str, str],
+def _list_section(imp: Importer, file: Path, key: str, name: str, db: ConfigParser, globalvars: Mapping[str, str],
                   reroot: Callable[[str], str], processor: bool = True) -> dict[str, Any]:
     """A database section a reconstructor or scorer names: its re-rooted list and processor settings."""
     from ..data.features import Spectral
@@ -221,7 +222,7 @@ def _list_section(imp: Importer, file: Path, key: str, name: str, db: Any, globa
     return out
 
 
-def _reconstructor(imp: Importer, file: Path, tname: str, conf: Mapping[str, str], db: Any,
+def _reconstructor(imp: Importer, file: Path, tname: str, conf: Mapping[str, str], db: ConfigParser,
                    globalvars: Mapping[str, str], reroot: Callable[[str], str]) -> dict[str, Any]:
     from ..separation.reconstruct import ACTIVATIONS, RECONSTRUCTORS
 
@@ -245,7 +246,7 @@ def _reconstructor(imp: Importer, file: Path, tname: str, conf: Mapping[str, str
     return out
 
 
-def _scorer(imp: Importer, file: Path, tname: str, conf: Mapping[str, str], db: Any,
+def _scorer(imp: Importer, file: Path, tname: str, conf: Mapping[str, str], db: ConfigParser,
             globalvars: Mapping[str, str], reroot: Callable[[str], str]) -> dict[str, Any]:
     kind = section_kind(file, f"[{tname}]", conf, "score_type", SCORERS, "scores with", SCORER_KEYS, "scorer",
                         ("org_src", "base"))

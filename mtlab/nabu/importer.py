@@ -27,6 +27,7 @@ the import goes on. A key the original does not define is an "unknown key" error
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from configparser import ConfigParser
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,7 @@ class Importer:
         return text
 
     # ------------------------------------------------------------------ model.cfg
-    def models(self, parser: Any) -> dict[str, dict[str, str]]:
+    def models(self, parser: ConfigParser) -> dict[str, dict[str, str]]:
         """Original model sections as raw dicts (built into mtlab specs once input sizes are known)."""
         file = "model.cfg"
         path = self.folder / file
@@ -308,7 +309,7 @@ def import_nabu(recipe_dir: str | Path, data_root: str | Path = "data", strict: 
     return recipe
 
 
-def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str, Any] | None, losses: Any,
+def build_task(imp: Importer, tname: str, orig: dict[str, Any], valid: dict[str, Any] | None, losses: ConfigParser | None,
                veval: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(mtlab task table, the task's extras) from an original task section and its validation section."""
     keys: dict[str, str] = {}  # the original's data names -> mtlab data keys

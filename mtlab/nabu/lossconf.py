@@ -4,6 +4,7 @@ output and target names mapped through the task's data keys, and the options mtl
 from __future__ import annotations
 
 from collections.abc import Mapping
+from configparser import ConfigParser
 from typing import Any
 
 from ..base.errors import ConfigError
@@ -47,7 +48,7 @@ deepclusteringnoise_noiseonly deepclustering_diar msl dummy_loss dummy""".split(
 
 
 
-def loss_options(imp: SpecReader, task: str, loss_type: str, losses: Any) -> tuple[str, dict[str, str]]:
+def loss_options(imp: SpecReader, task: str, loss_type: str, losses: ConfigParser | None) -> tuple[str, dict[str, str]]:
     """(the loss type, its loss.cfg options): loss.cfg's section named by the task's loss_type."""
     if losses is None:
         return loss_type, {}
