@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,13 +14,11 @@ from mtlab.data.corpus import (ListedRows, SeparationDataset, SplitRequest, Stre
                                split_statistics)
 
 
-def request(root: Path, stream: bool = False, mvn: str = "global", **changes: object) -> SplitRequest:
-    settings: dict[str, object] = dict(base=root, split="train", linkedset="clean", keys={"mix_mag", "spk"},
-                                       spectral=F.MTLAB, threshold_db=F.USEDBINS_THRESHOLD_DB, ivec=None, mvn=mvn,
-                                       num_sources=2, stream=stream, on_bad_data="raise", stats_utterances=None,
-                                       progress=False, dynamic_mix=None, feature_inputs=None)
-    settings.update(changes)
-    return SplitRequest.checked(**settings)  # type: ignore[arg-type]  # the keywords of checked, built as a dict
+def request(root: Path, stream: bool = False, mvn: str = "global", keys: frozenset[str] = frozenset({"mix_mag", "spk"}),
+            on_bad_data: str = "raise", dynamic_mix: dict[str, Any] | None = None,
+            feature_inputs: dict[str, str] | None = None) -> SplitRequest:
+    return SplitRequest.checked(root, "train", "clean", set(keys), F.MTLAB, F.USEDBINS_THRESHOLD_DB, None, mvn, 2, stream,
+                                on_bad_data, None, False, dynamic_mix, feature_inputs)
 
 
 def test_the_pieces_in_memory_give_what_load_split_gives(corpus: Callable[..., Path]) -> None:
@@ -76,4 +75,4 @@ def test_arguments_are_checked_before_any_list_is_read(corpus: Callable[..., Pat
     with pytest.raises(DataError, match="feature_inputs"):
         request(root, stream=True, feature_inputs={"other": "x.scp"})  # mvn "global": no statistics of their own
     with pytest.raises(DataError, match=r"s1.scp"):
-        read_split(request(root, keys={"src_mag"}))
+        read_split(request(root, keys=frozenset({"src_mag"})))
