@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtlab.core.events import Events
+from mtlab.core.events import Events, RestoreInfo
 
 
 def test_listeners_in_order_and_self_removal() -> None:
@@ -15,10 +15,10 @@ def test_listeners_in_order_and_self_removal() -> None:
         ev.unsubscribe(once)
 
     ev.subscribe(once)
-    ev.subscribe(lambda e, i: seen.append(("always", e, i["n"])))
-    ev.emit("x", {"n": 1})
-    ev.emit("y", {"n": 2})
-    assert seen == [("once", "x"), ("always", "x", 1), ("always", "y", 2)]
+    ev.subscribe(lambda e, i: seen.append(("always", e, i["step"])))
+    ev.emit("restore", RestoreInfo(step=1))
+    ev.emit("restore", RestoreInfo(step=2))
+    assert seen == [("once", "restore"), ("always", "restore", 1), ("always", "restore", 2)]
     assert len(ev) == 1
     ev.unsubscribe(once)  # not subscribed any more: no error
     with pytest.raises(TypeError, match="callable"):

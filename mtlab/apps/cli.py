@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Sequence
 
+from ..core.events import Event, Payload
 from .replaycmd import add_replay_parser, replay_command
 
 EXIT_USAGE = 2
@@ -76,7 +77,7 @@ def _positive(text: str) -> int:
 LARGE_ON_CPU = 2_000_000  # parameters above which a CPU run is told its cost before it starts
 
 
-def _cost_note(exp: Any) -> Callable[[str, dict[str, Any]], None] | None:
+def _cost_note(exp: Any) -> Callable[[Event, Payload], None] | None:
     """A large model about to train on the CPU: say its size and what it costs before the first step, and
     return a listener that reports the first step's time and the schedule's at that pace."""
     import torch
@@ -95,11 +96,11 @@ def _cost_note(exp: Any) -> Callable[[str, dict[str, Any]], None] | None:
           'or on a GPU (device = "cuda" in [trainer]); the first step\'s time follows', flush=True)
     start = time.monotonic()
 
-    def first_step(event: str, info: dict[str, Any]) -> None:
+    def first_step(event: Event, info: Payload) -> None:
         nonlocal start
-        if event == "run_start":
+        if event == Event.RUN_START:
             start = time.monotonic()
-        elif event == "apply":
+        elif event == Event.APPLY:
             trainer.remove_callback(first_step)
             took = time.monotonic() - start
             left = max(0, exp.schedule.num_steps - trainer.step_count)

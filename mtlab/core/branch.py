@@ -8,6 +8,7 @@ from typing import Any
 
 from . import state as checkpoint
 from ..base.errors import ConfigError
+from .events import Event, ForkInfo
 from .noise import NoiseScale
 
 
@@ -65,7 +66,7 @@ def fork_trainer(trainer: Any, name: str, state: Mapping[str, Any] | None = None
         j = branch.journal
         j.header, j.entries, j.tick = parent["header"], parent["entries"], parent["tick"]
         j.lineage = [*parent["lineage"], {"id": parent["id"], "n": len(parent["entries"]), "name": trainer.name}]
-        trainer.events.emit("fork", {"name": name, "step": trainer.step_count})
+        trainer.events.emit(Event.FORK, ForkInfo(name=name, step=trainer.step_count))
     if state is not None:
         branch.load_state_dict(state)
     return branch

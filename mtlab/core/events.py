@@ -1,16 +1,227 @@
 """Events: who is told what happened, after it happened.
 
-The trainer emits ``minibatch``, ``normalize``, ``clip``, ``apply``, ``reset``, ``weight``, ``task_weight``,
-``evaluate`` and ``restore``; the loop adds ``step``, ``validation``, ``run_start`` and ``run_end``. A
-listener is any ``fn(event: str, info: dict)``; loggers, the dashboard and traces are listeners.
+Each event is a member of :class:`Event` and carries one payload of its own frozen dataclass (``PAYLOADS``).
+The trainer emits ``minibatch``, ``normalize``, ``clip``, ``transform`` (a call of a user's transform),
+``apply``, ``reset``, ``weight``, ``task_weight``, ``minibatches_per_step``, ``batch_size``, ``combine``,
+``reinitialize``, ``evaluate``, ``restore`` and ``fork``; the loop adds ``step``, ``validation``,
+``data_skipped``, ``run_start`` and ``run_end``. A listener is any ``fn(event, info)``; loggers, the dashboard
+and traces are listeners. ``Event`` is a ``StrEnum`` and every payload also reads as a mapping, so a listener
+written for strings and dicts keeps working::
+
+    def listener(event, info):
+        if event == "minibatch":              # or: isinstance(info, MinibatchInfo)
+            print(info["task"], info.task, dict(info))
+
+A run of one process emits with no listener at all most of the time; emitting is one type check and one call
+per listener.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
-Listener = Callable[[str, dict[str, Any]], None]
+if TYPE_CHECKING:
+    from .accumulator import Accumulator
+
+
+class Event(StrEnum):
+    """What happened (compares equal to its name, ``Event.APPLY == "apply"``)."""
+
+    MINIBATCH = "minibatch"  # a minibatch was accumulated
+    NORMALIZE = "normalize"  # a task's gradient was divided by its normalizer
+    CLIP = "clip"  # a task's gradient was clipped
+    TRANSFORM = "transform"  # a user's transform of the chain ran on a task (its call in ``info.call``)
+    APPLY = "apply"  # the update was applied: a step ended
+    RESET = "reset"  # a task's accumulation (or every task's) was discarded
+    WEIGHT = "weight"  # a linked set's weight was set
+    TASK_WEIGHT = "task_weight"  # a task's weight was set
+    MINIBATCHES_PER_STEP = "minibatches_per_step"
+    BATCH_SIZE = "batch_size"
+    COMBINE = "combine"  # the way tasks' gradients combine changed
+    REINITIALIZE = "reinitialize"  # back to the initial weights, step 0
+    EVALUATE = "evaluate"  # a held-out loss was measured
+    RESTORE = "restore"  # a state or checkpoint was loaded
+    FORK = "fork"  # a branch of the trainer was made
+    STEP = "step"  # the loop finished a step
+    VALIDATION = "validation"  # the loop validated
+    DATA_SKIPPED = "data_skipped"  # bad examples were left out during the step
+    RUN_START = "run_start"
+    RUN_END = "run_end"
+
+
+class Payload(Mapping[str, Any]):
+    """Base of every event's payload: a frozen dataclass whose fields also read as a mapping
+    (``info.task == info["task"]``, ``info.get("task")``, ``dict(info)``), for listeners written for dicts."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._keys():
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    @classmethod
+    def _keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]  # every subclass is a dataclass
+
+
+@dataclass(frozen=True, eq=False)
+class MinibatchInfo(Payload):
+    task: str
+    linkedset: str
+    state: Accumulator
+
+
+@dataclass(frozen=True, eq=False)
+class NormalizeInfo(Payload):
+    task: str
+    state: Accumulator
+
+
+@dataclass(frozen=True, eq=False)
+class ClipInfo(Payload):
+    task: str
+    state: Accumulator
+
+
+@dataclass(frozen=True, eq=False)
+class TransformInfo(Payload):
+    task: str
+    state: Accumulator
+    call: str  # the transform's call name (``trainer.call(name)``)
+
+
+@dataclass(frozen=True, eq=False)
+class ApplyInfo(Payload):
+    tasks: list[str]
+    step: int
+    row: dict[str, Any]  # the step's history row (values may still be tensors on the device)
+
+
+@dataclass(frozen=True, eq=False)
+class ResetInfo(Payload):
+    task: str | None  # None: every task
+
+
+@dataclass(frozen=True, eq=False)
+class WeightInfo(Payload):
+    task: str
+    linkedset: str
+    weight: float
+
+
+@dataclass(frozen=True, eq=False)
+class TaskWeightInfo(Payload):
+    task: str
+    weight: float
+
+
+@dataclass(frozen=True, eq=False)
+class MinibatchesPerStepInfo(Payload):
+    task: str | None  # None: every task
+    k: int
+    step: int
+
+
+@dataclass(frozen=True, eq=False)
+class BatchSizeInfo(Payload):
+    task: str
+    batch_size: int
+    step: int
+
+
+@dataclass(frozen=True, eq=False)
+class CombineInfo(Payload):
+    method: Any  # as ``trainer.update.method`` holds it: None, a name, a mapping or an object
+
+
+@dataclass(frozen=True, eq=False)
+class ReinitializeInfo(Payload):
+    step: int
+    from_step: int
+
+
+@dataclass(frozen=True, eq=False)
+class EvaluateInfo(Payload):
+    task: str
+    linkedset: str
+    loss: float
+    step: int
+
+
+@dataclass(frozen=True, eq=False)
+class RestoreInfo(Payload):
+    step: int
+
+
+@dataclass(frozen=True, eq=False)
+class ForkInfo(Payload):
+    name: str
+    step: int
+
+
+@dataclass(frozen=True, eq=False)
+class StepInfo(Payload):
+    step: int
+    row: dict[str, Any] | None
+
+
+@dataclass(frozen=True, eq=False)
+class ValidationInfo(Payload):
+    step: int
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True, eq=False)
+class DataSkippedInfo(Payload):
+    step: int
+    examples: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, eq=False)
+class RunStartInfo(Payload):
+    step: int
+    num_steps: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class RunEndInfo(Payload):
+    reason: str
+    step: int
+    steps_run: int
+
+
+PAYLOADS: dict[Event, type[Payload]] = {
+    Event.MINIBATCH: MinibatchInfo, Event.NORMALIZE: NormalizeInfo, Event.CLIP: ClipInfo,
+    Event.TRANSFORM: TransformInfo, Event.APPLY: ApplyInfo, Event.RESET: ResetInfo, Event.WEIGHT: WeightInfo,
+    Event.TASK_WEIGHT: TaskWeightInfo, Event.MINIBATCHES_PER_STEP: MinibatchesPerStepInfo,
+    Event.BATCH_SIZE: BatchSizeInfo, Event.COMBINE: CombineInfo, Event.REINITIALIZE: ReinitializeInfo,
+    Event.EVALUATE: EvaluateInfo, Event.RESTORE: RestoreInfo, Event.FORK: ForkInfo, Event.STEP: StepInfo,
+    Event.VALIDATION: ValidationInfo, Event.DATA_SKIPPED: DataSkippedInfo, Event.RUN_START: RunStartInfo,
+    Event.RUN_END: RunEndInfo,
+}
+"""The payload type of each event."""
+
+
+def call_done(call: str, task: str, state: Accumulator) -> tuple[Event, Payload]:
+    """The event of a chain's call having run on ``task``: ``normalize``, ``clip``, or ``transform`` for a user's."""
+    if call == Event.NORMALIZE:
+        return Event.NORMALIZE, NormalizeInfo(task, state)
+    if call == Event.CLIP:
+        return Event.CLIP, ClipInfo(task, state)
+    return Event.TRANSFORM, TransformInfo(task, state, str(call))
+
+
+Listener = Callable[[Event, Payload], None]
 
 
 class Events:
@@ -31,10 +242,22 @@ class Events:
         if fn in self.listeners:
             self.listeners.remove(fn)
 
-    def emit(self, event: str, info: dict[str, Any]) -> None:
-        """Call every listener with ``(event, info)``, in the order they subscribed."""
+    def emit(self, event: Event, info: Payload) -> None:
+        """Call every listener with ``(event, info)``, in the order they subscribed. ``event`` must be a member
+        of :class:`Event` (or its name) and ``info`` that event's payload (``PAYLOADS[event]``)."""
+        if type(info) is not PAYLOADS.get(event):
+            _refuse(event, info)
         for fn in list(self.listeners):
             fn(event, info)
 
     def __len__(self) -> int:
         return len(self.listeners)
+
+
+def _refuse(event: object, info: object) -> None:
+    if event not in PAYLOADS:
+        raise ValueError(f"unknown event {event!r}: an event is one of {', '.join(e.value for e in Event)} "
+                         "(mtlab.core.events.Event)")
+    want = PAYLOADS[Event(str(event))].__name__
+    raise TypeError(f"event {str(event)!r} carries a {want}, got {type(info).__name__}: emit({event!r}, "
+                    f"{want}(...))")

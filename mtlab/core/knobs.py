@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..tasks.task import check_count, check_positive, check_relative_weights, check_weight
+from .events import BatchSizeInfo, CombineInfo, Event, MinibatchesPerStepInfo, TaskWeightInfo, WeightInfo
 from .transforms import Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class AccumulationKnobs:
             if changed:
                 self.record_change("minibatches_per_step", value=k, task=task)
         if changed:
-            self.events.emit("minibatches_per_step", {"task": task, "k": k, "step": self.step_count})
+            self.events.emit(Event.MINIBATCHES_PER_STEP, MinibatchesPerStepInfo(task=task, k=k, step=self.step_count))
 
     def set_batch_size(self, task: str, batch_size: int) -> None:
         """Examples per minibatch of ``task``'s linked sets, from the next minibatch drawn on. Each stream keeps
@@ -87,7 +88,7 @@ class AccumulationKnobs:
             with self.journal.lock:
                 t.batch_size = batch_size  # the streams adopt it when they next draw (in the training thread)
                 self.record_change("batch_size", task=task, value=batch_size)
-            self.events.emit("batch_size", {"task": task, "batch_size": batch_size, "step": self.step_count})
+            self.events.emit(Event.BATCH_SIZE, BatchSizeInfo(task=task, batch_size=batch_size, step=self.step_count))
 
 
 class Knobs:
@@ -209,7 +210,7 @@ class Knobs:
             changed, ls.weight = ls.weight != weight, weight
             if changed:
                 self.record_change("weight", task=task, linkedset=linkedset, value=weight)
-        self.events.emit("weight", {"task": task, "linkedset": linkedset, "weight": ls.weight})
+        self.events.emit(Event.WEIGHT, WeightInfo(task=task, linkedset=linkedset, weight=ls.weight))
 
     def set_task_weight(self, task: str, weight: float) -> None:
         """Weight of a task in the combined update (0 leaves the task out of step() and apply())."""
@@ -219,7 +220,7 @@ class Knobs:
             changed, t.weight = t.weight != weight, weight
             if changed:
                 self.record_change("task_weight", task=task, value=weight)
-        self.events.emit("task_weight", {"task": task, "weight": t.weight})
+        self.events.emit(Event.TASK_WEIGHT, TaskWeightInfo(task=task, weight=t.weight))
 
     def set_combine(self, method: Any) -> None:
         """How tasks' processed gradients become one direction, from the next apply() on: ``"sum"`` (the
@@ -230,4 +231,4 @@ class Knobs:
             plain = stored is None or isinstance(stored, (str, Mapping))
             self.record_change("combine", method=dict(stored) if isinstance(stored, Mapping) else stored,
                                 **({} if plain else {"replayable": False}))
-            self.events.emit("combine", {"method": self.update.method})
+            self.events.emit(Event.COMBINE, CombineInfo(method=self.update.method))

@@ -28,7 +28,8 @@ from ..base.batching import Batch, resolve_device
 from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError, explain
 from ..base.report import trainer_html
 from ..base.threads import apply_threads
-from .events import Events, Listener
+from .events import (ApplyInfo, EvaluateInfo, Event, Events, Listener, MinibatchInfo, ReinitializeInfo, ResetInfo,
+                     RestoreInfo, call_done)
 from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
 from .history import History, step_row
 from .branch import fork_trainer, restore_journaled
@@ -220,7 +221,7 @@ class Trainer(AccumulationKnobs, Knobs):
             self.log.abandon(0)
             self.step_count = 0
             self.record_change("reinitialize", from_step=before)
-            self.events.emit("reinitialize", {"step": 0, "from_step": before})
+            self.events.emit(Event.REINITIALIZE, ReinitializeInfo(step=0, from_step=before))
 
     def state(self, task: str) -> Accumulator:
         """The live accumulation state of ``task`` (phase, loss, normalizer, grads, records, norms)."""
@@ -256,7 +257,7 @@ class Trainer(AccumulationKnobs, Knobs):
                 self.journal.applied()
             if self.noise_scale is not None:
                 self.noise_scale.discard(task)
-            self.events.emit("reset", {"task": task})
+            self.events.emit(Event.RESET, ResetInfo(task=task))
 
     def _set_mode(self, training: bool) -> None:
         if self._training_mode is training:  # per minibatch: a plain loop, no generator
@@ -322,7 +323,7 @@ class Trainer(AccumulationKnobs, Knobs):
                 if stream_state is not None:
                     self.streams[(task, linkedset)].seek(*stream_state)
                 raise
-            self.events.emit("minibatch", {"task": task, "linkedset": linkedset, "state": acc})
+            self.events.emit(Event.MINIBATCH, MinibatchInfo(task=task, linkedset=linkedset, state=acc))
             return acc
 
     def call(self, name: str, task: str | None = None) -> None:
@@ -341,7 +342,7 @@ class Trainer(AccumulationKnobs, Knobs):
                 self._after_reduce(accs)
             for n, acc in accs.items():
                 chain.run(name, acc)
-                self.events.emit(name, {"task": n, "state": acc})
+                self.events.emit(*call_done(name, n, acc))
 
     def _after_reduce(self, accs: Mapping[str, Accumulator]) -> None:
         """Once per task and step, where the ranks summed: unscale 16-mixed gradients, refuse a zero normalizer."""
@@ -416,7 +417,7 @@ class Trainer(AccumulationKnobs, Knobs):
                 self.log.append(row)
             finally:
                 self.atomic = False
-            self.events.emit("apply", {"tasks": names, "step": self.step_count, "row": row})
+            self.events.emit(Event.APPLY, ApplyInfo(tasks=names, step=self.step_count, row=row))
 
     def active_tasks(self) -> dict[str, list[str]]:
         """Task -> linked sets that step() would draw from (weights > 0)."""
@@ -501,7 +502,7 @@ class Trainer(AccumulationKnobs, Knobs):
                 loss_sum, norm = evaluate_totals(self.plans[task], source, t.batch_size, num_batches)
             self._training_mode = None
             value = loss_sum / norm if norm != 0 else float("nan")
-            self.events.emit("evaluate", {"task": task, "linkedset": linkedset, "loss": value, "step": self.step_count})
+            self.events.emit(Event.EVALUATE, EvaluateInfo(task=task, linkedset=linkedset, loss=value, step=self.step_count))
             return (loss_sum, norm) if totals else value
 
     # ------------------------------------------------------------------ state you can keep
@@ -516,7 +517,7 @@ class Trainer(AccumulationKnobs, Knobs):
         """Restore a ``state_dict()``: the trainer continues exactly where that state was taken."""
         with self.lock:
             self._restore(state, history=history)
-            self.events.emit("restore", {"step": self.step_count})
+            self.events.emit(Event.RESTORE, RestoreInfo(step=self.step_count))
 
     def save(self, path: Any, extra: Mapping[str, Any] | None = None) -> Any:
         """Write a checkpoint atomically; returns its path, or None on a data-parallel rank other than 0
@@ -528,7 +529,7 @@ class Trainer(AccumulationKnobs, Knobs):
         state = checkpoint.load_safe(path)
         with self.lock:
             self._restore(state, source=f"checkpoint {path}")  # names the file if refused
-            self.events.emit("restore", {"step": self.step_count})
+            self.events.emit(Event.RESTORE, RestoreInfo(step=self.step_count))
 
     def _restore(self, state: Mapping[str, Any], history: bool = True, source: str = "the state") -> None:
         restore_journaled(self, state, history, source)

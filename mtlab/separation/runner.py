@@ -32,6 +32,7 @@ from ..tasks.graph import Node
 from ..training.loop import run
 from ..models import BLSTM, DeepClusteringHead, MaskHead
 from ..tasks.task import LinkedSet, Task
+from ..core.events import Event, Payload
 from ..core.trainer import Trainer
 from .losses import PIT, DeepAttractorNet, DeepClustering, Direct
 from .masks import attractor_masks, head_masks, kmeans_masks
@@ -139,8 +140,8 @@ class Separator:
         start = time.perf_counter()
         before = self.trainer.step_count
 
-        def after_step(event: str, info: dict[str, Any]) -> None:
-            if event == "step" and on_step is not None:
+        def after_step(event: Event, info: Payload) -> None:
+            if event == Event.STEP and on_step is not None:
                 on_step(self)
 
         self.trainer.add_callback(after_step)

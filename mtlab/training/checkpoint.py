@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import torch.distributed as dist
 
+from ..core.events import Event, Payload, RunEndInfo, StepInfo, ValidationInfo
 from ..core.state import load_safe, rng_state, set_rng_state
 from .distributed import active
 from ..base.errors import ConfigError
@@ -73,11 +74,11 @@ class Periodic:
             extra["schedule"] = schedule.state_dict(include_best=schedule.go_back)
         return trainer.save(self.path, extra=extra)
 
-    def __call__(self, event: str, info: dict[str, Any]) -> None:
-        if event == "step":
+    def __call__(self, event: Event, info: Payload) -> None:
+        if isinstance(info, StepInfo):
             if self.pending is not None:  # the validation of that step never came (no held-out data)
                 self.save()
-            step = int(info["step"])
+            step = info.step
             if step % self.every:
                 return
             schedule = getattr(self.experiment, "schedule", None)
@@ -86,9 +87,9 @@ class Periodic:
                 self.pending = step
             else:
                 self.save()
-        elif event == "validation" and self.pending is not None and int(info["step"]) == self.pending:
+        elif isinstance(info, ValidationInfo) and self.pending is not None and info.step == self.pending:
             self.save()
-        elif event == "run_end" and self.pending is not None:
+        elif isinstance(info, RunEndInfo) and self.pending is not None:
             self.save()
 
 

@@ -23,6 +23,7 @@ from ..base.batching import Batch
 from ..base.errors import ConfigError
 from ..tasks.forward import TaskPlan
 from ..core.trainer import Trainer
+from ..core.events import ApplyInfo, Event, MinibatchInfo, Payload, ResetInfo, RestoreInfo
 from ..core.transforms import Call
 
 if TYPE_CHECKING:
@@ -278,18 +279,18 @@ class MinibatchTrace:
         """Forget the recorded minibatches."""
         self._rows.clear()
 
-    def __call__(self, event: str, info: dict[str, Any]) -> None:
-        if event in ("apply", "restore"):
-            self._step = int(info.get("step", self._step))
-            if event == "restore":
+    def __call__(self, event: Event, info: Payload) -> None:
+        if isinstance(info, ApplyInfo | RestoreInfo):
+            self._step = info.step
+            if isinstance(info, RestoreInfo):
                 self._prev = {}
-        elif event == "reset":
-            if info.get("task") is None:
+        elif isinstance(info, ResetInfo):
+            if info.task is None:
                 self._prev = {}
             else:
-                self._prev.pop(info["task"], None)
-        elif event == "minibatch":
-            self._on_minibatch(info["task"], info["linkedset"], info["state"])
+                self._prev.pop(info.task, None)
+        elif isinstance(info, MinibatchInfo):
+            self._on_minibatch(info.task, info.linkedset, info.state)
 
     def _on_minibatch(self, task: str, linkedset: str, st: Any) -> None:
         grads = st.grads

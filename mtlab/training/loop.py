@@ -67,6 +67,7 @@ from ..base.errors import ConfigError, explain
 from ..base.report import say
 from ..base.threads import apply_threads, oversubscribed
 from ..core.accumulator import Phase
+from ..core.events import DataSkippedInfo, Event, Payload, RunEndInfo, RunStartInfo, StepInfo
 from ..core.columns import parse_column
 from ..core.trainer import KEPT, Trainer
 from . import expdir as expdir_
@@ -106,7 +107,7 @@ class _Sigint:
         self.requested = True
         say("Ctrl-C: stopping after this step (press again to abandon the step)", self.progress)
 
-    def _after_call(self, event: str, info: dict[str, Any]) -> None:
+    def _after_call(self, event: Event, info: Payload) -> None:
         if self.pending and not self.trainer.atomic:
             self.pending = False
             raise KeyboardInterrupt("mtlab: second Ctrl-C, stopped after the step's update")
@@ -189,7 +190,7 @@ def _note_bad_data(trainer: Trainer, progress: bool) -> None:
         for record in fresh:
             record["step"] = trainer.step_count
         say(f"step {trainer.step_count}: left out {len(fresh)} bad example(s), first {fresh[0]['reason']}", progress)
-        trainer.events.emit("data_skipped", {"step": trainer.step_count, "examples": fresh})
+        trainer.events.emit(Event.DATA_SKIPPED, DataSkippedInfo(step=trainer.step_count, examples=fresh))
 
 
 def _left(trainer: Trainer, schedule: Schedule, done: int) -> int:
@@ -215,7 +216,7 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
         schedule.apply_stage(trainer)
         if schedule.stages:  # the stage's data views and batch sizes: journaled so that a replay refuses it
             trainer.record_change("stage", stage=schedule.stage)
-    trainer.events.emit("run_start", {"step": trainer.step_count, "num_steps": schedule.num_steps})
+    trainer.events.emit(Event.RUN_START, RunStartInfo(step=trainer.step_count, num_steps=schedule.num_steps))
     try:
         while True:
             over = schedule.stopped is not None or trainer.step_count >= schedule.stage_end
@@ -250,7 +251,7 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
             _guarded_step(trainer, guard)
             done += 1
             _note_bad_data(trainer, progress)
-            trainer.events.emit("step", {"step": trainer.step_count, "row": trainer.log.last()})
+            trainer.events.emit(Event.STEP, StepInfo(step=trainer.step_count, row=trainer.log.last()))
             local = trainer.step_count - schedule.stage_start
             if schedule.valid_frequency and local % schedule.valid_frequency == 0:
                 validate_and_decide(trainer, schedule, path, progress, recipe)
@@ -331,7 +332,7 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
         if path is not None:
             expdir_.finish(trainer, schedule, path, wall_s=time.monotonic() - start, steps_run=done, recipe=recipe,
                            save=lambda p: save_checkpoint(trainer, schedule, p, recipe=recipe), start_step=start_step)
-    trainer.events.emit("run_end", {"reason": reason, "step": trainer.step_count, "steps_run": done})
+    trainer.events.emit(Event.RUN_END, RunEndInfo(reason=reason, step=trainer.step_count, steps_run=done))
     if error is not None:
         raise error
     return schedule

@@ -9,6 +9,7 @@ from typing import Any
 from collections.abc import Mapping
 
 from ..base.report import say
+from ..core.events import Event, ValidationInfo
 from ..core.trainer import Trainer
 from .checkpoint import save_checkpoint
 from .schedule import Schedule
@@ -127,7 +128,7 @@ def _decide(trainer: Trainer, schedule: Schedule, record: dict[str, Any], expdir
         save_checkpoint(trainer, schedule, expdir / "best.pt", include_best=False, recipe=recipe)
     parts = " ".join(f"{k}={v:.4g}" for k, v in record.items() if "/" not in k and isinstance(v, float)
                      and k not in ("lr", "lr_scale", "best"))
-    trainer.events.emit("validation", {"step": record["step"], "record": dict(record)})
+    trainer.events.emit(Event.VALIDATION, ValidationInfo(step=record["step"], record=dict(record)))
     limit = "none" if schedule.num_tries is None else schedule.num_tries
     say(f"validation at step {record['step']}: {parts} -> {record['action']} (tries {schedule.tries}/{limit})",
         progress)

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
+from ..core.events import (BatchSizeInfo, CombineInfo, Event, EvaluateInfo, MinibatchesPerStepInfo, Payload,
+                           ReinitializeInfo, RestoreInfo, TaskWeightInfo, ValidationInfo, WeightInfo)
 from ..training.debug import next_call
 from .runcontrol import RunControl
 from .runs import Run, current_run
@@ -318,20 +320,22 @@ class Controller(RunControl):
         self.say("error details cleared")
 
     # ------------------------------------------------------------------ trainer events
-    def _on_event(self, event: str, info: dict[str, Any]) -> None:
+    def _on_event(self, event: Event, info: Payload) -> None:
         data = self.data
-        if event == "evaluate":
+        from_code = not self._in_command and threading.current_thread() is threading.main_thread()
+        if isinstance(info, EvaluateInfo):
             with data.lock:
-                data.validation.append({k: info[k] for k in ("step", "task", "linkedset", "loss")})
-        elif event == "validation":
-            record = dict(info.get("record") or {})
-            record.setdefault("step", info.get("step"))
+                data.validation.append({"step": info.step, "task": info.task, "linkedset": info.linkedset,
+                                        "loss": info.loss})
+        elif isinstance(info, ValidationInfo):
+            record = dict(info.record)
+            record.setdefault("step", info.step)
             with data.lock:
                 data.records.append(record)
                 data.validation.append(record)
-        elif event in ("weight", "task_weight"):
-            what = f"{info['task']}/{info['linkedset']}" if event == "weight" else f"task {info['task']}"
-            data.event(self.trainer.step_count, f"{what} weight -> {info['weight']:.3g}")
+        elif isinstance(info, WeightInfo | TaskWeightInfo):
+            what = f"{info.task}/{info.linkedset}" if isinstance(info, WeightInfo) else f"task {info.task}"
+            data.event(self.trainer.step_count, f"{what} weight -> {info.weight:.3g}")
             skipped = skipped_tasks(self.trainer)
             for name, why in skipped.items():
                 if self._skipped_seen.get(name) != why:
@@ -340,25 +344,25 @@ class Controller(RunControl):
                 data.event(self.trainer.step_count, f"task {name} trains again")
             self._skipped_seen = skipped
             self._dirty = True
-            if not self._in_command and threading.current_thread() is threading.main_thread():  # from code
+            if from_code:
                 self._changed()
-        elif event in ("minibatches_per_step", "batch_size"):
-            task = info.get("task")
-            what = (f"batch size of {task} -> {info['batch_size']}" if event == "batch_size" else
-                    f"minibatches per step of {'every task' if task is None else task} -> {info['k']}")
+        elif isinstance(info, MinibatchesPerStepInfo | BatchSizeInfo):
+            if isinstance(info, BatchSizeInfo):
+                what = f"batch size of {info.task} -> {info.batch_size}"
+            else:
+                what = f"minibatches per step of {'every task' if info.task is None else info.task} -> {info.k}"
             data.event(self.trainer.step_count, what)
             self._dirty = True
-            if not self._in_command and threading.current_thread() is threading.main_thread():  # from code
+            if from_code:
                 self._changed()
-        elif event in ("restore", "reinitialize"):
-            step = int(info.get("step", self.trainer.step_count))
-            data.restored(step)
-            data.event(step, f"re-initialised (from step {info['from_step']})" if event == "reinitialize"
-                       else f"restored step {step}")
+        elif isinstance(info, RestoreInfo | ReinitializeInfo):
+            data.restored(info.step)
+            data.event(info.step, f"re-initialised (from step {info.from_step})" if isinstance(info, ReinitializeInfo)
+                       else f"restored step {info.step}")
             self._dirty = True
-            if not self._in_command and threading.current_thread() is threading.main_thread():  # from code
+            if from_code:
                 self._changed()
-        elif event == "combine" and not self._in_command and threading.current_thread() is threading.main_thread():
+        elif isinstance(info, CombineInfo) and from_code:
             self._changed()
 
     # ------------------------------------------------------------------ lifecycle

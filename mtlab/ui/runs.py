@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
+from ..core.events import ApplyInfo, Event, Payload, RunEndInfo
 from ..training.loop import run
 from .texts import BUSY
 
@@ -173,11 +174,11 @@ class Run:
         return not thread.is_alive()
 
     # ------------------------------------------------------------------ the thread
-    def _count(self, event: str, info: dict[str, Any]) -> None:
-        if event == "apply" and self.in_thread:
+    def _count(self, event: Event, info: Payload) -> None:
+        if isinstance(info, ApplyInfo) and self.in_thread:
             self.steps_done += 1
-        elif event == "run_end" and self.in_thread:
-            self.loop_reason = str(info.get("reason"))
+        elif isinstance(info, RunEndInfo) and self.in_thread:
+            self.loop_reason = info.reason
 
     def _run_commands(self) -> None:
         with self._commands_lock:

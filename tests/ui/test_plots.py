@@ -16,6 +16,7 @@ import io  # noqa: E402
 import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
+from mtlab.core.events import Event, ValidationInfo  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import PercentFormatter  # noqa: E402
@@ -146,7 +147,7 @@ def test_one_colour_per_task_everywhere(trained):
 def test_validation_points_from_the_loop_and_from_evaluate(trained):
     d = mtlab.ui.dashboard(trained)
     for cb in list(trained.callbacks):
-        cb("validation", {"step": 4, "record": {"step": 4, "a/clean": 1.5, "a": 1.4, "b": 0.9, "loss": 2.3}})
+        cb(Event.VALIDATION, ValidationInfo(step=4, record={"step": 4, "a/clean": 1.5, "a": 1.4, "b": 0.9, "loss": 2.3}))
     trained.evaluate("b", "clean", num_batches=1)
     d.refresh()
     assert {"valid:a", "valid:a/clean", "valid:b", "valid:b/clean"} <= set(d.live.lines)

@@ -17,6 +17,7 @@ pytest.importorskip("matplotlib", reason="the dashboard needs matplotlib: pip in
 import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
+from mtlab.core.events import Event, ValidationInfo  # noqa: E402
 
 
 def make_trainer(**kw) -> mtlab.Trainer:
@@ -231,7 +232,7 @@ def test_progress_bar_and_validation_table():
     record = {"step": 4, "a/clean": 1.5, "a": 1.4, "b/clean": 0.9, "b": 0.9, "loss": 2.3, "lr": 0.01,
               "action": "better"}
     for cb in list(tr.callbacks):
-        cb("validation", {"step": 4, "record": record})
+        cb(Event.VALIDATION, ValidationInfo(step=4, record=record))
     d.refresh()
     assert "<th>valid loss</th>" in d.validation_table.value and "better" in d.validation_table.value
     assert "2.3" in d.validation_table.value
@@ -250,7 +251,7 @@ def fake_loop(validate_every: int = 2):
                 record = {"step": trainer.step_count, "a": 1.0 / trainer.step_count, "b": 0.5, "loss": 1.5,
                           "lr": trainer.lr, "action": "better"}
                 for cb in list(trainer.callbacks):
-                    cb("validation", {"step": trainer.step_count, "record": record})
+                    cb(Event.VALIDATION, ValidationInfo(step=trainer.step_count, record=record))
         return None
     return run
 
