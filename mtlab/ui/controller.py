@@ -38,29 +38,26 @@ _BY_TRAINER: dict[int, list[Controller]] = {}  # id(trainer) -> its attached con
 _BY_TRAINER_LOCK = threading.Lock()
 
 
-class Controller(RunControl):
-    """Commands, refusals and run control of one dashboard; see the module docstring."""
+class Controller:
+    """Commands, refusals and run control of one dashboard; see the module docstring. The background run is
+    its ``runs`` (a ``RunControl``); ``start``, ``pause``, ``resume``, ``stop``, ``wait`` are its."""
 
     def __init__(self, trainer: Trainer, schedule: Any = None, keep_snapshots: int = 5, refresh_s: float = 0.25) -> None:
         self.trainer = trainer
-        self.schedule = schedule  # the experiment's schedule (lr decay, validation), None: the trainer's lr
         self.keep_snapshots = keep_snapshots
         self.refresh_s = float(refresh_s)
         self.data = SeriesStore()
+        self.runs = RunControl(trainer, schedule, self.data, self)
         self.snapshots: list[dict[str, Any]] = []
-        self.branches: dict[str, Any] = {}  # name -> trainer made by "fork here"
-        self.run: Run | None = None
-        self.error: BaseException | None = None
+        self.branches: dict[str, Trainer] = {}  # name -> trainer made by "fork here"
         self.closed = False
         self.collect_cpu = 0.0  # CPU seconds spent collecting rows and building states (bench/ui_overhead.py)
         self._views: list[View] = []
         self._status, self._status_error = "", False
-        self._traceback: str | None = None
         self._last: DashState | None = None
         self._last_emit = 0.0
         self._dirty = False
         self._skipped_seen = skipped_tasks(trainer)
-        self._until_stopped = False
         self._in_command = False  # a command's own status line follows: trainer events need not show
         trainer.add_callback(self._on_event)
         with _BY_TRAINER_LOCK:  # one live dashboard per trainer: a re-run cell replaces the older one
@@ -70,12 +67,65 @@ class Controller(RunControl):
             c.detach(f"replaced by a newer dashboard of this trainer (step {trainer.step_count}); use that one")
         adopted = current_run(trainer)
         if adopted is not None:
-            self._attach(adopted)
+            self.runs.attach(adopted)
             self._status = (f"this dashboard shows the run already in progress (step {trainer.step_count}); "
                             "pause and stop work here")
         else:
             self._status = "ready: " + next_call(trainer)
         self.data.collect(trainer)
+
+    # ------------------------------------------------------------------ the run (``runs``)
+    @property
+    def schedule(self) -> Any:
+        """The experiment's schedule (lr decay, validation); None: the trainer's lr."""
+        return self.runs.schedule
+
+    @schedule.setter
+    def schedule(self, value: Any) -> None:
+        self.runs.schedule = value
+
+    @property
+    def run(self) -> Run | None:
+        """The background run this dashboard follows (None before the first)."""
+        return self.runs.run
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that ended the latest run (None: it ended cleanly, or is going)."""
+        return self.runs.error
+
+    @property
+    def running(self) -> bool:
+        """A run of this trainer is in progress and not paused."""
+        return self.runs.running
+
+    @property
+    def alive(self) -> bool:
+        """A run of this trainer is in progress (possibly paused)."""
+        return self.runs.alive
+
+    def start(self, steps: int = 0) -> bool:
+        """Train in a background thread through the training loop: ``steps`` more steps (0: to the schedule's
+        end, or until stopped once it has ended). A finished schedule is continued; False when refused."""
+        return self.runs.start(steps)
+
+    def pause(self) -> None:
+        """Pause after the current step (stepwise buttons work while paused)."""
+        self.runs.pause()
+
+    def resume(self) -> None:
+        self.runs.resume()
+
+    def toggle_pause(self) -> None:
+        self.runs.toggle_pause()
+
+    def stop(self, wait: bool = True, timeout: float | None = 30.0) -> bool:
+        """Stop the trainer's run after the current step (whoever started it); False when none was going."""
+        return self.runs.stop(wait=wait, timeout=timeout)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the run ends. Kernel -> Interrupt here stops the run and says so in one line."""
+        self.runs.wait(timeout)
 
     # ------------------------------------------------------------------ state and views
     def subscribe(self, view: View) -> None:
@@ -84,11 +134,11 @@ class Controller(RunControl):
 
     def state(self) -> DashState:
         """One consistent picture (call it between steps or while no run goes)."""
-        tr, run = self.trainer, self.run
-        view = None
+        tr, runs = self.trainer, self.runs
+        run, view = runs.run, None
         if run is not None:
             total = run.steps
-            if not total and self.schedule is not None and not self._until_stopped:
+            if not total and self.schedule is not None and not runs.until_stopped:
                 total = max(int(self.schedule.num_steps) - (tr.step_count - run.steps_done), 0)
             view = RunView(run.state, run.steps_done, total, run.rate(), run.active_seconds(),
                            REASONS.get(str(run.reason), run.reason) if run.reason else None, run.error is not None)
@@ -99,10 +149,10 @@ class Controller(RunControl):
             step=tr.step_count, phases={n: str(getattr(p, "value", p)) for n, p in tr.phase().items()},
             next_call=next_call(tr), skipped=skipped_tasks(tr), weights=dict(tr.weights()), lr=float(tr.lr),
             clip=None if clip is None else float(clip), combine=str(getattr(tr.update, "method", None) or "sum"),
-            run=view, status=self._status, status_error=self._status_error, error=self._traceback,
+            run=view, status=self._status, status_error=self._status_error, error=runs.traceback,
             events=events, records=records, snapshots=tuple(f"#{i + 1}: step {s['step']}"
                                                             for i, s in enumerate(self.snapshots)),
-            schedule=schedule_text(self.schedule, tr), run_refusal=self._run_refusal(),
+            schedule=schedule_text(self.schedule, tr), run_refusal=runs.refusal(),
             table_html=state_table_html(tr), journal=tuple(tr.journal.lines()), noise_html=noise_html(tr))
 
     def refresh(self) -> DashState:
@@ -126,7 +176,7 @@ class Controller(RunControl):
                 and self._last is not None:
             self._dirty = True
             shown = dataclasses.replace(self._last, status=self._status, status_error=self._status_error,
-                                        error=self._traceback)
+                                        error=self.runs.traceback)
             for view in list(self._views):
                 view(shown)
         else:
@@ -136,6 +186,19 @@ class Controller(RunControl):
         """Set the status line (the outcome of the latest change) and show it."""
         self._status, self._status_error = message, error
         self._changed()
+
+    def set_status(self, message: str, error: bool = False) -> None:
+        """Set the status line, shown at the next refresh."""
+        self._status, self._status_error = message, error
+        self._dirty = True
+
+    def changed(self) -> None:
+        """Show a change now, or at the end of the step in flight."""
+        self._changed()
+
+    def refresh_due(self) -> bool:
+        """Whether the views are due a refresh (a change waits, or ``refresh_s`` passed)."""
+        return self._dirty or time.monotonic() - self._last_emit >= self.refresh_s
 
     # ------------------------------------------------------------------ commands
     def _command(self, name: str, fn: Callable[[], Any], stepwise: bool = False) -> bool:
@@ -316,7 +379,7 @@ class Controller(RunControl):
         return self._command(what, fn)
 
     def clear_error(self) -> None:
-        self._traceback = None
+        self.runs.traceback = None
         self.say("error details cleared")
 
     # ------------------------------------------------------------------ trainer events
@@ -376,8 +439,7 @@ class Controller(RunControl):
             last = dataclasses.replace(self._last, status=why, status_error=False)
             for view in list(self._views):
                 view(last)
-        if self.run is not None:
-            self.run.unlisten(self._on_run)
+        self.runs.detach()
         self.trainer.remove_callback(self._on_event)
         with _BY_TRAINER_LOCK:
             mine = _BY_TRAINER.get(id(self.trainer), [])

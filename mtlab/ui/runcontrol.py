@@ -1,45 +1,55 @@
-"""The run half of the dashboard's controller (``controller.Controller`` builds on it): start a
-background run of N more steps whatever the schedule's state, pause, resume, stop, wait, and what the
-run tells between steps. Kept apart so that each half reads on its own."""
+"""The run half of the dashboard's controller (a ``controller.Controller`` holds one): start a background
+run of N more steps whatever the schedule's state, pause, resume, stop, wait, and what the run tells between
+steps. Kept apart so that each half reads on its own."""
 
 from __future__ import annotations
 
-import time
 import traceback
-from typing import Any, TYPE_CHECKING
+from typing import Any, Protocol, TYPE_CHECKING
 
 from .runs import Run, current_run
 from .schedules import continue_schedule, extend_before_end, schedule_over
-from .state import DashState, SeriesStore
+from .state import SeriesStore
 from .texts import REASONS, run_refusal
 
 if TYPE_CHECKING:
     from ..core.trainer import Trainer
 
 
-class RunControl:
-    """Run control over the attributes a ``Controller`` sets up (trainer, schedule, run, data, status)."""
+class RunHost(Protocol):
+    """Whom a ``RunControl`` tells what the run did: the dashboard's controller (its status line and views)."""
 
-    trainer: Trainer
-    schedule: Any
-    run: Run | None
-    data: SeriesStore
-    error: BaseException | None
     closed: bool
-    refresh_s: float
-    _status: str
-    _status_error: bool
-    _traceback: str | None
-    _dirty: bool
-    _last_emit: float
-    _until_stopped: bool
 
-    if TYPE_CHECKING:  # the Controller's, used here
-        def say(self, message: str, error: bool = False) -> None: ...
+    def say(self, message: str, error: bool = False) -> None:
+        """Set the status line and show it."""
 
-        def refresh(self) -> DashState: ...
+    def set_status(self, message: str, error: bool = False) -> None:
+        """Set the status line, shown at the next refresh."""
 
-        def _changed(self) -> None: ...
+    def refresh(self) -> Any:
+        """Rebuild the state and show it (between steps or while idle)."""
+
+    def changed(self) -> None:
+        """Show a change now, or at the end of the step in flight."""
+
+    def refresh_due(self) -> bool:
+        """Whether the views are due a refresh (a change waits, or ``refresh_s`` passed)."""
+
+
+class RunControl:
+    """The background run of one dashboard: its ``run``, the ``error`` that ended it (and its ``traceback``),
+    and whether it goes ``until_stopped``; what happens is told to ``host``."""
+
+    def __init__(self, trainer: Trainer, schedule: Any, data: SeriesStore, host: RunHost) -> None:
+        self.trainer = trainer
+        self.schedule = schedule  # the experiment's schedule (lr decay, validation), None: the trainer's lr
+        self.data = data
+        self.host = host
+        self.run: Run | None = None
+        self.error: BaseException | None = None
+        self.traceback: str | None = None
+        self.until_stopped = False  # started with 0 steps once the schedule had ended: extended as it goes
 
     @property
     def running(self) -> bool:
@@ -55,11 +65,12 @@ class RunControl:
 
     def _current(self) -> Run | None:
         run = current_run(self.trainer)
-        if run is not None and run is not self.run and not self.closed:
-            self._attach(run)
+        if run is not None and run is not self.run and not self.host.closed:
+            self.attach(run)
         return run if run is not None else (self.run if self.run is not None and self.run.alive else None)
 
-    def _run_refusal(self) -> str | None:
+    def refusal(self) -> str | None:
+        """Why a run cannot start now (None: it can)."""
         run = current_run(self.trainer)
         if run is not None and run.alive:
             return f"a run of this trainer is already in progress (step {self.trainer.step_count}); stop it first"
@@ -69,32 +80,33 @@ class RunControl:
         """Train in a background thread through the training loop: ``steps`` more steps (0: to the schedule's
         end, or until stopped once it has ended). A finished schedule is continued (its lr decay and validation
         go on); False when refused."""
-        if self.closed:
+        if self.host.closed:
             return False
-        why = self._run_refusal()
+        why = self.refusal()
         if why is not None:
-            self.say(f"run refused: {why}", error=True)
+            self.host.say(f"run refused: {why}", error=True)
             return False
         steps = int(steps)
         # 0 steps: to the schedule's end; once it has ended (or without one), until stopped.
-        self._until_stopped = steps == 0 and (self.schedule is None or schedule_over(self.schedule, self.trainer))
+        self.until_stopped = steps == 0 and (self.schedule is None or schedule_over(self.schedule, self.trainer))
         note = ""
         if self.schedule is not None:
             note = continue_schedule(self.schedule, self.trainer, steps)
             if note:
                 self.data.event(self.trainer.step_count, note)
         run = Run(self.trainer, steps=steps, schedule=self.schedule)
-        self._attach(run)
-        self.error, self._traceback = None, None
+        self.attach(run)
+        self.error, self.traceback = None, None
         try:
             run.start()
         except RuntimeError as exc:
-            self.say(f"run refused: {exc}", error=True)
+            self.host.say(f"run refused: {exc}", error=True)
             return False
-        self.say(("running" + (f" {steps} more steps" if steps else " until stopped")) + (f"; {note}" if note else ""))
+        self.host.say(("running" + (f" {steps} more steps" if steps else " until stopped")) + (f"; {note}" if note else ""))
         return True
 
-    def _attach(self, run: Run) -> None:
+    def attach(self, run: Run) -> None:
+        """Follow ``run`` (one started here, or the trainer's run already in progress)."""
         if self.run is not None and self.run is not run:
             self.run.unlisten(self._on_run)
         self.run = run
@@ -104,7 +116,7 @@ class RunControl:
         """Pause after the current step (stepwise buttons work while paused)."""
         run = self._current()
         if run is None:
-            self.say("pause: no run in progress", error=True)
+            self.host.say("pause: no run in progress", error=True)
         else:
             run.pause()
 
@@ -139,43 +151,47 @@ class RunControl:
             run.wait(30.0)
             print(f"Interrupted: the run stopped at step {self.trainer.step_count}; the trainer can continue")
 
+    def detach(self) -> None:
+        """Stop following the run (it goes on)."""
+        if self.run is not None:
+            self.run.unlisten(self._on_run)
+
     def _on_run(self, run: Run, what: str) -> None:
         """Told by the run: ``between`` (its thread), ``state``, ``end``, ``command-error:...``."""
-        if self.closed:
+        host = self.host
+        if host.closed:
             run.unlisten(self._on_run)
             return
         if what == "between":
-            if self._until_stopped and self.schedule is not None:
+            if self.until_stopped and self.schedule is not None:
                 note = extend_before_end(self.schedule, self.trainer)
                 if note:
                     self.data.event(self.trainer.step_count, note)
-            if self._dirty or time.monotonic() - self._last_emit >= self.refresh_s:
-                self.refresh()
+            if host.refresh_due():
+                host.refresh()
         elif what == "state":
             messages = {"pausing": "pausing after the current step...",
                         "paused": f"paused at step {self.trainer.step_count}; stepwise buttons work while paused",
                         "running": "running", "stopping": "stopping after the current step..."}
             if run.state in messages:
-                self._status, self._status_error = messages[run.state], False
+                host.set_status(messages[run.state])
             if run.state == "paused" or run.in_thread:
-                self.refresh()
+                host.refresh()
             else:
-                self._changed()
+                host.changed()
         elif what.startswith("command-error:"):
-            self._status, self._status_error = what[len("command-error:"):], True
-            self._dirty = True
+            host.set_status(what[len("command-error:"):], error=True)
         elif what.startswith("note:"):  # something the run did on its own (finished hand-processed minibatches)
-            self._status, self._status_error = what[len("note:"):], False
-            self._dirty = True
+            host.set_status(what[len("note:"):])
         elif what == "end":
             message = (f"run ended after {run.steps_done} step(s) (now at step {self.trainer.step_count}): "
                        f"{REASONS.get(str(run.reason), str(run.reason))}")
             if run.error is not None:
                 self.error = run.error
-                self._traceback = "".join(traceback.format_exception(type(run.error), run.error,
+                self.traceback = "".join(traceback.format_exception(type(run.error), run.error,
                                                                      run.error.__traceback__))
                 message = (f"error in the training thread at step {self.trainer.step_count}, run stopped: "
                            f"{type(run.error).__name__}: {run.error}")
-            self._status, self._status_error = message, run.error is not None
-            self.refresh()
+            host.set_status(message, error=run.error is not None)
+            host.refresh()
 
