@@ -76,6 +76,8 @@ class Payload(Mapping[str, Any]):
 
 @dataclass(frozen=True, eq=False)
 class MinibatchInfo(Payload):
+    """A minibatch of ``linkedset`` was accumulated into ``task``'s state."""
+
     task: str
     linkedset: str
     state: Accumulator
@@ -83,18 +85,24 @@ class MinibatchInfo(Payload):
 
 @dataclass(frozen=True, eq=False)
 class NormalizeInfo(Payload):
+    """``task``'s accumulated gradient was divided by its normalizer."""
+
     task: str
     state: Accumulator
 
 
 @dataclass(frozen=True, eq=False)
 class ClipInfo(Payload):
+    """``task``'s accumulated gradient was clipped."""
+
     task: str
     state: Accumulator
 
 
 @dataclass(frozen=True, eq=False)
 class TransformInfo(Payload):
+    """A user's transform (its trainer call ``call``) ran on ``task``'s accumulated gradient."""
+
     task: str
     state: Accumulator
     call: str  # the transform's call name (``trainer.call(name)``)
@@ -102,6 +110,8 @@ class TransformInfo(Payload):
 
 @dataclass(frozen=True, eq=False)
 class ApplyInfo(Payload):
+    """The update of ``tasks`` was applied: step ``step`` ended, with history row ``row``."""
+
     tasks: list[str]
     step: int
     row: dict[str, Any]  # the step's history row (values may still be tensors on the device)
@@ -109,11 +119,15 @@ class ApplyInfo(Payload):
 
 @dataclass(frozen=True, eq=False)
 class ResetInfo(Payload):
+    """``task``'s accumulation (None: every task's) was discarded."""
+
     task: str | None  # None: every task
 
 
 @dataclass(frozen=True, eq=False)
 class WeightInfo(Payload):
+    """The weight of linked set ``linkedset`` of ``task`` is now ``weight``."""
+
     task: str
     linkedset: str
     weight: float
@@ -121,12 +135,16 @@ class WeightInfo(Payload):
 
 @dataclass(frozen=True, eq=False)
 class TaskWeightInfo(Payload):
+    """The weight of ``task`` in the combined update is now ``weight``."""
+
     task: str
     weight: float
 
 
 @dataclass(frozen=True, eq=False)
 class MinibatchesPerStepInfo(Payload):
+    """Minibatch rounds per step of ``task`` (None: every task) are now ``k``."""
+
     task: str | None  # None: every task
     k: int
     step: int
@@ -134,6 +152,8 @@ class MinibatchesPerStepInfo(Payload):
 
 @dataclass(frozen=True, eq=False)
 class BatchSizeInfo(Payload):
+    """Examples per minibatch of ``task`` are now ``batch_size``."""
+
     task: str
     batch_size: int
     step: int
@@ -141,17 +161,23 @@ class BatchSizeInfo(Payload):
 
 @dataclass(frozen=True, eq=False)
 class CombineInfo(Payload):
+    """Tasks' gradients now combine by ``method``."""
+
     method: Any  # as ``trainer.update.method`` holds it: None, a name, a mapping or an object
 
 
 @dataclass(frozen=True, eq=False)
 class ReinitializeInfo(Payload):
+    """The trainer went back to its initial state (step 0) from step ``from_step``."""
+
     step: int
     from_step: int
 
 
 @dataclass(frozen=True, eq=False)
 class EvaluateInfo(Payload):
+    """The held-out loss of ``task``'s linked set ``linkedset`` was measured at step ``step``."""
+
     task: str
     linkedset: str
     loss: float
@@ -160,41 +186,55 @@ class EvaluateInfo(Payload):
 
 @dataclass(frozen=True, eq=False)
 class RestoreInfo(Payload):
+    """A state or checkpoint was loaded: the trainer is at step ``step``."""
+
     step: int
 
 
 @dataclass(frozen=True, eq=False)
 class ForkInfo(Payload):
+    """A branch ``name`` of the trainer was made at step ``step``."""
+
     name: str
     step: int
 
 
 @dataclass(frozen=True, eq=False)
 class StepInfo(Payload):
+    """The loop finished step ``step`` (its history row, None before the first)."""
+
     step: int
     row: dict[str, Any] | None
 
 
 @dataclass(frozen=True, eq=False)
 class ValidationInfo(Payload):
+    """The loop validated at step ``step`` (``record``: its losses and decision)."""
+
     step: int
     record: dict[str, Any]
 
 
 @dataclass(frozen=True, eq=False)
 class DataSkippedInfo(Payload):
+    """Bad examples (``examples``, one record each) were left out during step ``step``."""
+
     step: int
     examples: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, eq=False)
 class RunStartInfo(Payload):
+    """The loop starts at step ``step`` (``num_steps``: the schedule's length)."""
+
     step: int
     num_steps: int | None
 
 
 @dataclass(frozen=True, eq=False)
 class RunEndInfo(Payload):
+    """The loop ended at step ``step`` after ``steps_run`` steps, for ``reason``."""
+
     reason: str
     step: int
     steps_run: int
