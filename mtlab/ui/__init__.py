@@ -6,7 +6,10 @@ Examples:
     >>> # an experiment: its runs follow exp.schedule (lr decay, validation)
     >>> mtlab.ui.dashboard(exp)  # doctest: +SKIP
     >>> mtlab.ui.stop_all()                 # stop every background run (also: Kernel -> Interrupt)  # doctest: +SKIP
-    >>> mtlab.ui.plots.plot_losses(trainer.history).savefig("losses.png")  # doctest: +SKIP
+    >>> mtlab.plots.plot_losses(trainer.history).savefig("losses.png")  # doctest: +SKIP
+
+Figures of a history are ``mtlab.plots`` (``mtlab.training.plots``); the dashboard's live figure is
+``mtlab.ui.liveplot.LivePlot``.
 
 The dashboard is a view of ``mtlab.ui.controller.Controller``, which needs no widgets: scripts and
 tests drive it without ipywidgets; the widgets (``Dashboard``) and the plots load on first use.
@@ -19,11 +22,14 @@ from typing import Any
 from . import runs
 from .runs import Run, current_run, stop_all
 
-_LAZY = {"Dashboard": "view", "dashboard": "view", "plots": None, "Controller": "controller"}
+_LAZY = {"Dashboard": "view", "dashboard": "view", "Controller": "controller"}
 
 
 def __getattr__(name: str) -> Any:
-    """``Dashboard``, ``dashboard`` and ``plots`` import ipywidgets: only when asked for (``Controller`` never)."""
+    """``Dashboard`` and ``dashboard`` import ipywidgets: only when asked for (``Controller`` never)."""
+    if name == "plots":
+        raise AttributeError("mtlab.ui.plots is gone: figures of a history are mtlab.plots (mtlab.training.plots), "
+                             "the dashboard's live figure is mtlab.ui.liveplot.LivePlot")
     if name not in _LAZY:
         raise AttributeError(f"module 'mtlab.ui' has no attribute {name!r}")
     if name == "Controller":  # headless: no widgets needed
@@ -39,10 +45,9 @@ def __getattr__(name: str) -> Any:
                           'install them with: pip install "mtlab[notebook]"') from exc
     import importlib
 
-    module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
-    value = module if _LAZY[name] is None else getattr(module, name)
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     globals()[name] = value
     return value
 
 
-__all__ = ["Controller", "Dashboard", "Run", "current_run", "dashboard", "plots", "runs", "stop_all"]
+__all__ = ["Controller", "Dashboard", "Run", "current_run", "dashboard", "runs", "stop_all"]

@@ -28,15 +28,8 @@ from ..core.trainer import Trainer
 from .controller import Controller
 from .controls import PLOT_WIDTH, Controls, check_hide
 from .painter import Painter
-from .plots import (
-    DPI,
-    LIVE_POINTS,
-    LivePlot,
-    figure_png,
-    figure_svg,
-    panel_of,
-    plot_history,
-)
+from ..training.plots import DPI, figure_png, figure_svg, panel_of, plot_history
+from .liveplot import LIVE_POINTS, LivePlot
 from .state import DashState
 from .texts import (
     counter_html,

@@ -17,7 +17,7 @@ import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from mtlab.ui import plots  # noqa: E402
+from mtlab.training import plots  # noqa: E402
 
 PNG = b"\x89PNG"
 

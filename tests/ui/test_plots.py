@@ -20,7 +20,8 @@ from mtlab.core.events import Event, ValidationInfo  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import PercentFormatter  # noqa: E402
-from mtlab.ui import plots  # noqa: E402
+from mtlab.training import plots  # noqa: E402
+from mtlab.ui.liveplot import LivePlot  # noqa: E402
 
 
 def make_trainer(**kw) -> mtlab.Trainer:
@@ -72,7 +73,7 @@ def test_pngs_are_sized_to_the_displayed_width(trained):
     """Shown 1:1: the PNG is exactly as wide as the notebook shows it (a downscaled PNG has tiny text)."""
     fig = plots.plot_history(trained.history)
     assert png_size(plots.figure_png(fig))[0] == plots.WIDTH_PX
-    live = plots.LivePlot(["a", "b"], width_px=700)
+    live = LivePlot(["a", "b"], width_px=700)
     assert png_size(live.png())[0] == 700
     d = mtlab.ui.dashboard(trained)
     assert d.image.layout.width == f"{png_size(bytes(d.image.value))[0]}px"
@@ -85,7 +86,7 @@ def test_a_single_history_row_draws_points(one_thread):
     ax = plots.plot_losses(tr.history).axes[0]
     line = next(ln for ln in ax.lines if ln.get_label() == "a")
     assert len(line.get_xdata()) == 1 and line.get_marker() == "o"
-    live = plots.LivePlot(["a", "b"])
+    live = LivePlot(["a", "b"])
     live.update({"a/loss": ([1], [0.5])})
     assert live.lines["a/loss"].get_marker() == "o"
 

@@ -215,7 +215,7 @@ def test_choose_the_snapshot_and_keep_the_abandoned_branch_grey():
     d.buttons["restore"].click()
     assert tr.step_count == 1 and "restored snapshot #1 (step 1)" in d.status_text
     ghost = d.live.lines["ghost:a/loss"]
-    assert list(ghost.get_xdata()) == [2, 3, 4, 5] and ghost.get_color() == mtlab.ui.plots.GHOST
+    assert list(ghost.get_xdata()) == [2, 3, 4, 5] and ghost.get_color() == mtlab.plots.GHOST
     assert ghost.get_zorder() < d.live.lines["a/loss"].get_zorder()  # the abandoned branch under the live one
     assert list(d.live.lines["a/loss"].get_xdata()) == [1]
     assert any("restored step 1" in t for _, t in d.events)
