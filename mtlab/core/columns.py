@@ -4,7 +4,9 @@ A row of ``trainer.history`` has ``step``, ``lr`` and ``skipped``, then per task
 ``<task>/<set>/weight``, ``<task>/loss``, ``<task>/<set>/loss``, ``<task>/grad_norm``, ``<task>/grad_norm_clipped``,
 ``<task>/clip_fraction``, ``<task>/minibatches`` (and ``<task>/<name>`` for what a transform of the chain
 measured), then the update's ``weighting/<task>``, ``combine/<group>/<task>``, ``cos/<model>/<a>,<b>``,
-``direction_norm/<group>`` and ``direction_norm``.
+``direction_norm/<group>`` and ``direction_norm``; with ``noise_scale=True`` the noise scale's ``gns/<task>``,
+``gns/<task>/<model>``, ``gns_trace/<task>``, ``gns_g2/<task>`` and ``gns_minibatches/<task>``. A linked set is
+named ``<task>/<set>`` (``set_key``) wherever it is a key: weights, validation records, sliders, legend labels.
 
 >>> task_column("a", "loss"), set_column("a", "clean", "loss"), cosine_column("enc", "a", "b")
 ('a/loss', 'a/clean/loss', 'cos/enc/a,b')
@@ -17,6 +19,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 COMBINE, COSINE, WEIGHTING, DIRECTION = "combine", "cos", "weighting", "direction_norm"  # the update's prefixes
+NOISE = "gns"  # the gradient noise scale (B_simple), per task and per model
+NOISE_PARTS = (NOISE, "gns_trace", "gns_g2", "gns_minibatches")  # what core.noise writes per task
+
+
+def set_key(task: str, linkedset: str) -> str:
+    """``<task>/<set>``: a linked set's name as a key (weights, validation records, sliders, labels)."""
+    return f"{task}/{linkedset}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``(task, set)`` of a ``set_key`` (``(task, "")`` for a task's own key)."""
+    task, _, linkedset = key.partition("/")
+    return task, linkedset
 
 
 def task_column(task: str, name: str) -> str:
@@ -44,6 +59,11 @@ def cosine_column(model: str, a: str, b: str) -> str:
     return f"{COSINE}/{model}/{a},{b}"
 
 
+def noise_column(task: str, model: str | None = None, part: str = NOISE) -> str:
+    """The noise scale of ``task`` (on one ``model``'s parameters), or another of its ``NOISE_PARTS``."""
+    return f"{part}/{task}" if model is None else f"{part}/{task}/{model}"
+
+
 def direction_column(group: str | None = None) -> str:
     """The norm of the update's direction (over one group of shared parameters, or over every parameter)."""
     return DIRECTION if group is None else f"{DIRECTION}/{group}"
@@ -52,13 +72,13 @@ def direction_column(group: str | None = None) -> str:
 @dataclass(frozen=True)
 class Column:
     """What a column holds: ``kind`` is its last part for a task's columns (``loss``, ``grad_norm`` ...), or
-    ``combine``, ``cos``, ``weighting``, ``direction_norm`` for the update's; ``step``, ``lr``, ``skipped`` for
+    ``combine``, ``cos``, ``weighting``, ``direction_norm`` for the update's, ``gns``... for the noise scale's; ``step``, ``lr``, ``skipped`` for
     the row's own."""
 
     kind: str
     task: str = ""
     linkedset: str = ""
-    group: str = ""  # the group (combine, direction_norm) or the model (cos)
+    group: str = ""  # the group (combine, direction_norm) or the model (cos, gns)
     pair: tuple[str, ...] = ()  # the two tasks of a cosine
 
 
@@ -75,6 +95,9 @@ def parse_column(column: str) -> Column:
         return Column(WEIGHTING, task=rest)
     if head == DIRECTION:
         return Column(DIRECTION, group=rest)
+    if head in NOISE_PARTS:
+        task, _, model = rest.partition("/")
+        return Column(head, task=task, group=model)
     if not rest:
         return Column(column)
     middle, _, kind = rest.rpartition("/")

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..base import gradops
 from ..base.errors import ConfigError
+from .columns import noise_column
 
 if TYPE_CHECKING:
     from .accumulator import Accumulator
@@ -161,9 +162,9 @@ class NoiseScale:
         st.steps += 1
         b_simple = st.ema_trace / st.ema_g2
         name = acc.task
-        cols = {f"gns/{name}": b_simple[-1], f"gns_trace/{name}": trace[-1], f"gns_g2/{name}": g2[-1],
-                f"gns_minibatches/{name}": b_simple[-1] / mean_n}
-        cols.update({f"gns/{name}/{model}": b_simple[i] for i, model in enumerate(acc.segments)})
+        cols = {noise_column(name): b_simple[-1], noise_column(name, part="gns_trace"): trace[-1],
+                noise_column(name, part="gns_g2"): g2[-1], noise_column(name, part="gns_minibatches"): b_simple[-1] / mean_n}
+        cols.update({noise_column(name, model): b_simple[i] for i, model in enumerate(acc.segments)})
         return cols
 
     # ------------------------------------------------------------------ reading
@@ -183,7 +184,7 @@ class NoiseScale:
         frame = trainer.history
         out: dict[str, int | None] = {}
         for task in trainer.tasks:
-            col = f"gns_minibatches/{task}"
+            col = noise_column(task, part="gns_minibatches")
             values = frame[col].dropna() if col in frame else []
             value = float(values.iloc[-1]) if len(values) else math.nan
             out[task] = max(1, math.ceil(value)) if math.isfinite(value) and value > 0 else None

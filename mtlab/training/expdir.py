@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.report import say
+from ..core.columns import task_column
 from ..core.trainer import Trainer
 
 # ``schedule`` below is a mtlab.Schedule (duck-typed here: the loop imports this module, not the reverse).
@@ -60,8 +61,8 @@ def summary(trainer: Trainer, schedule: Schedule, wall_s: float, steps_run: int,
     """Host-side facts about the run: steps, stop reason, speed, first/last losses, best validation."""
     rows = trainer.log.rows()
     tasks = list(trainer.tasks)
-    first = {t: _mean([r.get(f"{t}/loss", math.nan) for r in rows[:5]]) for t in tasks}
-    last = {t: _mean([r.get(f"{t}/loss", math.nan) for r in rows[-5:]]) for t in tasks}
+    first = {t: _mean([r.get(task_column(t, "loss"), math.nan) for r in rows[:5]]) for t in tasks}
+    last = {t: _mean([r.get(task_column(t, "loss"), math.nan) for r in rows[-5:]]) for t in tasks}
     recipe = recipe or {}
     return {
         "recipe": recipe.get("name", recipe.get("source")), "step": trainer.step_count,

@@ -31,6 +31,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, PercentFormatter
 
+from ..core.columns import COMBINE, COSINE, DIRECTION, NOISE, parse_column, set_key
 from ..core.journal import Journal, knob_differences
 from .plotstyle import (  # noqa: F401 (re-exported: mtlab.plots.PALETTE, ...)
     DPI,
@@ -61,6 +62,11 @@ EVENTS_LABEL = "n: weight/lr change n"  # the dotted event lines' legend entry i
 Series = tuple[Sequence[float], Sequence[float]]
 
 
+_UPDATE_PANELS = {COMBINE: "combine", COSINE: "cosine", DIRECTION: "grad_norm"}  # the update's columns
+_TASK_PANELS = {"loss": "loss", "grad_norm": "grad_norm", "grad_norm_clipped": "grad_norm",
+                "clip_fraction": "clip_fraction"}  # a task's (or a linked set's) columns
+
+
 def panel_of(column: str) -> tuple[str, str, dict[str, Any]] | None:
     """Which panel a history column goes to, its legend label and line style (``Styles.line`` for a
     figure's own colours); None if not plotted.
@@ -69,19 +75,13 @@ def panel_of(column: str) -> tuple[str, str, dict[str, Any]] | None:
     ``"a/grad_norm_clipped"`` -> gradient panel; ``"direction_norm"`` -> gradient panel;
     ``"combine/<group>/a"`` -> combine weights; ``"cos/<model>/a,b"`` -> task cosines.
     """
-    if column.startswith("combine/"):
-        panel = "combine"
-    elif column.startswith("cos/"):
-        panel = "cosine"
-    elif column == "direction_norm" or column.startswith("direction_norm/"):
-        panel = "grad_norm"
-    elif column.endswith("/loss"):
-        panel = "loss"
-    elif column.endswith(("/grad_norm", "/grad_norm_clipped")):
-        panel = "grad_norm"
-    elif column.endswith("/clip_fraction"):
-        panel = "clip_fraction"
-    else:
+    parsed = parse_column(column)
+    if parsed.kind in _UPDATE_PANELS and (parsed.group or not parsed.task):  # combine/<group>/<task>,
+        # cos/<model>/<a>,<b>, direction_norm[/<group>]; not a transform's statistic <task>/cos
+        panel = _UPDATE_PANELS[parsed.kind]
+    else:  # <task>[/<set>]/<name>
+        panel = _TASK_PANELS.get(parsed.kind) if parsed.task else None
+    if panel is None:
         return None
     style = Styles(()).line(column) or {}
     return panel, style.pop("label"), style
@@ -90,14 +90,10 @@ def panel_of(column: str) -> tuple[str, str, dict[str, Any]] | None:
 def tasks_in(columns: Iterable[str]) -> list[str]:
     """Task names in history order: every row has ``<task>/weight`` for every task, so the order
     (hence the colours) does not depend on which tasks trained first."""
-    cols = [str(c) for c in columns]
-    tasks = [c[: -len("/weight")] for c in cols if c.endswith("/weight") and c.count("/") == 1]
-    for c in cols:  # histories without weight columns: the order of first appearance
-        where = panel_of(c)
-        if where is not None and where[0] in ("loss", "grad_norm", "clip_fraction") \
-                and not c.startswith("direction_norm"):
-            tasks.append(where[1].split(" ")[0].split("/")[0])
-    return list(dict.fromkeys(tasks))
+    parsed = [parse_column(str(c)) for c in columns]
+    tasks = [c.task for c in parsed if c.kind == "weight" and c.task and not c.linkedset]
+    tasks += [c.task for c in parsed if c.kind in _TASK_PANELS and c.task]  # histories without weight columns:
+    return list(dict.fromkeys(tasks))  # the order of first appearance
 
 
 def thin(xs: Sequence[float], ys: Sequence[float], max_points: int = MAX_POINTS) -> tuple[list[float], list[float]]:
@@ -172,7 +168,7 @@ def validation_series(validation: Any) -> dict[str, Series]:
     # events it made for the same step give one point, not two
     for r in records:
         if "task" in r and "linkedset" in r:
-            items = [(f"{r['task']}/{r['linkedset']}", r["loss"])]
+            items = [(set_key(r["task"], r["linkedset"]), r["loss"])]
         else:
             skip = {"step", "loss", "lr", "lr_scale", "tries", "best", "action"}
             items = [(k, v) for k, v in r.items() if k not in skip and isinstance(v, (int, float))]
@@ -184,7 +180,7 @@ def validation_series(validation: Any) -> dict[str, Series]:
 
 def events_from_frame(df: pd.DataFrame) -> list[tuple[float, str]]:
     """``(step, "what changed")`` for each row where the lr or a weight differs from the row before."""
-    cols = [c for c in df.columns if c == "lr" or str(c).endswith("/weight")]
+    cols = [c for c in df.columns if c == "lr" or ((parsed := parse_column(str(c))).kind == "weight" and parsed.task)]
     if not cols or len(df) < 2:
         return []
     steps = _steps(df).tolist()
@@ -635,9 +631,10 @@ def plot_runs(runs: Mapping[str, Any], panel: str = "loss", width_px: int = 830,
     for i, (name, df) in enumerate(frames.items()):
         color = PALETTE[i % len(PALETTE)]
         for col, (xs, ys) in series_from_frame(df, panel).items():
-            task = col.split("/", 1)[0]
-            if col.count("/") > 1 or task not in tasks:  # per-linked-set and per-model columns: too many lines
-                continue
+            parsed = parse_column(col)
+            task = parsed.task
+            if parsed.linkedset or parsed.group or task not in tasks:  # per-linked-set and per-model columns:
+                continue  # too many lines
             xs, ys = thin(xs, ys)
             ax.plot(xs, ys, color=color, ls=TASK_DASHES[tasks.index(task) % len(TASK_DASHES)], lw=1.3,
                     label=f"{name}: {task}")
@@ -670,20 +667,20 @@ def plot_noise_scale(history: Any, ax: Axes | None = None, models: bool = True) 
         fig = new_figure(560, 260)
         ax = fig.add_subplot()
     fig = ax.figure
-    cols = [c for c in df.columns if str(c).startswith("gns/")]
-    colors = task_colors(sorted({c.split("/")[1] for c in cols}))
+    cols = {str(c): parsed for c in df.columns if (parsed := parse_column(str(c))).kind == NOISE}
+    colors = task_colors(sorted({parsed.task for parsed in cols.values()}))
     steps = pd.to_numeric(df["step"], errors="coerce") if "step" in df else pd.Series(range(1, len(df) + 1))
     drawn = 0
-    for col in cols:
-        parts = col.split("/")
-        if len(parts) > 2 and not models:
+    for col, parsed in cols.items():
+        task, model = parsed.task, parsed.group
+        if model and not models:
             continue
         values = pd.to_numeric(df[col], errors="coerce")
         keep = values.notna() & (values > 0)
         if not keep.any():
             continue
-        ax.plot(steps[keep].tolist(), values[keep].tolist(), color=colors[parts[1]], lw=1.5 if len(parts) == 2 else 0.9,
-                ls="-" if len(parts) == 2 else "--", label=parts[1] if len(parts) == 2 else f"{parts[1]}/{parts[2]}")
+        ax.plot(steps[keep].tolist(), values[keep].tolist(), color=colors[task], lw=0.9 if model else 1.5,
+                ls="--" if model else "-", label=f"{task} [{model}]" if model else task)
         drawn += 1
     ax.set_title("gradient noise scale B_simple (EMA)", fontsize=text_pt("title"))
     ax.set_xlabel("step", fontsize=text_pt("label"))

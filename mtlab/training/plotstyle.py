@@ -20,6 +20,8 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
 from matplotlib.textpath import TextToPath
 
+from ..core.columns import COMBINE, COSINE, DIRECTION, parse_column, set_key, split_key
+
 DPI = 100  # figures are sized in pixels of the notebook's width at this dpi: shown 1:1, never downscaled
 TEXT_PT = {"title": 8.5, "label": 8.0, "tick": 7.5, "legend": 7.5, "event": 7.5}  # 7.5 pt = 10.4 px at DPI 100
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -129,48 +131,43 @@ class Styles:
 
     def line(self, column: str) -> dict[str, Any] | None:
         """Keywords for ``Axes.plot`` (colour, width, dashes, label) of a history column."""
-        if column.startswith("combine/"):
-            group, _, task = column[len("combine/"):].rpartition("/")
-            g = self._index(self.groups, group)
-            style: dict[str, Any] = {"color": self.color(task), "lw": 1.6, "label": f"{task} [{group}]" if group else task}
+        c = parse_column(column)
+        if c.kind == COMBINE and c.group:
+            g = self._index(self.groups, c.group)
+            style: dict[str, Any] = {"color": self.color(c.task), "lw": 1.6, "label": f"{c.task} [{c.group}]"}
             if g:
                 style["dashes"] = SET_DASHES[(g - 1) % len(SET_DASHES)]
             return style
-        if column.startswith("cos/"):
-            model, _, pair = column[len("cos/"):].rpartition("/")
-            label = f"{pair.replace(',', '~')} [{model}]" if model else pair.replace(",", "~")
+        if c.kind == COSINE and not c.task:
+            pair = "~".join(c.pair)
+            label = f"{pair} [{c.group}]" if c.group else pair
             i = self._index(self.pairs, label)
             color = PALETTE[(len(self.colors) + i) % len(PALETTE)]
             style = {"color": color, "lw": 1.4, "label": label}
             if (len(self.colors) + i) // len(PALETTE):  # colours repeat: a dash tells them apart
                 style["dashes"] = SET_DASHES[((len(self.colors) + i) // len(PALETTE) - 1) % len(SET_DASHES)]
             return style
-        if column == "direction_norm" or column.startswith("direction_norm/"):
-            rest = column[len("direction_norm/"):] if "/" in column else ""
-            label = f"direction [{rest}]" if rest else "direction"
+        if c.kind == DIRECTION and not c.task:
+            label = f"direction [{c.group}]" if c.group else "direction"
             d = DIRECTION_DASHES[self._index(self.directions, label) % len(DIRECTION_DASHES)]
             return {"color": INK, "lw": 1.2, "label": label, **({"dashes": d} if d else {})}
-        if column.endswith("/loss"):
-            label = column[: -len("/loss")]
-            task, _, name = label.partition("/")
-            if not name:
-                return {"color": self.color(task), "lw": 1.9, "label": label}
-            i = self.set_index(task, name)
-            return {"color": self.color(task), "lw": 1.2, "dashes": SET_DASHES[i % len(SET_DASHES)], "label": label}
-        if column.endswith("/grad_norm"):
-            task = column[: -len("/grad_norm")]
-            return {"color": self.color(task), "lw": 1.5, "label": task}
-        if column.endswith("/grad_norm_clipped"):
-            task = column[: -len("/grad_norm_clipped")]
-            return {"color": self.color(task), **CLIPPED, "label": f"{task} (clipped)"}
-        if column.endswith("/clip_fraction"):
-            task = column[: -len("/clip_fraction")]
-            return {"color": self.color(task), "lw": 1.5, "label": task}
+        if not c.task:
+            return None
+        if c.kind == "loss":
+            if not c.linkedset:
+                return {"color": self.color(c.task), "lw": 1.9, "label": c.task}
+            i = self.set_index(c.task, c.linkedset)
+            return {"color": self.color(c.task), "lw": 1.2, "dashes": SET_DASHES[i % len(SET_DASHES)],
+                    "label": set_key(c.task, c.linkedset)}
+        if c.kind in ("grad_norm", "clip_fraction") and not c.linkedset:
+            return {"color": self.color(c.task), "lw": 1.5, "label": c.task}
+        if c.kind == "grad_norm_clipped" and not c.linkedset:
+            return {"color": self.color(c.task), **CLIPPED, "label": f"{c.task} (clipped)"}
         return None
 
     def valid(self, key: str) -> dict[str, Any]:
         """Keywords for validation points ``key`` (``"task"``: circles; ``"task/set"``: the set's marker)."""
-        task, _, name = key.partition("/")
+        task, name = split_key(key)
         marker = SET_MARKERS[self.set_index(task, name) % len(SET_MARKERS)] if name else "o"
         return {"ls": "none", "marker": marker, "ms": 5.5, "mfc": "white", "mec": self.color(task), "mew": 1.5,
                 "zorder": 3, "label": f"{key} (valid)"}
@@ -193,28 +190,28 @@ class Styles:
             if style is None:
                 continue
             label = style.pop("label")
-            if c.startswith(("cos/", "direction_norm")):
+            parsed = parse_column(c)
+            if parsed.kind in (COSINE, DIRECTION) and not parsed.task:
                 own.append((Line2D([], [], **style), label))
-            elif c.startswith("combine/"):
-                tasks.append(label.split(" ")[0])
-                g = self.groups.index(c[len("combine/"):].rpartition("/")[0])
+            elif parsed.kind == COMBINE and parsed.group:
+                tasks.append(parsed.task)
+                g = self.groups.index(parsed.group)
                 if len(self.groups) > 1:
                     kw = {"dashes": SET_DASHES[(g - 1) % len(SET_DASHES)]} if g else {}
                     entry = (Line2D([], [], color="#777777", lw=1.6, **kw), f"weights [{self.groups[g]}]")
                     if entry[1] not in [e[1] for e in own]:
                         own.append(entry)
             else:
-                task, _, name = label.split(" ")[0].partition("/")
-                tasks.append(task)
-                clipped |= c.endswith("_clipped")
-                if name:
-                    set_idx.add(self.set_index(task, name))
+                tasks.append(parsed.task)
+                clipped |= parsed.kind == "grad_norm_clipped"
+                if parsed.linkedset:
+                    set_idx.add(self.set_index(parsed.task, parsed.linkedset))
         out = [(Line2D([], [], color=self.colors[t], lw=2.2), t) for t in self.colors if t in {*tasks, *(
-            k.partition("/")[0] for k in valid_keys)}]
+            split_key(k)[0] for k in valid_keys)}]
         for i in sorted(set_idx):
             out.append((Line2D([], [], color="#555555", lw=1.2, dashes=SET_DASHES[i % len(SET_DASHES)]),
                         self._set_names(i)))
-        marks = sorted({-1 if "/" not in k else self.set_index(*k.split("/", 1)) for k in valid_keys})
+        marks = sorted({self.set_index(*split_key(k)) if split_key(k)[1] else -1 for k in valid_keys})
         for i in marks:
             marker = "o" if i < 0 else SET_MARKERS[i % len(SET_MARKERS)]
             out.append((Line2D([], [], ls="none", marker=marker, ms=5.5, mfc="white", mec="#555555", mew=1.5),

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from ..base.report import say
 from ..core.events import Event, ValidationInfo
+from ..core.columns import set_key
 from ..core.trainer import Trainer
 from .checkpoint import save_checkpoint
 from .schedule import Schedule
@@ -26,7 +27,7 @@ def validate(trainer: Trainer, schedule: Schedule) -> dict[str, Any] | None:
             if ls.valid is None:
                 continue
             loss_sum, norm = trainer.evaluate(tname, sname, num_batches=nb, totals=True)
-            record[f"{tname}/{sname}"] = loss_sum / norm if norm else float("nan")
+            record[set_key(tname, sname)] = loss_sum / norm if norm else float("nan")
             pooled.append((ls.weight, loss_sum, norm))
         if not pooled:
             continue

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
+from ..core.columns import set_key
 from ..core.events import (BatchSizeInfo, CombineInfo, Event, EvaluateInfo, MinibatchesPerStepInfo, Payload,
                            ReinitializeInfo, RestoreInfo, TaskWeightInfo, ValidationInfo, WeightInfo)
 from ..training.debug import next_call
@@ -224,7 +225,7 @@ class Controller:
         """A linked set's weight, used from the next minibatch on (also during a run)."""
         def do() -> str:
             self.trainer.set_weight(task, linkedset, value)
-            return self._weight_message(f"{task}/{linkedset}", value)
+            return self._weight_message(set_key(task, linkedset), value)
         return self._command("weight", do)
 
     def set_task_weight(self, task: str, value: float) -> bool:
@@ -397,7 +398,7 @@ class Controller:
                 data.records.append(record)
                 data.validation.append(record)
         elif isinstance(info, WeightInfo | TaskWeightInfo):
-            what = f"{info.task}/{info.linkedset}" if isinstance(info, WeightInfo) else f"task {info.task}"
+            what = set_key(info.task, info.linkedset) if isinstance(info, WeightInfo) else f"task {info.task}"
             data.event(self.trainer.step_count, f"{what} weight -> {info.weight:.3g}")
             skipped = skipped_tasks(self.trainer)
             for name, why in skipped.items():

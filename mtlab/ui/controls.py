@@ -12,6 +12,7 @@ import ipywidgets as widgets
 import traitlets
 
 from ..core import combine, weighting
+from ..core.columns import set_key
 from .texts import call_buttons, call_tooltip
 
 if TYPE_CHECKING:
@@ -162,8 +163,8 @@ class Controls:
                 f"set_task_weight({tname!r}, w): task {tname!r}'s weight in the combined update; "
                 "0 leaves the task out of step()")
             for sname, ls in t.linkedsets.items():
-                self.sliders[f"{tname}/{sname}"] = weight_slider(
-                    f"  {tname}/{sname}", ls.weight, width,
+                self.sliders[set_key(tname, sname)] = weight_slider(
+                    f"  {set_key(tname, sname)}", ls.weight, width,
                     f"set_weight({tname!r}, {sname!r}, w): weight of this linked set's loss and normalizer, from "
                     "the next minibatch on; 0 leaves it out")
         lr = trainer.lr

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.accumulator import Phase
+from ..core.columns import noise_column, set_key, split_key
 from ..core.trainer import Trainer
 from ..core.transforms import Call
 from .state import DashState
@@ -118,7 +119,7 @@ def run_refusal(trainer: Trainer) -> str | None:
         for sname, ls in t.linkedsets.items():
             if ls.weight > 0 and ls.examples is None:
                 return (f"linked set {sname!r} of task {name!r} has no training examples (explicit batches only); "
-                        f"a run draws minibatches: set the {name}/{sname} weight slider to 0 first")
+                        f"a run draws minibatches: set the {set_key(name, sname)} weight slider to 0 first")
     return None
 
 
@@ -205,7 +206,7 @@ def validation_html(records: Sequence[Mapping[str, Any]], last: int = 12) -> str
     if not records:
         return ""
     skip = ("step", "loss", "lr", "lr_scale", "tries", "best", "action")
-    keys = [k for k in records[-1] if k not in skip and "/" not in k]
+    keys = [k for k in records[-1] if k not in skip and not split_key(k)[1]]  # the tasks' (not their sets')
     head = "<tr><th>step</th>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + \
            "<th>valid loss</th><th>lr</th><th>action</th></tr>"
     body = "".join("<tr>" + "".join(f"<td>{fmt(r.get(k))}</td>" for k in ("step", *keys, "loss", "lr", "action"))
@@ -242,7 +243,7 @@ def noise_html(trainer: Trainer) -> str:
     last = rows[-1] if rows else {}
     cells = []
     for task in trainer.tasks:
-        value, per_step = last.get(f"gns/{task}"), last.get(f"gns_minibatches/{task}")
+        value, per_step = last.get(noise_column(task)), last.get(noise_column(task, part="gns_minibatches"))
         shown = f"{value:.3g}" if isinstance(value, float) and math.isfinite(value) else "n/a"
         k = (f"{max(1, math.ceil(per_step))}" if isinstance(per_step, float) and math.isfinite(per_step)
              and per_step > 0 else "n/a")

@@ -24,6 +24,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from ..core.columns import split_key
 from ..core.trainer import Trainer
 from .controller import Controller
 from .controls import PLOT_WIDTH, Controls, check_hide
@@ -157,7 +158,7 @@ class Dashboard(widgets.VBox):
     def _wire(self) -> None:
         c, w = self.controller, self.controls
         for key, slider in w.sliders.items():
-            task, _, lset = key.partition("/")
+            task, lset = split_key(key)
             if lset:
                 slider.observe(lambda ch, t=task, s=lset: self._user(c.set_weight, t, s, ch["new"]), "value")
             else:

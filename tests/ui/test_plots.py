@@ -222,3 +222,23 @@ def test_zoom_and_read_out_every_series_at_a_step(trained):
     d.zoom.value = (d.zoom.min, d.zoom.max)  # back to everything
     assert d.live.xrange is None
     d.close()
+
+
+def test_panel_of_reads_the_columns_that_mtlab_core_columns_builds():
+    from mtlab.core.columns import (combine_column, cosine_column, direction_column, noise_column, set_column,
+                                    task_column, weighting_column)
+
+    want = {task_column("a", "loss"): ("loss", "a"), set_column("a", "clean", "loss"): ("loss", "a/clean"),
+            task_column("a", "grad_norm"): ("grad_norm", "a"),
+            task_column("a", "grad_norm_clipped"): ("grad_norm", "a (clipped)"),
+            task_column("a", "clip_fraction"): ("clip_fraction", "a"),
+            direction_column(): ("grad_norm", "direction"), direction_column("enc"): ("grad_norm", "direction [enc]"),
+            combine_column("enc", "b"): ("combine", "b [enc]"), cosine_column("enc", "a", "b"): ("cosine", "a~b [enc]")}
+    for column, (panel, label) in want.items():
+        got = plots.panel_of(column)
+        assert got is not None and got[:2] == (panel, label), column
+    for column in (task_column("a", "weight"), weighting_column("a"), noise_column("a"), task_column("a", "cos"),
+                   task_column("a", "combine"), "loss", "step", "lr"):
+        assert plots.panel_of(column) is None, column
+    assert plots.tasks_in([task_column("b", "loss"), task_column("a", "weight"), set_column("c", "x", "loss"),
+                           cosine_column("enc", "a", "b")]) == ["a", "b", "c"]
