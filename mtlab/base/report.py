@@ -4,8 +4,8 @@ tables of values in HTML."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 logger = logging.getLogger("mtlab")
 
@@ -26,13 +26,73 @@ def values_html(values: Mapping[str, Any], caption: str) -> str:
     return f"<table><caption>{caption}</caption>{rows}</table>"
 
 
-def own_rounds(trainer: Any) -> str:
+class _Weighted(Protocol):
+    @property
+    def weight(self) -> float: ...
+
+
+class _Task(Protocol):
+    @property
+    def weight(self) -> float: ...
+
+    @property
+    def linkedsets(self) -> Mapping[str, _Weighted]: ...
+
+
+class _Plan(Protocol):
+    @property
+    def model_names(self) -> Iterable[str]: ...
+
+
+class _State(Protocol):
+    @property
+    def phase(self) -> object: ...
+
+    @property
+    def minibatches(self) -> int: ...
+
+
+class Rounds(Protocol):
+    """What ``own_rounds`` reads of a trainer."""
+
+    @property
+    def minibatches_per_step(self) -> Mapping[str, int]: ...
+
+    @property
+    def numbatches_to_aggregate(self) -> int: ...
+
+
+class Reported(Rounds, Protocol):
+    """What ``trainer_html`` reads of a trainer (``mtlab.Trainer`` is one; the foundations import no trainer)."""
+
+    @property
+    def step_count(self) -> int: ...
+
+    @property
+    def lr(self) -> float: ...
+
+    @property
+    def chain(self) -> object: ...
+
+    @property
+    def device(self) -> object: ...
+
+    @property
+    def tasks(self) -> Mapping[str, _Task]: ...
+
+    @property
+    def plans(self) -> Mapping[str, _Plan]: ...
+
+    def state(self, task: str) -> _State: ...
+
+
+def own_rounds(trainer: Rounds) -> str:
     """`` (a: 3)``: the tasks whose minibatches per step differ from the trainer's K, or ``""``."""
     own = {n: k for n, k in trainer.minibatches_per_step.items() if k != trainer.numbatches_to_aggregate}
     return f" ({', '.join(f'{n}: {k}' for n, k in own.items())})" if own else ""
 
 
-def trainer_html(trainer: Any) -> str:
+def trainer_html(trainer: Reported) -> str:
     """A trainer as an HTML table (its ``_repr_html_``): step, lr, chain, and per task its weights, models,
     phase and minibatches."""
     tr = trainer

@@ -24,11 +24,14 @@ import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 
+import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
+from matplotlib.legend import Legend
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, PercentFormatter
 
 from ..core.columns import COMBINE, COSINE, DIRECTION, NOISE, parse_column, set_key
@@ -62,6 +65,24 @@ EVENTS_LABEL = "n: weight/lr change n"  # the dotted event lines' legend entry i
 Series = tuple[Sequence[float], Sequence[float]]
 
 
+class HasHistory(Protocol):
+    """A trainer: its ``history`` DataFrame."""
+
+    @property
+    def history(self) -> pd.DataFrame: ...
+
+
+class HasFrame(Protocol):
+    """A ``History``: its rows as a DataFrame."""
+
+    def frame(self) -> pd.DataFrame: ...
+
+
+HistoryLike: TypeAlias = pd.DataFrame | HasHistory | HasFrame  # what the plots read a history from
+Validation: TypeAlias = pd.DataFrame | Iterable[Mapping[str, Any]] | None  # evaluate events, validation records
+RunLike: TypeAlias = HistoryLike | str | Path  # a run of plot_runs: a trainer, a history, an experiment folder
+
+
 _UPDATE_PANELS = {COMBINE: "combine", COSINE: "cosine", DIRECTION: "grad_norm"}  # the update's columns
 _TASK_PANELS = {"loss": "loss", "grad_norm": "grad_norm", "grad_norm_clipped": "grad_norm",
                 "clip_fraction": "clip_fraction"}  # a task's (or a linked set's) columns
@@ -76,6 +97,7 @@ def panel_of(column: str) -> tuple[str, str, dict[str, Any]] | None:
     ``"combine/<group>/a"`` -> combine weights; ``"cos/<model>/a,b"`` -> task cosines.
     """
     parsed = parse_column(column)
+    panel: str | None
     if parsed.kind in _UPDATE_PANELS and (parsed.group or not parsed.task):  # combine/<group>/<task>,
         # cos/<model>/<a>,<b>, direction_norm[/<group>]; not a transform's statistic <task>/cos
         panel = _UPDATE_PANELS[parsed.kind]
@@ -119,7 +141,7 @@ def smooth(ys: Sequence[float], factor: float) -> list[float]:
     return out
 
 
-def as_frame(history: Any) -> pd.DataFrame:
+def as_frame(history: HistoryLike) -> pd.DataFrame:
     """A history DataFrame from a DataFrame, a ``Trainer`` or a ``History``."""
     if isinstance(history, pd.DataFrame):
         return history
@@ -153,7 +175,7 @@ def series_from_frame(df: pd.DataFrame, panel: str | None = None) -> dict[str, S
     return out
 
 
-def validation_series(validation: Any) -> dict[str, Series]:
+def validation_series(validation: Validation) -> dict[str, Series]:
     """Validation points as ``name -> (steps, losses)``, names matching the loss lines.
 
     Accepts evaluate events (dicts with step, task, linkedset, loss: name ``"task/linkedset"``),
@@ -221,8 +243,19 @@ def panels_for(series: Mapping[str, Series], ghost: Mapping[str, Series] | None 
 def new_figure(width_px: int = WIDTH_PX, height_px: int | None = None, dpi: int = DPI) -> Figure:
     """A Figure of exactly ``width_px`` x ``height_px`` pixels at ``dpi``, laid out by constrained layout."""
     height_px = height_px if height_px is not None else int(width_px * 0.42)
-    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, layout="constrained")
-    fig.get_layout_engine().set(w_pad=4 / 72, h_pad=4 / 72, wspace=0.04, hspace=0.05)
+    return Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, layout=constrained_layout())
+
+
+def constrained_layout() -> ConstrainedLayoutEngine:
+    """The layout of every figure here: room for the shared legend and every label, no text over another."""
+    return ConstrainedLayoutEngine(w_pad=4 / 72, h_pad=4 / 72, wspace=0.04, hspace=0.05)
+
+
+def figure_of(ax: Axes) -> Figure:
+    """The figure ``ax`` is drawn in (the root one, for an axes of a subfigure)."""
+    fig = ax.get_figure(root=True)
+    if fig is None:
+        raise ValueError("these axes belong to no figure; make them with fig.add_subplot()")
     return fig
 
 
@@ -241,9 +274,9 @@ def panel_axes(fig: Figure, panels: Sequence[str], scale: str = "linear", cols: 
         first = first or ax
         decorate(ax, panel, scale, bottom=i + cols >= len(panels), font_scale=font_scale)
         out[panel] = ax
-    if first is not None and rows > 1 and len(panels) % cols:
-        cell = fig.add_subplot(first.get_subplotspec().get_gridspec()[rows - 1, len(panels) % cols:],
-                               label=LEGEND_CELL)
+    spec = first.get_subplotspec() if first is not None else None
+    if spec is not None and rows > 1 and len(panels) % cols:
+        cell = fig.add_subplot(spec.get_gridspec()[rows - 1, len(panels) % cols:], label=LEGEND_CELL)
         cell.axis("off")
     return out
 
@@ -261,13 +294,14 @@ def _cell_fits(entries: Sequence[tuple[Any, str]], panels: int, width_px: int, f
     return ncols if lines * size * DPI / 72 * 1.55 + 6 <= cell_h else 0
 
 
-def shared_legend(fig: Figure, entries: Sequence[tuple[Any, str]], font_scale: float = 1.0) -> Any:
+def shared_legend(fig: Figure, entries: Sequence[tuple[Any, str]], font_scale: float = 1.0) -> Legend | None:
     """One legend for every panel: in the empty cell of the last row when it fits there, else in a row
     of its own under the panels, in as many columns as the width allows; never room taken from an axes.
     The ``Legend``, or None without entries."""
     cell = next((a for a in fig.axes if a.get_label() == LEGEND_CELL), None)
-    for old in [*fig.legends, *([cell.get_legend()] if cell is not None and cell.get_legend() else [])]:
-        old.remove()
+    for old in [*fig.legends, cell.get_legend() if cell is not None else None]:
+        if old is not None:
+            old.remove()
     if not entries:
         return None
     size = text_pt("legend", font_scale)
@@ -377,7 +411,7 @@ def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = Tr
         return []
     xlim = ax.get_xlim()
     if axes_px is None:
-        fig = ax.figure
+        fig = figure_of(ax)
         axes_px = fig.get_figwidth() * fig.dpi * ax.get_position().width * 0.9
     artists: list[Any] = []
     steps = sorted({s for s, _ in list(events)[-MAX_EVENT_MARKS:] if xlim[0] <= s <= xlim[1]})
@@ -400,7 +434,7 @@ def positive(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], lis
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def step_range(df: pd.DataFrame, validation: Any = None, ghost: Mapping[str, Series] | None = None
+def step_range(df: pd.DataFrame, validation: Validation = None, ghost: Mapping[str, Series] | None = None
                ) -> tuple[float, float] | None:
     """The step limits every figure of one history shares: its rows, validation points and ghost lines,
     padded a little (so that two PNGs of one run always agree)."""
@@ -413,7 +447,7 @@ def step_range(df: pd.DataFrame, validation: Any = None, ghost: Mapping[str, Ser
     return lo - pad, hi + pad
 
 
-def _draw_panel(ax: Axes, panel: str, df: pd.DataFrame, styles: Styles, validation: Any, max_points: int,
+def _draw_panel(ax: Axes, panel: str, df: pd.DataFrame, styles: Styles, validation: Validation, max_points: int,
                 scale: str, smoothing: float, ghost: Mapping[str, Series] | None) -> tuple[list[str], list[str]]:
     """The panel's lines on ``ax``; the columns and validation keys drawn (for the legend)."""
     series = series_from_frame(df, panel)
@@ -439,7 +473,7 @@ def _draw_panel(ax: Axes, panel: str, df: pd.DataFrame, styles: Styles, validati
         for key, (xs, ys) in validation_series(validation).items():
             ax.plot(*thin(xs, ys, max_points), **styles.valid(key))
             keys.append(key)
-        ys_all = [y for ln in ax.lines for y in ln.get_ydata()]
+        ys_all = [float(y) for ln in ax.lines for y in np.asarray(ln.get_ydata(), dtype=float)]
         if scale == "linear" and ys_all and min(ys_all) >= 0 and ax.get_ylim()[0] < 0:
             ax.set_ylim(bottom=0.0)  # a non-negative loss is never padded below 0 (nor squeezed onto it)
     if PANEL_SPECS[panel].percent:  # from 0 to a little above the largest share (not to 100%)
@@ -450,7 +484,7 @@ def _draw_panel(ax: Axes, panel: str, df: pd.DataFrame, styles: Styles, validati
     return drawn, keys
 
 
-def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = None, max_points: int = MAX_POINTS,
+def _plot_panel(panel: str, history: HistoryLike, ax: Axes | None, validation: Validation = None, max_points: int = MAX_POINTS,
                 scale: str = "linear", smoothing: float = 0.0, events: bool = True,
                 ghost: Mapping[str, Series] | None = None, xlim: tuple[float, float] | None = None,
                 width_px: int = 560) -> Figure:
@@ -462,7 +496,7 @@ def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = Non
     styles = Styles(tasks_in(df.columns))
     marks = events_from_frame(df) if events else []
     own = ax is None
-    if own:
+    if ax is None:
         cols = list(series_from_frame(df, panel))
         keys = list(validation_series(validation)) if panel == "loss" else []
         entries = Styles(tasks_in(df.columns)).legend(cols, keys, bool(ghost), EVENTS_LABEL if marks else None)
@@ -472,20 +506,20 @@ def _plot_panel(panel: str, history: Any, ax: Axes | None, validation: Any = Non
         limits = xlim if xlim is not None else step_range(df, validation, ghost)
         if limits is not None:
             ax.set_xlim(*limits)
-    fig = ax.figure
+    fig = figure_of(ax)
     drawn, keys = _draw_panel(ax, panel, df, styles, validation, max_points, scale, smoothing, ghost)
     if events:
         mark_events(ax, marks)
     entries = styles.legend(drawn, keys, bool(ghost), EVENTS_LABEL if marks else None)
     if own:
-        shared_legend(fig, entries)  # type: ignore[arg-type]
+        shared_legend(fig, entries)
     elif entries:
         ax.legend([h for h, _ in entries], [label for _, label in entries], fontsize=text_pt("legend"),
                   loc="best", framealpha=0.8)
-    return fig  # type: ignore[return-value]
+    return fig
 
 
-def plot_losses(history: Any, ax: Axes | None = None, validation: Any = None, max_points: int = MAX_POINTS,
+def plot_losses(history: HistoryLike, ax: Axes | None = None, validation: Validation = None, max_points: int = MAX_POINTS,
                 scale: str = "linear", smoothing: float = 0.0, events: bool = True,
                 ghost: Mapping[str, Series] | None = None, xlim: tuple[float, float] | None = None) -> Figure:
     """Normalized loss per task (colour) and per linked set (its dash) by step; validation points with
@@ -500,19 +534,19 @@ def plot_losses(history: Any, ax: Axes | None = None, validation: Any = None, ma
     return _plot_panel("loss", history, ax, validation, max_points, scale, smoothing, events, ghost, xlim)
 
 
-def plot_grad_norms(history: Any, ax: Axes | None = None, max_points: int = MAX_POINTS, events: bool = True,
+def plot_grad_norms(history: HistoryLike, ax: Axes | None = None, max_points: int = MAX_POINTS, events: bool = True,
                     xlim: tuple[float, float] | None = None) -> Figure:
     """Gradient norm per task (a line; after clipping: a wide faint band under it), log scale."""
     return _plot_panel("grad_norm", history, ax, None, max_points, events=events, xlim=xlim)
 
 
-def plot_clip_fraction(history: Any, ax: Axes | None = None, max_points: int = MAX_POINTS,
+def plot_clip_fraction(history: HistoryLike, ax: Axes | None = None, max_points: int = MAX_POINTS,
                        events: bool = True, xlim: tuple[float, float] | None = None) -> Figure:
     """Share of gradient elements clipped, per task, in percent."""
     return _plot_panel("clip_fraction", history, ax, None, max_points, events=events, xlim=xlim)
 
 
-def plot_history(history: Any, validation: Any = None, max_points: int = MAX_POINTS, scale: str = "linear",
+def plot_history(history: HistoryLike, validation: Validation = None, max_points: int = MAX_POINTS, scale: str = "linear",
                  smoothing: float = 0.0, ghost: Mapping[str, Series] | None = None, width_px: int = WIDTH_PX,
                  height_px: int | None = None, font_scale: float = 1.0) -> Figure:
     """Every panel worth showing (``panels_for``) on one shared step axis, in a grid chosen from
@@ -546,7 +580,7 @@ def plot_history(history: Any, validation: Any = None, max_points: int = MAX_POI
     return fig
 
 
-def history_figures(history: Any, validation: Any = None) -> dict[str, Figure]:
+def history_figures(history: HistoryLike, validation: Validation = None) -> dict[str, Figure]:
     """The experiment folder's figures by name: losses, grad_norms, clip_fraction (only when something
     was clipped: a flat 0% says nothing) and history; all on the same step range."""
     df = as_frame(history)
@@ -572,7 +606,7 @@ def figure_svg(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def save_plots(history: Any, directory: str | Path, validation: Any = None, dpi: float = DPI) -> list[Path]:
+def save_plots(history: HistoryLike, directory: str | Path, validation: Validation = None, dpi: float = DPI) -> list[Path]:
     """Write ``history_figures`` into ``directory`` as ``losses.png``, ``grad_norms.png``,
     ``clip_fraction.png`` (only when something was clipped) and ``history.png``; the paths written."""
     out = Path(directory)
@@ -589,7 +623,7 @@ def save_plots(history: Any, directory: str | Path, validation: Any = None, dpi:
 TASK_DASHES = ("-", "--", ":", "-.")
 
 
-def _journal(run: Any) -> Journal | None:
+def _journal(run: RunLike) -> Journal | None:
     if isinstance(run, (str, Path)):
         return Journal.read_file(run) if (Path(run) / "journal.jsonl").is_file() else None
     journal = getattr(run, "journal", None)
@@ -604,7 +638,7 @@ def _legend_right(ax: Axes) -> None:
                   borderaxespad=0.0, frameon=False, handlelength=1.8)
 
 
-def _history(run: Any) -> pd.DataFrame:
+def _history(run: RunLike) -> pd.DataFrame:
     """A run's history: a trainer's, a DataFrame, or an experiment folder's history.csv."""
     if isinstance(run, (str, Path)):
         path = Path(run) / "history.csv"
@@ -616,7 +650,7 @@ def _history(run: Any) -> pd.DataFrame:
     return as_frame(run)
 
 
-def plot_runs(runs: Mapping[str, Any], panel: str = "loss", width_px: int = 830,
+def plot_runs(runs: Mapping[str, RunLike], panel: str = "loss", width_px: int = 830,
               height_px: int | None = None, differences: bool = True) -> Figure:
     """One panel (``loss``, ``grad_norm``, ... as in ``plot_history``) with every run on it: a colour per run,
     a dash per task. Runs are trainers or experiment folders (their journals give the knob differences, listed
@@ -658,7 +692,7 @@ def plot_runs(runs: Mapping[str, Any], panel: str = "loss", width_px: int = 830,
     return fig
 
 
-def plot_noise_scale(history: Any, ax: Axes | None = None, models: bool = True) -> Figure:
+def plot_noise_scale(history: HistoryLike, ax: Axes | None = None, models: bool = True) -> Figure:
     """``gns/<task>`` (solid) and ``gns/<task>/<model>`` (thin, dashed) over the steps, log scale: the
     batch size (in normalizer units) beyond which a bigger batch stops paying off."""
 
@@ -666,7 +700,7 @@ def plot_noise_scale(history: Any, ax: Axes | None = None, models: bool = True) 
     if ax is None:
         fig = new_figure(560, 260)
         ax = fig.add_subplot()
-    fig = ax.figure
+    fig = figure_of(ax)
     cols = {str(c): parsed for c in df.columns if (parsed := parse_column(str(c))).kind == NOISE}
     colors = task_colors(sorted({parsed.task for parsed in cols.values()}))
     steps = pd.to_numeric(df["step"], errors="coerce") if "step" in df else pd.Series(range(1, len(df) + 1))

@@ -32,7 +32,7 @@ DIRECTION_DASHES = (None, (4, 1.5), (1, 1.2), (4, 1.2, 1, 1.2))  # combined dire
 GHOST = "#c4c4c4"
 EVENT = "#666666"
 INK = "#222222"
-CLIPPED = {"lw": 4.0, "alpha": 0.3, "solid_capstyle": "butt"}  # after clipping: a wide band under the line
+CLIPPED: dict[str, Any] = {"lw": 4.0, "alpha": 0.3, "solid_capstyle": "butt"}  # after clipping: a wide band under the line
 MIN_PANEL_PX = 290  # a column: axes >= 200 px plus tick labels and spacing
 ROW_PX = 162  # a row: axes >= 110 px plus title, tick labels and spacing (two rows and the legend fit one screen at 1280x800)
 
@@ -197,7 +197,7 @@ class Styles:
                 tasks.append(parsed.task)
                 g = self.groups.index(parsed.group)
                 if len(self.groups) > 1:
-                    kw = {"dashes": SET_DASHES[(g - 1) % len(SET_DASHES)]} if g else {}
+                    kw: dict[str, Any] = {"dashes": SET_DASHES[(g - 1) % len(SET_DASHES)]} if g else {}
                     entry = (Line2D([], [], color="#777777", lw=1.6, **kw), f"weights [{self.groups[g]}]")
                     if entry[1] not in [e[1] for e in own]:
                         own.append(entry)

@@ -33,6 +33,7 @@ from .texts import BUSY, REASONS, call_buttons, noise_html, skipped_tasks, state
 
 if TYPE_CHECKING:
     from ..core.trainer import Trainer
+    from ..training.schedule import Schedule
 
 View = Callable[[DashState], None]
 _BY_TRAINER: dict[int, list[Controller]] = {}  # id(trainer) -> its attached controllers (the newest last)
@@ -43,7 +44,7 @@ class Controller:
     """Commands, refusals and run control of one dashboard; see the module docstring. The background run is
     its ``runs`` (a ``RunControl``); ``start``, ``pause``, ``resume``, ``stop``, ``wait`` are its."""
 
-    def __init__(self, trainer: Trainer, schedule: Any = None, keep_snapshots: int = 5, refresh_s: float = 0.25) -> None:
+    def __init__(self, trainer: Trainer, schedule: Schedule | None = None, keep_snapshots: int = 5, refresh_s: float = 0.25) -> None:
         self.trainer = trainer
         self.keep_snapshots = keep_snapshots
         self.refresh_s = float(refresh_s)
@@ -77,12 +78,12 @@ class Controller:
 
     # ------------------------------------------------------------------ the run (``runs``)
     @property
-    def schedule(self) -> Any:
+    def schedule(self) -> Schedule | None:
         """The experiment's schedule (lr decay, validation); None: the trainer's lr."""
         return self.runs.schedule
 
     @schedule.setter
-    def schedule(self, value: Any) -> None:
+    def schedule(self, value: Schedule | None) -> None:
         self.runs.schedule = value
 
     @property

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
@@ -25,6 +26,7 @@ from ..training.plots import (
     PANEL_SPECS,
     Series,
     Styles,
+    constrained_layout,
     figure_svg,
     grid,
     layout_height,
@@ -41,8 +43,6 @@ from ..training.plots import (
 )
 
 LIVE_POINTS = 400  # per line in the live plot: a blitted redraw stays ~40 ms
-LAYOUT = "constrained"  # room for the shared legend and every label, no text over another
-PADS = {"w_pad": 4 / 72, "h_pad": 4 / 72, "wspace": 0.04, "hspace": 0.05}
 PRESENTATION_SCALE = 1.35  # font scale of presentation mode (a projector, 150 % zoom)
 EVENTS_LABEL = "n: event n of the log"
 RELAYOUT_S = 20.0  # s: the layout is redone at least this often (tick labels change width as limits move)
@@ -119,18 +119,17 @@ class LivePlot:
         self.axes: dict[str, Axes] = panel_axes(self.figure, panels, self.scale, self.cols, self.font_scale)
         self.lines: dict[str, Line2D] = {}
         self._event_artists: list[Any] = []
-        self._events_key: Any = None
+        self._events_key: tuple[tuple[float, str], ...] | None = None
         self._events: list[tuple[float, str]] = []
-        self.legend_key: Any = None
-        self.legend: Any = None
+        self.legend_key: tuple[tuple[str, ...], tuple[str, ...], bool, bool] | None = None
+        self.legend: Legend | None = None
         self._resize(layout_height(len(panels), [], self.width_px, self.font_scale))
-        self._background: Any = None
+        self._background: object | None = None  # the canvas's copy of the drawn background (for blitting)
         self._stale = True  # the background must be drawn again
         self._last_full = -1e9
         self._laid_out = False
         self._relayout, self._last_layout = True, -1e9
-        self.figure.set_layout_engine(LAYOUT)
-        self.figure.get_layout_engine().set(**PADS)
+        self.figure.set_layout_engine(constrained_layout())
         self._markers = {p: ax.axvline(0, color="#000000", lw=0.9, ls=(0, (1, 1)), animated=True, visible=False,
                                        label="_marker") for p, ax in self.axes.items()}
 
@@ -218,11 +217,12 @@ class LivePlot:
             if key not in wanted:
                 line.set_data([], [])
         cols = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:", "valid:")))
-        key = (cols, tuple(k[len("valid:"):] for k in self.lines if k in wanted and k.startswith("valid:")),
-               any(k.startswith("ghost:") for k in wanted), bool(events))
-        if key != self.legend_key:  # rebuilding the legend and the layout is slow: only on change
-            self.legend_key = key
-            entries = self.styles.legend(key[0], key[1], key[2], EVENTS_LABEL if key[3] else None)
+        legend_key = (cols, tuple(k[len("valid:"):] for k in self.lines if k in wanted and k.startswith("valid:")),
+                      any(k.startswith("ghost:") for k in wanted), bool(events))
+        if legend_key != self.legend_key:  # rebuilding the legend and the layout is slow: only on change
+            self.legend_key = legend_key
+            shown, valid_keys, ghosted, marked = legend_key
+            entries = self.styles.legend(shown, valid_keys, ghosted, EVENTS_LABEL if marked else None)
             self._resize(layout_height(len(self.panels), entries, self.width_px, self.font_scale))
             self.legend = shared_legend(self.figure, entries, self.font_scale)
             self._stale = self._relayout = True
@@ -250,7 +250,7 @@ class LivePlot:
         data = {}
         for p, ax in self.axes.items():
             pts = [(np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)) for ln in ax.lines
-                   if ln.get_animated() and ln.get_label() not in ("_marker", "_events") and len(ln.get_xdata())]
+                   if ln.get_animated() and ln.get_label() not in ("_marker", "_events") and np.size(ln.get_xdata())]
             data[p] = (np.concatenate([x for x, _ in pts]), np.concatenate([y for _, y in pts])) if pts else \
                 (np.empty(0), np.empty(0))
         xs_all = np.concatenate([x for x, _ in data.values()])
@@ -302,8 +302,7 @@ class LivePlot:
         if self._stale or self._background is None:
             relayout = self._relayout or time.monotonic() - self._last_layout > RELAYOUT_S
             if relayout:  # the layout engine costs as much as the drawing: only when the structure changed
-                self.figure.set_layout_engine(LAYOUT)
-                self.figure.get_layout_engine().set(**PADS)
+                self.figure.set_layout_engine(constrained_layout())
             self.canvas.draw()  # animated artists (data lines, markers) are left out
             if relayout:
                 self.figure.set_layout_engine("none")  # keep the positions just computed

@@ -14,6 +14,7 @@ from .texts import REASONS, run_refusal
 
 if TYPE_CHECKING:
     from ..core.trainer import Trainer
+    from ..training.schedule import Schedule
 
 
 class RunHost(Protocol):
@@ -41,7 +42,7 @@ class RunControl:
     """The background run of one dashboard: its ``run``, the ``error`` that ended it (and its ``traceback``),
     and whether it goes ``until_stopped``; what happens is told to ``host``."""
 
-    def __init__(self, trainer: Trainer, schedule: Any, data: SeriesStore, host: RunHost) -> None:
+    def __init__(self, trainer: Trainer, schedule: Schedule | None, data: SeriesStore, host: RunHost) -> None:
         self.trainer = trainer
         self.schedule = schedule  # the experiment's schedule (lr decay, validation), None: the trainer's lr
         self.data = data

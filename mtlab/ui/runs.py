@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, TYPE_CHECKING
 
 from ..core.events import ApplyInfo, Event, Payload, RunEndInfo
@@ -28,6 +29,7 @@ from .texts import BUSY
 
 if TYPE_CHECKING:
     from ..core.trainer import Trainer
+    from ..training.schedule import Schedule
 
 _LOCK = threading.Lock()
 _RUNS: dict[int, Run] = {}  # id(trainer) -> its run; the run holds the trainer, so the id stays unique
@@ -43,7 +45,7 @@ class Run:
     or what the loop reports); ``error`` holds the exception of a failed run.
     """
 
-    def __init__(self, trainer: Trainer, steps: int = 0, schedule: Any = None) -> None:
+    def __init__(self, trainer: Trainer, steps: int = 0, schedule: Schedule | None = None) -> None:
         self.trainer = trainer
         self.steps = int(steps)
         self.schedule = schedule
@@ -285,12 +287,12 @@ def release_sigint() -> None:
 
 
 # ---------------------------------------------------------------------------------- Kernel -> Interrupt
-_previous_handler: Any = None
+_previous_handler: Callable[[int, FrameType | None], Any] | int | None = None
 _installed = False
 _hooked = False
 
 
-def _on_sigint(signum: int, frame: Any) -> None:
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
     """Stop every run, then do what SIGINT did before (nothing in an idle kernel; KeyboardInterrupt
     in a script)."""
     n = stop_all(wait=False, source="interrupt")
@@ -320,7 +322,7 @@ def _uninstall() -> None:
     _installed = False
 
 
-def _after_cell(result: Any) -> None:
+def _after_cell(result: object) -> None:
     """IPython post_run_cell hook: a cell ended by KeyboardInterrupt (Kernel -> Interrupt) stops the runs."""
     if isinstance(getattr(result, "error_in_exec", None), KeyboardInterrupt):
         n = stop_all(wait=False, source="interrupt")

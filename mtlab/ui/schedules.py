@@ -8,13 +8,14 @@ validation keeps running, and a validation stop is cleared (tries back to 0, the
 
 from __future__ import annotations
 
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..core.trainer import Trainer
+    from ..training.schedule import Schedule
 
 
-def _grow_last_stage(schedule: Any, trainer: Trainer, end: int) -> str:
+def _grow_last_stage(schedule: Schedule, trainer: Trainer, end: int) -> str:
     """Make the last stage reach step ``end``, keeping the lr decay per step; the note, or ``""``."""
     if not schedule.last_stage or end <= schedule.stage_end:
         return ""
@@ -37,12 +38,12 @@ def _grow_last_stage(schedule: Any, trainer: Trainer, end: int) -> str:
     return f"schedule extended: {old_total} -> {schedule.num_steps} steps (lr decay continues)"
 
 
-def schedule_over(schedule: Any, trainer: Trainer) -> bool:
+def schedule_over(schedule: Schedule, trainer: Trainer) -> bool:
     """The schedule has nothing left to run: validation stopped it, or its last stage is done."""
     return schedule.last_stage and (schedule.stopped is not None or trainer.step_count >= schedule.stage_end)
 
 
-def continue_schedule(schedule: Any, trainer: Trainer, steps: int) -> str:
+def continue_schedule(schedule: Schedule, trainer: Trainer, steps: int) -> str:
     """Prepare ``schedule`` for ``steps`` more steps from the trainer's step (``0``: until stopped, one
     more stage length at a time, see ``extend_before_end``). Returns what changed (``""``: nothing)."""
     notes = []
@@ -62,7 +63,7 @@ def continue_schedule(schedule: Any, trainer: Trainer, steps: int) -> str:
     return "; ".join(notes)
 
 
-def extend_before_end(schedule: Any, trainer: Trainer) -> str:
+def extend_before_end(schedule: Schedule, trainer: Trainer) -> str:
     """Called between steps of a run "until stopped": before the last planned step, make room for one
     more stage length, so that the loop does not end at the schedule's end."""
     if schedule.last_stage and schedule.stopped is None and trainer.step_count + 1 >= schedule.stage_end:
@@ -70,7 +71,7 @@ def extend_before_end(schedule: Any, trainer: Trainer) -> str:
     return ""
 
 
-def schedule_text(schedule: Any, trainer: Trainer) -> str:
+def schedule_text(schedule: Schedule | None, trainer: Trainer) -> str:
     """``schedule: step 154 of 251 · lr 1.2e-03 · stopped by validation (num_tries)`` (``""`` without one)."""
     if schedule is None:
         return ""

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.accumulator import Phase
+from ..core.accumulator import Accumulator, Phase
 from ..core.columns import noise_column, set_key, split_key
 from ..core.trainer import Trainer
 from ..core.transforms import Call
@@ -73,7 +73,7 @@ def call_tooltip(trainer: Trainer, call: str) -> str:
     parts = "; ".join(f"{t!r}: {t.describe()}" for t in trainer.chain.of_call(call))
     return f"{call}(): {parts}. Needs: the calls before it in the chain ({', '.join(trainer.chain.calls())}) first."
 
-def fmt(v: Any) -> str:
+def fmt(v: object) -> str:
     """A table cell: floats to 4 significant digits, everything escaped."""
     if v is None:
         return ""
@@ -171,7 +171,7 @@ def error_html(state: DashState) -> str:
             f"{html.escape(state.error)}</pre></details>")
 
 
-def model_norms(st: Any) -> str:
+def model_norms(st: Accumulator) -> str:
     """Gradient norm per model of a task state (``enc 0.12, head 0.3``)."""
     norms = st.model_grad_norms() if st.model_norms else (st.norms()[0] if st.minibatches else {})
     return ", ".join(f"{m} {float(v):.3g}" for m, v in norms.items())

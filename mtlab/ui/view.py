@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import html
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ import ipywidgets as widgets
 
 from ..core.columns import split_key
 from ..core.trainer import Trainer
+from ..training.schedule import Schedule
 from .controller import Controller
 from .controls import PLOT_WIDTH, Controls, check_hide
 from .painter import Painter
@@ -97,7 +98,7 @@ class Dashboard(widgets.VBox):
     restarted kernel, a notebook reopened with its saved widget state) and a warning takes its place.
     """
 
-    def __init__(self, trainer: Trainer, schedule: Any = None, refresh_s: float = 0.25, draw_interval: float = 0.7,
+    def __init__(self, trainer: Trainer, schedule: Schedule | None = None, refresh_s: float = 0.25, draw_interval: float = 0.7,
                  max_draw_share: float = 0.1, max_points: int = LIVE_POINTS, plots: bool = True,
                  keep_snapshots: int = 5, painter: str = "thread", export_dir: str | Path = "mtlab_export",
                  presentation: bool = False, hide: Sequence[str] = ()) -> None:
@@ -113,7 +114,7 @@ class Dashboard(widgets.VBox):
         self.state: DashState | None = None
         self._syncing = 0  # the thread putting the trainer's values into the controls (0: none)
         self._zoomed = False
-        self._drawn_key: Any = None
+        self._drawn_key: tuple[int, int, int, int, int] | None = None
         self._render_lock = threading.RLock()
         self._final = False
         self.controller = Controller(trainer, schedule, keep_snapshots=keep_snapshots, refresh_s=refresh_s)
@@ -194,7 +195,7 @@ class Dashboard(widgets.VBox):
         w.zoom.observe(self._on_zoom, "value")
         w.read_step.observe(lambda ch: self._on_plot_option(ch), "number")
 
-    def _user(self, fn: Any, *args: Any) -> None:
+    def _user(self, fn: Callable[..., object], *args: object) -> None:
         if self._syncing != threading.get_ident():  # a value put there by render() (this thread) is no user's
             fn(*args)
 
@@ -226,7 +227,8 @@ class Dashboard(widgets.VBox):
         if self._final and self.painter is not None:  # no more drawing
             self.painter.close()
         self._beat += 1
-        if state.running:  # a claim that holds only while this kernel keeps sending: it expires on screen
+        if state.running and state.run is not None:  # a claim that holds only while this kernel keeps sending:
+            # it expires on screen
             still = dataclasses.replace(state, run=None)
             w.counter.value = counter_html(still) + live_only(
                 f" &middot; {state.run.state} ({state.run.rate:.2f} steps/s)", self._beat)
@@ -353,11 +355,11 @@ class Dashboard(widgets.VBox):
         return self.painter.plot if self.painter is not None else None
 
     @property
-    def schedule(self) -> Any:
+    def schedule(self) -> Schedule | None:
         return self.controller.schedule
 
     @schedule.setter
-    def schedule(self, value: Any) -> None:
+    def schedule(self, value: Schedule | None) -> None:
         self.controller.schedule = value
         self.controller.refresh()
 
@@ -443,7 +445,7 @@ class Dashboard(widgets.VBox):
         super().close()
 
 
-def dashboard(trainer: Trainer, schedule: Any = None, **kwargs: Any) -> Dashboard:
+def dashboard(trainer: Trainer, schedule: Schedule | None = None, **kwargs: Any) -> Dashboard:
     """A live dashboard widget for a trainer (or an experiment from ``mtlab.from_recipe``); display it
     as a cell's last expression. A dashboard built while the trainer's run goes shows (adopts) that run.
     Its runs go through ``mtlab.loop.run`` with ``schedule`` (default: the experiment's; none: the
