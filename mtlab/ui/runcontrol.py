@@ -98,12 +98,15 @@ class RunControl:
         run = Run(self.trainer, steps=steps, schedule=self.schedule)
         self.attach(run)
         self.error, self.traceback = None, None
+        # Said before the thread starts: a short run may end (and say so) before start() returns.
+        self.host.set_status(("running" + (f" {steps} more steps" if steps else " until stopped"))
+                             + (f"; {note}" if note else ""))
         try:
             run.start()
         except RuntimeError as exc:
             self.host.say(f"run refused: {exc}", error=True)
             return False
-        self.host.say(("running" + (f" {steps} more steps" if steps else " until stopped")) + (f"; {note}" if note else ""))
+        self.host.changed()
         return True
 
     def attach(self, run: Run) -> None:

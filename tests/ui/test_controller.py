@@ -153,3 +153,16 @@ def test_a_newer_controller_replaces_the_older_one(one_thread):
     assert not first.start(1)  # a replaced controller does nothing
     last.close()
     assert last._on_event not in tr.callbacks
+
+
+def test_the_controller_holds_its_run_control(ctl):
+    from mtlab.ui.runcontrol import RunControl
+
+    assert not isinstance(ctl, RunControl) and isinstance(ctl.runs, RunControl) and ctl.runs.host is ctl
+    schedule = mtlab.Schedule(num_steps=3)
+    ctl.schedule = schedule  # the dashboard's schedule is the run control's
+    assert ctl.runs.schedule is schedule and ctl.state().schedule.startswith("schedule: step 0 of 3")
+    assert ctl.start(1) and ctl.run is ctl.runs.run is not None
+    ctl.wait(30)
+    assert not ctl.alive and ctl.error is None and ctl.trainer.step_count == 1
+    assert "run ended after 1 step(s)" in ctl.states[-1].status  # told by the run control, shown by the controller
