@@ -164,3 +164,23 @@ def test_reinitialize_keeps_the_knobs_and_follows_a_changed_combine_method():
     assert_trees_equal(tr.state_dict()["update"], fresh.state_dict()["update"])
     tr.step()  # the current knobs act on the first step after it
     assert tr.state("b").minibatches == 2 and tr.state("a").records[0].num_examples == 4
+
+
+def test_a_state_taken_between_set_batch_size_and_the_next_draw_restores_and_forks_exactly():
+    """set_batch_size takes effect at the next draw; a state taken before that draw holds the streams at the old
+    batch size and the task at the new one, and restoring or forking it continues exactly as the trainer does."""
+    tr = two_tasks()
+    tr.step()
+    tr.set_batch_size("a", 5)
+    snap = tr.state_dict()
+    branch = tr.fork("bigger")
+    tr.load_state_dict(snap)
+    tr.step()
+    branch.step()
+    again = two_tasks()
+    again.step()
+    again.set_batch_size("a", 5)
+    again.step()
+    for other in (branch, again):
+        assert_trees_equal(tr.state_dict()["models"], other.state_dict()["models"])
+        assert tr.streams[("a", "clean")].state_dict() == other.streams[("a", "clean")].state_dict()

@@ -312,7 +312,8 @@ def load_trainer_state(trainer: Any, state: Any, history: bool = True, source: s
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
     check_precision_state(state, tr.precision.mode)
     check_optimizer_state(state, tr.optimizer_name)
-    tr.streams.check_state_dict(state["streams"], tr.tasks)  # every check before the first change
+    declared = {n: st.get("batch_size") for n, st in state["tasks"].items()}
+    tr.streams.check_state_dict(state["streams"], tr.tasks, declared)  # every check before the first change
     if "weighting" in state["update"] and getattr(tr.update, "weighting", None) is None:
         raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
                           "the same combine method")
@@ -329,7 +330,7 @@ def load_trainer_state(trainer: Any, state: Any, history: bool = True, source: s
                 tr.tasks[name].linkedsets[sname].weight = float(w)
         if saved.get("minibatches_per_step", tr.numbatches_to_aggregate) != tr.numbatches_to_aggregate:
             tr.set_minibatches_per_step(int(saved["minibatches_per_step"]), name)
-    tr.streams.load_state_dict(state["streams"], tr.tasks)
+    tr.streams.load_state_dict(state["streams"], tr.tasks, declared)
     set_rng_state(state["rng"], tr.device)
     tr.precision.load_state_dict(state.get("precision", {}))
     tr.step_count = int(state["step"])

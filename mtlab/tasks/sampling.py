@@ -522,13 +522,18 @@ class BatchStream:
         if batch_size == self.batch_size:
             return
         old = len(self.epoch_batches())
+        self.cut(batch_size)
+        self.position = self.position * len(self.epoch_batches()) // max(old, 1)
+
+    def cut(self, batch_size: int) -> None:
+        """Cut the epochs in batches of ``batch_size``, the position left as it is (``set_batch_size`` moves it to
+        the same share of the epoch; a restore sets it from the state)."""
         self.batch_size = batch_size
         if self.parts is not None:
             self._own, self._epoch_size = own_examples(self.parts, batch_size, self.numbuckets, self.rank,
                                                        self.world_size)
         self._batches = None
         self._close_loader()
-        self.position = self.position * len(self.epoch_batches()) // max(old, 1)
 
     def seek(self, epoch: int, position: int) -> None:
         """Go to batch ``position`` of ``epoch`` (what ``state_dict`` saves)."""
@@ -599,12 +604,18 @@ class Streams(dict):
         self.reported = len(records)
         return fresh
 
-    def check_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
-        """Raise the ConfigError :meth:`load_state_dict` would raise, changing nothing (no stream is opened)."""
+    def check_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any],
+                         declared: Mapping[str, int] | None = None) -> None:
+        """Raise the ConfigError :meth:`load_state_dict` would raise, changing nothing (no stream is opened).
+        ``declared``: task -> the batch size the saved trainer's task had; a saved stream may still be at its
+        previous one (``set_batch_size`` takes effect at the next draw), and it is that task's batch size that
+        must agree with this trainer's."""
         for key, sst in state.items():
             tname, sname = key.split("/", 1)
             if tname not in tasks or sname not in tasks[tname].linkedsets:
                 continue
+            if declared is not None and declared.get(tname) is not None:
+                sst = {**sst, "batch_size": declared[tname]}
             if (tname, sname) in self:  # it adopts its task's batch size (Trainer.set_batch_size) when next used
                 ours = {**self[(tname, sname)].state_dict(), "batch_size": tasks[tname].batch_size}
             else:
@@ -615,13 +626,20 @@ class Streams(dict):
             check_stream_state(sst, ours, f"task {tname!r}, linked set {sname!r}: ",
                                f"; trainer.set_batch_size({tname!r}, {sst.get('batch_size')}) first makes them agree")
 
-    def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
-        """Restore positions of the streams whose task and linked set ``tasks`` still has."""
-        self.check_state_dict(state, tasks)
+    def load_state_dict(self, state: Mapping[str, Any], tasks: Mapping[str, Any],
+                        declared: Mapping[str, int] | None = None) -> None:
+        """Restore positions of the streams whose task and linked set ``tasks`` still has (``declared``: see
+        :meth:`check_state_dict`). A stream saved before it adopted its task's new batch size comes back at the
+        batch size it was saved with and adopts the task's at its next draw, as it would have."""
+        self.check_state_dict(state, tasks, declared)
         for key, sst in state.items():
             tname, sname = key.split("/", 1)
             if tname in tasks and sname in tasks[tname].linkedsets:
-                self.get_stream(tasks[tname], sname).load_state_dict(sst)
+                stream = self.get_stream(tasks[tname], sname)
+                saved = int(sst.get("batch_size", stream.batch_size))
+                if declared is not None and declared.get(tname) is not None and saved != stream.batch_size:
+                    stream.cut(saved)
+                stream.load_state_dict(sst)
 
 
 def check_stream_state(state: Mapping[str, Any], ours: Mapping[str, Any], where: str = "",
