@@ -101,14 +101,13 @@ def script_validations(monkeypatch, values: list[float], first: tuple[str, str] 
 
     calls: list[int] = []
 
-    def scripted(self: mtlab.Trainer, task: str, linkedset: str, num_batches: Any = None, examples: Any = None,
-                 totals: bool = False) -> Any:
+    def scripted(self: mtlab.Trainer, task: str, linkedset: str, num_batches: Any = None,
+                 examples: Any = None) -> tuple[float, float]:
         if (task, linkedset) == first:
             calls.append(self.step_count)
-        value = values[len(calls) - 1]
-        return (value, 1.0) if totals else value
+        return values[len(calls) - 1], 1.0
 
-    monkeypatch.setattr(mtlab.Trainer, "evaluate", scripted)
+    monkeypatch.setattr(mtlab.Trainer, "evaluate_totals", scripted)
     return calls
 
 

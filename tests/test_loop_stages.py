@@ -107,12 +107,12 @@ def test_each_stage_validates_on_its_own_view_from_its_step_0(monkeypatch: pytes
     tr, sch = staged(valid_frequency=2, validate_at_step_0=True)
     seen: list[tuple[int, bool]] = []
 
-    def evaluate(task: str, linkedset: str, num_batches: Any = None, examples: Any = None, totals: bool = False) -> Any:
+    def evaluate_totals(task: str, linkedset: str, num_batches: Any = None, examples: Any = None) -> tuple[float, float]:
         if linkedset == "clean":
             seen.append((tr.step_count, isinstance(tr.linkedset(task, linkedset).valid, SegmentedExamples)))
-        return (1.0 / (1 + len(seen)), 1.0) if totals else 1.0
+        return 1.0 / (1 + len(seen)), 1.0
 
-    tr.evaluate = evaluate  # type: ignore[method-assign]
+    tr.evaluate_totals = evaluate_totals  # type: ignore[method-assign]
     run(tr, sch, progress=False)
     # stage 1 (steps 0-3): its step 0 and local step 2; stage 2 (steps 3-5): its step 0 (3) and local step 2 (5)
     assert seen == [(0, True), (2, True), (3, False), (5, False)]
@@ -127,11 +127,11 @@ def test_a_stopped_stage_hands_its_best_model_to_the_next(monkeypatch: pytest.Mo
     # stage 1: steps 0, 1 better, 2 worse: stop, back to step 1; stage 2 from there: 1, 2, 3 (a fresh best)
     values, count = [1.0, 0.5, 0.7, 0.9, 0.8, 0.7], []
 
-    def evaluate(task: str, linkedset: str, num_batches: Any = None, examples: Any = None, totals: bool = False) -> Any:
+    def evaluate_totals(task: str, linkedset: str, num_batches: Any = None, examples: Any = None) -> tuple[float, float]:
         count.extend([1] if linkedset == "clean" else [])
-        return (values[len(count) - 1], 1.0) if totals else values[len(count) - 1]
+        return values[len(count) - 1], 1.0
 
-    tr.evaluate = evaluate  # type: ignore[method-assign]
+    tr.evaluate_totals = evaluate_totals  # type: ignore[method-assign]
     at_switch: dict[str, torch.Tensor] = {}
     switch = Schedule.next_stage
 

@@ -29,14 +29,13 @@ def script_tasks(trainer: mtlab.Trainer, values: dict[str, list[float]]) -> list
     """Every validation returns the next value of ``values[task]`` for each linked set of that task."""
     seen: list[int] = []
 
-    def evaluate(task: str, linkedset: str, num_batches: int | None = None, examples: Any = None,
-                 totals: bool = False) -> Any:
+    def evaluate_totals(task: str, linkedset: str, num_batches: int | None = None,
+                        examples: Any = None) -> tuple[float, float]:
         if (task, linkedset) == ("a", "clean"):
             seen.append(trainer.step_count)
-        value = values[task][len(seen) - 1]
-        return (value, 1.0) if totals else value
+        return values[task][len(seen) - 1], 1.0
 
-    trainer.evaluate = evaluate  # type: ignore[method-assign]
+    trainer.evaluate_totals = evaluate_totals  # type: ignore[method-assign]
     return seen
 
 

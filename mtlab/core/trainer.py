@@ -14,9 +14,10 @@ UI: those are built on top of it.
 from __future__ import annotations
 
 import threading
+import warnings
 from types import SimpleNamespace
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 from torch import nn
@@ -30,14 +31,15 @@ from ..base.report import trainer_html
 from ..base.threads import apply_threads
 from .events import (ApplyInfo, EvaluateInfo, Event, Events, Listener, MinibatchInfo, ReinitializeInfo, ResetInfo,
                      RestoreInfo, call_done)
-from ..tasks.forward import TaskPlan, eval_mode, evaluate_totals, parameter_users
+from ..tasks.forward import TaskPlan, eval_mode, parameter_users
+from ..tasks.forward import evaluate_totals as plan_totals
 from .history import History, step_row
 from .branch import fork_trainer, restore_journaled
 from .journal import Journal, graph_of
 from .knobs import AccumulationKnobs, Knobs
 from .noise import NoiseScale
 from .precision import Precision, compile_models
-from ..tasks.sampling import BatchStream, Streams
+from ..tasks.sampling import BatchStream, ExampleSource, Streams
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
                           check_relative_weights, check_tasks)
 from .optimizers import OptimizerFactory, optimizer_factory
@@ -488,22 +490,42 @@ class Trainer(AccumulationKnobs, Knobs):
         return {n: self.chain.next_call(a) for n, a in self._accs.items()}
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, task: str, linkedset: str, num_batches: int | None = None, examples: Any = None,
-                 totals: bool = False) -> Any:
+    @overload
+    def evaluate(self, task: str, linkedset: str, num_batches: int | None = None,
+                 examples: ExampleSource | None = None, totals: Literal[False] = False) -> float: ...
+
+    @overload
+    def evaluate(self, task: str, linkedset: str, num_batches: int | None = None,
+                 examples: ExampleSource | None = None, *, totals: Literal[True]) -> tuple[float, float]: ...
+
+    def evaluate(self, task: str, linkedset: str, num_batches: int | None = None,
+                 examples: ExampleSource | None = None, totals: bool = False) -> float | tuple[float, float]:
         """Σloss/Σnormalizer over the linked set's held-out examples (``valid``, else its training examples, or
-        ``examples=``), in eval mode, without gradients; accumulators untouched. ``totals=True`` returns
-        ``(Σloss, Σnormalizer)`` instead, for pooling several linked sets exactly."""
+        ``examples=``), in eval mode, without gradients; accumulators untouched; NaN when Σnormalizer is 0.
+        ``totals=True`` is deprecated: use ``evaluate_totals``."""
+        if totals:
+            warnings.warn("evaluate(..., totals=True) is deprecated and will be removed in the next release; "
+                          "use trainer.evaluate_totals(task, linkedset, ...) for (Σloss, Σnormalizer)",
+                          DeprecationWarning, stacklevel=2)
+            return self.evaluate_totals(task, linkedset, num_batches, examples)
+        loss_sum, normalizer = self.evaluate_totals(task, linkedset, num_batches, examples)
+        return loss_sum / normalizer if normalizer != 0 else float("nan")
+
+    def evaluate_totals(self, task: str, linkedset: str, num_batches: int | None = None,
+                        examples: ExampleSource | None = None) -> tuple[float, float]:
+        """``(Σloss, Σnormalizer)`` over the examples ``evaluate`` reads, for pooling several linked sets
+        exactly (``Σ_i loss_i / Σ_i normalizer_i``, not a mean of means)."""
         with self.lock:
             t, ls = self.task(task), self.linkedset(task, linkedset)
             source = examples if examples is not None else (ls.valid if ls.valid is not None else ls.examples)
             if source is None:
                 raise ConfigError(f"evaluate(): linked set {linkedset!r} of task {task!r} has no examples; pass examples=")
             with eval_mode(self.models), self.precision.autocast():
-                loss_sum, norm = evaluate_totals(self.plans[task], source, t.batch_size, num_batches)
+                loss_sum, normalizer = plan_totals(self.plans[task], source, t.batch_size, num_batches)
             self._training_mode = None
-            value = loss_sum / norm if norm != 0 else float("nan")
+            value = loss_sum / normalizer if normalizer != 0 else float("nan")
             self.events.emit(Event.EVALUATE, EvaluateInfo(task=task, linkedset=linkedset, loss=value, step=self.step_count))
-            return (loss_sum, norm) if totals else value
+            return loss_sum, normalizer
 
     # ------------------------------------------------------------------ state you can keep
     def state_dict(self) -> dict[str, Any]:

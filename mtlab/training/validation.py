@@ -26,13 +26,13 @@ def validate(trainer: Trainer, schedule: Schedule) -> dict[str, Any] | None:
         for sname, ls in task.linkedsets.items():
             if ls.valid is None:
                 continue
-            loss_sum, norm = trainer.evaluate(tname, sname, num_batches=nb, totals=True)
-            record[set_key(tname, sname)] = loss_sum / norm if norm else float("nan")
-            pooled.append((ls.weight, loss_sum, norm))
+            loss_sum, normalizer = trainer.evaluate_totals(tname, sname, num_batches=nb)
+            record[set_key(tname, sname)] = loss_sum / normalizer if normalizer else float("nan")
+            pooled.append((ls.weight, loss_sum, normalizer))
         if not pooled:
             continue
         found = True
-        # Σ w·loss / Σ w·norm over the linked sets, as training weighs them (unweighted if all are 0).
+        # Σ w·loss / Σ w·normalizer over the linked sets, as training weighs them (unweighted if all are 0).
         if sum(w for w, _, _ in pooled) == 0:
             pooled = [(1.0, l, n) for _, l, n in pooled]
         den = sum(w * n for w, _, n in pooled)
