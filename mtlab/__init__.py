@@ -39,7 +39,8 @@ from typing import Any
 from . import losses, models
 from .core.accumulator import Accumulator, MinibatchRecord, Phase
 from .base.batching import collate
-from .base.errors import BatchError, ConfigError, GraphError, MtlabError, NonFiniteError, PhaseError, ZeroNormError
+from .base.errors import (BatchError, ConfigError, GraphError, MtlabError, NonFiniteError, PhaseError, ZeroNormalizerError,
+                          ZeroNormError)
 from .tasks.graph import ModelGraph, Node
 from .tasks.task import LinkedSet, Task
 from .core.trainer import Trainer
@@ -102,5 +103,5 @@ __all__ = [
     "Accumulator", "BatchError", "Call", "Chain", "ClipByGlobalNorm", "ClipByHistory", "ClipByValue", "ConfigError",
     "Experiment", "GraphError", "Journal", "LinkedSet", "MinibatchRecord", "ModelGraph", "MtlabError", "Node",
     "NoiseScale", "Normalize", "NonFiniteError", "Phase", "PhaseError", "Schedule", "Task", "Trainer", "Transform",
-    "ZeroNormError", "collate", "from_recipe", "losses", "models", "replay", "run",
+    "ZeroNormError", "ZeroNormalizerError", "collate", "from_recipe", "losses", "models", "replay", "run",
 ]

@@ -98,7 +98,7 @@ def test_totals_records_and_phase() -> None:
     tr.process_minibatch("a", "clean"); tr.process_minibatch("a", "noisy")
     assert acc.phase == "accumulating" and acc.minibatches == len(acc.records) == 2
     loss = sum(float(r.loss) for r in acc.records)
-    norm = sum(float(r.norm) for r in acc.records)
+    norm = sum(float(r.normalizer) for r in acc.records)
     assert abs(float(acc.loss) - loss) < 1e-12 and abs(float(acc.normalizer) - norm) < 1e-12
     assert set(acc.set_loss) == {"clean", "noisy"}
     assert float(acc.records[1].weight) == 0.5
@@ -180,11 +180,11 @@ def test_totals_are_the_weighted_sums_of_the_records() -> None:
     tr.process_minibatch("a", "noisy")
     rec = acc.records[1]
     assert rec.weight == 0.5 and float(rec.loss) == pytest.approx(0.5 * float(direct.loss_sum.detach()), rel=1e-12)
-    assert float(rec.norm) == 0.5 * float(direct.normalizer)
+    assert float(rec.normalizer) == 0.5 * float(direct.normalizer)
     assert acc.totals.dtype == torch.float64 and all(isinstance(r.loss, torch.Tensor) for r in acc.records)
     for s in ("clean", "noisy"):
         rs = [r for r in acc.records if r.linkedset == s]
         assert float(acc.set_loss[s]) == pytest.approx(sum(float(r.loss) for r in rs), rel=1e-12)
-        assert float(acc.set_normalizer[s]) == pytest.approx(sum(float(r.norm) for r in rs), rel=1e-12)
+        assert float(acc.set_normalizer[s]) == pytest.approx(sum(float(r.normalizer) for r in rs), rel=1e-12)
     assert float(acc.loss) == pytest.approx(float(acc.set_loss["clean"] + acc.set_loss["noisy"]), rel=1e-12)
     assert float(acc.normalizer) == float(acc.set_normalizer["clean"] + acc.set_normalizer["noisy"])

@@ -258,13 +258,13 @@ def test_phase_errors_name_the_call_and_change_nothing(scenario, call, expect):
     assert stream_before == {k: s.state_dict() for k, s in tr.streams.items()}
 
 
-def test_zero_norm_is_refused_and_changes_nothing():
+def test_zero_normalizer_is_refused_and_changes_nothing():
     models = make_models()
     ex = make_examples(6, 8)
     tr = mtlab.Trainer(models, [task_a((ex, ex), weights=(0.0, 0.0)), task_b(ex)], device="cpu")
     tr.process_minibatch("a", "clean")
     before = snapshot(tr, models)
-    with pytest.raises(mtlab.ZeroNormError, match="normalizer of 0"):
+    with pytest.raises(mtlab.ZeroNormalizerError, match="normalizer of 0"):
         tr.normalize()
     assert_same(before, snapshot(tr, models))
 

@@ -19,8 +19,11 @@ class PhaseError(MtlabError, RuntimeError):
     """A stepwise call made out of order; the message names the call that should come first."""
 
 
-class ZeroNormError(MtlabError, ArithmeticError):
+class ZeroNormalizerError(MtlabError, ArithmeticError):
     """Normalizing by an accumulated normalizer of zero."""
+
+
+ZeroNormError = ZeroNormalizerError  # the name of release 0.2, kept for code that catches it
 
 
 class NonFiniteError(MtlabError, FloatingPointError):

@@ -10,6 +10,7 @@ change its buffers, and the update reads them.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -42,8 +43,15 @@ class MinibatchRecord:
     num_examples: int
     weight: float
     loss: Tensor  # weight × the minibatch's summed loss (0-d float64, on the loss's device)
-    norm: Tensor  # weight × its normalizer (0-d float64)
+    normalizer: Tensor  # weight × its normalizer (0-d float64)
     trace: dict[str, Tensor] | None = None  # per-model gradient contribution, when a MinibatchTrace is attached
+
+    @property
+    def norm(self) -> Tensor:
+        """Deprecated: the name of ``normalizer`` in release 0.2."""
+        warnings.warn("MinibatchRecord.norm is deprecated and will be removed in the next release; use "
+                      "record.normalizer", DeprecationWarning, stacklevel=2)
+        return self.normalizer
 
 
 GRAD_STATS = ("grad_norm", "grad_norm_clipped", "clip_fraction")
@@ -136,19 +144,19 @@ class Accumulator:
         """Add a minibatch's weighted loss and normalizer (tensors; nothing read back to the host)."""
         # float64 once here, so the four adds below are same-dtype in-place adds into 0-d views of the sums
         # (a few tiny kernels per minibatch; no stack, no mixed-dtype add).
-        loss_w, norm_w = loss.detach().to(torch.float64), normalizer.detach().to(torch.float64)
+        loss_w, normalizer_w = loss.detach().to(torch.float64), normalizer.detach().to(torch.float64)
         if weight != 1.0:
-            loss_w, norm_w = loss_w * weight, norm_w * weight  # not in place: a float64 loss shares its storage
-        total_loss, total_norm = self._views_of(None, self.totals)
+            loss_w, normalizer_w = loss_w * weight, normalizer_w * weight  # not in place: a float64 loss shares its storage
+        total_loss, total_normalizer = self._views_of(None, self.totals)
         total_loss.add_(loss_w)
-        total_norm.add_(norm_w)
+        total_normalizer.add_(normalizer_w)
         pair = self.set_totals.get(linkedset)
         if pair is None:
             pair = self.set_totals[linkedset] = torch.zeros(2, dtype=torch.float64, device=self.totals.device)
-        set_loss, set_norm = self._views_of(linkedset, pair)
+        set_loss, set_normalizer = self._views_of(linkedset, pair)
         set_loss.add_(loss_w)
-        set_norm.add_(norm_w)
-        self.records.append(MinibatchRecord(linkedset, num_examples, weight, loss_w, norm_w))
+        set_normalizer.add_(normalizer_w)
+        self.records.append(MinibatchRecord(linkedset, num_examples, weight, loss_w, normalizer_w))
         self.minibatches += 1
         self.phase = Phase.ACCUMULATING
 
@@ -291,7 +299,7 @@ class Accumulator:
         return {
             "phase": str(self.phase), "position": self.position, "minibatches": self.minibatches,
             "records": [{"linkedset": r.linkedset, "num_examples": r.num_examples, "weight": r.weight,
-                         "loss": r.loss.clone(), "norm": r.norm.clone()} for r in self.records],
+                         "loss": r.loss.clone(), "normalizer": r.normalizer.clone()} for r in self.records],
             "totals": self.totals.clone(),
             "set_totals": {k: v.clone() for k, v in self.set_totals.items()},
             "grads": {k: v.detach().clone() for k, v in self.grads.items()},
@@ -316,8 +324,9 @@ class Accumulator:
         self.minibatches = int(state["minibatches"])
         self.phase = Phase(state["phase"])
         self.position = int(state.get("position", 0))
-        self.records = [MinibatchRecord(r["linkedset"], int(r["num_examples"]), float(r["weight"]),
-                                        r["loss"].to(dev), r["norm"].to(dev)) for r in state["records"]]
+        self.records = [MinibatchRecord(r["linkedset"], int(r["num_examples"]), float(r["weight"]), r["loss"].to(dev),
+                                        r["normalizer" if "normalizer" in r else "norm"].to(dev))  # "norm": 0.2's name
+                        for r in state["records"]]
         self.totals = state["totals"].to(dev, torch.float64).clone()
         self.set_totals = {k: v.to(dev, torch.float64).clone() for k, v in state["set_totals"].items()}
         self.grad_norm, self.grad_norm_clipped = to(state["grad_norm"]), to(state["grad_norm_clipped"])
@@ -337,10 +346,10 @@ class Accumulator:
     # ------------------------------------------------------------------ reading
     def summary(self) -> dict[str, Any]:
         """Host-side values (reads the device): phase, counts, loss, normalizer, gradient norms."""
-        loss, norm = (float(x) for x in self.totals.tolist())
+        loss, normalizer = (float(x) for x in self.totals.tolist())
         out: dict[str, Any] = {"task": self.task, "phase": str(self.phase), "minibatches": self.minibatches,
-                               "loss": loss, "normalizer": norm,
-                               "normalized_loss": loss / norm if norm else float("nan")}
+                               "loss": loss, "normalizer": normalizer,
+                               "normalized_loss": loss / normalizer if normalizer else float("nan")}
         return {**out, **{k: None if getattr(self, k) is None else float(getattr(self, k)) for k in GRAD_STATS}}
 
     def __repr__(self) -> str:

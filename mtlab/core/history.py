@@ -70,18 +70,14 @@ class History:
             return pd.DataFrame(columns=["step", "lr", "skipped"])
         return pd.DataFrame(rows)  # "step" is a column (not also the index)
 
-    def truncate(self, n: int) -> None:
-        """Keep the first ``n`` rows (used when restoring an earlier state)."""
-        with self._lock:
-            del self._rows[n:]
-            self._ready = min(self._ready, n)
-
     def abandon(self, n: int) -> None:
         """Keep the first ``n`` rows; the rows after them become an abandoned branch (``branches``)."""
         rows = self.rows()
         if len(rows) > n:
             self.branches.append([dict(r) for r in rows[n:]])
-        self.truncate(n)
+        with self._lock:
+            del self._rows[n:]
+            self._ready = min(self._ready, n)
 
     def state_dict(self) -> list[dict[str, Any]]:
         """The rows, for a checkpoint."""

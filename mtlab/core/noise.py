@@ -108,7 +108,7 @@ class NoiseScale:
         per_model, total = gradops.grouped_norms(views, [len(s) for s in acc.segments.values()], acc.device)
         st.c2.append(torch.stack([*per_model, total]).to(torch.float64).square())
         rec = acc.records[-1]
-        st.m.append(rec.norm)
+        st.m.append(rec.normalizer)
         st.w.append(rec.weight)
         st.pending = False
 

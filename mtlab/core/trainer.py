@@ -26,7 +26,7 @@ from . import state as checkpoint
 from .accumulator import Accumulator, Phase
 from .parallel import Parallel
 from ..base.batching import Batch, resolve_device
-from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormError, explain
+from ..base.errors import ConfigError, NonFiniteError, PhaseError, ZeroNormalizerError, explain
 from ..base.report import trainer_html
 from ..base.threads import apply_threads
 from .events import (ApplyInfo, EvaluateInfo, Event, Events, Listener, MinibatchInfo, ReinitializeInfo, ResetInfo,
@@ -354,7 +354,7 @@ class Trainer(AccumulationKnobs, Knobs):
             # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
             zero = [n for n, v in zip(accs, torch.stack([a.normalizer for a in accs.values()]).tolist()) if v == 0.0]
             if zero:
-                raise ZeroNormError(f"normalize(): task {zero[0]!r} accumulated a normalizer of 0 (all its minibatches had "
+                raise ZeroNormalizerError(f"normalize(): task {zero[0]!r} accumulated a normalizer of 0 (all its minibatches had "
                                     "weight 0 or no valid frames); process minibatches with a positive weight or reset()")
 
     def normalize(self, task: str | None = None) -> None:

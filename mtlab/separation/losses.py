@@ -2,7 +2,7 @@
 ``loss_type`` names: ``pit``, ``direct``, ``deepclustering``, ``deepclustering_flat``,
 ``deepclusteringnoise``, ``deepattractornet`` and ``crossentropy_multi``.
 
-Each returns ``(loss_sum, norm)`` as the original's loss computers: the SUM over the minibatch and
+Each returns ``(loss_sum, normalizer)`` as the original's loss computers: the SUM over the minibatch and
 what it should be divided by. Per-bin layouts: a tensor with one value per (frame, bin, k) is either
 ``[B, T, F, K]`` or flat ``[B, T, F * K]`` with index ``f * K + k`` (bin-major, as
 ``binary_targets`` and the embeddings). The original's PIT/direct read flat mask *logits* speaker-major
@@ -93,7 +93,7 @@ class PIT:
     ``masks = activation(logits)`` over the speakers (``softmax`` by default as the original;
     ``sigmoid``; ``none`` when the head already gives masks), then per utterance the minimum over
     speaker permutations of Σ (mask_s × |mixture| − |source_p(s)|)² over valid frames.
-    ``norm`` = Σ seq_len × nrS × F. ``no_perm=True`` keeps the given order (the original's option).
+    ``normalizer`` = Σ seq_len × nrS × F. ``no_perm=True`` keeps the given order (the original's option).
     """
 
     permute = True
@@ -152,7 +152,7 @@ class DeepClustering:
     Equals ‖VVᵀ − YYᵀ‖²_F without forming the (T·F)² affinity matrix. ``V`` are the embeddings
     (``[B, T, F*D]`` or ``[B, T, F, D]``), unit-normalized over D here as in the original (a no-op
     on a unit-norm head); ``Y`` the one-hot ``binary_targets`` (index ``f*nrS + s``). Only valid
-    frames' used bins count. ``norm`` = Σ_utt (number of used bins)².
+    frames' used bins count. ``normalizer`` = Σ_utt (number of used bins)².
     """
 
     flat_only = False
@@ -192,8 +192,8 @@ class DeepClustering:
         valid = valid_frames(seq_lengths, emb, self.output, self.usedbins, self.target)
         weight = (used.bool() & valid[:, :, None]).to(emb.dtype)
         loss = affinity_loss(emb, y.to(emb.dtype), weight, self.normalize)
-        norm = weight.reshape(emb.shape[0], -1).sum(-1).pow(2).sum()
-        return loss.sum(), norm
+        normalizer = weight.reshape(emb.shape[0], -1).sum(-1).pow(2).sum()
+        return loss.sum(), normalizer
 
 
 class DeepClusteringFlat(DeepClustering):
@@ -223,9 +223,9 @@ class DeepClusteringNoise:
     (``usedbins`` and not ``noisybins``) plus the squared error of the noise filter ``alpha``
     against the ideal speech ratio on the used bins:
 
-    ``loss = L_dc / max(Σ_utt n_speech², 1) + Σ_used (ratio − alpha)² / Σ usedbins``, ``norm = 1``.
+    ``loss = L_dc / max(Σ_utt n_speech², 1) + Σ_used (ratio − alpha)² / Σ usedbins``, ``normalizer = 1``.
 
-    As the original, the result is already a per-minibatch mean (norm 1), so accumulated batches
+    As the original, the result is already a per-minibatch mean (normalizer 1), so accumulated batches
     average the minibatch values instead of dividing one sum; a minibatch without used bins gives
     0 for the noise term here instead of the original's 0/0.
     """
@@ -275,7 +275,7 @@ class DeepAttractorNet:
     ``activation(0)``, 1/nrS with softmax); attractors = mean of V over each speaker's used bins
     (from ``binary_targets``); masks = ``activation`` (softmax over speakers by default) of
     V · attractor; squared error of masks × |mixture| against |sources| over every bin of the valid
-    frames. ``norm`` = Σ seq_len × nrS × F. Embeddings are not normalized (as the original).
+    frames. ``normalizer`` = Σ seq_len × nrS × F. Embeddings are not normalized (as the original).
     """
 
     def __init__(self, output: str = "emb", target: str = "src_mag", partition: str = "binary_targets",
@@ -327,7 +327,7 @@ class CrossEntropyMulti:
     default True as the original; False keeps the given order).
 
     ``output`` logits ``[B, nrS, C]`` (or flat ``[B, nrS*C]``, index ``s*C + c``), ``target`` ids
-    ``[B, nrS]``. ``loss`` = Σ_utt min_p mean_s CE(logits_s, target_p(s)); ``norm`` = batch size.
+    ``[B, nrS]``. ``loss`` = Σ_utt min_p mean_s CE(logits_s, target_p(s)); ``normalizer`` = batch size.
     """
 
     def __init__(self, output: str = "spk_logits", target: str = "spk_pair", allow_permutation: bool = True) -> None:

@@ -150,8 +150,8 @@ def evaluate_totals(plan: TaskPlan, source: Any, batch_size: int, num_batches: i
         for _ in range(nb):
             r = plan.loss(next(stream))
             sums += torch.stack([r.loss_sum.double(), r.normalizer.double()])
-    loss_sum, norm = sums.tolist()  # one host read for the whole evaluation
-    return loss_sum, norm
+    loss_sum, normalizer = sums.tolist()  # one host read for the whole evaluation
+    return loss_sum, normalizer
 
 
 def parameter_users(models: Mapping[str, nn.Module], plans: Mapping[str, TaskPlan]

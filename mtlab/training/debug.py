@@ -316,7 +316,7 @@ class MinibatchTrace:
         rec = st.records[-1] if st.records else None
         self._rows.append({"step": self._step, "task": task, "linkedset": linkedset, "minibatch": st.minibatches - 1,
                            "weight": None if rec is None else rec.weight,
-                           "loss": None if rec is None else rec.loss, "norm": None if rec is None else rec.norm,
+                           "loss": None if rec is None else rec.loss, "norm": None if rec is None else rec.normalizer,
                            "contrib": contrib, "total": {m: v.sqrt() for m, v in total_sq.items()}})
 
     def frame(self) -> pd.DataFrame:
@@ -361,7 +361,7 @@ def find_nonfinite(trainer: Trainer, task: str | None = None) -> dict[str, Any] 
         model_norms = _model_norms(trainer, name)
         bad_models = [m for m, n in model_norms.items() if not _finite(n)]
         for i, r in enumerate(st.records):
-            where = "loss" if not _finite(r.loss) else ("norm" if not _finite(r.norm) else None)
+            where = "loss" if not _finite(r.loss) else ("norm" if not _finite(r.normalizer) else None)
             traced = [m for m, v in (r.trace or {}).items() if not _finite(v)]
             if where is None and traced:
                 where = "gradient"
