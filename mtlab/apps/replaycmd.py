@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 
-def add_replay_parser(sub: Any) -> None:
+def add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The ``replay`` subcommand of ``mtlab``."""
     p = sub.add_parser("replay", help="rerun an experiment from its journal.jsonl, bit for bit, and compare it with "
                                       "the experiment's final.pt")
@@ -28,8 +28,8 @@ def replay_command(expdir: Path, out: Path | None) -> int:
 
     journal = Journal.read_file(expdir / "journal.jsonl")
     final = expdir / "final.pt"
-    state = load_safe(final) if final.exists() else None
-    recipe = state.get("recipe") if state is not None else None
+    state = load_safe(final) if final.exists() else {}
+    recipe = state.get("recipe")
     if recipe is None:
         raise ConfigError(f"{expdir} has no final.pt with its recipe; `mtlab replay` rebuilds the trainer from it")
     exp = from_recipe(recipe)

@@ -10,6 +10,7 @@ Each knob change is applied in one place (the ``set_*`` methods here) and announ
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +19,11 @@ from .events import BatchSizeInfo, CombineInfo, Event, MinibatchesPerStepInfo, T
 from .transforms import Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
 
 if TYPE_CHECKING:
-    from ..tasks.task import Task
+    from ..tasks.sampling import Streams
+    from ..tasks.task import LinkedSet, Task
     from .events import Events
     from .journal import Journal
+    from .update import MethodSpec, PerTaskUpdate, Update
 
 
 class AccumulationKnobs:
@@ -92,11 +95,24 @@ class AccumulationKnobs:
 
 
 class Knobs:
-    """Settings of a :class:`~mtlab.core.trainer.Trainer` that a person changes while it trains."""
+    """Settings of a :class:`~mtlab.core.trainer.Trainer` that a person changes while it trains. Mixed into
+    ``Trainer``: reads the attributes and lookups declared here, which the Trainer sets and defines."""
 
     journal: Journal
     _journaling: bool
     chain: Chain
+    step_count: int
+    tasks: dict[str, Task]
+    streams: Streams
+    events: Events
+    lock: threading.RLock
+    update: Update | PerTaskUpdate
+    linkedset_weights: str
+
+    if TYPE_CHECKING:
+        def task(self, task: str) -> Task: ...  # the Trainer's
+
+        def linkedset(self, task: str, linkedset: str) -> LinkedSet: ...  # the Trainer's
 
     @property
     def lr(self) -> float:
@@ -222,7 +238,7 @@ class Knobs:
                 self.record_change("task_weight", task=task, value=weight)
         self.events.emit(Event.TASK_WEIGHT, TaskWeightInfo(task=task, weight=t.weight))
 
-    def set_combine(self, method: Any) -> None:
+    def set_combine(self, method: MethodSpec) -> None:
         """How tasks' processed gradients become one direction, from the next apply() on: ``"sum"`` (the
         default), a ``mtlab.combine`` aggregator, a ``mtlab.weighting`` loss weighting, or both (``"dwa+upgrad"``)."""
         with self.lock, self.journal.lock:

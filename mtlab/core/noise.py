@@ -21,7 +21,8 @@ row is read). Opt in with ``Trainer(noise_scale=True)`` or ``trainer.noise_scale
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
@@ -31,7 +32,19 @@ from ..base.errors import ConfigError
 from .columns import noise_column
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from .accumulator import Accumulator
+
+
+class Measured(Protocol):
+    """What :meth:`NoiseScale.suggest` reads of a trainer."""
+
+    @property
+    def tasks(self) -> Mapping[str, object]: ...
+
+    @property
+    def history(self) -> pd.DataFrame: ...
 
 
 class _TaskNoise:
@@ -66,7 +79,7 @@ class NoiseScale:
         self.tasks: dict[str, _TaskNoise] = {}
 
     @classmethod
-    def build(cls, spec: Any, scaling: bool = False) -> NoiseScale | None:
+    def build(cls, spec: bool | NoiseScale | None, scaling: bool = False) -> NoiseScale | None:
         """The trainer's ``noise_scale=`` argument: False/None (off), True, or a NoiseScale."""
         if not spec:
             return None
@@ -124,7 +137,7 @@ class NoiseScale:
         """``(tr(Σ)^, |G|²^, mean n)`` per model and total (``[models..., total]`` float64), NaN with one
         minibatch; None when the task's minibatches were not all seen (noise scale attached mid-step)."""
         st = self.tasks.get(acc.task)
-        if st is None or len(st.c2) != acc.minibatches or not st.c2:
+        if st is None or len(st.c2) != acc.minibatches or not st.c2 or acc.grad_norm is None:
             return None
         keep = [i for i, w in enumerate(st.w) if w != 0.0]  # weight 0: no contribution, no size
         if not keep:
@@ -154,11 +167,11 @@ class NoiseScale:
         trace, g2, mean_n = est
         ok = ~skipped & torch.isfinite(trace).all() & torch.isfinite(g2).all()
         beta = self.beta
-        if st.ema_trace is None:
-            st.ema_trace, st.ema_g2 = torch.zeros_like(trace), torch.zeros_like(g2)
         # Both averages start at 0 and share one decay, so their ratio needs no bias correction.
-        st.ema_trace = torch.where(ok, beta * st.ema_trace + (1 - beta) * trace, st.ema_trace)
-        st.ema_g2 = torch.where(ok, beta * st.ema_g2 + (1 - beta) * g2, st.ema_g2)
+        ema_trace = torch.zeros_like(trace) if st.ema_trace is None else st.ema_trace
+        ema_g2 = torch.zeros_like(g2) if st.ema_g2 is None else st.ema_g2
+        st.ema_trace = torch.where(ok, beta * ema_trace + (1 - beta) * trace, ema_trace)
+        st.ema_g2 = torch.where(ok, beta * ema_g2 + (1 - beta) * g2, ema_g2)
         st.steps += 1
         b_simple = st.ema_trace / st.ema_g2
         name = acc.task
@@ -178,15 +191,15 @@ class NoiseScale:
                     "numbatches_to_aggregate >= 2 or give the task a second linked set")
         return f"task {task!r}: measured over {st.steps} step(s)"
 
-    def suggest(self, trainer: Any) -> dict[str, int | None]:
+    def suggest(self, trainer: Measured) -> dict[str, int | None]:
         """Task -> minibatches per step that reach its noise scale (ceil(B_simple / mean minibatch size)),
         from the latest history row that has one (reads the history); None where there is no estimate."""
         frame = trainer.history
         out: dict[str, int | None] = {}
         for task in trainer.tasks:
             col = noise_column(task, part="gns_minibatches")
-            values = frame[col].dropna() if col in frame else []
-            value = float(values.iloc[-1]) if len(values) else math.nan
+            values = frame[col].dropna() if col in frame else None
+            value = float(values.iloc[-1]) if values is not None and len(values) else math.nan
             out[task] = max(1, math.ceil(value)) if math.isfinite(value) and value > 0 else None
         return out
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack, cast
 
 import torch
 from torch import Tensor
@@ -37,6 +37,24 @@ _ALIASES = {"32": "32", "fp32": "32", "32-true": "32", "bf16": "bf16-mixed", "bf
             "16": "16-mixed", "fp16": "16-mixed", "16-mixed": "16-mixed"}
 _DTYPES = {"32": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 SCALER_OPTIONS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+class ScalerOptions(TypedDict, total=False):
+    """``torch.amp.GradScaler``'s options (``16-mixed`` only)."""
+
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+
+
+class PrecisionOptions(ScalerOptions, total=False):
+    """``precision={"type": "16-mixed", "init_scale": 2.0**10}``: a precision name and GradScaler options."""
+
+    type: str  # a name of PRECISIONS (or an alias); "32" when left out
+
+
+PrecisionSpec = str | PrecisionOptions  # Trainer(precision=...), besides a Precision object
 
 
 class _Carrier:
@@ -60,7 +78,7 @@ def compile_models(models: Mapping[str, torch.nn.Module]) -> None:
         model.compile(dynamic=True)
 
 
-def check_precision(value: Any) -> str:
+def check_precision(value: object) -> str:
     """The canonical name of a precision setting (``"bf16"`` -> ``"bf16-mixed"``); a ConfigError otherwise."""
     key = str(value).strip().lower() if isinstance(value, (str, int)) else None
     if key not in _ALIASES:
@@ -75,7 +93,7 @@ class Precision:
     ``scaler_options`` go to ``torch.amp.GradScaler`` (``init_scale``, ``growth_factor``, ``backoff_factor``,
     ``growth_interval``)."""
 
-    def __init__(self, mode: str = "32", device: str | torch.device = "cpu", **scaler_options: Any) -> None:
+    def __init__(self, mode: str = "32", device: str | torch.device = "cpu", **scaler_options: Unpack[ScalerOptions]) -> None:
         self.mode = check_precision(mode)
         self.device = torch.device(device)
         self.dtype: torch.dtype | None = _DTYPES[self.mode]
@@ -90,7 +108,7 @@ class Precision:
         self._carriers: list[_Carrier] = []
 
     @classmethod
-    def build(cls, spec: Precision | str | Mapping[str, Any] | None, device: torch.device) -> Precision:
+    def build(cls, spec: Precision | PrecisionSpec | None, device: torch.device) -> Precision:
         """From a Trainer's ``precision=``: a name, ``{"type": name, **scaler options}``, or a Precision."""
         if isinstance(spec, Precision):
             if spec.device.type != device.type:
@@ -99,7 +117,8 @@ class Precision:
             return spec
         if isinstance(spec, Mapping):
             opts = dict(spec)
-            return cls(opts.pop("type", "32"), device, **opts)
+            mode = opts.pop("type", "32")
+            return cls(str(mode), device, **cast(ScalerOptions, opts))  # __init__ refuses unknown options
         return cls("32" if spec is None else spec, device)
 
     @property

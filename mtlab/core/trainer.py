@@ -13,8 +13,10 @@ UI: those are built on top of it.
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -38,7 +40,7 @@ from .branch import fork_trainer, restore_journaled
 from .journal import Journal, graph_of
 from .knobs import AccumulationKnobs, Knobs
 from .noise import NoiseScale
-from .precision import Precision, compile_models
+from .precision import Precision, PrecisionSpec, compile_models
 from ..tasks.sampling import BatchStream, ExampleSource, Streams
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
                           check_relative_weights, check_tasks)
@@ -106,7 +108,7 @@ class Trainer(AccumulationKnobs, Knobs):
                  normalize_weights_acc_steps: bool = False, distributed: bool | None = None,
                  clip_grad_norm: float | None = None, optimizer: str | OptimizerFactory | None = None,
                  combine: MethodSpec = None, clip_grad_percentile: float | None = None,
-                 precision: str | Mapping[str, Any] | Precision = "32",
+                 precision: PrecisionSpec | Precision = "32",
                  compile: bool = False, linkedset_weights: str = "absolute", chain: Chain | None = None,
                  noise_scale: bool | NoiseScale = False) -> None:
         # the constructor arguments (less models and tasks): fork() builds a branch with them
@@ -541,12 +543,12 @@ class Trainer(AccumulationKnobs, Knobs):
             self._restore(state, history=history)
             self.events.emit(Event.RESTORE, RestoreInfo(step=self.step_count))
 
-    def save(self, path: Any, extra: Mapping[str, Any] | None = None) -> Any:
+    def save(self, path: str | os.PathLike[str], extra: Mapping[str, Any] | None = None) -> Path | None:
         """Write a checkpoint atomically; returns its path, or None on a data-parallel rank other than 0
         (which says so in the log: rank 0 writes for everyone)."""
         return checkpoint.save_trainer(self.state_dict(), path, rank=self.parallel.rank, extra=extra)
 
-    def load_checkpoint(self, path: Any) -> None:
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Load a checkpoint written by ``save`` into this trainer (never unpickles objects)."""
         state = checkpoint.load_safe(path)
         with self.lock:

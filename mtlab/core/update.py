@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -151,18 +152,27 @@ add_plugin("combine", "mtlab.core.combine")
 add_plugin("combine", "mtlab.core.weighting")
 
 
+class Combination(Protocol):
+    """The ``combine`` seam: one shared group's rows (task, weight, gradients) -> one direction per parameter.
+    ``out()`` gives buffers shaped as the group's parameters that the result may be written into; e.g. the
+    weighted sum, or a ``mtlab.combine`` aggregator (torchjd)."""
+
+    def __call__(self, group: Group, rows: Sequence[Row], out: Callable[[], list[Tensor]]) -> list[Tensor]: ...
+
+
 # How tasks become one direction: a name ("sum", "upgrad", "dwa+upgrad"), {"type": name, **options}, a
-# combination (callable(group, rows, out)) or a weighting object; None is the weighted sum.
-MethodSpec = str | Mapping[str, Any] | Callable[..., Any] | Weighting | None
+# combination or a weighting object; None is the weighted sum.
+MethodSpec = str | Mapping[str, object] | Combination | Weighting | None
+Item = tuple[str, dict[str, object]] | Combination | Weighting  # a method by name and options, or an object
 
 
-def resolve_method(spec: MethodSpec) -> tuple[Any, Weighting | None]:
+def resolve_method(spec: MethodSpec) -> tuple[Combination, Weighting | None]:
     """``(combine, weighting)`` from a method spec: None or ``"sum"`` (the weighted sum), a name
     (``"upgrad"``, ``"uncertainty"``), a weighting and an aggregator joined by ``+`` (``"dwa+upgrad"``),
     ``{"type": name, **options}`` (plus ``"weighting": spec``), or a combine / weighting object."""
     if spec is None:
         return WeightedSum(), None
-    items: list[Any] = []
+    items: list[Item] = []
     if isinstance(spec, str):
         items = [(part.strip(), {}) for part in spec.split("+")]
     elif isinstance(spec, Mapping):
@@ -171,38 +181,38 @@ def resolve_method(spec: MethodSpec) -> tuple[Any, Weighting | None]:
             raise ConfigError(f"combine {dict(spec)!r} needs type = \"<method>\"; methods: {sorted(METHODS)}")
         name = opts.pop("type")
         extra = opts.pop("weighting", None)
-        items = [(name, opts)]
+        items = [(str(name), opts)]
         if extra is not None:
             items.extend(resolve_items(extra))
     else:
         items = [spec]
-    combine: Any = None
+    combine: Combination | None = None
     weighting: Weighting | None = None
     for item in items:
-        obj = build("combine method", METHODS, item[0], item[1]) if isinstance(item, tuple) else item
+        obj: object = build("combine method", METHODS, item[0], item[1]) if isinstance(item, tuple) else item
         if hasattr(obj, "coefficients"):
             if weighting is not None:
                 raise ConfigError(f"combine {spec!r} names two loss weightings; choose one (plus one aggregator)")
-            weighting = obj
+            weighting = cast(Weighting, obj)
         elif callable(obj):
             if combine is not None:
                 raise ConfigError(f"combine {spec!r} names two aggregators; choose one (plus one loss weighting)")
-            combine = obj
+            combine = cast(Combination, obj)
         else:
             raise ConfigError(f"combine: {obj!r} is neither a combination (callable(group, rows, out)) nor a "
                               "weighting (with coefficients()); use a name from " + ", ".join(sorted(METHODS)))
     return (combine if combine is not None else WeightedSum()), weighting
 
 
-def resolve_items(spec: Any) -> list[Any]:
+def resolve_items(spec: object) -> list[Item]:
     """A combine setting as a list of items: a name -> ``[(name, {})]``, ``{"type": name, **options}`` ->
     ``[(name, options)]``, anything else (an object) -> ``[spec]``."""
     if isinstance(spec, str):
         return [(spec, {})]
     if isinstance(spec, Mapping) and "type" in spec:
         opts = dict(spec)
-        return [(opts.pop("type"), opts)]
-    return [spec]
+        return [(str(opts.pop("type")), opts)]
+    return [cast(Combination | Weighting, spec)]
 
 
 class Update:
@@ -242,6 +252,9 @@ class Update:
             buf = self._buffers[name] = torch.empty_like(self.params[name])
         return buf
 
+    def _buffers_for(self, names: Sequence[str]) -> list[Tensor]:
+        return [self._buffer(n) for n in names]
+
     def buffers(self) -> list[Tensor]:
         """The direction buffers allocated so far (for parameters where tasks' gradients had to be combined)."""
         return list(self._buffers.values())
@@ -280,13 +293,14 @@ class Update:
         seeded = getattr(self.combine, "random", False)
         for key, names in groups.items():
             group = Group("+".join(dict.fromkeys(model_of(n) for n in names)), key, tuple(names))
-            rows = [(t, eff[t], [accs[t].grads[n] for n in names]) for t in key]
+            rows: list[Row] = [(t, eff[t], [accs[t].grads[n] for n in names]) for t in key]
+            out_buffers = partial(self._buffers_for, names)
             if seeded:
                 with torch.random.fork_rng(devices=[d for d in {g.device for g in rows[0][2]} if d.type == "cuda"]):
                     torch.manual_seed(self.step_seed())
-                    dirs = self.combine(group, rows, lambda ns=names: [self._buffer(n) for n in ns])
+                    dirs = self.combine(group, rows, out_buffers)
             else:
-                dirs = self.combine(group, rows, lambda ns=names: [self._buffer(n) for n in ns])
+                dirs = self.combine(group, rows, out_buffers)
             out.update(zip(names, dirs))
             if self.record_stats:
                 self.group_stats(group, rows, dirs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -102,6 +103,9 @@ class RecurrentCapsuleCell(nn.Module):
     sum of both. Each of ``routing_iters`` updates adds the agreement to the logits (``accumulate_*_logits``) or
     sets them to the initial logits plus the agreement (only with ``rec_only_vote``). The output squashes both
     sums, or with ``rec_only_vote`` the input part alone (the state only votes)."""
+
+    init_input_logits: Tensor  # a parameter with logits_prior, else a buffer
+    init_recurrent_logits: Tensor
 
     def __init__(self, in_capsules: int, in_dim: int, num_capsules: int, capsule_dim: int, routing_iters: int = 3,
                  rec_only_vote: bool = False, probability: str = "sigmoid", logits_prior: bool = False,
@@ -201,10 +205,11 @@ class DBRCapsNet(nn.Module):
         self.input_noise, self.dropout = float(input_noise), float(dropout)
         units = self.num_capsules * self.capsule_dim
         self.output_dim = 2 * units
-        self.primary = nn.ModuleList(nn.Linear(input_dim + units, units) for _ in range(2))  # forward, backward
-        for linear in self.primary:
+        primary = [nn.Linear(input_dim + units, units) for _ in range(2)]  # forward, backward
+        for linear in primary:
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
+        self.primary = nn.ModuleList(primary)
         self.layers = nn.ModuleList(
             nn.ModuleList(RecurrentCapsuleCell(2 * self.num_capsules, self.capsule_dim, self.num_capsules,
                                                self.capsule_dim, routing_iters, rec_only_vote, recurrent_probability,
@@ -229,11 +234,12 @@ class DBRCapsNet(nn.Module):
                 return pre, torch.tanh(pre)
             return step
 
-        h = self._both(x, seq_lengths, x.new_zeros(B, units), (rnn(self.primary[0]), rnn(self.primary[1])))
+        h = self._both(x, seq_lengths, x.new_zeros(B, units), tuple(rnn(cast(nn.Linear, m)) for m in self.primary))
         h = squash(h.view(B, T, 2 * self.num_capsules, self.capsule_dim))
         zero = x.new_zeros(B, self.num_capsules, self.capsule_dim)
         for cells in self.layers:
-            h = self._both(h, seq_lengths, zero, tuple(_cell_step(c) for c in cells))
+            h = self._both(h, seq_lengths, zero, tuple(_cell_step(cast(RecurrentCapsuleCell, c))
+                                                       for c in cast(nn.ModuleList, cells)))
             if self.training and self.dropout > 0:
                 h = nn.functional.dropout(h, self.dropout, True)
         return h.reshape(B, T, self.output_dim)

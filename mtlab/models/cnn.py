@@ -3,6 +3,8 @@ time-frequency plane that gives one vector per time-frequency bin."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -66,8 +68,8 @@ class EncoderDecoderCNN(nn.Module):
             raise ConfigError(f"EncoderDecoderCNN activation {activation!r}; valid: {list(ACTIVATIONS)}")
         if num_centre_layers and (centre_kernel is None or len(centre_kernel) != 2 or min(centre_kernel) < 1):
             raise ConfigError("EncoderDecoderCNN: centre layers need centre_kernel = [time, frequency]")
-        self.kernels = [[int(k) for k in p] for p in kernels]
-        self.pools = [[int(p) for p in q] for q in pools]
+        self.kernels = [(int(p[0]), int(p[1])) for p in kernels]  # (time, frequency)
+        self.pools = [(int(q[0]), int(q[1])) for q in pools]
         self.bypass, self.activation, self.input_noise = bypass, activation, float(input_noise)
         self.num_centre_layers = int(num_centre_layers)
         self.output_dim = int(output_filters)
@@ -75,8 +77,8 @@ class EncoderDecoderCNN(nn.Module):
         channels = [1, *filters]
         self.encoder = nn.ModuleList(nn.Conv2d(channels[i], filters[i], self.kernels[i])
                                      for i in range(n))
-        self.centre = nn.ModuleList(nn.Conv2d(filters[-1], filters[-1], list(centre_kernel or [1, 1]))
-                                    for _ in range(self.num_centre_layers))
+        centre = (int(centre_kernel[0]), int(centre_kernel[1])) if centre_kernel else (1, 1)
+        self.centre = nn.ModuleList(nn.Conv2d(filters[-1], filters[-1], centre) for _ in range(self.num_centre_layers))
         self.decoder = nn.ModuleList()
         previous = filters[-1]
         for l, out in enumerate(decoder_filters):
@@ -89,7 +91,7 @@ class EncoderDecoderCNN(nn.Module):
         self.norms = nn.ModuleList(FixedStatsNorm(c.out_channels) for c in convs) if layer_norm else None
         for conv in convs:  # the original's tf.layers defaults
             nn.init.xavier_uniform_(conv.weight)
-            nn.init.zeros_(conv.bias)  # type: ignore[arg-type]
+            nn.init.zeros_(conv.bias)
 
     def _finish(self, x: Tensor, index: int) -> Tensor:
         """Activation, then the layer's affine (the original's order)."""
@@ -117,11 +119,11 @@ class EncoderDecoderCNN(nn.Module):
         index = 0
         for conv, pool in zip(self.encoder, self.pools):
             sizes.append(h.shape[-2:])
-            h = self._finish(conv(same_padded(h, conv.kernel_size)), index)
+            h = self._finish(conv(same_padded(h, cast(nn.Conv2d, conv).kernel_size)), index)
             index += 1
             before.append(h.shape[-2:])
             found = None
-            if pool != [1, 1]:
+            if pool != (1, 1):
                 if self.bypass == "unpool":
                     h, found = F.max_pool2d(h, pool, pool, return_indices=True)
                 else:
@@ -129,16 +131,17 @@ class EncoderDecoderCNN(nn.Module):
             pooled.append(h)
             indices.append(found)
         for conv in self.centre:
-            h = self._finish(conv(same_padded(h, conv.kernel_size)), index)
+            h = self._finish(conv(same_padded(h, cast(nn.Conv2d, conv).kernel_size)), index)
             index += 1
         n = len(self.encoder)
         for l, conv in enumerate(self.decoder):
             e = n - 1 - l
             if self.bypass == "concat" and (self.num_centre_layers > 0 or l > 0):
                 h = torch.cat((h, pooled[e]), dim=1)
-            if self.bypass == "unpool" and indices[e] is not None:
-                h = unpool(h, indices[e], before[e])
-            h = self._finish(transposed_same(h, conv), index)
+            found = indices[e]
+            if self.bypass == "unpool" and found is not None:
+                h = unpool(h, found, before[e])
+            h = self._finish(transposed_same(h, cast(nn.ConvTranspose2d, conv)), index)
             index += 1
             h = repeat_last(h, sizes[e])
         return h.permute(0, 2, 3, 1)  # [B, T, F, C]
@@ -162,7 +165,7 @@ def transposed_same(x: Tensor, conv: nn.ConvTranspose2d) -> Tensor:
             pad = [0, 0, 0, 0]
             pad[2 * (3 - axis) + 1] = want - out.shape[axis]
             out = F.pad(out, pad)
-    return out + conv.bias[:, None, None]  # type: ignore[index]
+    return out if conv.bias is None else out + conv.bias[:, None, None]
 
 
 def unpool(x: Tensor, indices: Tensor, size: torch.Size | tuple[int, int]) -> Tensor:

@@ -3,7 +3,7 @@ input), leaky BLSTMs (``leaky_dblstm*``) and plain bidirectional RNNs (``dbrnn``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -91,9 +91,10 @@ class ResetBLSTM(nn.Module):
             if extra is not None and layer == at:  # the same vector for every frame and replica
                 to_fw, to_bw = (torch.cat((v, extra[:, None, None].expand(*v.shape[:-1], -1)), dim=-1)
                                 for v in (to_fw, to_bw))
-            act_f, rep_f = _reset_direction(self.forward_lstms[layer], to_fw, t_reset, group, self.forward_reset)
-            act_b, rep_b = _reset_direction(self.backward_lstms[layer], _reverse(to_bw, lengths), t_reset, group,
-                                            self.backward_reset)
+            act_f, rep_f = _reset_direction(cast(nn.LSTM, self.forward_lstms[layer]), to_fw, t_reset, group,
+                                            self.forward_reset)
+            act_b, rep_b = _reset_direction(cast(nn.LSTM, self.backward_lstms[layer]), _reverse(to_bw, lengths), t_reset,
+                                            group, self.backward_reset)
             act_b = _reverse(act_b, lengths)
             rep_b = _reverse(rep_b, lengths) if rep_b is not None else None
             acts, reps = (act_f, act_b), (rep_f, rep_b)
@@ -118,8 +119,8 @@ class ResetBLSTMInsert(ResetBLSTM):
             raise ConfigError("ResetBLSTMInsert needs forward_reset and backward_reset: the original repeats the "
                               "additional input over both directions' state replicas")
         c = combine_layer - 1
-        self.forward_lstms[c] = nn.LSTM(self.forward_lstms[c].input_size + extra_dim, hidden, batch_first=True)
-        self.backward_lstms[c] = nn.LSTM(self.backward_lstms[c].input_size + extra_dim, hidden, batch_first=True)
+        for lstms in (self.forward_lstms, self.backward_lstms):
+            lstms[c] = nn.LSTM(cast(nn.LSTM, lstms[c]).input_size + extra_dim, hidden, batch_first=True)
         self.combine_layer, self.extra_dim = combine_layer, extra_dim
 
     def forward(self, x: Tensor, extra: Tensor, seq_lengths: Tensor) -> Tensor:  # type: ignore[override]

@@ -73,7 +73,7 @@ class RemixedSet(Split):
     def _plan(self, max_len: int) -> list[tuple[int, int, float, int, int, int]]:
         """Per remixed example: (source a, source b, SIR dB, offset a, offset b, samples)."""
         gen = torch.Generator().manual_seed(self.seed)
-        plan = []
+        plan: list[tuple[int, int, float, int, int, int]] = []
         while len(plan) < self.count:
             i, j = torch.randint(len(self.pool), (2,), generator=gen).tolist()
             (a, spk_a), (b, spk_b) = self.pool[i], self.pool[j]

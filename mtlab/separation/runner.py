@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from ..base.errors import ConfigError
 from ..tasks.graph import Node
 from ..training.loop import run
 from ..models import BLSTM, DeepClusteringHead, MaskHead
-from ..tasks.task import LinkedSet, Task
+from ..tasks.task import LinkedSet, LossComputer, Task
 from ..core.events import Event, Payload
 from ..core.trainer import Trainer
 from .losses import PIT, DeepAttractorNet, DeepClustering, Direct
@@ -39,6 +39,9 @@ from .masks import attractor_masks, head_masks, kmeans_masks
 from .metrics import SeparationScores, score
 from .remix import RemixedSet
 from .spectral import apply_masks
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 METHODS = ("pit", "direct", "deepclustering", "deepattractornet")
 TASK = "separation"
@@ -97,12 +100,13 @@ def build_task(cfg: SeparatorConfig, train: SeparationDataset) -> Task:
     """The one separation task: features -> BLSTM -> head -> the chosen loss (on ``train``, plus
     ``cfg.remix`` remixed training mixtures)."""
     out = "masks" if cfg.loss in ("pit", "direct") else "emb"
-    loss = {
+    makers: dict[str, Callable[[], LossComputer]] = {
         "pit": lambda: PIT(output=out, activation="none"),  # the head already applies its activation
         "direct": lambda: Direct(output=out, activation="none"),
         "deepclustering": lambda: DeepClustering(output=out),
         "deepattractornet": lambda: DeepAttractorNet(output=out),
-    }[cfg.loss]()
+    }
+    loss = makers[cfg.loss]()
     examples: Any = train
     if cfg.dynamic_mix is not None:
         examples = load_split(cfg.root, split="train", linkedset=cfg.linkedset, targets=_TARGETS[cfg.loss],
@@ -160,8 +164,8 @@ class Separator:
         if split == "dev":
             return self.dev
         if split not in self._splits:
-            self._splits[split] = load_split(self.cfg.root, split=split, linkedset=self.cfg.linkedset,
-                                             stats=self.train.stats)
+            self._splits[split] = in_memory(load_split(self.cfg.root, split=split, linkedset=self.cfg.linkedset,
+                                                       stats=self.train.stats))
         return self._splits[split]
 
     @torch.no_grad()
@@ -171,9 +175,9 @@ class Separator:
         plan = tr.plans[TASK]
         out_name = plan.task.outputs[0]
         s = examples[0]["src_mag"].shape[-1] if "src_mag" in examples[0] else 2
-        previous = {k: m.training for k, m in tr.models.items()}
-        for m in tr.models.values():
-            m.eval()
+        previous = {k: model.training for k, model in tr.models.items()}
+        for model in tr.models.values():
+            model.eval()
         result: list[Tensor] = []
         try:
             for i in range(0, len(examples), batch_size):
@@ -191,8 +195,8 @@ class Separator:
                         m = attractor_masks(out, centroids, lengths)
                 result += [m[j, : int(n)].cpu() for j, n in enumerate(lens["features"])]
         finally:
-            for k, m in tr.models.items():
-                m.train(previous[k])
+            for k, model in tr.models.items():
+                model.train(previous[k])
         return result
 
     def waveforms(self, split: str, name: str) -> tuple[Tensor, Tensor]:
@@ -221,7 +225,7 @@ class Separator:
         return {"name": name, "sample_rate": SAMPLE_RATE, "mixture": mix.numpy(),
                 "estimates": est[list(sc.perm)].numpy(), "references": refs.numpy(), "scores": sc.row()}
 
-    def evaluate(self, split: str = "dev", limit: int | None = None) -> pandas.DataFrame:  # noqa: F821
+    def evaluate(self, split: str = "dev", limit: int | None = None) -> pd.DataFrame:
         """One row per utterance: SI-SDR / SDR of the estimates and of the mixture, and the
         improvements ``si_sdri``, ``sdri`` (dB, mean over the speakers)."""
         import pandas as pd
@@ -241,9 +245,18 @@ def load_data(linkedset: str = "clean", root: str | None = None, usedbins_db: fl
               ) -> tuple[SeparationDataset, SeparationDataset]:
     """``(train, dev)`` of a linked set, dev normalized with the train statistics (load once, reuse
     for several separators with ``build_separator(..., data=...)`` and the same ``usedbins_db``)."""
-    train = load_split(root, split="train", linkedset=linkedset, usedbins_threshold_db=usedbins_db)
-    dev = load_split(root, split="dev", linkedset=linkedset, stats=train.stats, usedbins_threshold_db=usedbins_db)
+    train = in_memory(load_split(root, split="train", linkedset=linkedset, usedbins_threshold_db=usedbins_db))
+    dev = in_memory(load_split(root, split="dev", linkedset=linkedset, stats=train.stats,
+                               usedbins_threshold_db=usedbins_db))
     return train, dev
+
+
+def in_memory(data: object) -> SeparationDataset:
+    """``load_split(...)`` without ``stream=`` as what it is, an in-memory :class:`SeparationDataset`."""
+    if not isinstance(data, SeparationDataset):
+        raise ConfigError(f"a separator trains on the in-memory corpus of load_split(stream=False), got "
+                          f"{type(data).__name__}")
+    return data
 
 
 def build_separator(loss: str = "pit", linkedset: str = "clean",
