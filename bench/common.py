@@ -111,6 +111,21 @@ def timed(fn, n: int, clock=time.perf_counter) -> float:
     return (clock() - t0) / n
 
 
+def timed_in_turns(fns: dict, n: int, clock=time.perf_counter) -> dict[str, float]:
+    """Seconds per call of each of ``fns`` over ``n`` calls each, the systems taking turns call by call (the
+    order rotating each turn): a burst of load elsewhere on a shared machine, which slows whatever runs
+    during it, falls on every system alike instead of on the one whose block of calls it hit."""
+    names = list(fns)
+    spent = dict.fromkeys(names, 0.0)
+    for i in range(n):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = clock()
+            fns[name]()
+            spent[name] += clock() - t0
+    return {name: t / n for name, t in spent.items()}
+
+
 def interleaved_times(systems: dict, rounds: int, steps: int, warmup: int = 1) -> dict[str, list[float]]:
     """Seconds per step of each system in each round. The systems draw the same batches in
     lockstep, so round r does the same work in every system: compare round by round."""

@@ -15,8 +15,9 @@ gradient norms on (they always are). Cases:
              Lightning and Accelerate have no such loop of their own: not measured
 
 Times: every system draws the same batches in the same round, so a system's ratio is the median over
-interleaved rounds of time(system) / time(loop) in that round; ``spread`` is the half-range of those
-per-round ratios (how noisy the machine was). On the CPU the clock is the process's CPU time by default
+rounds of time(system) / time(loop) in that round; ``spread`` is the half-range of those per-round ratios
+(how noisy the machine was). Within a round mtlab, the loop and Accelerate take turns step by step (the order
+rotating), so a burst of load from other processes falls on all of them alike. On the CPU the clock is the process's CPU time by default
 (``--clock wall`` for wall time): with one torch thread it is the work done, which other processes on a
 shared machine disturb far less than the wall clock; on a GPU it is wall time with a synchronize. Lightning runs one ``fit`` per round on the round's
 batches, pre-collated (its start-up and first step excluded). Peak tensor memory: parameters, gradients,
@@ -345,8 +346,8 @@ def run_case(case: str, rounds: int, device: str, steps: int | None = None,
         models_l = common.make_models(layers, hidden)
         ex_l = common.make_examples(256, lo, hi, seed=1)
     for r in range(rounds):
-        for n in (names if r % 2 == 0 else names[::-1]):
-            times[n].append(common.timed(fns[n], steps, clock))
+        for n, t in common.timed_in_turns({n: fns[n] for n in names}, steps, clock).items():
+            times[n].append(t)
         if use_lightning:
             per = run_lightning(models_l, ex_l, batch, steps, device, offset_steps=r * steps, clock=clock,
                                 precision=precision)
