@@ -213,10 +213,13 @@ class Accumulator:
     def restore_grads(self) -> None:
         """Owned parameters' ``.grad`` show this task's gradient again (after an optimizer step used others)."""
         have = bool(self.minibatches)
+        params, views = self.params, self._views
         for name in self.owned:
-            self.params[name].grad = self._views[name] if have else None
+            p, g = params[name], (views[name] if have else None)
+            if p.grad is not g:  # usually still in place (the update stepped with this very view)
+                p.grad = g
         for name in self.shared:
-            self.params[name].grad = None
+            params[name].grad = None
 
     # ------------------------------------------------------------------ totals and statistics
     @property

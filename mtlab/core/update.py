@@ -279,14 +279,24 @@ class Update:
         A weighting's state moves on with each call (use ``step`` to train; tests call this once per step)."""
         self.stats = {}
         eff = self.task_weights(accs, weights, lr, found_inf)
+        grads = {t: accs[t].grads for t in eff}  # read once per task: this runs per parameter
         out: dict[str, Tensor | None] = {}
         groups: dict[tuple[str, ...], list[str]] = {}
         for name, users in self.users.items():
-            contrib = [t for t in users if t in eff and accs[t].grads.get(name) is not None]
+            if len(users) == 1:  # a task's own parameter: no list to build
+                t = users[0]
+                g = grads[t].get(name) if t in grads else None
+                if g is None:
+                    out[name] = None
+                    continue
+                w = eff[t]
+                out[name] = g if not isinstance(w, Tensor) and w == 1.0 else weighted_sum_(self._buffer(name), [(w, g)])
+                continue
+            contrib = [t for t in users if t in grads and grads[t].get(name) is not None]
             if not contrib:
                 out[name] = None
             elif len(contrib) == 1:
-                w, g = eff[contrib[0]], accs[contrib[0]].grads[name]
+                w, g = eff[contrib[0]], grads[contrib[0]][name]
                 out[name] = g if not isinstance(w, Tensor) and w == 1.0 else weighted_sum_(self._buffer(name), [(w, g)])
             else:
                 groups.setdefault(tuple(contrib), []).append(name)
@@ -333,8 +343,11 @@ class Update:
         accumulators their ``.grad`` views back (whatever happens)."""
         try:
             directions = self.directions(accs, weights, lr, found_inf)
+            params = self.params
             for name, d in directions.items():
-                self.params[name].grad = d
+                p = params[name]
+                if p.grad is not d:  # a task's own gradient of weight 1 is already there: reading is cheaper
+                    p.grad = d
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             optimizer_step(self.optimizer, found_inf)
