@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 
-def add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_replay_parser(sub: Any) -> None:
     """The ``replay`` subcommand of ``mtlab``."""
     p = sub.add_parser("replay", help="rerun an experiment from its journal.jsonl, bit for bit, and compare it with "
                                       "the experiment's final.pt")

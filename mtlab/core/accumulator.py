@@ -213,13 +213,11 @@ class Accumulator:
     def restore_grads(self) -> None:
         """Owned parameters' ``.grad`` show this task's gradient again (after an optimizer step used others)."""
         have = bool(self.minibatches)
-        params, views = self.params, self._views
-        for name in self.owned:
-            p, g = params[name], (views[name] if have else None)
-            if p.grad is not g:  # usually still in place (the update stepped with this very view)
-                p.grad = g
+        for name in self.owned:  # usually still in place (the update stepped with these views): reading is cheaper
+            if self.params[name].grad is not (g := self._views[name] if have else None):
+                self.params[name].grad = g
         for name in self.shared:
-            params[name].grad = None
+            self.params[name].grad = None
 
     # ------------------------------------------------------------------ totals and statistics
     @property
@@ -328,8 +326,7 @@ class Accumulator:
         self.phase = Phase(state["phase"])
         self.position = int(state.get("position", 0))
         self.records = [MinibatchRecord(r["linkedset"], int(r["num_examples"]), float(r["weight"]), r["loss"].to(dev),
-                                        r["normalizer" if "normalizer" in r else "norm"].to(dev))  # "norm": 0.2's name
-                        for r in state["records"]]
+                                        r.get("normalizer", r.get("norm")).to(dev)) for r in state["records"]]  # norm: 0.2
         self.totals = state["totals"].to(dev, torch.float64).clone()
         self.set_totals = {k: v.to(dev, torch.float64).clone() for k, v in state["set_totals"].items()}
         self.grad_norm, self.grad_norm_clipped = to(state["grad_norm"]), to(state["grad_norm_clipped"])
