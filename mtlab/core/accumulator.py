@@ -223,17 +223,17 @@ class Accumulator:
     @property
     def loss(self) -> Tensor:
         """Σ weight × summed loss over the accumulated minibatches (0-d float64)."""
-        return self.totals[0]
+        return self._views_of(None, self.totals)[0]
 
     @property
     def normalizer(self) -> Tensor:
         """Σ weight × normalizer over the accumulated minibatches (0-d float64)."""
-        return self.totals[1]
+        return self._views_of(None, self.totals)[1]
 
     @property
     def normalized_loss(self) -> Tensor:
         """``loss / normalizer``: the mean over everything accumulated."""
-        return self.totals[0] / self.totals[1]
+        return torch.div(*self._views_of(None, self.totals))
 
     @property
     def set_loss(self) -> dict[str, Tensor]:
@@ -247,7 +247,7 @@ class Accumulator:
 
     def linkedset_loss(self, name: str) -> Tensor:
         """Σloss/Σnormalizer of one linked set's minibatches in this accumulation."""
-        return self.set_totals[name][0] / self.set_totals[name][1]
+        return torch.div(*self._views_of(name, self.set_totals[name]))
 
     def norms(self) -> tuple[dict[str, Tensor], Tensor]:
         """Gradient L2 norm per model (from segments of the flat buffers) and over the whole task."""
@@ -278,7 +278,7 @@ class Accumulator:
 
     def finite(self) -> Tensor:
         """0-d bool: the loss and the (pre-clip) gradient norm are finite (clamping would hide an inf)."""
-        return torch.isfinite(self.totals[0]) & torch.isfinite(self.grad_norm if self.grad_norm is not None
+        return torch.isfinite(self.loss) & torch.isfinite(self.grad_norm if self.grad_norm is not None
                                                                 else self.norms()[1])
 
     def nonfinite_reason(self) -> str:
