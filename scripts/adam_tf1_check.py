@@ -4,7 +4,7 @@
 
 Trains the tests' small model (float32) with ``Trainer(optimizer="adam_tf1")`` and with torch's Adam (the default)
 on the same data, feeds each step's applied gradient to the NumPy transcription of ``tf.train.AdamOptimizer`` in
-``tests/test_optimizers.py``, and prints the largest parameter difference after each step."""
+``tests/core/test_optimizers.py``, and prints the largest parameter difference after each step."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path[:0] = [str(TESTS / "core"), str(TESTS)]  # the test module, and the helpers it imports
 import test_optimizers as T  # noqa: E402
 
 

@@ -2,11 +2,12 @@ import os
 import sys
 from pathlib import Path
 
+# The helpers package (tests/helpers/) is imported by one name wherever a test file sits: ``from helpers
+# import make_models``, ``from helpers.nabu import write_recipe``. Test files never import each other.
 sys.path.insert(0, str(Path(__file__).parent))
 
 
 import pytest  # noqa: E402
-import os  # noqa: E402
 
 os.environ.setdefault("LOKY_MAX_CPU_COUNT", "1")  # scikit-learn's k-means would count cores in a subprocess
 if "MTLAB_CACHE" not in os.environ:  # parsed lists, header lengths, statistics: not in the user's own cache
@@ -42,6 +43,14 @@ if PROFILE == "ci":
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: starts a subprocess, kernel, browser, wheel build or survey "
                             "(the fast tier is `pytest -m 'not slow'`)")
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A few utterances of data_samples/ with absolute-path lists (``helpers.recipes.make_tiny_corpus``)."""
+    from helpers.recipes import make_tiny_corpus
+
+    return make_tiny_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture

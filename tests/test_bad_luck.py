@@ -1,6 +1,6 @@
 """Bad luck, round 4: a Ctrl-C at the final save, a skip that finds no readable file, half-loaded states, stale
 caches, worker errors, documented imports, a busy machine, a wrong loss target and honest progress.
-Each case says what it tried (tests/campaign.py); scripts/reliability_report.py prints the table."""
+Each case says what it tried (tests/helpers/campaign.py); scripts/reliability_report.py prints the table."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import REPO
 
 import mtlab
 import mtlab.data
-from campaign import record
+from helpers.campaign import record
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 DEMO = ROOT / "recipes" / "demo.toml"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -362,10 +363,7 @@ def test_the_summary_explains_steps_undone_and_a_run_of_no_step():
 
 
 def test_load_split_in_memory_reports_progress(tmp_path):
-    import sys
-
-    sys.path.insert(0, str(ROOT / "tests" / "data"))
-    from data_helpers import make_corpus
+    from helpers.corpora import make_corpus
 
     make_corpus(tmp_path, ["a", "b", "c", "d"])
     seen: list[tuple[int, int]] = []
@@ -396,7 +394,7 @@ def test_evaluate_names_the_split_flag(tmp_path, monkeypatch, capsys):
 
 def test_prepare_prints_a_root_usable_from_a_recipe_anywhere(tmp_path, monkeypatch, capsys):
     from mtlab.apps import cli
-    from test_layouts import make_layouts
+    from helpers.corpora import make_layouts
 
     make_layouts.make_tree("wsj0-2mix", tmp_path / "corpus", 2)
     monkeypatch.chdir(tmp_path)
@@ -409,7 +407,7 @@ def test_prepare_prints_a_root_usable_from_a_recipe_anywhere(tmp_path, monkeypat
 
 
 def test_an_imported_recipe_carries_no_absolute_path_in_its_description(tmp_path):
-    from test_nabu_import import write_recipe
+    from helpers.nabu import write_recipe
 
     from mtlab.nabu import import_nabu
 

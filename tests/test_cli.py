@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
+from helpers.recipes import write_tiny_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

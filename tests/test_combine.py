@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+from helpers.paths import RECIPES
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
@@ -226,9 +227,8 @@ def test_a_recipe_chooses_the_method() -> None:
 
 def demo_recipe(method: str) -> dict:
     import tomllib
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "recipes" / "demo.toml"
+    path = RECIPES / "demo.toml"
     recipe = tomllib.loads(path.read_text())
     recipe["trainer"]["combine"] = method
     recipe["source"] = str(path)

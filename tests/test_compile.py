@@ -13,7 +13,7 @@ from torch import nn
 import mtlab
 from mtlab.base.batching import collate
 from mtlab.models import BLSTM, MeanPool
-from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixture)
+from helpers.recipes import write_tiny_recipe
 
 pytestmark = pytest.mark.slow  # compiling takes tens of seconds on a small CPU
 

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-import dist_worker as w
+from helpers import dist_worker as w
 import mtlab
 from mtlab.tasks.sampling import BatchStream
 from mtlab.tasks.sampling import derived_seed
+from helpers.distributed import assert_params_close, free_port, spawn
 
 pytestmark = [pytest.mark.slow,  # process groups of several processes
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(fn, out, nprocs: int = 2, join: bool = True):
-    return mp.start_processes(fn, args=(nprocs, free_port(), str(out)), nprocs=nprocs, join=join, start_method="spawn")
 
 
 def read(path):
@@ -48,13 +37,6 @@ def make_shards(tr: mtlab.Trainer) -> dict:
     return {(t, s, r): BatchStream(ls.examples, task.batch_size, task.numbuckets,
                                    seed=derived_seed(tr.seed, t, s), shard=(r, 2))
             for t, task in tr.tasks.items() for s, ls in task.linkedsets.items() for r in range(2)}
-
-
-def assert_params_close(got: dict, expected: dict, atol=1e-6) -> None:
-    assert got.keys() == expected.keys()
-    for k in got:
-        torch.testing.assert_close(torch.tensor(got[k], dtype=torch.float64),
-                                   torch.tensor(expected[k], dtype=torch.float64), atol=atol, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +116,7 @@ def test_torchrun_trains_a_recipe_on_two_ranks_and_resumes_on_one(tmp_path):
     import subprocess
     import sys
 
-    from test_recipe import make_tiny_corpus, write_tiny_recipe
+    from helpers.recipes import make_tiny_corpus, write_tiny_recipe
 
     corpus = make_tiny_corpus(tmp_path / "corpus")
     recipe = write_tiny_recipe(tmp_path / "tiny.toml", corpus, num_steps=4, valid_frequency=2)
@@ -153,7 +135,7 @@ def test_torchrun_trains_a_recipe_on_two_ranks_and_resumes_on_one(tmp_path):
 
 
 def test_launch_from_a_notebook_spawns_cpu_workers(tmp_path):
-    from test_recipe import make_tiny_corpus, write_tiny_recipe
+    from helpers.recipes import make_tiny_corpus, write_tiny_recipe
 
     corpus = make_tiny_corpus(tmp_path / "corpus")
     recipe = write_tiny_recipe(tmp_path / "tiny.toml", corpus, num_steps=4, valid_frequency=0)

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.paths import TESTS
 
 import mtlab
 from mtlab.tasks.sampling import BatchStream, derived_seed
-from test_recipe import make_tiny_corpus, write_tiny_recipe
+from helpers.recipes import make_tiny_corpus, write_tiny_recipe
 
 pytestmark = [pytest.mark.slow,  # process groups of several processes
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]
-TESTS = Path(__file__).resolve().parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # torchrun, for this interpreter
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
 
@@ -110,7 +110,7 @@ def test_a_killed_worker_restarts_the_group_from_the_last_checkpoint(workdir) ->
     tmp_path = workdir
     path, exp = recipe(tmp_path, num_steps=4, checkpoint_frequency=2), tmp_path / "exp"
     cmd = [*TORCHRUN, "--nproc_per_node", "2", "--max-restarts", "1", "--rdzv_backend", "c10d",
-           "--rdzv_endpoint", f"127.0.0.1:{free_port()}", str(TESTS / "dist_worker.py"), "--die-at", "3", "1",
+           "--rdzv_endpoint", f"127.0.0.1:{free_port()}", str(TESTS / "helpers" / "dist_worker.py"), "--die-at", "3", "1",
            "train", str(path), "--expdir", str(exp), "--no-progress"]
     [(rc, stdout, stderr)] = finish([start(cmd)])
     log = stdout[-3000:] + stderr[-3000:]

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch.distributed as dist
 
-import shard_worker as w
+from helpers import shard_worker as w
 from mtlab.base.batching import collate
 from mtlab.data import load_split
 from mtlab.data.shardwriter import write_shards
 from mtlab.tasks.sampling import BatchStream, derived_seed
-from test_distributed import assert_params_close, spawn
+from helpers.distributed import assert_params_close, spawn
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]

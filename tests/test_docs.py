@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.paths import REPO
 
 import mtlab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PACKAGE = ROOT / "mtlab"
 # Packages whose __all__ the API pages list name by name (scripts/mkdocs_hooks.py NAMED_PACKAGES).
 NAMED = ("mtlab", "mtlab.models", "mtlab.data", "mtlab.separation", "mtlab.ui", "mtlab.nabu")
@@ -117,7 +118,7 @@ def test_rendered_tutorials_are_the_notebooks() -> None:
 
 @pytest.mark.slow
 def test_the_site_builds_strictly_with_an_entry_for_every_public_name() -> None:
-    from docs_site import built_site
+    from helpers.docs_site import built_site
 
     site = built_site()
     for pkg in NAMED:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mtlab
-from campaign import record
+from helpers.campaign import record
 from helpers import make_examples, make_models, task_a, task_b
 from mtlab.core.state import load_safe
 from mtlab.training.loop import Schedule, run

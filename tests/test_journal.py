@@ -250,7 +250,7 @@ def test_a_loop_with_lr_decay_validation_go_back_and_halved_lr_replays(monkeypat
 
 
 def test_a_staged_schedule_is_refused_by_replay_not_silently_rerun(monkeypatch):
-    from test_loop_stages import staged
+    from helpers.runs import staged
 
     tr, schedule = staged()
     mtlab.run(tr, schedule, progress=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
+from helpers.recipes import write_tiny_recipe
 
 from mtlab.apps.cli import main
 from mtlab.core.journal import Journal

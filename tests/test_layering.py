@@ -8,10 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.paths import MTLAB
 
 from mtlab._layers import LAYERS, layer_of
 
-PACKAGE = Path(__file__).resolve().parents[1] / "mtlab"
+PACKAGE = MTLAB
 
 # The layers are the folders of mtlab/, in the order mtlab/_layers.py gives; top-level files (__init__,
 # __main__, _layers) are the package's entry and sit above every layer.

@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import assert_grads_reach_weights_and_valid_frames
 from torch import Tensor, nn
+from helpers.paths import NABU_RECIPES
 
 from mtlab.base.errors import ConfigError
 from mtlab.models import BLSTM, BRNN, LeakyBLSTM, build_model
@@ -224,7 +225,7 @@ leak_factor = 0.5
 
 
 def model_recipe(folder: Path, main: str) -> Path:
-    from test_nabu_import import MODEL, write_recipe
+    from helpers.nabu import MODEL, write_recipe
 
     start, end = MODEL.index("[main]"), MODEL.index("[outlayer]")
     return write_recipe(folder, **{"model.cfg": MODEL[:start] + main + MODEL[end:]})
@@ -289,7 +290,7 @@ def test_malformed_leaky_settings_are_errors(tmp_path: Path, old: str, new: str,
     assert str(folder / "model.cfg") in str(err.value)
 
 
-RECIPES = Path(__file__).resolve().parents[2] / "shared" / "nabu" / "config" / "recipes"
+RECIPES = NABU_RECIPES
 
 
 @pytest.mark.skipif(not RECIPES.is_dir(), reason="the original's recipes are not next to this checkout")

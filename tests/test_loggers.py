@@ -13,12 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from helpers.paths import REPO, TESTS
 
 import mtlab
 from mtlab.base.errors import ConfigError
 from mtlab.training.loggers import CSVLogger, LoggerGroup, make
 
-REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "data_samples"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -213,7 +213,7 @@ def test_trackio_local_store_reads_back(corpus: Path, tmp_path: Path) -> None:
     pytest.importorskip("trackio", reason="trackio comes with the loggers extra")
     script = textwrap.dedent(f"""
         import json, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(TESTS)!r}]  # this file and the helpers
         import torch
         torch.set_num_threads(1)
         from pathlib import Path
@@ -327,7 +327,7 @@ def test_recipe_log_key_chooses_the_loggers_and_names_a_bad_one(corpus: Path, tm
 
 def test_a_buffering_logger_adds_no_host_read_to_the_step(tmp_path: Path) -> None:
     from helpers import make_examples, make_models, task_a, task_b
-    from test_sync_free import no_host_reads
+    from helpers.trainers import no_host_reads
 
     ex = make_examples(24, 3)
     trainer = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex, weight=0.5)], clip_grad_value=0.5,

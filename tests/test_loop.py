@@ -2,61 +2,20 @@
 
 from __future__ import annotations
 
-import math
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from helpers import make_examples, make_models, script_validations, task_a, task_b
-from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: F401 (fixtures)
+from helpers import make_examples, script_validations
+from helpers.recipes import write_tiny_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-import mtlab
 from mtlab.core.state import load_safe
 from mtlab.training.loop import Schedule, run
 from mtlab.apps.recipe import from_recipe, load
-
-
-def plain(nonfinite: str = "raise", clean: list | None = None) -> mtlab.Trainer:
-    ex = make_examples(30, 3)
-    tr = mtlab.Trainer(make_models(), [task_a((clean or ex, ex)), task_b(ex)], lr=1e-2, clip_grad_value=1.0,
-                       device="cpu", nonfinite=nonfinite)
-    for task in tr.tasks.values():
-        for ls in task.linkedsets.values():
-            ls.valid = ex[:6]
-    return tr
-
-
-def script(trainer: mtlab.Trainer, values: list[float]) -> list[int]:
-    """Make every validation return the next value of ``values`` (for every task and linked set)."""
-    seen: list[int] = []
-
-    def evaluate_totals(task: str, linkedset: str, num_batches: int | None = None,
-                        examples: Any = None) -> tuple[float, float]:
-        if (task, linkedset) == ("a", "clean"):
-            seen.append(trainer.step_count)
-        return values[len(seen) - 1], 1.0
-
-    trainer.evaluate_totals = evaluate_totals  # type: ignore[method-assign]
-    return seen
-
-
-def assert_same(a: Any, b: Any, where: str = "state") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), f"{where}: {a!r} != {b!r}"
+from helpers.runs import assert_same, plain, script
 
 
 def test_lr_follows_the_formula_and_valid_adapt_halves_it() -> None:

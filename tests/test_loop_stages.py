@@ -2,35 +2,27 @@
 
 from __future__ import annotations
 
-import copy
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import make_models, task_a
-from test_loop import assert_same
-from test_recipe import TINY_TOML, tiny_corpus  # noqa: F401 (fixture)
+from helpers.runs import assert_same
+from helpers.recipes import TINY_TOML
 
 import mtlab
 from mtlab.base.errors import ConfigError
 from mtlab.training.loop import Schedule, run
 from mtlab.apps.recipe import from_recipe, load
 from mtlab.tasks.sampling import BatchStream, SegmentedExamples, trainset_fraction
+from helpers.runs import LENGTHS, STAGES, staged, utterances
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-LENGTHS = [10, 7, 3, 25, 4, 12]
 # Cut into 5-frame segments: 10 -> 2, 7 -> 1 (2 frames dropped), 3 -> 1 (shorter: whole), 25 -> 5, 4 -> 1, 12 -> 2.
 SEGMENTS = [(0, 0, 5), (0, 5, 5), (1, 0, 5), (2, 0, 3), (3, 0, 5), (3, 5, 5), (3, 10, 5), (3, 15, 5), (3, 20, 5),
             (4, 0, 4), (5, 0, 5), (5, 5, 5)]
-
-
-def utterances(seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    return [{"x": torch.randn(n, 4, generator=g, dtype=torch.float64), "y": torch.randint(0, 5, (n,), generator=g),
-             "spk": torch.tensor(i % 3)} for i, n in enumerate(LENGTHS)]
 
 
 def test_segments_are_the_originals_cuts() -> None:
@@ -57,19 +49,6 @@ def test_trainset_frac_keeps_the_head_of_the_list() -> None:
         trainset_fraction(ex, 0.1)  # int(0.6) = 0 utterances
     with pytest.raises(ConfigError, match="trainset_frac"):
         trainset_fraction(ex, 1.5)
-
-
-STAGES = [{"segment_length": 5, "batch_size": 2, "numbatches_to_aggregate": 2, "initial_learning_rate": 0.01,
-           "learning_rate_decay": 0.5},
-          {"segment_length": "full", "batch_size": 3, "numbatches_to_aggregate": 1, "initial_learning_rate": 0.005}]
-
-
-def staged(stages: list[dict[str, Any]] = STAGES, **settings: Any) -> tuple[mtlab.Trainer, Schedule]:
-    ex = utterances()
-    tr = mtlab.Trainer(make_models(), [task_a((ex, ex))], lr=1e-2, device="cpu")
-    for ls in tr.tasks["a"].linkedsets.values():
-        ls.valid = ex[:4]
-    return tr, Schedule.for_trainer(tr, {"stages": copy.deepcopy(stages), "num_epochs": 1.0, **settings})
 
 
 def test_stages_switch_data_settings_lr_and_optimizer(monkeypatch: pytest.MonkeyPatch) -> None:

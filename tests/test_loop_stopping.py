@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_loop import assert_same, plain, script
+from helpers.runs import assert_same, plain, script
 
 import mtlab
 from mtlab.core.state import load_safe

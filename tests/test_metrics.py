@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers.paths import TESTS
 
 from mtlab.data import data_samples_dir, read_list, read_wav
 from mtlab.base.errors import BatchError, ConfigError
@@ -61,12 +62,12 @@ def test_bss_sdr_returns_in_a_fresh_process() -> None:
     import subprocess
 
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import test_metrics as T; from mtlab.separation import metrics as M; "
+        "import sys; sys.path[:0] = sys.argv[1:]; import test_metrics as T; from mtlab.separation import metrics as M; "
         "import torch; torch.set_num_threads(1); torch.set_num_threads(2); "  # as `mtlab train --threads` and the tests do
         "_, mix, refs = T.dev_utterance(0); print(M.sdr(T.degraded(refs, 1), refs).tolist())"
     )
     try:
-        done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(TESTS)], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         pytest.fail("M.sdr did not return within 60 s in a fresh process (a LAPACK deadlock)")
     assert done.returncode == 0, done.stderr

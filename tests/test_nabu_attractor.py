@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.paths import NABU_RECIPES
 
 from mtlab.models import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-DANET = Path(__file__).resolve().parents[2] / "shared" / "nabu" / "config" / "recipes" / "papers" / \
+DANET = NABU_RECIPES / "papers" / \
     "Journal_paper_reset_LSTM_2020" / "MERL_DANet_Drude2018_statereset_2spk"
 
 

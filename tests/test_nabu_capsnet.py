@@ -9,63 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.paths import NABU_RECIPES
 
 from mtlab.base.errors import ConfigError
 from mtlab.models import CapsNet, build_model
 from mtlab.nabu import import_nabu
+from helpers.nabu_oracles import original_bidirectional, original_capsnet, original_rec_capsule_cell, original_rnn_linear_out, original_squash
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-# ---------------------------------------------------------------- the original, op by op in numpy
-def original_squash(s: np.ndarray, epsilon: float = 1e-7) -> np.ndarray:
-    """``ops.squash(s, axis=-1, epsilon=1e-7)``."""
-    squared_norm = np.sum(np.square(s), axis=-1, keepdims=True)
-    sn = np.sqrt(squared_norm + epsilon)
-    squash_factor = squared_norm / (1.0 + squared_norm)
-    squash_factor = squash_factor / sn
-    return squash_factor * s
-
-
-def original_softmax(logits: np.ndarray) -> np.ndarray:
-    """``tf.nn.softmax`` (last axis)."""
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def original_capsule(inputs: np.ndarray, kernel: np.ndarray, init_logits: np.ndarray, routing_iters: int
-                     ) -> np.ndarray:
-    """``layer.Capsule.call``: ``predict`` (map_fn of tensordot over the input capsules, logits tiled over the
-    shared axes) then ``cluster`` (a while_loop of ``routing_iters`` bodies, then m_step and squash)."""
-    rank = inputs.ndim
-    shared = rank - 2
-    x = np.transpose(inputs, [shared, *range(shared), rank - 1])  # input capsules first
-    predictions = np.stack([np.tensordot(x[i], kernel[i], axes=[[shared], [0]]) for i in range(x.shape[0])])
-    predictions = np.transpose(predictions, [*range(1, shared + 1), 0, rank - 1, rank])  # [..., Nin, Nout, Dout]
-    logits = init_logits
-    for i in range(shared):
-        logits = np.tile(logits[None], [predictions.shape[shared - i - 1]] + [1] * logits.ndim)
-
-    def m_step(l: np.ndarray) -> np.ndarray:
-        w = original_softmax(l)
-        return np.sum(w[..., None] * predictions, axis=-3)
-
-    for _ in range(routing_iters):
-        caps = original_squash(m_step(logits))
-        similarity = np.sum(predictions * caps[..., None, :, :], axis=-1)
-        logits = logits + similarity
-    return original_squash(m_step(logits))
-
-
-def original_capsnet(inputs: np.ndarray, dense_kernel: np.ndarray, kernels: list[np.ndarray],
-                     logits: list[np.ndarray], num_capsules: int, capsule_dim: int, routing_iters: int) -> np.ndarray:
-    """``CapsNet._get_outputs`` in test mode: dense (no bias), reshape, squash, the capsule layers, reshape."""
-    b, t = inputs.shape[:2]
-    primary = np.tensordot(inputs, dense_kernel, axes=[[2], [0]]).reshape(b, t, num_capsules, capsule_dim)
-    output = original_squash(primary)
-    for kernel, init in zip(kernels, logits):
-        output = original_capsule(output, kernel, init, routing_iters)
-    return output.reshape(b, t, num_capsules * capsule_dim)
 
 
 def tf_weights(model: CapsNet) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
@@ -197,8 +148,8 @@ dropout = 1.0
 
 def capsnet_recipe(folder: Path, main: str = MAIN) -> Path:
     """The test recipe of test_nabu_import with SS/CapsNet/MERL_DC_2spk's one deep-clustering task and model."""
-    from test_nabu_cnn import TASK
-    from test_nabu_import import TRAINER, write_recipe
+    from helpers.nabu import TASK
+    from helpers.nabu import TRAINER, write_recipe
 
     trainer = TRAINER.format(num_tries="3")
     trainer = trainer[:trainer.index("[task_dc]")].replace("tasks = task_dc task_pit", "tasks = task_2spk").replace(
@@ -267,7 +218,7 @@ def test_shrink_caps_the_capsules_and_the_output_layer_follows(tmp_path: Path) -
     assert models["outlayer"]["input_dim"] == 32 and models["outlayer"]["units"] == [2580]  # a task output
 
 
-RECIPES = Path(__file__).resolve().parents[2] / "shared" / "nabu" / "config" / "recipes"
+RECIPES = NABU_RECIPES
 
 
 @pytest.mark.skipif(not RECIPES.is_dir(), reason="the original's recipes are not next to this checkout")
@@ -292,56 +243,6 @@ def test_a_recipe_with_the_capsnet_trains_a_step(tmp_path: Path) -> None:
     before = [p.detach().clone() for p in net.parameters()]
     exp.trainer.step()
     assert all(not torch.equal(a, b) for a, b in zip(before, net.parameters()))
-
-
-# ---------------------------------------------------------------- dbr_capsnet: the recurrent capsule network
-def original_rnn_linear_out(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """``RNNCellLinearOut`` over one sequence [t, in]: output ``[x, h] W + b``, state its tanh."""
-    h = np.zeros(kernel.shape[1])
-    out = []
-    for frame in x:
-        gate_inputs = np.concatenate([frame, h]) @ kernel + bias
-        out.append(gate_inputs)
-        h = np.tanh(gate_inputs)
-    return np.array(out)
-
-
-def original_rec_capsule_cell(inputs: np.ndarray, state: np.ndarray, w: dict, routing_iters: int,
-                              rec_only_vote: bool, probability: str, acc_in: bool, acc_state: bool) -> np.ndarray:
-    """``RecCapsuleCell.call`` / ``RecCapsuleCellRecOnlyVote.call`` for one frame of one sequence (shared axes
-    none): predict with einsum 'wx,wxyz->wyz', logits from the init variables, the while loop, the final m step."""
-    u = np.einsum("wx,wxyz->wyz", inputs, w["input_kernel"])
-    v = np.einsum("wx,wxyz->wyz", state, w["recurrent_kernel"])
-    init_in, init_state = w["init_input_logits"], w["init_recurrent_logits"]
-
-    def rec_prob(l: np.ndarray) -> np.ndarray:
-        return 1 / (1 + np.exp(-l)) if probability == "sigmoid" else np.ones_like(l)
-
-    def m_step(in_l: np.ndarray, state_l: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        in_caps = np.sum(original_softmax(in_l)[..., None] * u, -3)
-        state_caps = np.sum(rec_prob(state_l)[..., None] * v, -3)
-        return in_caps + state_caps, in_caps, state_caps
-
-    in_l, state_l = init_in, init_state
-    for _ in range(routing_iters):
-        caps = original_squash(m_step(in_l, state_l)[0])
-        in_sim = np.sum(u * caps[None], -1)
-        state_sim = np.sum(v * caps[None], -1)
-        if not rec_only_vote:  # RecCapsuleCell's body always accumulates
-            in_l, state_l = in_l + in_sim, state_l + state_sim
-        else:
-            in_l = in_l + in_sim if acc_in else in_sim + init_in
-            state_l = state_l + state_sim if acc_state else state_sim + init_state
-    caps, in_caps, _ = m_step(in_l, state_l)
-    return original_squash(in_caps if rec_only_vote else caps)
-
-
-def original_bidirectional(x: np.ndarray, length: int, run_fw, run_bw) -> np.ndarray:  # type: ignore[no-untyped-def]
-    """``bidirectional_dynamic_rnn`` on one padded sequence: each direction over its first ``length`` frames (the
-    backward one reversed), zeros after, outputs joined on the first axis after time."""
-    fw, bw = run_fw(x[:length]), run_bw(x[:length][::-1])[::-1]
-    out = np.concatenate([fw, bw], axis=1)
-    return np.concatenate([out, np.zeros((x.shape[0] - length, *out.shape[1:]))])
 
 
 def original_dbr_capsnet(x: np.ndarray, lengths: list[int], model: torch.nn.Module, settings: dict) -> np.ndarray:

@@ -9,7 +9,7 @@ import pytest
 
 from mtlab.apps.cli import main
 from mtlab.nabu import import_nabu, make_sample_root
-from test_nabu_import import replace_in, write_recipe
+from helpers.nabu import replace_in, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

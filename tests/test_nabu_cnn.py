@@ -9,71 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.paths import NABU_RECIPES
 
 from mtlab.base.errors import BatchError, ConfigError
 from mtlab.models import Concat, EncoderDecoderCNN, build_model
 from mtlab.nabu import import_nabu
+from helpers.nabu_oracles import oracle
+from helpers.nabu import TASK
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-# ------------------------------------------------------------------ the oracle: numpy, [T, F, C] per utterance
-def conv2d_same(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """``tf.layers.conv2d(padding='same', strides=1)``: kernel ``[kt, kf, in, out]``; ``same`` pads
-    ``k - 1`` zeros per axis, ``(k - 1) // 2`` of them before."""
-    kt, kf = kernel.shape[:2]
-    T, Fr = x.shape[:2]
-    padded = np.zeros((T + kt - 1, Fr + kf - 1, x.shape[2]))
-    padded[(kt - 1) // 2:(kt - 1) // 2 + T, (kf - 1) // 2:(kf - 1) // 2 + Fr] = x
-    out = np.zeros((T, Fr, kernel.shape[3]))
-    for a in range(kt):
-        for b in range(kf):
-            out += padded[a:a + T, b:b + Fr] @ kernel[a, b]
-    return out + bias
-
-
-def conv2d_transpose_same(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, strides: list[int]) -> np.ndarray:
-    """``tf.layers.conv2d_transpose(padding='same')``: kernel ``[kt, kf, out, in]``; the gradient of a ``same``
-    convolution of the ``size * stride`` output: input ``o`` adds ``kernel[a]`` at ``o * stride + a - pad``,
-    ``pad = max(k - stride, 0) // 2``."""
-    (st, sf), (kt, kf) = strides, kernel.shape[:2]
-    T, Fr = x.shape[:2]
-    full = np.zeros(((T - 1) * st + kt, (Fr - 1) * sf + kf, kernel.shape[2]))  # every o * stride + a
-    for a in range(kt):
-        for b in range(kf):
-            full[a:a + (T - 1) * st + 1:st, b:b + (Fr - 1) * sf + 1:sf] += x @ kernel[a, b].T
-    pt, pf = max(kt - st, 0) // 2, max(kf - sf, 0) // 2
-    out = np.zeros((T * st, Fr * sf, kernel.shape[2]))
-    kept = full[pt:pt + T * st, pf:pf + Fr * sf]
-    out[:kept.shape[0], :kept.shape[1]] = kept
-    return out + bias
-
-
-def max_pool_valid(x: np.ndarray, pool: list[int]) -> np.ndarray:
-    """``tf.layers.max_pooling2d(pool, strides=pool, padding='valid')``: an incomplete last window dropped."""
-    T, Fr = x.shape[0] // pool[0], x.shape[1] // pool[1]
-    out = np.zeros((T, Fr, x.shape[2]))
-    for t in range(T):
-        for f in range(Fr):
-            out[t, f] = x[t * pool[0]:(t + 1) * pool[0], f * pool[1]:(f + 1) * pool[1]].max(axis=(0, 1))
-    return out
-
-
-def max_pool_grad(pool_input: np.ndarray, grad: np.ndarray, pool: list[int]) -> np.ndarray:
-    """The original's ``unpool``: ``gen_nn_ops.max_pool_grad`` with ``grad`` as the pooled output's gradient,
-    VALID windows = strides: each value goes to its window's first maximum (row-major, as TensorFlow's CPU
-    kernel keeps the first of equal values), zero elsewhere and where no window reached."""
-    out = np.zeros_like(pool_input)
-    for t in range(grad.shape[0]):
-        for f in range(grad.shape[1]):
-            window = pool_input[t * pool[0]:(t + 1) * pool[0], f * pool[1]:(f + 1) * pool[1]]
-            first = np.argmax(window.reshape(-1, window.shape[2]), axis=0)  # row-major; argmax: the first maximum
-            a, b = np.unravel_index(first, window.shape[:2])
-            out[t * pool[0] + a, f * pool[1] + b, np.arange(grad.shape[2])] += grad[t, f]
-    return out
-
-
-ACT = {"relu": lambda v: np.maximum(v, 0), "tanh": np.tanh, "sigmoid": lambda v: 1 / (1 + np.exp(-v))}
 
 
 def tf_weights(model: EncoderDecoderCNN) -> dict[str, list]:
@@ -86,51 +30,6 @@ def tf_weights(model: EncoderDecoderCNN) -> dict[str, list]:
     return {"conv": [(npy(c.weight).transpose(2, 3, 1, 0), npy(c.bias)) for c in convs],
             "deconv": [(npy(c.weight).transpose(2, 3, 1, 0), npy(c.bias)) for c in model.decoder],
             "norm": [(npy(n.scale), npy(n.shift)) for n in norms]}
-
-
-def oracle(x: np.ndarray, w: dict[str, list], pools: list[list[int]], centre: int, bypass: str, activation: str,
-           layer_norm: bool) -> np.ndarray:
-    """One utterance ``[T, F]`` through the original's ``_get_outputs``, with ``bypass`` as its model.cfg value
-    (``'True'``, ``'False'``, ``'unpool'``)."""
-    act = ACT[activation]
-    norms = iter(w["norm"])
-
-    def layer_out(v: np.ndarray) -> np.ndarray:  # Conv2D: activation inside the conv, then batch_normalization
-        v = act(v)
-        if layer_norm:
-            gamma, beta = next(norms)
-            v = (v - 0.0) / np.sqrt(1.0 + 1e-3) * gamma + beta  # training=False: moving mean 0, variance 1
-        return v
-
-    inputs = x[:, :, None]  # tf.expand_dims(inputs, -1)
-    logits = inputs
-    n = len(pools)
-    encoder_outputs, before_pool = [], []
-    for l in range(n):
-        kernel, bias = w["conv"][l]
-        logits = layer_out(conv2d_same(logits, kernel, bias))
-        before_pool.append(logits)
-        logits = max_pool_valid(logits, pools[l])  # max_pool_filter [1, 1] (a list) still pools, as identity
-        encoder_outputs.append(logits)
-    for l in range(centre):
-        kernel, bias = w["conv"][n + l]
-        logits = layer_out(conv2d_same(logits, kernel, bias))
-    for l in range(n):
-        e = n - 1 - l
-        if bypass == "True" and (centre > 0 or l > 0):
-            decoder_input = np.concatenate([logits, encoder_outputs[e]], -1)
-        else:
-            decoder_input = logits
-        if bypass == "unpool" and pools[e] != [1, 1]:
-            decoder_input = max_pool_grad(before_pool[e], decoder_input, pools[e])
-        strides = [1, 1] if bypass == "unpool" else pools[e]
-        kernel, bias = w["deconv"][l]
-        logits = layer_out(conv2d_transpose_same(decoder_input, kernel, bias, strides))
-        wanted = inputs.shape if e == 0 else encoder_outputs[e - 1].shape
-        missing_t, missing_f = wanted[0] - logits.shape[0], wanted[1] - logits.shape[1]
-        logits = np.concatenate([logits, np.repeat(logits[-1:], missing_t, 0)], 0)
-        logits = np.concatenate([logits, np.repeat(logits[:, -1:], missing_f, 1)], 1)
-    return logits
 
 
 def original_kernels(first: list[float], fac: list[float], pools: list[list[int]]) -> list[list[int]]:
@@ -326,31 +225,11 @@ output_dims = 20
 input_noise = 0
 dropout = 1.0
 """
-TASK = """[task_2spk]
-loss_type = deepclustering_flat
-inputs = features
-outputs = bin_emb
-nodes = n0 n1 n2 n3 bin_emb
-n0_model = main
-n0_inputs = features
-n1_model = aux_lstm
-n1_inputs = features
-n2_model = concat
-n2_inputs = n0 n1
-n3_model = feedforward
-n3_inputs = n2
-bin_emb_model = outlayer
-bin_emb_inputs = n3
-features = {split}spec
-targets = binary_targets usedbins
-binary_targets = {split}targets
-usedbins = {split}usedbins
-"""
 
 
 def cnn_recipe(folder: Path, main: str = HYPER_MAIN) -> Path:
     """The test recipe of test_nabu_import with the hyper-parameter-search recipe's task and model graph."""
-    from test_nabu_import import TRAINER, write_recipe
+    from helpers.nabu import TRAINER, write_recipe
 
     trainer = TRAINER.format(num_tries="3")
     trainer = trainer[:trainer.index("[task_dc]")].replace("tasks = task_dc task_pit", "tasks = task_2spk").replace(
@@ -447,7 +326,7 @@ def test_shrink_caps_the_filters_and_the_sizes_that_follow(tmp_path: Path) -> No
     assert models["feedforward"]["input_dim"] == 8 + 16
 
 
-RECIPES = Path(__file__).resolve().parents[2] / "shared" / "nabu" / "config" / "recipes"
+RECIPES = NABU_RECIPES
 
 
 @pytest.mark.skipif(not RECIPES.is_dir(), reason="the original's recipes are not next to this checkout")

@@ -6,14 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers.paths import NABU_RECIPES, RECIPES
 
 from mtlab.base.errors import ConfigError
 from mtlab.apps.settings import load_trainer_cfg
 
-RECIPES = Path("/work/shared/nabu/config/recipes")
-if not RECIPES.is_dir():  # the original's recipes next to the repository (CI checks them out there)
-    RECIPES = Path(__file__).resolve().parents[2] / "shared" / "nabu" / "config" / "recipes"
-needs_recipes = pytest.mark.skipif(not RECIPES.is_dir(), reason="the original's recipe folders are not here")
+needs_recipes = pytest.mark.skipif(not NABU_RECIPES.is_dir(), reason="the original's recipe folders are not here")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -36,7 +34,7 @@ def test_trainer_cfg_of_the_original_is_read(tmp_path: Path) -> None:
 
 @needs_recipes
 def test_every_original_trainer_cfg_is_read() -> None:
-    files = sorted(RECIPES.rglob("trainer.cfg"))
+    files = sorted(NABU_RECIPES.rglob("trainer.cfg"))
     assert len(files) == 60
     for path in files:
         cfg = load_trainer_cfg(path)
@@ -91,7 +89,7 @@ def test_mask_head_then_pit_softmax_is_refused() -> None:
     from mtlab.models import build_model
     from mtlab.separation.checks import check_mask_activation
 
-    recipe = tomllib.loads((Path(__file__).resolve().parents[1] / "recipes" / "separation_pit.toml").read_text())
+    recipe = tomllib.loads((RECIPES / "separation_pit.toml").read_text())
     models = {name: build_model(spec.pop("type"), **spec) for name, spec in recipe["models"].items()}
     check_mask_activation(models, recipe["tasks"])  # as shipped: the loss's activation is "none"
     recipe["tasks"]["separation"]["loss"].pop("activation")  # the loss's default: softmax
@@ -105,7 +103,7 @@ def test_from_recipe_refuses_mask_head_then_pit_softmax() -> None:
 
     from mtlab.apps.recipe import from_recipe
 
-    recipe = tomllib.loads((Path(__file__).resolve().parents[1] / "recipes" / "separation_pit.toml").read_text())
+    recipe = tomllib.loads((RECIPES / "separation_pit.toml").read_text())
     recipe["tasks"]["separation"]["loss"]["activation"] = "softmax"
     with pytest.raises(ConfigError, match="two activations"):
         from_recipe(recipe)
@@ -115,7 +113,7 @@ def test_a_missing_mixtomask_processor_cfg_takes_the_documented_default(tmp_path
     """Three DANet recipes name a mixtomask_processor.cfg the repository lacks; every one it has is the same."""
     from mtlab.nabu import import_nabu
     from mtlab.nabu.database import DEFAULT_PROCESSORS
-    from test_nabu_import import write_recipe
+    from helpers.nabu import write_recipe
 
     folder = write_recipe(tmp_path / "MERL_TEST", **{"mixtomask_processor.cfg": None})
     recipe = import_nabu(folder, data_root="/data")
@@ -133,7 +131,7 @@ def test_a_missing_mixtomask_processor_cfg_takes_the_documented_default(tmp_path
 def test_the_danet_recipes_without_their_mixtomask_processor_import() -> None:
     from mtlab.nabu import import_nabu
 
-    folder = RECIPES / "papers" / "Journal_paper_reset_LSTM_2020"
+    folder = NABU_RECIPES / "papers" / "Journal_paper_reset_LSTM_2020"
     for name in ("MERL_DANet_statereset_2spk", "MERL_DANet_statereset_ivec10_2spk",
                  "MERL_DANet_Drude2018_statereset_2spk"):  # the third with its attractor layer
         recipe = import_nabu(folder / name, data_root="/data")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_nabu_import import PROC, replace_in, write_recipe
+from helpers.nabu import PROC, replace_in, write_recipe
 
 from mtlab.base.errors import ConfigError
 from mtlab.nabu import import_nabu, make_sample_root, plain_recipe

@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.paths import SCRIPTS
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "nabu_survey.py"
+SCRIPT = SCRIPTS / "nabu_survey.py"
 
 
 @pytest.mark.slow
 def test_only_surveys_the_recipes_whose_path_contains_a_pattern(tmp_path: Path) -> None:
-    from test_nabu_import import write_recipe
+    from helpers.nabu import write_recipe
 
     for name in ("SS/DBLSTM/MERL_A", "papers/X/MERL_B", "papers/Y/MERL_C"):
         write_recipe(tmp_path / name)

@@ -14,109 +14,10 @@ from mtlab.apps.cli import main
 from mtlab.base.errors import ConfigError
 from mtlab.nabu import import_nabu, make_sample_root
 from mtlab.nabu.evaluation import make_test_root, read_test
-from test_nabu_import import SECTIONS, replace_in, write_recipe
+from helpers.nabu import replace_in
+from helpers.nabu import write_test_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-TEST_EVALUATOR = """[evaluator]
-evaluator = multi_task
-tasks = task_dc task_pit
-segment_length = full
-
-[task_dc]
-requested_utts = 3
-batch_size = 2
-loss_type = deepclustering
-evaluator = task_loss_evaluator
-inputs = features
-outputs = bin_emb
-nodes = n0 bin_emb
-n0_model = main
-n0_inputs = features
-bin_emb_model = outlayer
-bin_emb_inputs = n0
-features = testspec
-targets = binary_targets usedbins
-binary_targets = testtargets
-usedbins = testusedbins
-
-[task_pit]
-requested_utts = 2
-batch_size = 2
-loss_type = pit_sig
-evaluator = task_loss_evaluator
-inputs = features
-outputs = bin_est
-nodes = n0 hidden cat bin_est
-n0_model = main
-n0_inputs = features
-hidden_model = ff
-hidden_inputs = features
-cat_model = concat
-cat_inputs = n0 hidden
-bin_est_model = pitlayer
-bin_est_inputs = cat
-targets = multi_targets mix_to_mask
-features = testspec
-multi_targets = testmultitargets
-mix_to_mask = testmixtomask
-"""
-
-RECONSTRUCTOR = """[task_dc]
-reconstruct_type = deepclustering
-org_mix = testorgmix
-usedbins = testusedbins
-nrs = 2
-store_output = False
-
-[task_pit]
-reconstruct_type = stackedmasks
-org_mix = testorgmix
-nrs = 2
-activation = sigmoid
-store_output = True
-"""
-
-SCORER = """[task_dc]
-score_type = sdr
-org_src = testorgsrc
-base = testbase
-spkinfo = testspkinfo
-
-[task_pit]
-score_type = sdr
-org_src = testorgsrc
-base = testbase
-spkinfo = testspkinfo
-"""
-
-REC_PROC = """[processor]
-processor = audio_signal_processor
-feature = spec
-winlen = 0.032
-winstep = 0.008
-winfunc = cosine
-nfft = 256
-"""
-
-
-def write_test_recipe(folder: Path) -> Path:
-    folder = write_recipe(folder, **{"test_evaluator.cfg": TEST_EVALUATOR, "reconstructor.cfg": RECONSTRUCTOR,
-                                     "scorer.cfg": SCORER, "rec_processor.cfg": REC_PROC})
-    root = "/esat/corpora/wsjMix/data/2speakers/wav8k/min/tt"
-    extra = []
-    for name, (_, listing, proc) in SECTIONS.items():
-        if name.startswith("dev") and name != "devspec" or name == "devspec":
-            test = "test" + name[3:]
-            extra += [f"[{test}]", f"datafiles = {root}/{listing}", f"processor_config = {proc}", ""]
-    extra += ["[testorgmix]", f"datafiles = {root}/mix_wav.scp", "processor_config = rec_processor.cfg", "",
-              "[testorgsrc]", f"datafiles = {root}/allS_wav.scp", "", "[testbase]", f"datafiles = {root}/mix_wav.scp",
-              "", "[testspkinfo]", f"datafiles = {root}/utt_spkinfo.txt", ""]
-    with (folder / "database.conf").open("a") as f:
-        f.write("\n" + "\n".join(extra))
-    replace_in(folder, "trainer.cfg", "init_file = /models/previous/network.ckpt", "")
-    replace_in(folder, "trainer.cfg", "valid_frequency = 5", "valid_frequency = 0")  # keep the run short
-    return folder
 
 
 def test_reading_the_test_configs_and_refusals(tmp_path: Path) -> None:
@@ -217,7 +118,7 @@ def test_postprocessors_are_noted_and_a_filled_folder_is_kept(tmp_path: Path) ->
 
 def test_each_test_task_gets_its_vector_list_in_a_shared_folder(tmp_path: Path) -> None:
     """Two test tasks read i-vectors of the same test folder from two lists (given and estimated ones)."""
-    from test_nabu_ivectors import ROOT, SECTIONS, TASK, write_ivec_recipe
+    from helpers.nabu_ivectors import ROOT, SECTIONS, TASK, write_ivec_recipe
 
     folder = write_ivec_recipe(tmp_path / "IVEC")
     db = []

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_nabu_import import replace_in, write_recipe
+from helpers.nabu import replace_in, write_recipe
 
 from mtlab.apps.cli import main
 from mtlab.apps.recipe import from_recipe, load_initial_weights
@@ -21,42 +21,11 @@ from mtlab.models import build_model
 from mtlab.nabu import import_nabu, make_sample_root
 from mtlab.nabu.tf_checkpoint import CheckpointFormatError, TFCheckpoint
 from mtlab.nabu.tf_convert import convert_checkpoint, convert_models
+from helpers.tf_fixtures import FIXTURE, FIXTURE_PREFIX, F, H, fixture_values
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FIXTURE_PREFIX = Path(__file__).resolve().parent / "nabu_tf_fixture" / "original.ckpt"
-F, H = 129, 2  # the recipe's feature size; every recurrent layer has 2 units per direction
 
-
-def _cells(model: str, cell: str, dims: list[int], keys: dict[str, int]) -> dict[str, tuple[int, ...]]:
-    """The original's names for a bidirectional recurrent model: ``keys`` maps a variable to its columns,
-    its rows are the layer's input (``+ H`` for a kernel that also reads the previous output)."""
-    out = {}
-    for layer, d in enumerate(dims):
-        for direction in ("fw", "bw"):
-            scope = f"{model}/layer{layer}/bidirectional_rnn/{direction}/{cell}"
-            for key, cols in keys.items():
-                rows = d + H if key == "kernel" and cell != "notrec" else d
-                out[f"{scope}/{key}"] = (rows, cols) if key.startswith("kernel") else (cols,)
-    return out
-
-
-# name -> shape, in the order TensorFlow wrote them (the values come from ``fixture_values``)
-FIXTURE: dict[str, tuple[int, ...]] = {
-    **_cells("main", "layer_norm_basic_lstm_cell", [F, 2 * H], {"kernel": 4 * H, "bias": 4 * H}),
-    "main/layer1/bidirectional_rnn/fw/layer_norm_basic_lstm_cell/kernel/Adam": (2 * H + H, 4 * H),
-    "outlayer/fully_connected/weights": (2 * H, 129 * 3), "outlayer/fully_connected/biases": (129 * 3,),
-    "ff/fully_connected/weights": (F, 2), "ff/fully_connected/biases": (2,),
-    "ff/fully_connected_1/weights": (2, 2), "ff/fully_connected_1/biases": (2,),
-    "pitlayer/fully_connected/weights": (2 * H + 2, 258), "pitlayer/fully_connected/biases": (258,),
-    **_cells("leaky", "layer_norm_basic_leak_lstm_cell", [3, 2 * H], {"kernel": 4 * H, "bias": 4 * H}),
-    **_cells("leakyiz", "layer_norm_iz_not_rec_leak_lstm_cell", [3],
-             {"kernel": 2 * H, "bias": 2 * H, "kernel_inonly": 2 * H, "bias_inonly": 2 * H}),
-    **_cells("leakynotrec", "notrec", [3], {"kernel": 4 * H, "bias": 4 * H}),
-    **_cells("reset", "layer_norm_reset_lstm_cell", [3], {"kernel": 4 * H, "bias": 4 * H}),
-    **_cells("brnn", "basic_rnn_cell", [3], {"kernel": H, "bias": H}),
-    "global_step": (),
-}
 
 # the recipe of test_nabu_import with 2-unit models, whose names and sizes the fixture's variables have
 SMALL_MODEL = """[hyper]
@@ -94,18 +63,6 @@ output_dims = 258
 input_noise = 0
 dropout = 1.0
 """
-
-
-def fixture_values() -> dict[str, np.ndarray]:
-    """The fixture's values, a deterministic function of each variable's position (no RNG to drift)."""
-    out: dict[str, np.ndarray] = {}
-    for k, (name, shape) in enumerate(FIXTURE.items()):
-        if name == "global_step":
-            out[name] = np.array(1234, dtype=np.int64)
-            continue
-        n = int(np.prod(shape))
-        out[name] = (0.6 * np.sin(0.7 * np.arange(n) + k)).astype(np.float32).reshape(shape)
-    return out
 
 
 # ------------------------------------------------------------------ the oracles: the original's cells in numpy

@@ -16,25 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_nabu_capsnet import (
-    original_bidirectional,
-    original_capsnet,
-    original_rec_capsule_cell,
-    original_rnn_linear_out,
-    original_squash,
-)
-from test_nabu_cnn import oracle as original_cnn
-from test_nabu_tf_checkpoint import FIXTURE_PREFIX, fixture_values
-from tf_bundle import write_bundle
+from helpers.nabu_oracles import original_bidirectional, original_capsnet, original_rec_capsule_cell, original_rnn_linear_out, original_squash
+from helpers.nabu_oracles import oracle as original_cnn
+from helpers.tf_fixtures import FIXTURE_PREFIX, fixture_values
+from helpers.tf_bundle import write_bundle
 
 from mtlab.base.errors import ConfigError
 from mtlab.models import build_model
 from mtlab.nabu.tf_checkpoint import TFCheckpoint
 from mtlab.nabu.tf_convert import convert_models
+from helpers.tf_fixtures import MODELS_FIXTURE, MODELS_PREFIX, models_fixture_values
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-MODELS_PREFIX = Path(__file__).resolve().parent / "nabu_tf_fixture" / "models.ckpt"
 
 # mtlab specs of the fixture's models, as the importer maps their model.cfg sections
 SPECS = {
@@ -47,58 +41,6 @@ SPECS = {
                 "routing_iters": 2, "rec_only_vote": True, "recurrent_probability": "sigmoid",
                 "accumulate_input_logits": True, "accumulate_state_logits": False},
 }
-
-
-def _conv(scope: str, op: str, kt: int, kf: int, a: int, b: int, norm: bool) -> dict[str, tuple[int, ...]]:
-    """One ``layer.Conv2D`` under ``scope``: its ``tf.layers`` kernel (``[kt, kf, in, out]`` for conv2d,
-    ``[kt, kf, out, in]`` transposed: ``a, b``) and bias, and its ``batch_normalization`` (outside ``Conv2D``)."""
-    out = b if op == "conv2d" else a
-    names = {f"{scope}/Conv2D/{op}/kernel": (kt, kf, a, b), f"{scope}/Conv2D/{op}/bias": (out,)}
-    if norm:
-        names.update({f"{scope}/batch_normalization/{k}": (out,) for k in ("gamma", "beta", "moving_mean",
-                                                                        "moving_variance")})
-    return names
-
-
-def _brnn(scope: str, cell: str, keys: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    return {f"{scope}/bidirectional_rnn/{d}/{cell}/{k}": s for d in ("fw", "bw") for k, s in keys.items()}
-
-
-# name -> shape, in the order written (values: ``models_fixture_values``)
-MODELS_FIXTURE: dict[str, tuple[int, ...]] = {
-    # encoder: 1 -> 2 -> 3 channels; decoder: 3 -> 2, then (2 + 2 bypassed) -> 2
-    **_conv("cnn/encoder/layer_0", "conv2d", 3, 3, 1, 2, True),
-    **_conv("cnn/encoder/layer_1", "conv2d", 3, 2, 2, 3, True),
-    **_conv("cnn/decoder/layer_0", "conv2d_transpose", 3, 2, 2, 3, True),
-    **_conv("cnn/decoder/layer_1", "conv2d_transpose", 3, 3, 2, 4, True),
-    "cnn/encoder/layer_0/Conv2D/conv2d/kernel/Adam": (3, 3, 1, 2),
-    "cnn/decoder/layer_1/batch_normalization/beta/Adam_1": (2,),
-    "caps/primary_capsule/dense/kernel": (5, 6),
-    **{f"caps/layer{l}/capsule/{k}": s for l in (1, 2) for k, s in (("kernel", (3, 2, 3, 2)), ("init_logits", (3, 3)))},
-    "caps/layer1/capsule/kernel/Adam": (3, 2, 3, 2),
-    **_brnn("dbrcaps/primary_capsule/BRNNLayer", "rnn_cell_linear_out", {"kernel": (8, 4), "bias": (4,)}),
-    **_brnn("dbrcaps/layer1/BRCapsuleLayer", "rec_capsule_cell_rec_only_vote",
-            {"input_kernel": (4, 2, 2, 2), "recurrent_kernel": (2, 2, 2, 2), "init_input_logits": (4, 2),
-             "init_recurrent_logits": (2, 2)}),
-    "beta1_power": (), "global_step": (),
-}
-
-
-def models_fixture_values() -> dict[str, np.ndarray]:
-    """Deterministic values per position; the moving statistics as the original leaves them (0 and 1: its
-    ``batch_normalization`` runs without ``training``, so they are never updated)."""
-    out: dict[str, np.ndarray] = {}
-    for k, (name, shape) in enumerate(MODELS_FIXTURE.items()):
-        if name == "global_step":
-            out[name] = np.array(4321, dtype=np.int64)
-        elif name.endswith("moving_mean"):
-            out[name] = np.zeros(shape, np.float32)
-        elif name.endswith("moving_variance"):
-            out[name] = np.ones(shape, np.float32)
-        else:
-            n = int(np.prod(shape))
-            out[name] = (0.5 * np.sin(0.9 * np.arange(n) + 1.3 * k)).astype(np.float32).reshape(shape)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_nabu_import import replace_in
-from test_nabu_test import write_test_recipe
+from helpers.nabu import replace_in
+from helpers.nabu import write_test_recipe
 
 from mtlab.base.errors import ConfigError
 from mtlab.nabu.evaluation import read_test

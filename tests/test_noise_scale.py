@@ -9,7 +9,7 @@ from torch import nn
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
-from test_sync_free import no_host_reads
+from helpers.trainers import no_host_reads
 
 
 def oracle(models: dict[str, nn.Module], plan, batches, weights):  # noqa: ANN001

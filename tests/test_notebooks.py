@@ -6,13 +6,13 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.paths import NOTEBOOKS, REPO
 
 nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
 nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
 pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
 pytest.importorskip("ipywidgets", reason="the notebooks need mtlab[notebook]: pip install 'mtlab[notebook]'")
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 
 
@@ -44,7 +44,7 @@ def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_pretrained_separator_ships_small_with_its_scores():
     from mtlab.separation.pretrained import WEIGHTS, pretrained_info
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     assert WEIGHTS.stat().st_size <= 5_000_000
     info = pretrained_info()
     assert info["steps"] > 0 and info["dev_si_sdri"] > 3 and info["test_si_sdri"] > 3

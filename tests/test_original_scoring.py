@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers.paths import SHARED_NABU
 
 from mtlab.nabu.evaluation import _write_wav, original_summary, read_spkinfo
 from mtlab.separation.metrics import bss_eval, order_by_mean_sir, score
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ORIGINAL = Path(__file__).resolve().parents[3] / "shared" / "nabu" / "nabu" / "postprocessing" / "scorers"
+ORIGINAL = SHARED_NABU / "nabu" / "postprocessing" / "scorers"
 FUNCTIONS = ("validate", "_any_source_silent", "bss_eval_sources", "_bss_decomp_mtifilt", "_project",
              "_bss_source_crit", "_safe_db")
 

@@ -265,7 +265,7 @@ def test_precision_settings_are_checked():
 # ---------------------------------------------------------------- recipe key and command-line flag
 from pathlib import Path  # noqa: E402
 
-from test_recipe import tiny_corpus, write_tiny_recipe  # noqa: E402,F401 (fixture)
+from helpers.recipes import write_tiny_recipe
 
 from mtlab.apps.cli import main  # noqa: E402
 from mtlab.apps.recipe import from_recipe, load_recipe  # noqa: E402

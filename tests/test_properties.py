@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from torch import nn
 
 import mtlab
-from campaign import record
+from helpers.campaign import record
 from helpers import make_examples, make_models, task_a, task_b
 
 EX = make_examples(16, 21)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib
 import json
-from pathlib import Path
 
 import pytest
+from helpers.paths import PUBLIC_API, REPO
 
 import mtlab
 
-RELEASE = json.loads((Path(__file__).parent / "public_api_0.2.json").read_text())  # {"": mtlab.__all__, "loop": [...]}
+RELEASE = json.loads(PUBLIC_API.read_text())  # {"": mtlab.__all__, "loop": [...]}
 SCHEDULE = "mtlab.training.schedule"
 # Names whose module was split in 0.3: (attribute of mtlab, name) -> the module that holds it now.
 MOVED = {
@@ -31,14 +31,14 @@ CASES = [(sub, name) for sub, names in RELEASE.items() for name in names]
 @pytest.mark.parametrize(("sub", "name"), CASES, ids=[f"{s or 'mtlab'}.{n}" for s, n in CASES])
 def test_public_name_of_the_last_release(sub: str, name: str) -> None:
     if (sub, name) in REMOVED:
-        changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
+        changelog = (REPO / "CHANGELOG.md").read_text()
         assert f"`{name}`" in changelog and f"`{REMOVED[(sub, name)]}`" in changelog, \
             f"the changelog does not say that {name} is gone and {REMOVED[(sub, name)]} replaces it"
         return
     if (sub, name) in MOVED:
         home = MOVED[(sub, name)]
         assert hasattr(importlib.import_module(home), name), f"{name} is not in {home}"
-        changelog = (Path(__file__).parents[1] / "CHANGELOG.md").read_text()
+        changelog = (REPO / "CHANGELOG.md").read_text()
         assert f"`{home}`" in changelog, f"the changelog does not say that mtlab.{sub}.{name} moved to {home}"
         return
     owner = getattr(mtlab, sub) if sub else mtlab

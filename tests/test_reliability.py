@@ -1,5 +1,5 @@
 """Fault campaign: non-finite values, failing calls, damaged checkpoints, a full disk, vanished data.
-Each case says what it tried (tests/campaign.py); scripts/reliability_report.py prints the table."""
+Each case says what it tried (tests/helpers/campaign.py); scripts/reliability_report.py prints the table."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mtlab
-from campaign import record
+from helpers.campaign import record
 from helpers import make_examples, make_models, task_a, task_b
 from mtlab.core.state import CheckpointError, load_safe
 

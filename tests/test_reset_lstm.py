@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import assert_grads_reach_weights_and_valid_frames
 from torch import Tensor, nn
+from helpers.paths import NABU_RECIPES
 
 from mtlab.base.errors import ConfigError
 from mtlab.models import ResetBLSTM, ResetBLSTMInsert, build_model
@@ -223,7 +224,7 @@ layer_norm = False
 
 
 def reset_recipe(folder: Path) -> Path:
-    from test_nabu_import import MODEL, write_recipe
+    from helpers.nabu import MODEL, write_recipe
 
     start, end = MODEL.index("[main]"), MODEL.index("[outlayer]")
     return write_recipe(folder, **{"model.cfg": MODEL[:start] + RESET_MAIN + MODEL[end:]})
@@ -290,7 +291,7 @@ def test_malformed_reset_settings_are_errors(tmp_path: Path, old: str, new: str,
         import_nabu(folder)
 
 
-RECIPES = Path(__file__).resolve().parents[2] / "shared" / "nabu" / "config" / "recipes" / "papers" / \
+RECIPES = NABU_RECIPES / "papers" / \
     "Journal_paper_reset_LSTM_2020"
 
 
@@ -306,7 +307,7 @@ def test_the_original_reset_recipes_map_every_dbresetlstm() -> None:
 
 
 def test_the_importer_maps_the_insert_variant_with_the_ivector_size(tmp_path: Path) -> None:
-    from test_nabu_ivectors import write_ivec_recipe
+    from helpers.nabu_ivectors import write_ivec_recipe
 
     folder = write_ivec_recipe(tmp_path / "MERL_IVEC_AFTER_LAY1")
     graph = "nodes = n0 n1 bin_emb\nn0_model = concat\nn0_inputs = features ivecs\nn1_model = main\nn1_inputs = n0"

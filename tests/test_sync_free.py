@@ -2,34 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
-
-
-@contextlib.contextmanager
-def no_host_reads():
-    """Make Tensor.item / float() / int() / bool() / .cpu() raise (a CPU stand-in for CUDA sync debug mode;
-    ``tolist`` stays allowed: the data sampler reads its own CPU permutations with it)."""
-    names = ("item", "__float__", "__int__", "__bool__", "cpu")
-    saved = {n: getattr(torch.Tensor, n) for n in names}
-
-    def boom(name):
-        def f(*args, **kwargs):
-            raise AssertionError(f"host read through Tensor.{name} inside the step path")
-        return f
-
-    for n in names:
-        setattr(torch.Tensor, n, boom(n))
-    try:
-        yield
-    finally:
-        for n, f in saved.items():
-            setattr(torch.Tensor, n, f)
 
 
 @pytest.mark.parametrize("read", [float, int, bool, lambda t: t.item(), lambda t: t.cpu()])
@@ -90,6 +68,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from mtlab.models import BLSTM, BRNN, Concat, DeepClusteringHead, LeakyBLSTM, MaskHead, MeanPool, ResetBLSTM  # noqa: E402
 from mtlab.separation.losses import PIT, DeepClustering  # noqa: E402
+from helpers.trainers import no_host_reads
 
 # Ops that read a device value on the host (``.item()``, ``bool(t)``, ``int(t)`` all reach
 # _local_scalar_dense) or whose output shape depends on the data (a sync on a GPU).

@@ -13,45 +13,7 @@ from torch import nn
 import mtlab
 from helpers import clone_models, make_examples, make_models, task_a, task_b
 from mtlab.base.batching import collate
-
-
-def batches(seed: int, sizes=(3, 2, 4), lengths=((2, 5), (9, 14), (3, 8))):
-    out = []
-    for i, (n, lr) in enumerate(zip(sizes, lengths)):
-        out.append(collate(make_examples(n, seed * 100 + i, lengths=lr)))
-    return out
-
-
-def ce_sum(models, batch, task="a"):
-    """Plain PyTorch: summed loss and norm of one minibatch for the helper tasks."""
-    data, lens = batch
-    h = models["enc"](data["x"])
-    if task == "a":
-        logits = models["head_a"](h)
-        mask = torch.arange(data["y"].shape[1])[None] < lens["y"][:, None]
-        per = F.cross_entropy(logits.transpose(1, 2), data["y"], reduction="none")
-        return (per * mask).sum(), mask.sum().double()
-    pooled = models["pool"](h, lens["x"])
-    logits = models["head_b"](pooled)
-    return F.cross_entropy(logits, data["spk"], reduction="sum"), torch.tensor(float(data["spk"].shape[0]), dtype=torch.float64)
-
-
-def processed_grad(models, plan, clip=None, task="a"):
-    """Oracle: gradient of Σ w·loss / Σ w·normalizer over every minibatch in ONE pass, then clip."""
-    for m in models.values():
-        m.zero_grad(set_to_none=True)
-    total, norm = 0.0, 0.0
-    for w, batch in plan:
-        loss, n = ce_sum(models, batch, task)
-        total = total + w * loss
-        norm = norm + w * n
-    (total / norm).backward()
-    grads = {f"{mn}.{pn}": p.grad.clone() for mn, m in models.items() for pn, p in m.named_parameters()
-             if p.grad is not None}
-    if clip is not None:
-        for g in grads.values():
-            g.clamp_(-clip, clip)
-    return grads, float((total / norm).detach())
+from helpers.trainers import batches, ce_sum, processed_grad
 
 
 def test_accumulated_gradient_equals_one_pass_and_differs_from_mean_of_means():

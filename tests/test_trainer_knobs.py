@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 
 import pytest
 import torch
 from helpers import clone_models, make_examples, make_models, task_a, task_b
-from test_trainer import processed_grad
+from helpers.trainers import processed_grad
 
 import mtlab
+from helpers.trainers import assert_trees_equal
 
 
 def two_tasks(k: int = 1, batch_size: int = 3, **kw) -> mtlab.Trainer:
@@ -107,21 +107,6 @@ def test_a_state_brings_back_minibatches_per_step_and_names_the_batch_size_it_ne
     tr.set_batch_size("b", 3)
     tr.load_state_dict(snap)
     assert tr.minibatches_per_step == {"a": 2, "b": 1} and tr.step_count == 1
-
-
-def assert_trees_equal(x, y, where="state"):
-    if isinstance(x, torch.Tensor):
-        assert isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y), where
-    elif isinstance(x, Mapping):
-        assert set(x) == set(y), f"{where}: {sorted(map(str, x))} != {sorted(map(str, y))}"
-        for k in x:
-            assert_trees_equal(x[k], y[k], f"{where}/{k}")
-    elif isinstance(x, (list, tuple)):
-        assert len(x) == len(y), where
-        for i, (a, b) in enumerate(zip(x, y)):
-            assert_trees_equal(a, b, f"{where}[{i}]")
-    else:
-        assert x == y, f"{where}: {x!r} != {y!r}"
 
 
 @pytest.mark.parametrize("combine", [None, "dwa"])

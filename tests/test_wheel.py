@@ -12,10 +12,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO
 
 pytestmark = pytest.mark.slow  # builds and installs a wheel in a subprocess
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> str:

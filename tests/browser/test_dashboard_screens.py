@@ -10,18 +10,13 @@ the documentation): ``MTLAB_SCREENSHOTS=docs/screenshots pytest tests/browser/te
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_jupyterlab import CHROMIUM, FLAGS, free_port, lab, open_and_run_all, sync_api  # noqa: F401 (lab: fixture)
+from helpers.browser import CHROMIUM, DRAWN_JS, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api
+from helpers.paths import TESTS
 
-TESTS = Path(__file__).resolve().parents[1]
 NOTEBOOK = "dashboard_screens.ipynb"
 STALE_S = 8  # the notebook shortens the expiry of a "running" claim, so the restart check waits less
 
@@ -54,20 +49,6 @@ def write_notebook(path: Path, presentation: bool = False) -> None:
     nbformat.write(nb, str(path))
 
 
-def shoot(page, tmp_path: Path, name: str) -> Path:
-    path = tmp_path / name
-    page.screenshot(path=str(path), full_page=False)
-    where = os.environ.get("MTLAB_SCREENSHOTS")
-    if where:
-        Path(where).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(where) / name)
-    return path
-
-
-STEP_JS = ("() => { const e = [...document.querySelectorAll('.widget-html-content')]"
-           ".find(e => /^step \\d+ /.test(e.textContent)); return e ? parseInt(e.textContent.slice(5)) : -1; }")
-DRAWN_JS = ("() => { const e = document.querySelector('.mtlab-asof');"
-            " return e ? parseInt(e.textContent.replace('plot as of step ', '')) : -1; }")
 STATUS_JS = "() => [...document.querySelectorAll('.widget-html-content')].map(e => e.innerText).join(' | ')"
 # What a pointer over each dropdown or text box would show: the nearest title (ipywidgets 8 puts the tooltip of a
 # described control on its label only; the dashboard wraps each in a box carrying it).
@@ -76,19 +57,13 @@ TIPS_JS = ("() => [...document.querySelectorAll('.mtlab-dashboard select, .mtlab
            " (e.closest('[title]') || {title: ''}).title])")
 
 
-def collapse_file_browser(page) -> None:
-    page.evaluate("() => { if (!window.jupyterapp.shell.leftCollapsed)"
-                  " window.jupyterapp.commands.execute('application:toggle-left-area'); }")
-    page.wait_for_function("() => window.jupyterapp.shell.leftCollapsed", timeout=30_000)
-
-
 def top_of_dashboard(page) -> None:
     page.evaluate("() => document.querySelector('.mtlab-dashboard').scrollIntoView()")
     time.sleep(0.5)
 
 
 @pytest.mark.slow
-def test_dashboard_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:  # noqa: F811
+def test_dashboard_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:
     root = tmp_path / "lab"
     write_notebook(root / NOTEBOOK)
     write_notebook(root / ("present_" + NOTEBOOK), presentation=True)
@@ -166,51 +141,29 @@ def test_dashboard_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:  # n
 
 
 @pytest.mark.slow
-def test_dashboard_screens_in_voila(tmp_path: Path) -> None:
-    pytest.importorskip("voila", reason="needs Voila: pip install voila")
+def test_dashboard_screens_in_voila(voila, tmp_path: Path) -> None:
     root = tmp_path / "voila"
-    root.mkdir()
     write_notebook(root / NOTEBOOK)
     write_notebook(root / ("present_" + NOTEBOOK), presentation=True)
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "voila", "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1"],
-        cwd=root, env={**os.environ, "MTLAB_FAST": "1"}, stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "voila.log").open("w"))
-    try:
-        end = time.monotonic() + 60
-        while True:  # the TCP port, not GET / (each GET starts a kernel)
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > end:
-                    pytest.fail(f"Voila did not start; see {tmp_path / 'voila.log'}")
-                time.sleep(0.3)
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-            shots = [("voila_1280x800.png", NOTEBOOK, {"width": 1280, "height": 800}, 1),
-                     ("voila_150pct.png", NOTEBOOK, {"width": 853, "height": 533}, 1.5),
-                     ("voila_presentation_150pct.png", "present_" + NOTEBOOK, {"width": 853, "height": 533}, 1.5)]
-            for name, notebook, viewport, scale in shots:
-                page = browser.new_page(viewport=viewport, device_scale_factor=scale)
-                page.goto(f"http://127.0.0.1:{port}/voila/render/{notebook}", timeout=180_000)
-                page.wait_for_function(f"({STEP_JS})() >= 3 && ({DRAWN_JS})() >= 1", timeout=180_000)
-                page.evaluate("() => document.querySelector('.mtlab-dashboard').scrollIntoView()")
-                time.sleep(0.5)
-                shoot(page, tmp_path, name)
-                tips = page.evaluate(TIPS_JS)
-                assert tips and all(title for _, title in tips), tips
-                right = page.evaluate("() => document.querySelector('.mtlab-dashboard img.widget-image')"
-                                      ".getBoundingClientRect().right")
-                assert right <= viewport["width"] + 1, (name, right)
-                page.get_by_role("button", name="stop", exact=True).click()
-                page.wait_for_function(f"() => ({STATUS_JS})().includes('run ended')", timeout=60_000)
-                page.close()
-            browser.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    port = voila()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        shots = [("voila_1280x800.png", NOTEBOOK, {"width": 1280, "height": 800}, 1),
+                 ("voila_150pct.png", NOTEBOOK, {"width": 853, "height": 533}, 1.5),
+                 ("voila_presentation_150pct.png", "present_" + NOTEBOOK, {"width": 853, "height": 533}, 1.5)]
+        for name, notebook, viewport, scale in shots:
+            page = browser.new_page(viewport=viewport, device_scale_factor=scale)
+            page.goto(f"http://127.0.0.1:{port}/voila/render/{notebook}", timeout=180_000)
+            page.wait_for_function(f"({STEP_JS})() >= 3 && ({DRAWN_JS})() >= 1", timeout=180_000)
+            page.evaluate("() => document.querySelector('.mtlab-dashboard').scrollIntoView()")
+            time.sleep(0.5)
+            shoot(page, tmp_path, name)
+            tips = page.evaluate(TIPS_JS)
+            assert tips and all(title for _, title in tips), tips
+            right = page.evaluate("() => document.querySelector('.mtlab-dashboard img.widget-image')"
+                                  ".getBoundingClientRect().right")
+            assert right <= viewport["width"] + 1, (name, right)
+            page.get_by_role("button", name="stop", exact=True).click()
+            page.wait_for_function(f"() => ({STATUS_JS})().includes('run ended')", timeout=60_000)
+            page.close()
+        browser.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import http.server
 import os
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,16 +19,8 @@ import pytest
 
 pytestmark = pytest.mark.slow  # a site build, a server and a browser
 
-CHROMIUM = os.environ.get("MTLAB_CHROMIUM", "/usr/bin/chromium")
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set MTLAB_CHROMIUM)",
-                allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright: pip install playwright")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from docs_site import built_site  # noqa: E402
-
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+from helpers.browser import CHROMIUM, FLAGS, sync_api
+from helpers.docs_site import built_site
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):

@@ -13,41 +13,20 @@ redraw), never for wall-clock speed: the timeouts are generous for a loaded mach
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers.browser import CHROMIUM, FLAGS, open_and_run_all, sync_api
+from helpers.paths import TESTS
 
 pytestmark = pytest.mark.slow  # a server, a kernel and a browser per test
 
-CHROMIUM = os.environ.get("MTLAB_CHROMIUM", "/usr/bin/chromium")
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set MTLAB_CHROMIUM)",
-                allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright: pip install playwright")
-pytest.importorskip("jupyterlab", reason="needs JupyterLab: pip install jupyterlab")
-pytest.importorskip("ipykernel", reason="needs ipykernel: pip install ipykernel")
-
-NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "01_quickstart.ipynb"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+NOTEBOOK = Path("01_quickstart.ipynb")  # the copy the ``lab`` fixture serves
 RUN_NOTEBOOK = "run_cells.ipynb"
 RUN_CELLS = [
     f"""import sys
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+sys.path.insert(0, {str(TESTS)!r})
 import torch
 torch.set_num_threads(1)
 import mtlab, mtlab.ui
@@ -66,61 +45,6 @@ def write_run_notebook(path: Path) -> None:
     nb.cells = [nbformat.v4.new_code_cell(src) for src in RUN_CELLS]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, str(path))
-
-
-@pytest.fixture
-def lab(tmp_path: Path):
-    """JupyterLab serving a copy of the quickstart and a small run notebook (the server may
-    autosave outputs into them)."""
-    root = tmp_path / "lab"
-    root.mkdir()
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
-    write_run_notebook(root / RUN_NOTEBOOK)
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    port = free_port()
-    env = {**os.environ, "MTLAB_FAST": "1", "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
-         f"--port={port}", "--IdentityProvider.token=", "--LabApp.expose_app_in_browser=True",
-         f"--ServerApp.root_dir={root}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "lab.log").open("w"))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > end:
-                    pytest.fail(f"JupyterLab did not start; see {tmp_path / 'lab.log'}")
-                time.sleep(0.3)
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def open_and_run_all(page, lab: str, name: str) -> None:
-    page.goto(f"{lab}/lab/tree/{name}?reset")
-    page.wait_for_selector(".jp-Notebook", timeout=60_000)
-    page.wait_for_function("window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
-                           timeout=60_000)
-    # Run all only once the kernel is connected and idle (earlier, the command does nothing).
-    page.wait_for_function(
-        "() => { const w = window.jupyterapp.shell.currentWidget;"
-        " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
-        " return k && k.status === 'idle' && w.sessionContext.isReady; }", timeout=60_000)
-    no_news = page.get_by_role("button", name="No", exact=True)
-    if no_news.count():
-        no_news.first.click()
-    # Not awaited: the command's promise resolves only when every cell has run.
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 COUNTER_JS = ("() => { const e = [...document.querySelectorAll('.jp-OutputArea .widget-html-content')]"
@@ -212,6 +136,7 @@ def test_quickstart_dashboard_step_in_jupyterlab(lab: str, tmp_path: Path) -> No
 def test_rerun_dashboard_cell_during_a_run_adopts_and_stops_it(lab: str, tmp_path: Path) -> None:
     """At 1280x800: nothing cut, headers on one line; the plot follows the counter (lag measured,
     screenshot kept); re-running the dashboard cell mid-run gives a dashboard whose stop works."""
+    write_run_notebook(tmp_path / "lab" / RUN_NOTEBOOK)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         page = browser.new_page(viewport={"width": 1280, "height": 800})
@@ -285,53 +210,30 @@ def mtlab_runs_left(page) -> int:
                              ".filter(e => /^step \\d+ .*(running|pausing)/.test(e.textContent)).length"))
 
 
-def test_dashboard_in_voila(tmp_path: Path) -> None:
+def test_dashboard_in_voila(voila, tmp_path: Path) -> None:
     """Voila renders the run notebook: the counter and the plot follow the run started in the last
     cell (the plot reaches the browser from the painter thread), and stop ends it."""
-    pytest.importorskip("voila", reason="needs Voila: pip install voila")
-    root = tmp_path / "voila"
-    root.mkdir()
-    write_run_notebook(root / RUN_NOTEBOOK)
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "voila", RUN_NOTEBOOK, "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1"],
-        cwd=root, env={**os.environ, "MTLAB_FAST": "1"}, stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "voila.log").open("w"))
-    try:
-        end = time.monotonic() + 60
-        while True:  # the TCP port, not GET / (each GET starts a kernel)
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > end:
-                    pytest.fail(f"Voila did not start; see {tmp_path / 'voila.log'}")
-                time.sleep(0.3)
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-            page = browser.new_page(viewport={"width": 1280, "height": 800})
-            page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
-            counter = ("() => { const e = [...document.querySelectorAll('.widget-html-content')]"
-                       ".find(e => /^step \\d+ /.test(e.textContent));"
-                       " return e ? parseInt(e.textContent.slice(5)) : -1; }")
-            as_of = ("() => { const e = document.querySelector('.mtlab-asof');"
-                     " return e ? parseInt(e.textContent.replace('plot as of step ', '')) : -1; }")
-            page.wait_for_function(f"({counter})() >= 5", timeout=120_000)
-            first = page.evaluate(as_of)
-            page.wait_for_function(f"({as_of})() > {first}", timeout=30_000)  # redrawn from the thread
-            image = page.locator("img.widget-image").first
-            assert image.get_attribute("src").startswith(("blob:", "data:image/png"))
-            page.screenshot(path=str(tmp_path / "voila.png"), full_page=True)
-            page.get_by_role("button", name="stop", exact=True).click()
-            page.wait_for_function("() => [...document.querySelectorAll('.widget-html-content')]"
-                                   ".some(e => e.textContent.includes('run ended'))", timeout=60_000)
-            stopped_at = page.evaluate(counter)
-            time.sleep(1.0)
-            assert page.evaluate(counter) == stopped_at
-            browser.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    write_run_notebook(tmp_path / "voila" / RUN_NOTEBOOK)
+    port = voila(RUN_NOTEBOOK)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"http://127.0.0.1:{port}/", timeout=120_000)
+        counter = ("() => { const e = [...document.querySelectorAll('.widget-html-content')]"
+                   ".find(e => /^step \\d+ /.test(e.textContent));"
+                   " return e ? parseInt(e.textContent.slice(5)) : -1; }")
+        as_of = ("() => { const e = document.querySelector('.mtlab-asof');"
+                 " return e ? parseInt(e.textContent.replace('plot as of step ', '')) : -1; }")
+        page.wait_for_function(f"({counter})() >= 5", timeout=120_000)
+        first = page.evaluate(as_of)
+        page.wait_for_function(f"({as_of})() > {first}", timeout=30_000)  # redrawn from the thread
+        image = page.locator("img.widget-image").first
+        assert image.get_attribute("src").startswith(("blob:", "data:image/png"))
+        page.screenshot(path=str(tmp_path / "voila.png"), full_page=True)
+        page.get_by_role("button", name="stop", exact=True).click()
+        page.wait_for_function("() => [...document.querySelectorAll('.widget-html-content')]"
+                               ".some(e => e.textContent.includes('run ended'))", timeout=60_000)
+        stopped_at = page.evaluate(counter)
+        time.sleep(1.0)
+        assert page.evaluate(counter) == stopped_at
+        browser.close()

@@ -13,20 +13,16 @@ Screenshots go to ``tmp_path`` and, when ``MTLAB_SCREENSHOTS`` is set, into that
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_dashboard_screens import DRAWN_JS, STEP_JS, collapse_file_browser, shoot
-from test_jupyterlab import CHROMIUM, FLAGS, free_port, lab, sync_api  # noqa: F401 (lab: fixture)
+from helpers.browser import CHROMIUM, DRAWN_JS, FLAGS, STEP_JS, collapse_file_browser, shoot, sync_api
+from helpers.paths import NOTEBOOKS
 
 pytestmark = pytest.mark.slow  # a server, kernels and a browser
 
-SOURCE = Path(__file__).resolve().parents[2] / "notebooks" / "03_multitask_linkedsets.ipynb"
+SOURCE = NOTEBOOKS / "03_multitask_linkedsets.ipynb"
 NOTEBOOK = "03_multitask_linkedsets.ipynb"
 FAST_STEPS = "STEPS = 3 if FAST else 30"
 LONG_STEPS = "STEPS = 400 if FAST else 30"  # the run outlasts the pictures; each page stops its run
@@ -132,7 +128,7 @@ def run_up_to(page, base: str, start: int) -> None:
     page.wait_for_selector(".mtlab-dashboard", timeout=180_000)
 
 
-def test_notebook03_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:  # noqa: F811
+def test_notebook03_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:
     start = write_copy(tmp_path / "lab" / NOTEBOOK, until_start=False)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
@@ -150,39 +146,17 @@ def test_notebook03_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:  # 
         browser.close()
 
 
-def test_notebook03_screens_in_voila(tmp_path: Path) -> None:
-    pytest.importorskip("voila", reason="needs Voila: pip install voila")
-    root = tmp_path / "voila"
-    write_copy(root / NOTEBOOK, until_start=True)
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "voila", "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1"],
-        cwd=root, env={**os.environ, "MTLAB_FAST": "1"}, stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "voila.log").open("w"))
-    try:
-        end = time.monotonic() + 60
-        while True:  # the TCP port, not GET / (each GET starts a kernel)
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > end:
-                    pytest.fail(f"Voila did not start; see {tmp_path / 'voila.log'}")
-                time.sleep(0.3)
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-            for size, viewport, scale in SIZES:
-                page = browser.new_page(viewport=viewport, device_scale_factor=scale)
-                page.goto(f"http://127.0.0.1:{port}/voila/render/{NOTEBOOK}", timeout=180_000)
-                check_running_plot(page, tmp_path, f"03_voila_{size}.png")
-                page.get_by_role("button", name="stop", exact=True).click()
-                page.wait_for_function("() => [...document.querySelectorAll('.widget-html-content')]"
-                                       ".some(e => e.textContent.includes('run ended'))", timeout=60_000)
-                page.close()
-            browser.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def test_notebook03_screens_in_voila(voila, tmp_path: Path) -> None:
+    write_copy(tmp_path / "voila" / NOTEBOOK, until_start=True)
+    port = voila()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        for size, viewport, scale in SIZES:
+            page = browser.new_page(viewport=viewport, device_scale_factor=scale)
+            page.goto(f"http://127.0.0.1:{port}/voila/render/{NOTEBOOK}", timeout=180_000)
+            check_running_plot(page, tmp_path, f"03_voila_{size}.png")
+            page.get_by_role("button", name="stop", exact=True).click()
+            page.wait_for_function("() => [...document.querySelectorAll('.widget-html-content')]"
+                                   ".some(e => e.textContent.includes('run ended'))", timeout=60_000)
+            page.close()
+        browser.close()

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from data_helpers import make_corpus
+from helpers.corpora import make_corpus
 
 
 @pytest.fixture

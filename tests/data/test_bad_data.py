@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from data_helpers import make_corpus, write_wav
+from helpers.corpora import make_corpus, write_wav
 
 from mtlab.data import DataError, DataWarning, load_split
 from mtlab.tasks.sampling import BatchStream
@@ -164,7 +164,7 @@ def test_a_dead_worker_is_reported_and_the_next_draw_retries_the_batch(tmp_path:
 
 @pytest.mark.slow  # trains and writes a whole experiment folder, plots included (about 10 s)
 def test_skipped_examples_reach_the_experiment_folder(tmp_path: Path) -> None:
-    from test_recipe import make_tiny_corpus, write_tiny_recipe
+    from helpers.recipes import make_tiny_corpus, write_tiny_recipe
 
     from mtlab.training.loop import run
     from mtlab.apps.recipe import from_recipe

@@ -1,18 +1,17 @@
 """Bad luck in the data path, round 4: a skip policy that finds no readable file, stale header lengths after a
-regenerated corpus, an error raised inside a DataLoader worker. Each case says what it tried (tests/campaign.py)."""
+regenerated corpus, an error raised inside a DataLoader worker. Each case says what it tried (tests/helpers/campaign.py)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 import pytest
-from data_helpers import make_corpus
+from helpers.corpora import make_corpus
 
 from mtlab.data import DataError, load_split
 from mtlab.tasks.sampling import BatchStream
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from campaign import record  # noqa: E402
+from helpers.campaign import record
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NAMES = [f"u{i}" for i in range(6)]
@@ -40,7 +39,7 @@ def test_skip_with_no_readable_file_left_raises_instead_of_hanging(tmp_path: Pat
 @pytest.mark.parametrize("where", ["lists", "tree"])
 def test_a_regenerated_utterance_gets_its_new_length(tmp_path: Path, where: str, monkeypatch) -> None:
     import numpy as np
-    from data_helpers import write_wav
+    from helpers.corpora import write_wav
 
     monkeypatch.setenv("MTLAB_CACHE", str(tmp_path / "cache"))
     if where == "lists":
@@ -48,7 +47,7 @@ def test_a_regenerated_utterance_gets_its_new_length(tmp_path: Path, where: str,
         kw = {"split": "train", "linkedset": "clean"}
         root = tmp_path
     else:  # a wsj0-2mix tree read in place
-        from test_layouts import make_layouts
+        from helpers.corpora import make_layouts
 
         root = tmp_path / "corpus"
         make_layouts.make_tree("wsj0-2mix", root, 3)

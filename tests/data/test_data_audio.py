@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_helpers import write_wav
+from helpers.corpora import write_wav
 
 from mtlab.data import DataError, read_wav
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_helpers import write_wav
+from helpers.corpora import write_wav
 
 import mtlab.data as md
 from mtlab.data import DataError, DataWarning, FeatureStats, compute_stats, load_split

@@ -6,14 +6,13 @@ import importlib.util
 import json
 import shutil
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers.paths import REPO
 
 from mtlab.data import data_samples_dir
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_files_match_manifest() -> None:

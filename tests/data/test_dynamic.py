@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_helpers import write_wav
+from helpers.corpora import write_wav
 
 from mtlab.base.batching import collate
 from mtlab.data import features as F

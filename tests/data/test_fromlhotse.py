@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from data_helpers import write_wav
+from helpers.corpora import write_wav
 
 from mtlab.data import NUM_BINS, DataError, FeatureStats, data_samples_dir, from_lhotse, load_split
 from mtlab.data.fromlhotse import main

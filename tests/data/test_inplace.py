@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_layouts import build, make_layouts, recipe
+from helpers.corpora import build, make_layouts, recipe
 
 from mtlab.data import DataError, load_split
 from mtlab.data.corpus import cached_stats

@@ -3,32 +3,18 @@ prepared into list files, loaded like data_samples/ and trained on by a recipe."
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import wave
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-import mtlab
 from mtlab.data import DataError, DataWarning, data_samples_dir, load_split, read_list, read_wav
 from mtlab.data.layouts import LAYOUTS, get_layout, prepare, read_corpus
+from helpers.corpora import build, make_layouts, recipe
 
-REPO = Path(__file__).resolve().parents[2]
 PER_SPLIT = 4
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_layouts", REPO / "scripts" / "make_layouts.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_layouts = _script()
 
 
 @pytest.fixture(params=list(LAYOUTS))
@@ -92,42 +78,6 @@ def test_prepared_lists_load_as_the_sample_corpus(tree: tuple[str, Path], tmp_pa
                 torch.testing.assert_close(data[i][key], reference[j][key])
     assert (out / "speakers.tsv").read_text().splitlines()[0] == "id\tspeaker"
     assert f'"layout": "{LAYOUTS[layout].name}"' in (out / "layout.json").read_text()
-
-
-def recipe(root: Path, linkedsets: list[str], speakers: int) -> dict:
-    """Two tasks (speaker id, frame dominance) on a shared BLSTM, trained on the prepared lists."""
-    sets = {ls: {"weight": 1.0, "data": {"root": str(root), "split": "train", "linkedset": ls},
-                 "valid": {"split": "dev"}} for ls in linkedsets}
-    return {
-        "name": "layout",
-        "trainer": {"num_steps": 2, "batch_size": 2, "initial_learning_rate": 1e-3, "clip_grad_value": 1.0,
-                    "numbuckets": 1, "seed": 0, "device": "cpu"},
-        "models": {"enc": {"type": "BLSTM", "input_dim": 129, "hidden": 8},
-                   "pool": {"type": "MeanPool"},
-                   "spk_head": {"type": "Linear", "in_features": 16, "out_features": speakers},
-                   "frame_head": {"type": "Linear", "in_features": 16, "out_features": 3}},
-        "tasks": {
-            "spk": {"inputs": ["features"], "targets": ["spk"], "outputs": ["logits"],
-                    "nodes": [{"name": "h", "model": "enc", "inputs": ["features"]},
-                              {"name": "pooled", "model": "pool", "inputs": ["h"]},
-                              {"name": "logits", "model": "spk_head", "inputs": ["pooled"]}],
-                    "loss": {"type": "crossentropy", "output": "logits", "target": "spk"}, "linkedsets": sets},
-            "frames": {"inputs": ["features"], "targets": ["frame_target"], "outputs": ["logits"],
-                       "nodes": [{"name": "h", "model": "enc", "inputs": ["features"]},
-                                 {"name": "logits", "model": "frame_head", "inputs": ["h"]}],
-                       "loss": {"type": "crossentropy", "output": "logits", "target": "frame_target"},
-                       "linkedsets": sets},
-        },
-    }
-
-
-def build(spec: dict) -> object:
-    """The trainer of a recipe dict, through the shell's recipe API (``mtlab.from_recipe`` once it exists)."""
-    if hasattr(mtlab, "from_recipe"):
-        return mtlab.from_recipe(spec).trainer
-    from mtlab.apps.recipe import build_trainer
-
-    return build_trainer(spec)
 
 
 @pytest.mark.slow

@@ -204,7 +204,7 @@ def test_the_shard_command_writes_and_verifies(tmp_path: Path, capsys: pytest.Ca
 
 def shard_recipe(tmp_path: Path, num_steps: int, workers: bool = False) -> Path:
     """The tiny recipe of the recipe tests over shards of its corpus (train: 4 shards per linked set)."""
-    from test_recipe import make_tiny_corpus, write_tiny_recipe
+    from helpers.recipes import make_tiny_corpus, write_tiny_recipe
 
     corpus = make_tiny_corpus(tmp_path / "corpus")
     assert main(["shard", str(corpus), str(tmp_path / "shards"), "--shard-size", "2"]) == 0

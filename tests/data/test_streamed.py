@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from data_helpers import write_wav
+from helpers.corpora import write_wav
 
 from mtlab.data import load_split, read_wav
 from mtlab.data.corpus import cached_stats
@@ -167,7 +167,7 @@ def test_workers_give_the_same_batches_and_leave_the_global_rng_alone() -> None:
 
 @pytest.mark.slow  # starts DataLoader worker processes
 def test_resume_is_exact_through_a_worker_restart(tmp_path: Path) -> None:
-    from test_recipe import make_tiny_corpus, write_tiny_recipe
+    from helpers.recipes import make_tiny_corpus, write_tiny_recipe
 
     from mtlab.training.loop import run
     from mtlab.apps.recipe import from_recipe, load
@@ -191,7 +191,7 @@ def test_resume_is_exact_through_a_worker_restart(tmp_path: Path) -> None:
 
 
 def test_the_manifest_joins_lists_like_the_in_memory_path(tmp_path: Path) -> None:
-    from data_helpers import make_corpus
+    from helpers.corpora import make_corpus
 
     from mtlab.data import DataError, DataWarning
 
@@ -213,7 +213,7 @@ def test_the_manifest_joins_lists_like_the_in_memory_path(tmp_path: Path) -> Non
 def test_header_lengths_are_cached_and_a_file_changed_since_is_named(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import mtlab.data.streamed as streamed_module
-    from data_helpers import make_corpus
+    from helpers.corpora import make_corpus
 
     from mtlab.data import DataError, DataWarning
 

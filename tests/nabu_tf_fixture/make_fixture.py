@@ -1,5 +1,5 @@
 """Writes original.ckpt.* here with TensorFlow (run once: needs `pip install -e .[tensorflow]`):
-the variables of tests/test_nabu_tf_checkpoint.py's FIXTURE under the original's names, with its values."""
+the variables of tests/helpers/tf_fixtures.py's FIXTURE under the original's names, with its values."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import tensorflow as tf
 
 here = Path(__file__).resolve().parent
 sys.path.insert(0, str(here.parent))
-from test_nabu_tf_checkpoint import FIXTURE, fixture_values
+from helpers.tf_fixtures import FIXTURE, fixture_values
 
 if __name__ == "__main__":
     values = fixture_values()

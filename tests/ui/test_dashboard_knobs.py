@@ -12,7 +12,7 @@ pytest.importorskip("ipywidgets", reason="the dashboard needs ipywidgets: pip in
 
 
 from helpers import make_examples, make_models, task_a, task_b
-from test_trainer_knobs import assert_trees_equal
+from helpers.trainers import assert_trees_equal
 
 import mtlab
 import mtlab.ui

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
+from helpers.paths import TESTS
 
 pytestmark = pytest.mark.slow  # kernels and notebooks: not in the fast tier
 
 pytest.importorskip("ipykernel", reason="the real-kernel test needs ipykernel (pip install ipykernel)")
 jupyter_client = pytest.importorskip("jupyter_client", reason="the real-kernel test needs jupyter_client")
-
-TESTS = Path(__file__).resolve().parents[1]
 
 SETUP = f"""
 import json, sys

@@ -9,16 +9,15 @@ import json
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
+from helpers.paths import NOTEBOOKS
 
 nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
 nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
 pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
 pytest.importorskip("ipywidgets", reason="the notebooks need mtlab[notebook]: pip install 'mtlab[notebook]'")
 
-NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 @functools.cache

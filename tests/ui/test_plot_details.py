@@ -12,7 +12,7 @@ pytest.importorskip("matplotlib", reason="plots need matplotlib: pip install 'mt
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from test_plot_layout import many_tasks  # noqa: E402
+from helpers.dashboards import many_tasks
 
 from mtlab import plots  # noqa: E402
 from mtlab.ui.liveplot import LivePlot  # noqa: E402

@@ -10,7 +10,7 @@ import mtlab
 import mtlab.ui
 from helpers import DecayingScale, clone_models, make_examples, make_models, task_a
 from mtlab.ui.controller import Controller
-from test_trainer import batches, ce_sum
+from helpers.trainers import batches, ce_sum
 
 
 def make(chain: mtlab.Chain, models=None) -> mtlab.Trainer:

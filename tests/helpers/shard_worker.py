@@ -12,8 +12,8 @@ from torch import nn
 import mtlab
 import mtlab.data.shards as shards
 import mtlab.training.distributed
-from dist_worker import init, params_of
 from helpers import Encoder, MeanPool
+from helpers.dist_worker import init, params_of
 
 STEPS = 3
 SHARD_SIZE = 20  # the 120 training utterances of data_samples/ as 6 shards: 3 per rank of 2
