@@ -2,7 +2,7 @@
 
 On a CUDA machine it
 
-1. runs tests/test_sync_free.py's CUDA test, whose step runs under ``torch.cuda.set_sync_debug_mode("error")``
+1. runs tests/core/test_trainer_sync_free.py's CUDA test, whose step runs under ``torch.cuda.set_sync_debug_mode("error")``
    (any host read in process_minibatch -> normalize -> clip -> apply under ``nonfinite="skip"`` fails it);
 2. runs bench/peers.py on the GPU (mtlab, the loop a user writes, Lightning, Accelerate; wall clock with a
    synchronize per step);
@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 def sync_free() -> tuple[bool, str]:
     """The CUDA sync-free test, in a fresh process (pytest's own output kept to its last line)."""
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                          str(HERE.parent / "tests" / "test_sync_free.py"), "-k", "cuda", "-rs"],
+                          str(HERE.parent / "tests" / "core" / "test_trainer_sync_free.py"), "-k", "cuda", "-rs"],
                          capture_output=True, text=True, cwd=HERE.parent)
     lines = [line for line in (out.stdout + out.stderr).strip().splitlines() if line.strip()]
     last = lines[-1] if lines else "(no output)"

@@ -13,13 +13,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITES = ["tests/test_reliability.py", "tests/test_properties.py", "tests/test_interrupts.py", "tests/test_bad_luck.py",
-          "tests/data/test_bad_luck_data.py"]
+SUITES = ["tests/integration/test_reliability.py", "tests/integration/test_properties.py",
+          "tests/training/test_loop_interrupts.py", "tests/integration/test_bad_luck.py",
+          "tests/integration/test_bad_luck_data.py"]
 # Kinds of case the campaign must try (a prefix of each kind's name): a suite that stops recording one fails.
 EXPECTED = ("refused stepwise call", "refused step()", "refused mtlab.run step", "composite refusal",
             "exception inside", "damaged checkpoint", "foreign checkpoint", "non-UTF-8 list", "float-WAV list",
             "non-finite value injected", "disk full while saving", "data file deleted mid-run",
-            # round 4: bad luck (tests/test_bad_luck.py, tests/data/test_bad_luck_data.py)
+            # round 4: bad luck (tests/integration/test_bad_luck.py, test_bad_luck_data.py)
             "Ctrl-C while final.pt is written", "skip with no readable file left", "half-loaded state refused",
             "regenerated corpus, stale header lengths", "DataError in a DataLoader worker", "DataError mid-stream",
             "documented module paths import", "message:", "exit code:", "wrong loss target", "busy machine",
@@ -30,7 +31,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         log = Path(d) / "campaign.tsv"
         env = {**os.environ, "MTLAB_CAMPAIGN_LOG": str(log)}
-        extra = [s for s in ("tests/test_schedule.py", "tests/test_recipe.py", "tests/ui/test_dashboard.py")
+        extra = [s for s in ("tests/training/test_schedule.py", "tests/apps/test_recipe.py", "tests/ui/test_view.py")
                  if (ROOT / s).exists()]
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUITES, *extra],
                               cwd=ROOT, env=env, capture_output=True, text=True)

@@ -5,7 +5,7 @@ docs/tutorials/ (the docs site renders those copies without executing them).
     python scripts/render_tutorials.py 05 06      # the notebooks whose names start so
     python scripts/render_tutorials.py --fast     # MTLAB_FAST=1: a few steps each
 
-Rerun it after editing a notebook: tests/test_docs.py checks that each copy's cells are the notebook's.
+Rerun it after editing a notebook: tests/docs/test_docs.py checks that each copy's cells are the notebook's.
 """
 
 from __future__ import annotations

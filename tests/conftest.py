@@ -24,7 +24,7 @@ set_hypothesis_home_dir(os.path.join(os.environ["MTLAB_CACHE"], "hypothesis"))
 
 # Property tests: derandomized in CI, so a failure CI finds reproduces with the same command, with a bounded
 # number of examples (tests scale their budget from ``settings.default.max_examples``) and shrink time.
-# ``HYPOTHESIS_PROFILE=long python -m pytest tests/test_properties.py`` searches at random, 40x longer.
+# ``HYPOTHESIS_PROFILE=long python -m pytest tests/integration/test_properties.py`` searches at random, 40x longer.
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, max_examples=25, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("long", derandomize=False, deadline=None, max_examples=1000, print_blob=True,

@@ -273,7 +273,7 @@ def uneven_run(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-# ---------------------------------------------------------------------- `python tests/dist_worker.py` under torchrun
+# ---------------------------------------------------------------------- `python tests/helpers/dist_worker.py` under torchrun
 def _die_at(step: int, rank: int) -> None:
     """Make worker ``rank`` SIGKILL itself inside step ``step`` of the first attempt (torchrun then restarts)."""
     import signal

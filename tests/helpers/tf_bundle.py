@@ -4,7 +4,7 @@ The inverse of ``mtlab.nabu.tf_checkpoint``: ``PREFIX.data-00000-of-00001`` hold
 bytes one after another; ``PREFIX.index`` is a LevelDB table (one data block, every entry a restart point, an
 empty metaindex block, an index block and the 48-byte footer) mapping ``""`` to the ``BundleHeaderProto`` and
 each name, in byte order, to its ``BundleEntryProto`` (dtype, shape, offset, size, masked CRC32C). TensorFlow's
-``tf.train.load_checkpoint`` reads what this writes (checked by ``test_nabu_tf_checkpoint.py`` where TensorFlow
+``tf.train.load_checkpoint`` reads what this writes (checked by ``tests/nabu/test_tf_checkpoint.py`` where TensorFlow
 is installed)."""
 
 from __future__ import annotations

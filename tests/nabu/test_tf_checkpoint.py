@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 
-# the recipe of test_nabu_import with 2-unit models, whose names and sizes the fixture's variables have
+# the recipe of helpers.nabu (write_recipe) with 2-unit models, whose names and sizes the fixture's variables have
 SMALL_MODEL = """[hyper]
 model_names = main outlayer ff concat pitlayer
 
@@ -238,7 +238,7 @@ def test_the_converted_leaky_lstms_match_the_original_cells_per_frame(ckpt: TFCh
 
 def test_the_converted_reset_lstm_steps_as_the_original_reset_cell(ckpt: TFCheckpoint) -> None:
     """The reset cell is the LSTM cell on a replica's state (ResetBLSTM's replicas are tested against
-    the original's scheme in test_reset_lstm.py): one step of each direction's converted ``nn.LSTM``
+    the original's scheme in tests/models/test_recurrent_reset.py): one step of each direction's converted ``nn.LSTM``
     from a non-zero state equals the original's cell on the checkpoint's kernel."""
     spec = {"type": "ResetBLSTM", "input_dim": 3, "hidden": H, "num_layers": 1, "t_reset": 4}
     states = convert_models(ckpt, {"reset": spec})

@@ -14,7 +14,6 @@ from helpers.paths import REPO
 from mtlab.data import data_samples_dir
 
 
-
 def test_files_match_manifest() -> None:
     root = data_samples_dir()
     lines = (root / "MANIFEST.sha256").read_text().splitlines()

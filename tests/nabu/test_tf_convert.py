@@ -1,5 +1,5 @@
 """Original trained encoder-decoder CNNs and capsule networks (TensorFlow checkpoints) converted to mtlab weights,
-each against the numpy transcription of the original's model (``test_nabu_cnn``, ``test_nabu_capsnet``) on the
+each against the numpy transcription of the original's model (``helpers.nabu_oracles``) on the
 checkpoint's values. The variable names are those the original's code gives (``nabu/neuralnetworks/models/
 encoder_decoder_cnn.py``, ``capsnet.py``, ``dbr_capsnet.py``; ``components/layer.py`` ``Conv2D``, ``Capsule``,
 ``BRNNLayer``, ``BRCapsuleLayer``; ``components/rnn_cell.py`` ``RNNCellLinearOut``, ``RecCapsuleCell``).

@@ -228,7 +228,7 @@ dropout = 1.0
 
 
 def cnn_recipe(folder: Path, main: str = HYPER_MAIN) -> Path:
-    """The test recipe of test_nabu_import with the hyper-parameter-search recipe's task and model graph."""
+    """The test recipe of helpers.nabu (write_recipe) with the hyper-parameter-search recipe's task and model graph."""
     from helpers.nabu import TRAINER, write_recipe
 
     trainer = TRAINER.format(num_tries="3")

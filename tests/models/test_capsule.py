@@ -147,7 +147,7 @@ dropout = 1.0
 
 
 def capsnet_recipe(folder: Path, main: str = MAIN) -> Path:
-    """The test recipe of test_nabu_import with SS/CapsNet/MERL_DC_2spk's one deep-clustering task and model."""
+    """The test recipe of helpers.nabu (write_recipe) with SS/CapsNet/MERL_DC_2spk's one deep-clustering task and model."""
     from helpers.nabu import TASK
     from helpers.nabu import TRAINER, write_recipe
 

@@ -66,7 +66,7 @@ def test_linked_set_weights_act_as_ratios() -> None:
     import torch
 
     import mtlab
-    from tests.helpers import clone_models, make_examples, make_models, task_a
+    from helpers import clone_models, make_examples, make_models, task_a
 
     data = (make_examples(6, 1), make_examples(6, 2))
     models = make_models()
