@@ -6,10 +6,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from helpers.nabu import replace_in, write_recipe
 
 from mtlab.apps.cli import main
 from mtlab.nabu import import_nabu, make_sample_root
-from helpers.nabu import replace_in, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.nabu import replace_in
 
 from mtlab.apps.cli import main
 from mtlab.base.errors import ConfigError
 from mtlab.nabu import import_nabu, make_sample_root
 from mtlab.nabu.evaluation import make_test_root, read_test
-from helpers.nabu import replace_in
 from helpers.nabu import write_test_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import script_validations
+from helpers.paths import REPO, TESTS
 
 import mtlab
 from mtlab.core.state import CheckpointError, load_safe, save_atomic
 from mtlab.apps.recipe import from_recipe, load, load_recipe, load_trainer_cfg, trainer_settings
-from helpers.paths import REPO, TESTS
 from helpers.recipes import TINY_TOML, write_tiny_recipe
 
 

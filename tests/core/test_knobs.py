@@ -7,9 +7,9 @@ import pytest
 import torch
 from helpers import clone_models, make_examples, make_models, task_a, task_b
 from helpers.trainers import processed_grad
+from helpers.trainers import assert_trees_equal
 
 import mtlab
-from helpers.trainers import assert_trees_equal
 
 
 def two_tasks(k: int = 1, batch_size: int = 3, **kw) -> mtlab.Trainer:

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from helpers.recipes import write_tiny_recipe
 
 import mtlab
 from helpers import Encoder
@@ -264,8 +265,6 @@ def test_precision_settings_are_checked():
 
 # ---------------------------------------------------------------- recipe key and command-line flag
 from pathlib import Path  # noqa: E402
-
-from helpers.recipes import write_tiny_recipe
 
 from mtlab.apps.cli import main  # noqa: E402
 from mtlab.apps.recipe import from_recipe, load_recipe  # noqa: E402

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from helpers.recipes import write_tiny_recipe
 
 import mtlab
 from mtlab.base.batching import collate
 from mtlab.models import BLSTM, MeanPool
-from helpers.recipes import write_tiny_recipe
 
 pytestmark = pytest.mark.slow  # compiling takes tens of seconds on a small CPU
 

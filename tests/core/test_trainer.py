@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from helpers.trainers import batches, ce_sum, processed_grad
 
 import mtlab
 from helpers import clone_models, make_examples, make_models, task_a, task_b
 from mtlab.base.batching import collate
-from helpers.trainers import batches, ce_sum, processed_grad
 
 
 def test_accumulated_gradient_equals_one_pass_and_differs_from_mean_of_means():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.trainers import no_host_reads
 
 import mtlab
 from helpers import make_examples, make_models, task_a, task_b
@@ -68,7 +69,6 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from mtlab.models import BLSTM, BRNN, Concat, DeepClusteringHead, LeakyBLSTM, MaskHead, MeanPool, ResetBLSTM  # noqa: E402
 from mtlab.separation.losses import PIT, DeepClustering  # noqa: E402
-from helpers.trainers import no_host_reads
 
 # Ops that read a device value on the host (``.item()``, ``bool(t)``, ``int(t)`` all reach
 # _local_scalar_dense) or whose output shape depends on the data (a sync on a GPU).

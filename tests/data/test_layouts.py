@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.corpora import build, make_layouts, recipe
 
 from mtlab.data import DataError, DataWarning, data_samples_dir, load_split, read_list, read_wav
 from mtlab.data.layouts import LAYOUTS, get_layout, prepare, read_corpus
-from helpers.corpora import build, make_layouts, recipe
 
 PER_SPLIT = 4
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.paths import REPO
+from helpers.campaign import record
 
 import mtlab
 import mtlab.data
-from helpers.campaign import record
 
 ROOT = REPO
 DEMO = ROOT / "recipes" / "demo.toml"

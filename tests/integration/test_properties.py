@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from torch import nn
+from helpers.campaign import record
 
 import mtlab
-from helpers.campaign import record
 from helpers import make_examples, make_models, task_a, task_b
 
 EX = make_examples(16, 21)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers.campaign import record
 
 import mtlab
-from helpers.campaign import record
 from helpers import make_examples, make_models, task_a, task_b
 from mtlab.core.state import CheckpointError, load_safe
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 from helpers.paths import NABU_RECIPES
+from helpers.nabu_oracles import original_bidirectional, original_capsnet, original_rec_capsule_cell, original_rnn_linear_out, original_squash
 
 from mtlab.base.errors import ConfigError
 from mtlab.models import CapsNet, build_model
 from mtlab.nabu import import_nabu
-from helpers.nabu_oracles import original_bidirectional, original_capsnet, original_rec_capsule_cell, original_rnn_linear_out, original_squash
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 from helpers.paths import NABU_RECIPES
+from helpers.nabu_oracles import oracle
 
 from mtlab.base.errors import BatchError, ConfigError
 from mtlab.models import Concat, EncoderDecoderCNN, build_model
 from mtlab.nabu import import_nabu
-from helpers.nabu_oracles import oracle
 from helpers.nabu import TASK
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.paths import NABU_RECIPES
+from helpers.nabu import LOSS, VALID, replace_in, write_recipe
 
 import mtlab
 from mtlab.nabu import import_nabu, plain_recipe, toml_text, write_toml
 from mtlab.tasks.task import applied_weight
-from helpers.nabu import LOSS, VALID, replace_in, write_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.nabu_ivectors import write_ivec_recipe
 
 import mtlab
 from mtlab.data import DataError, VectorList, load_vectors
 from mtlab.models import Concat
 from mtlab.nabu import import_nabu, make_sample_root, plain_recipe
 from mtlab.nabu.samples import speaker_vector
-from helpers.nabu_ivectors import write_ivec_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.nabu import replace_in, write_recipe
+from helpers.tf_fixtures import FIXTURE, FIXTURE_PREFIX, F, H, fixture_values
 
 from mtlab.apps.cli import main
 from mtlab.apps.recipe import from_recipe, load_initial_weights
@@ -21,7 +22,6 @@ from mtlab.models import build_model
 from mtlab.nabu import import_nabu, make_sample_root
 from mtlab.nabu.tf_checkpoint import CheckpointFormatError, TFCheckpoint
 from mtlab.nabu.tf_convert import convert_checkpoint, convert_models
-from helpers.tf_fixtures import FIXTURE, FIXTURE_PREFIX, F, H, fixture_values
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

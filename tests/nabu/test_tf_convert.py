@@ -20,12 +20,12 @@ from helpers.nabu_oracles import original_bidirectional, original_capsnet, origi
 from helpers.nabu_oracles import oracle as original_cnn
 from helpers.tf_fixtures import FIXTURE_PREFIX, fixture_values
 from helpers.tf_bundle import write_bundle
+from helpers.tf_fixtures import MODELS_FIXTURE, MODELS_PREFIX, models_fixture_values
 
 from mtlab.base.errors import ConfigError
 from mtlab.models import build_model
 from mtlab.nabu.tf_checkpoint import TFCheckpoint
 from mtlab.nabu.tf_convert import convert_models
-from helpers.tf_fixtures import MODELS_FIXTURE, MODELS_PREFIX, models_fixture_values
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 
 from helpers import dist_worker as w
+from helpers.distributed import assert_params_close, free_port, spawn
 import mtlab
 from mtlab.tasks.sampling import BatchStream
 from mtlab.tasks.sampling import derived_seed
-from helpers.distributed import assert_params_close, free_port, spawn
 
 pytestmark = [pytest.mark.slow,  # process groups of several processes
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]

@@ -8,11 +8,11 @@ import pytest
 import torch.distributed as dist
 
 from helpers import dist_worker as w
+from helpers.distributed import assert_params_close, spawn
 import mtlab
 from helpers import make_examples, make_models, task_a
 from mtlab.core.accumulator import Accumulator, Phase
 from mtlab.tasks.sampling import BatchStream, derived_seed
-from helpers.distributed import assert_params_close, spawn
 
 pytestmark = [pytest.mark.slow,  # process groups of several processes
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]

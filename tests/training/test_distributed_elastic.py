@@ -16,10 +16,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers.paths import TESTS
+from helpers.recipes import make_tiny_corpus, write_tiny_recipe
 
 import mtlab
 from mtlab.tasks.sampling import BatchStream, derived_seed
-from helpers.recipes import make_tiny_corpus, write_tiny_recipe
 
 pytestmark = [pytest.mark.slow,  # process groups of several processes
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]

@@ -8,11 +8,11 @@ import pytest
 import torch.distributed as dist
 
 from helpers import shard_worker as w
+from helpers.distributed import assert_params_close, spawn
 from mtlab.base.batching import collate
 from mtlab.data import load_split
 from mtlab.data.shardwriter import write_shards
 from mtlab.tasks.sampling import BatchStream, derived_seed
-from helpers.distributed import assert_params_close, spawn
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built in this torch")]

@@ -11,11 +11,11 @@ from helpers import make_examples, script_validations
 from helpers.recipes import write_tiny_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+from helpers.runs import assert_same, plain, script
 
 from mtlab.core.state import load_safe
 from mtlab.training.loop import Schedule, run
 from mtlab.apps.recipe import from_recipe, load
-from helpers.runs import assert_same, plain, script
 
 
 def test_lr_follows_the_formula_and_valid_adapt_halves_it() -> None:

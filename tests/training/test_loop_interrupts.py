@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.campaign import record
 
 import mtlab
-from helpers.campaign import record
 from helpers import make_examples, make_models, task_a, task_b
 from mtlab.core.state import load_safe
 from mtlab.training.loop import Schedule, run

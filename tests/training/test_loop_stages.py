@@ -10,13 +10,13 @@ import pytest
 import torch
 from helpers.runs import assert_same
 from helpers.recipes import TINY_TOML
+from helpers.runs import LENGTHS, STAGES, staged, utterances
 
 import mtlab
 from mtlab.base.errors import ConfigError
 from mtlab.training.loop import Schedule, run
 from mtlab.apps.recipe import from_recipe, load
 from mtlab.tasks.sampling import BatchStream, SegmentedExamples, trainset_fraction
-from helpers.runs import LENGTHS, STAGES, staged, utterances
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

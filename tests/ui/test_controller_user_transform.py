@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.trainers import batches, ce_sum
 
 import mtlab
 import mtlab.ui
 from helpers import DecayingScale, clone_models, make_examples, make_models, task_a
 from mtlab.ui.controller import Controller
-from helpers.trainers import batches, ce_sum
 
 
 def make(chain: mtlab.Chain, models=None) -> mtlab.Trainer:

@@ -16,10 +16,10 @@ pytest.importorskip("matplotlib", reason="plots need matplotlib: pip install 'mt
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from helpers.dashboards import many_tasks
 
 from mtlab import plots  # noqa: E402
 from mtlab.ui.liveplot import PRESENTATION_SCALE, LivePlot  # noqa: E402
-from helpers.dashboards import many_tasks
 
 PLOT_WIDTH = 620  # mtlab.ui.controls.PLOT_WIDTH: the Image widget shows the PNG at exactly this width
 MIN_AXES = (200, 110)  # px
