@@ -1,4 +1,5 @@
-"""Small models and data shared by the tests (plain PyTorch)."""
+"""Small models and data shared by the tests (plain PyTorch). The package's modules hold what tests of one
+theme share (tests/README.md): ``from helpers.nabu import write_recipe``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Helpers for the data-layer tests: tiny WAV files and corpora."""
+"""Tiny WAV files and corpora for the data tests, and the corpus layouts of scripts/make_layouts.py."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -7,6 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+from helpers.paths import REPO
 
 import mtlab
 
@@ -40,8 +42,6 @@ def make_corpus(root: Path, names: list[str], lengths: list[int] | None = None, 
     (folder / "spk.txt").write_text("".join(f"{name} {i % 3} {(i + 1) % 3}\n" for i, name in enumerate(names)))
     return folder
 
-
-from helpers.paths import REPO
 
 
 def _script() -> ModuleType:

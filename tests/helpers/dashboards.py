@@ -1,4 +1,4 @@
-"""Dashboards of many tasks, shared by the plot tests."""
+"""The history of a run of many tasks (what the dashboard's plots draw), shared by the plot tests."""
 
 from __future__ import annotations
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.paths import DATA_SAMPLES
-
-SAMPLES = DATA_SAMPLES
+from helpers.paths import DATA_SAMPLES as SAMPLES
 
 
 def make_tiny_corpus(root: Path, sizes: dict[str, int] | None = None) -> Path:
