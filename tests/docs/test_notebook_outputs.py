@@ -13,16 +13,23 @@ import time
 import pytest
 from helpers.paths import NOTEBOOKS
 
-nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
-nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
-pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
-pytest.importorskip("ipywidgets", reason="the notebooks need mtlab[notebook]: pip install 'mtlab[notebook]'")
+
+
+def notebook_tools() -> tuple:
+    """nbformat and nbclient, imported by the tests that run notebooks (importing nbformat loads jsonschema's
+    format checkers, seconds of CPU that every collection of the suite would pay at module level)."""
+    nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
+    nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
+    pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
+    pytest.importorskip("ipywidgets", reason="the notebooks need mtlab[notebook]: pip install 'mtlab[notebook]'")
+    return nbformat, nbclient
 
 
 
 @functools.cache
 def executed(name: str) -> tuple:
     """The notebook run top to bottom with MTLAB_FAST=1 (once per test session): its cells."""
+    nbformat, nbclient = notebook_tools()
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     before = os.environ.get("MTLAB_FAST")
     os.environ["MTLAB_FAST"] = "1"
@@ -209,6 +216,7 @@ def test_notebook_03_slider_moved_during_its_run_acts_within_two_steps():
     """Notebook 03's own cells in a kernel, up to its run cell (which returns); then a slider drag as the
     browser sends it: the next frames/noisy minibatches use the new weight, at most 2 steps later."""
     jupyter_client = pytest.importorskip("jupyter_client")
+    nbformat, _ = notebook_tools()
     nb = nbformat.read(NOTEBOOKS / "03_multitask_linkedsets.ipynb", as_version=4)
     cells = [c.source for c in nb.cells if c.cell_type == "code"]
     start = next(i for i, s in enumerate(cells) if s.startswith("dash.start(STEPS)"))

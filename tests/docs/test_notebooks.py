@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 from helpers.paths import NOTEBOOKS, REPO
 
-nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
-nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
-pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
-pytest.importorskip("ipywidgets", reason="the notebooks need mtlab[notebook]: pip install 'mtlab[notebook]'")
+
+
+def notebook_tools() -> tuple:
+    """nbformat and nbclient, imported by the tests that run notebooks (importing nbformat loads jsonschema's
+    format checkers, seconds of CPU that every collection of the suite would pay at module level)."""
+    nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
+    nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
+    pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
+    pytest.importorskip("ipywidgets", reason="the notebooks need mtlab[notebook]: pip install 'mtlab[notebook]'")
+    return nbformat, nbclient
 
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 
@@ -19,8 +26,8 @@ PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 def test_notebooks_are_committed_without_outputs():
     assert PATHS, f"no notebooks in {NOTEBOOKS}"
     for path in PATHS:
-        nb = nbformat.read(path, as_version=4)
-        dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count)]
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        dirty = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
         assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
 
 
@@ -28,6 +35,7 @@ def test_notebooks_are_committed_without_outputs():
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
 def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MTLAB_FAST", "1")
+    nbformat, nbclient = notebook_tools()
     nb = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOKS)}})
