@@ -1,6 +1,6 @@
 """The layers of mtlab, bottom first: each is a folder, and a module imports only its own layer or one below.
 
-``tests/test_layering.py`` checks every import against this order and fails on an upward one; the README's
+``tests/integration/test_layering.py`` checks every import against this order and fails on an upward one; the README's
 Architecture section is checked against it too. A folder not listed here fails that test.
 """
 
