@@ -7,18 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.notebooks import notebook_tools
 from helpers.paths import NOTEBOOKS, REPO
 
 
-
-def notebook_tools() -> tuple:
-    """nbformat and nbclient, imported by the tests that run notebooks (importing nbformat loads jsonschema's
-    format checkers, seconds of CPU that every collection of the suite would pay at module level)."""
-    nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat (pip install nbformat)")
-    nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbclient (pip install nbclient)")
-    pytest.importorskip("ipykernel", reason="notebook tests need ipykernel in this environment (pip install ipykernel)")
-    pytest.importorskip("ipywidgets", reason="the notebooks need mtlab[notebook]: pip install 'mtlab[notebook]'")
-    return nbformat, nbclient
 
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 
