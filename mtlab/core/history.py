@@ -90,27 +90,44 @@ class History:
             self._ready = len(self._rows)
 
 
-def step_row(step: int, lr: float, skipped: Any, tasks: Mapping[str, Any], accs: Mapping[str, Any],
+KnobValues = tuple[float, int | None, dict[str, float]]  # a task's weight, batch size and linked-set weights
+
+
+ROW_STATS = ("grad_norm", "grad_norm_clipped", "clip_fraction", "minibatches")  # per task, after its loss
+
+
+def knob_values(tasks: Mapping[str, Any]) -> dict[str, KnobValues]:
+    """Task -> ``(weight, batch_size, {linked set: weight})`` as read now (a ``mtlab.Task`` each): what a step's
+    history row shows."""
+    return {n: (t.weight, getattr(t, "batch_size", None), {s: ls.weight for s, ls in t.linkedsets.items()})
+            for n, t in tasks.items()}
+
+
+def step_row(step: int, lr: float, skipped: Any, knobs: Mapping[str, KnobValues], accs: Mapping[str, Any],
              stats: Mapping[str, Any] | None = None, rounds: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """The history row of one applied step: lr, weights, batch sizes, minibatch rounds per step (``rounds``), and
-    for each task in ``accs`` (an ``Accumulator`` each) its loss, per-linked-set losses, gradient norms, clip
-    fraction and minibatches;
+    """The history row of one applied step: lr, weights and batch sizes (``knobs``, from ``knob_values``),
+    minibatch rounds per step (``rounds``), and for each task in ``accs`` (an ``Accumulator`` each) its loss,
+    per-linked-set losses, gradient norms, clip fraction and minibatches;
     then the update's ``stats`` (``weighting/<task>``, ``combine/<group>/<task>``, ``cos/<model>/<a>,<b>``,
     ``direction_norm/<group>``, ``direction_norm``: 0-d tensors, read back with the rest)."""
     row: dict[str, Any] = {"step": step, "lr": lr, "skipped": skipped}
-    for name, task in tasks.items():
-        row[task_column(name, "weight")] = task.weight
-        row.update({set_column(name, s, "weight"): ls.weight for s, ls in task.linkedsets.items()})
-        if getattr(task, "batch_size", None) is not None:
-            row[task_column(name, "batch_size")] = task.batch_size
+    for name, (weight, batch_size, set_weights) in knobs.items():  # plain loops: this runs once per step
+        row[task_column(name, "weight")] = weight
+        for s, w in set_weights.items():
+            row[set_column(name, s, "weight")] = w
+        if batch_size is not None:
+            row[task_column(name, "batch_size")] = batch_size
         if rounds is not None:
             row[task_column(name, "minibatches_per_step")] = rounds[name]
         acc = accs.get(name)
         if acc is not None:
             row[task_column(name, "loss")] = acc.normalized_loss
-            row.update({set_column(name, s, "loss"): acc.linkedset_loss(s) for s in acc.set_totals})
-            row.update({task_column(name, k): getattr(acc, k) for k in ("grad_norm", "grad_norm_clipped", "clip_fraction",
-                                                                        "minibatches")})
-            row.update({task_column(name, k): v for k, v in acc.stats.items()})
-    row.update(stats or {})
+            for s in acc.set_totals:
+                row[set_column(name, s, "loss")] = acc.linkedset_loss(s)
+            for k in ROW_STATS:
+                row[task_column(name, k)] = getattr(acc, k)
+            for k, v in acc.stats.items():
+                row[task_column(name, k)] = v
+    if stats:
+        row.update(stats)
     return row

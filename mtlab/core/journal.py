@@ -185,40 +185,32 @@ class Journal:
             self.entries.append(entry)
             return entry
 
-    @contextlib.contextmanager
-    def call(self, trainer: Any, kind: str, **payload: Any) -> Iterator[None]:
-        """Around a public training call: recorded when it is not part of another (a step's minibatches)."""
-        with self.lock:
-            outer = self.depth == 0 and not self._quiet
-            entry = None
-            if outer:
-                self.begin(trainer)
-                last = self.entries[-1] if self.entries else None
-                if kind == "step" and last is not None and last["type"] == "call" and last["kind"] == "step" \
-                        and "failed" not in last and last["step"] + last["count"] == trainer.step_count:
-                    last["count"] += 1
-                    entry = last
-                else:
-                    entry = self._entry("call", kind, trainer.step_count, {**payload, **({"count": 1}
-                                                                                         if kind == "step" else {})})
-                    self.entries.append(entry)
-            self.depth += 1
-        try:
-            yield
-        except BaseException as exc:
-            if entry is not None:
-                with self.lock:
-                    if kind == "step" and entry["count"] > 1:  # the failed step gets an entry of its own
-                        entry["count"] -= 1
-                        failed = {**entry, "count": 1, "step": trainer.step_count, "failed": type(exc).__name__}
-                        at = next(i for i, e in enumerate(self.entries) if e is entry)
-                        self.entries.insert(at + 1, failed)  # before the changes made during the failed step
-                    else:
-                        entry["failed"] = type(exc).__name__
-            raise
-        finally:
-            with self.lock:
-                self.depth -= 1
+    def call(self, trainer: Any, kind: str, **payload: Any) -> CallScope:
+        """Around a public training call (``with journal.call(trainer, "apply"): ...``): recorded when it is not
+        part of another (a step's minibatches); a call that raises is marked ``failed``."""
+        return CallScope(self, trainer, kind, payload)
+
+    def _enter_call(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """The entry of an outer call (hold ``lock``): consecutive steps share one, counted."""
+        self.begin(trainer)
+        last = self.entries[-1] if self.entries else None
+        if kind == "step" and last is not None and last["type"] == "call" and last["kind"] == "step" \
+                and "failed" not in last and last["step"] + last["count"] == trainer.step_count:
+            last["count"] += 1
+            return last
+        entry = self._entry("call", kind, trainer.step_count, {**payload, **({"count": 1} if kind == "step" else {})})
+        self.entries.append(entry)
+        return entry
+
+    def _fail_call(self, entry: dict[str, Any], kind: str, step: int, error: str) -> None:
+        """An outer call raised ``error`` (hold ``lock``): a failed step gets an entry of its own."""
+        if kind == "step" and entry["count"] > 1:
+            entry["count"] -= 1
+            failed = {**entry, "count": 1, "step": step, "failed": error}
+            at = next(i for i, e in enumerate(self.entries) if e is entry)
+            self.entries.insert(at + 1, failed)  # before the changes made during the failed step
+        else:
+            entry["failed"] = error
 
     def read(self, kind: str) -> None:
         """The trainer is about to read its knobs (step start, minibatch, normalize, clip, apply); hold ``lock``.
@@ -347,6 +339,33 @@ class Journal:
         with self.lock:
             self.id, self.lineage, self.header = other.id, other.lineage, other.header
             self.entries, self.tick = other.entries, other.tick
+
+
+class CallScope:
+    """``Journal.call``'s context: the entry of an outer call (None inside another), made on entering.
+
+    A plain class rather than a generator context manager: it wraps every call of every step, minibatches
+    included, and a call inside another (most of them) only counts the depth."""
+
+    __slots__ = ("journal", "trainer", "kind", "payload", "entry")
+
+    def __init__(self, journal: Journal, trainer: Any, kind: str, payload: dict[str, Any]) -> None:
+        self.journal, self.trainer, self.kind, self.payload = journal, trainer, kind, payload
+        self.entry: dict[str, Any] | None = None
+
+    def __enter__(self) -> None:
+        j = self.journal
+        with j.lock:
+            if j.depth == 0 and not j._quiet:
+                self.entry = j._enter_call(self.trainer, self.kind, self.payload)
+            j.depth += 1
+
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        j = self.journal
+        with j.lock:
+            j.depth -= 1
+            if typ is not None and self.entry is not None:
+                j._fail_call(self.entry, self.kind, self.trainer.step_count, typ.__name__)
 
 
 def knob_differences(journals: Mapping[str, Journal]) -> dict[str, list[str]]:

@@ -14,7 +14,7 @@ each rank alone when a process group is up. With a reducer (``mtlab.distributed.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
@@ -22,6 +22,8 @@ from ..base.errors import ConfigError
 from ..tasks.sampling import Streams
 from .accumulator import Accumulator, Reducer
 from .transforms import Chain
+
+_ALONE = nullcontext()  # one_agreement on one process (reusable: it holds nothing)
 
 
 class Parallel:
@@ -44,7 +46,12 @@ class Parallel:
               reduces: bool) -> dict[str, Accumulator]:
         """Start ``call``: agree with the other ranks, choose the tasks it covers and, when it ``reduces``, sum
         their accumulators over the ranks. Returns the chosen accumulators."""
-        if self.reducer is not None and not self.agreed:
+        if self.reducer is None:  # one process (the usual case): choose, and refuse a process group left out
+            chosen = chain.select(call, task, accs)
+            if reduces and not self.local_only:
+                self.reduce(call, chosen)
+            return chosen
+        if not self.agreed:
             self.agree(call, task, accs, chain, reduces)
         chosen = chain.select(call, task, accs)
         if reduces:
@@ -60,12 +67,15 @@ class Parallel:
         if agree is not None:
             agree(call, task, accs, {n: chain.next_call(a) for n, a in accs.items()}, reduces=reduces, within=within)
 
+    def one_agreement(self, accs: Mapping[str, Accumulator], chain: Chain) -> AbstractContextManager[None]:
+        """``step()``'s cycle: agree once at its start (``within="step"``), not again at each call inside (one
+        process: nothing to agree on)."""
+        return _ALONE if self.reducer is None else self._agreement(accs, chain)
+
     @contextmanager
-    def one_agreement(self, accs: Mapping[str, Accumulator], chain: Chain) -> Iterator[None]:
-        """``step()``'s cycle: agree once at its start (``within="step"``), not again at each call inside."""
-        if self.reducer is not None:
-            self.agree(chain.reducing_call(), None, accs, chain, reduces=True, within="step")
-        self.agreed = self.reducer is not None
+    def _agreement(self, accs: Mapping[str, Accumulator], chain: Chain) -> Iterator[None]:
+        self.agree(chain.reducing_call(), None, accs, chain, reduces=True, within="step")
+        self.agreed = True
         try:
             yield
         finally:

@@ -13,11 +13,11 @@ UI: those are built on top of it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -35,7 +35,7 @@ from .events import (ApplyInfo, EvaluateInfo, Event, Events, Listener, Minibatch
                      RestoreInfo, call_done)
 from ..tasks.forward import TaskPlan, eval_mode, parameter_users
 from ..tasks.forward import evaluate_totals as plan_totals
-from .history import History, step_row
+from .history import History, knob_values, step_row
 from .branch import fork_trainer, restore_journaled
 from .journal import Journal, graph_of
 from .knobs import AccumulationKnobs, Knobs
@@ -45,20 +45,24 @@ from ..tasks.sampling import BatchStream, ExampleSource, Streams
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
                           check_relative_weights, check_tasks)
 from .optimizers import OptimizerFactory, optimizer_factory
-from .transforms import Call, Chain
+from .transforms import IDLE, Call, Chain
 from .update import MethodSpec, PerTaskUpdate, Update
 
 if TYPE_CHECKING:
     import pandas as pd
 
 NONFINITE_POLICIES = ("raise", "skip")
+NO_CONTEXT = contextlib.nullcontext()  # entered where a context is needed only sometimes (reusable)
 
 
 def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
     """step() starts a fresh cycle: refuse rather than silently discard minibatches processed by hand."""
-    busy = {n: a for n, a in accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)}
-    if not busy:
+    for acc in accs.values():  # a plain loop: the usual answer (nothing by hand) takes no dict
+        if acc.phase not in IDLE:
+            break
+    else:
         return
+    busy = {n: a for n, a in accs.items() if a.phase not in IDLE}
     parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
     calls = [*chain.calls(), Call.APPLY]
     first = min(calls.index(c) if c in calls else 0 for c in (chain.next_call(a) for a in busy.values()))
@@ -254,14 +258,17 @@ class Trainer(AccumulationKnobs, Knobs):
     def reset(self, task: str | None = None) -> None:
         """Discard what ``task`` (default: every task) accumulated; its phase becomes ``empty``."""
         with self.lock, self.journal.call(self, "reset", task=task):
-            for name in [task] if task is not None else list(self.tasks):
-                self.task(name)
-                self._accs[name].reset()
             if task is None:
+                for acc in self._accs.values():
+                    acc.reset()
                 self.journal.applied()
+            else:
+                self.task(task)
+                self._accs[task].reset()
             if self.noise_scale is not None:
                 self.noise_scale.discard(task)
-            self.events.emit(Event.RESET, ResetInfo(task=task))
+            if self.events.listeners:  # no payload to build for nobody
+                self.events.emit(Event.RESET, ResetInfo(task=task))
 
     def _set_mode(self, training: bool) -> None:
         if self._training_mode is training:  # per minibatch: a plain loop, no generator
@@ -302,9 +309,14 @@ class Trainer(AccumulationKnobs, Knobs):
                 batch = next(stream)
             try:
                 self._set_mode(True)
-                with torch.enable_grad():
-                    with self.precision.autocast():
+                # under "32" with gradients on (the usual case) no context to enter: this runs per minibatch
+                grad_off = not torch.is_grad_enabled()
+                with torch.enable_grad() if grad_off else NO_CONTEXT:
+                    if self.precision.dtype is None:
                         result = self.plans[task].loss(batch, require_grad=True)
+                    else:
+                        with self.precision.autocast():
+                            result = self.plans[task].loss(batch, require_grad=True)
                     acc.begin()
                     noise = self.noise_scale
                     if noise is not None:
@@ -327,7 +339,8 @@ class Trainer(AccumulationKnobs, Knobs):
                 if stream_state is not None:
                     self.streams[(task, linkedset)].seek(*stream_state)
                 raise
-            self.events.emit(Event.MINIBATCH, MinibatchInfo(task=task, linkedset=linkedset, state=acc))
+            if self.events.listeners:
+                self.events.emit(Event.MINIBATCH, MinibatchInfo(task=task, linkedset=linkedset, state=acc))
             return acc
 
     def call(self, name: str, task: str | None = None) -> None:
@@ -336,25 +349,31 @@ class Trainer(AccumulationKnobs, Knobs):
         should come first, when a task is not due for it."""
         if name == Call.APPLY and task is None:
             return self.apply()
-        with self.lock, self.journal.call(self, str(name), task=task):
+        name = str(name)
+        with self.lock, self.journal.call(self, name, task=task):
             with self.journal.lock:
-                self.journal.read(str(name))
+                self.journal.read(name)
             chain = self.chain
             reduces = name == chain.reducing_call()
             accs = self.parallel.enter(name, task, self._accs, chain, reduces)  # agree, choose, sum over ranks
             if reduces:
                 self._after_reduce(accs)
+            events = self.events
             for n, acc in accs.items():
                 chain.run(name, acc)
-                self.events.emit(*call_done(name, n, acc))
+                if events.listeners:
+                    events.emit(*call_done(name, n, acc))
 
     def _after_reduce(self, accs: Mapping[str, Accumulator]) -> None:
         """Once per task and step, where the ranks summed: unscale 16-mixed gradients, refuse a zero normalizer."""
-        for acc in accs.values():
-            self.precision.unscale_(acc.buffers)
+        if self.precision.scaling:
+            for acc in accs.values():
+                self.precision.unscale_(acc.buffers)
         if self.nonfinite == "raise" and self.normalize_gradients:
             # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
-            zero = [n for n, v in zip(accs, torch.stack([a.normalizer for a in accs.values()]).tolist()) if v == 0.0]
+            normalizers = [a.normalizer for a in accs.values()]
+            values = [normalizers[0].item()] if len(normalizers) == 1 else torch.stack(normalizers).tolist()
+            zero = [n for n, v in zip(accs, values) if v == 0.0]
             if zero:
                 raise ZeroNormalizerError(f"normalize(): task {zero[0]!r} accumulated a normalizer of 0 (all its minibatches had "
                                     "weight 0 or no valid frames); process minibatches with a positive weight or reset()")
@@ -377,17 +396,17 @@ class Trainer(AccumulationKnobs, Knobs):
         with self.lock, self.journal.call(self, "apply"):
             with self.journal.lock:
                 self.journal.read("apply")
-                weights_now = {n: t.weight for n, t in self.tasks.items()}  # read once: a slider may move them
                 lr = self.lr
-                shown = {n: SimpleNamespace(weight=t.weight, batch_size=t.batch_size, linkedsets={
-                    s: SimpleNamespace(weight=ls.weight) for s, ls in t.linkedsets.items()})
-                         for n, t in self.tasks.items()}  # the row shows the weights of this knob read
+                shown = knob_values(self.tasks)  # read once: a slider may move them; the row shows these
             chain = self.chain
             reduces = chain.reducing_call() == Call.APPLY  # no transform in the chain: the ranks sum here
             chosen = self.parallel.enter(Call.APPLY, None, self._accs, chain, reduces)
             names = list(chosen)
-            weights = {n: weights_now[n] for n in names}
-            if not any(w > 0 for w in weights.values()):
+            weights = {n: shown[n][0] for n in names}
+            for w in weights.values():
+                if w > 0:
+                    break
+            else:
                 raise ConfigError(f"apply(): every task that accumulated ({names}) has weight 0, so there is nothing "
                                   "to apply; raise a task weight or reset()")
             if reduces:
@@ -395,12 +414,18 @@ class Trainer(AccumulationKnobs, Knobs):
             accs = list(chosen.values())
             for acc in accs:
                 acc.finish_stats()
-            bad_each = ~torch.stack([acc.finite() for acc in accs])
-            found_inf = bad_each.any()
+            finite = [acc.finite() for acc in accs]
+            if len(finite) == 1:  # one task: its own verdict, no stack
+                bad_each = found_inf = ~finite[0]
+            else:
+                bad_each = ~torch.stack(finite)
+                found_inf = bad_each.any()
             if self.precision.scaling:  # an fp16 gradient overflow is the scaler's to handle: skip, back off
                 bad_each = ~torch.stack([torch.isfinite(acc.loss) for acc in accs])
-            if self.nonfinite == "raise" and bool(bad_each.any()):  # sync point: "raise" must know before stepping
-                reasons = [self._accs[n].nonfinite_reason() for n, bad in zip(names, bad_each.tolist()) if bad]
+            # sync point: "raise" must know before stepping
+            if self.nonfinite == "raise" and bool(found_inf if bad_each is found_inf else bad_each.any()):
+                reasons = [self._accs[n].nonfinite_reason() for n, bad in zip(names, bad_each.reshape(-1).tolist())
+                           if bad]
                 raise NonFiniteError("apply(): refused, parameters and optimizer untouched: " + "; ".join(reasons) +
                                      ". reset() and go on, or use Trainer(nonfinite='skip') to drop such steps")
             self.atomic = True
@@ -415,18 +440,24 @@ class Trainer(AccumulationKnobs, Knobs):
                     for acc in accs:
                         noise_cols.update(self.noise_scale.after_apply(acc, self.normalize_gradients, found_inf))
                 self.journal.applied()
-                row = step_row(self.step_count, lr, found_inf, shown, {n: self._accs[n] for n in names},
+                row = step_row(self.step_count, lr, found_inf, shown, chosen,
                                {**self.update.stats, **self.precision.update(found_inf), **noise_cols},
                                self._cycle_k or self.minibatches_per_step)
                 self.log.append(row)
             finally:
                 self.atomic = False
-            self.events.emit(Event.APPLY, ApplyInfo(tasks=names, step=self.step_count, row=row))
+            if self.events.listeners:
+                self.events.emit(Event.APPLY, ApplyInfo(tasks=names, step=self.step_count, row=row))
 
     def active_tasks(self) -> dict[str, list[str]]:
         """Task -> linked sets that step() would draw from (weights > 0)."""
-        out = {n: [s for s, ls in t.linkedsets.items() if ls.weight > 0] for n, t in self.tasks.items() if t.weight > 0}
-        return {n: sets for n, sets in out.items() if sets}
+        out = {}
+        for n, t in self.tasks.items():
+            if t.weight > 0:
+                sets = [s for s, ls in t.linkedsets.items() if ls.weight > 0]
+                if sets:
+                    out[n] = sets
+        return out
 
     def step(self) -> dict[str, Accumulator]:
         """The whole cycle: reset, ``numbatches_to_aggregate`` rounds of every (task, linked set), then the
@@ -468,13 +499,20 @@ class Trainer(AccumulationKnobs, Knobs):
         nothing, when nothing is accumulated.
         """
         with self.lock, self.journal.call(self, "finish"):
-            if all(a.phase in (Phase.EMPTY, Phase.APPLIED) for a in self._accs.values()):
+            accs = self._accs.values()
+            for a in accs:
+                if a.phase not in IDLE:
+                    break
+            else:
                 raise PhaseError("finish(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
             made = []
-            for call in self.chain.calls():
-                if any(self.chain.next_call(a) == call for a in self._accs.values()):
-                    self.call(call)
-                    made.append(call)
+            chain = self.chain
+            for call in chain.calls():
+                for a in accs:  # is any task due for it (after the calls made so far)?
+                    if chain.next_call(a) == call:
+                        self.call(call)
+                        made.append(call)
+                        break
             self.apply()
             return [*made, str(Call.APPLY)]
 

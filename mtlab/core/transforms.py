@@ -65,6 +65,8 @@ class Call(StrEnum):
 RESERVED_CALLS = frozenset({Call.PROCESS_MINIBATCH, Call.APPLY, Call.STEP, Call.RESET, "finish", "call", "evaluate",
                             "minibatch", "run", "pause", "stop", "snapshot", "restore"})
 PHASE_OF_CALL = {Call.NORMALIZE: Phase.NORMALIZED, Call.CLIP: Phase.CLIPPED}
+IDLE = (Phase.EMPTY, Phase.APPLIED)  # nothing accumulated in the cycle: the next call is process_minibatch
+_PROCESS, _APPLY = str(Call.PROCESS_MINIBATCH), str(Call.APPLY)
 
 Stats = Mapping[str, Tensor]
 
@@ -233,7 +235,9 @@ class Chain:
     """Transforms applied in order; a task's ``position`` counts those already applied.
 
     The transforms of one call lie next to each other (one call runs them all); a call's name is a Python
-    identifier other than the trainer's own calls (``process_minibatch``, ``apply``, ``step``, ``reset``)."""
+    identifier other than the trainer's own calls (``process_minibatch``, ``apply``, ``step``, ``reset``).
+    A chain is not changed once built (``replaced`` makes a new one): the call at each position is worked out
+    once here, not at every call of every step."""
 
     def __init__(self, transforms: Iterable[Transform] = ()) -> None:
         self.transforms: list[Transform] = list(transforms)
@@ -250,6 +254,8 @@ class Chain:
                 raise ConfigError(f"Chain: the transforms of call {call!r} are not next to each other in "
                                   f"{self.transforms}; put them together (one {call}() runs them all)")
             seen.append(call)
+        self._call_at = tuple(str(t.call) for t in self.transforms)  # position -> the call that runs it
+        self._calls = tuple(dict.fromkeys(self._call_at))
 
     @classmethod
     def from_settings(cls, normalize: bool, clip_value: float | None, clip_norm: float | None,
@@ -307,7 +313,7 @@ class Chain:
 
     def calls(self) -> list[str]:
         """The trainer calls of one step after the minibatches, in order (``apply`` not included)."""
-        return list(dict.fromkeys(str(t.call) for t in self.transforms))
+        return list(self._calls)
 
     def of_call(self, call: str) -> list[Transform]:
         """The transforms one ``call`` runs, in order."""
@@ -316,14 +322,14 @@ class Chain:
     def reducing_call(self) -> str:
         """The first call after the minibatches, where data-parallel ranks sum their accumulators (``apply``
         when the chain is empty)."""
-        return str(self.transforms[0].call if self.transforms else Call.APPLY)
+        return self._call_at[0] if self._call_at else _APPLY
 
     def next_call(self, acc: Accumulator) -> str:
         """The call ``acc`` needs next: ``process_minibatch``, a transform's call, or ``apply``."""
-        if acc.phase in (Phase.EMPTY, Phase.APPLIED):
-            return str(Call.PROCESS_MINIBATCH)
-        pos = acc.position
-        return str(self.transforms[pos].call if pos < len(self.transforms) else Call.APPLY)
+        if acc.phase in IDLE:
+            return _PROCESS
+        pos, at = acc.position, self._call_at
+        return at[pos] if pos < len(at) else _APPLY
 
     def select(self, call: str, task: str | None, accs: Mapping[str, Accumulator]) -> dict[str, Accumulator]:
         """The accumulators ``call`` covers (``task``'s, or every task due for it; ``apply``: every task that
@@ -335,25 +341,33 @@ class Chain:
             if self.next_call(acc) != call:
                 raise self.phase_error(task, acc, call)
             return {task: acc}
-        busy = {n: a for n, a in accs.items() if a.phase not in (Phase.EMPTY, Phase.APPLIED)}
+        at, n_at = self._call_at, len(self._call_at)
+        chosen: dict[str, Accumulator] = {}
+        busy = False
+        late = None  # the first task that accumulated but is not due for ``call``
+        for n, a in accs.items():  # one pass, next_call inlined: this runs at every call of every step
+            if a.phase in IDLE:
+                continue
+            busy = True
+            pos = a.position
+            if (at[pos] if pos < n_at else _APPLY) == call:
+                chosen[n] = a
+            elif late is None:
+                late = n
         if not busy:
             raise PhaseError(f"{call}(): no task has accumulated minibatches; call process_minibatch(task, linkedset) "
                              "first" + (" (or step())" if call == Call.APPLY else ""))
-        chosen = {n: a for n, a in busy.items() if self.next_call(a) == call}
-        if call == Call.APPLY or not chosen:
-            late = next((n for n in busy if n not in chosen), None)
-            if late is not None:
-                raise self.phase_error(late, busy[late], call)
+        if late is not None and (call == Call.APPLY or not chosen):
+            raise self.phase_error(late, accs[late], call)
         return chosen
 
     def run(self, call: str, acc: Accumulator) -> None:
         """Apply the transforms of ``call`` at ``acc``'s position, move it on after each and give the
         accumulator the statistics each measured."""
-        transforms = self.transforms
-        while acc.position < len(transforms) and transforms[acc.position].call == call:
+        transforms, at = self.transforms, self._call_at
+        while acc.position < len(at) and at[acc.position] == call:
             t = transforms[acc.position]
-            stats = t(acc)
-            acc.advance(t.phase, stats)
+            acc.advance(t.phase, t(acc))
 
     def phase_error(self, task: str, acc: Accumulator, call: str) -> PhaseError:
         """The error for ``call`` made on ``acc`` out of order, naming the call that should come instead."""

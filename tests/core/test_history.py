@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mtlab.core.history import History, step_row
+from mtlab.core.history import History, knob_values, step_row
 
 
 def test_rows_are_read_lazily_in_one_transfer(monkeypatch) -> None:
@@ -52,7 +52,7 @@ def test_step_row_names_every_weight_and_only_the_tasks_that_took_part() -> None
         def linkedset_loss(self, name: str) -> torch.Tensor:
             return self.set_totals[name][0] / self.set_totals[name][1]
 
-    row = step_row(7, 1e-3, False, {"a": T(), "b": T()}, {"a": Acc()})
+    row = step_row(7, 1e-3, False, knob_values({"a": T(), "b": T()}), {"a": Acc()})
     assert row["step"] == 7 and row["a/weight"] == 1.0 and row["b/clean/weight"] == 0.5
     assert float(row["a/clean/loss"]) == 2.0 and row["a/minibatches"] == 3 and float(row["a/scale"]) == 0.5
     assert "b/loss" not in row
