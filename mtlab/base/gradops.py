@@ -16,6 +16,8 @@ from torch import Tensor
 
 def group(tensors: Sequence[Tensor]) -> list[list[Tensor]]:
     """Tensors grouped by (device, dtype), in a stable order."""
+    if len(tensors) == 1:  # one flat buffer per task (the accumulator's usual case): nothing to group
+        return [list(tensors)]
     groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = defaultdict(list)
     for t in tensors:
         groups[(t.device, t.dtype)].append(t)

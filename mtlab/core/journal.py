@@ -118,6 +118,7 @@ class Journal:
         self._quiet = 0
         self.replaying: dict[str, Any] | None = None  # set by mtlab.replay: the entry being applied
         self.due: dict[int, list[Any]] = {}  # tick -> callables mtlab.replay applies at that tick
+        self._inner = InnerScope(self)
 
     # ------------------------------------------------------------------ sources
     @contextlib.contextmanager
@@ -185,9 +186,12 @@ class Journal:
             self.entries.append(entry)
             return entry
 
-    def call(self, trainer: Any, kind: str, **payload: Any) -> CallScope:
+    def call(self, trainer: Any, kind: str, **payload: Any) -> CallScope | InnerScope:
         """Around a public training call (``with journal.call(trainer, "apply"): ...``): recorded when it is not
-        part of another (a step's minibatches); a call that raises is marked ``failed``."""
+        part of another (a step's minibatches); a call that raises is marked ``failed``. The caller holds the
+        trainer's lock (as every call of the trainer does), so the depth read here stays as read."""
+        if self.depth:  # inside another call: nothing to record, one shared scope that counts the depth
+            return self._inner
         return CallScope(self, trainer, kind, payload)
 
     def _enter_call(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -366,6 +370,25 @@ class CallScope:
             j.depth -= 1
             if typ is not None and self.entry is not None:
                 j._fail_call(self.entry, self.kind, self.trainer.step_count, typ.__name__)
+
+
+class InnerScope:
+    """``Journal.call``'s context for a call inside another: only the depth changes (reusable, reentrant)."""
+
+    __slots__ = ("journal",)
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def __enter__(self) -> None:
+        j = self.journal
+        with j.lock:
+            j.depth += 1
+
+    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        j = self.journal
+        with j.lock:
+            j.depth -= 1
 
 
 def knob_differences(journals: Mapping[str, Journal]) -> dict[str, list[str]]:
