@@ -61,8 +61,11 @@ def norms(tensors: Sequence[Tensor], foreach: bool = True) -> list[Tensor]:
     """Per-tensor L2 norms (0-d tensors), in the input order."""
     if not foreach:
         return [torch.linalg.vector_norm(t) for t in tensors]
+    groups = group(tensors)
+    if len(groups) == 1:  # one device and dtype (the usual case): already in the input order
+        return list(torch._foreach_norm(groups[0]))
     out: dict[int, Tensor] = {}
-    for g in group(tensors):
+    for g in groups:
         for t, n in zip(g, torch._foreach_norm(g)):
             out[id(t)] = n
     return [out[id(t)] for t in tensors]
