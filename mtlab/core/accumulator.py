@@ -78,8 +78,6 @@ class Accumulator:
         self._readonly = MappingProxyType(self._views)
         self.segments: dict[str, list[tuple[int, int, int]]] = {}  # model -> [(buffer index, start, end)]
         self._segment_views: list[Tensor] = []  # every model's segments, in ``segments`` order (made once)
-        self._segment_counts: list[int] = []  # segments per model
-        self._grad_views: list[tuple[nn.Parameter, Tensor]] = []  # (parameter, its gradient's view)
         self._clear()
 
     def _clear(self) -> None:
@@ -117,8 +115,7 @@ class Accumulator:
                     segs.append((i, start, start + p.numel()))
                 start += p.numel()
         self._segment_views = [self.buffers[i][a:b] for segs in self.segments.values() for i, a, b in segs]
-        self._segment_counts = [len(s) for s in self.segments.values()]
-        self._grad_views = [(self.params[n], v) for n, v in self._views.items()]
+        self._grad_views: list[tuple[nn.Parameter, Tensor]] = [(self.params[n], v) for n, v in self._views.items()]
 
     @property
     def grads(self) -> Mapping[str, Tensor]:
@@ -254,7 +251,8 @@ class Accumulator:
 
     def norms(self) -> tuple[dict[str, Tensor], Tensor]:
         """Gradient L2 norm per model (from segments of the flat buffers) and over the whole task."""
-        per_model, total = gradops.grouped_norms(self._segment_views, self._segment_counts, self.device)
+        per_model, total = gradops.grouped_norms(self._segment_views, [len(s) for s in self.segments.values()],
+                                                 self.device)
         return dict(zip(self.segments, per_model)), total
 
     def record_norms(self, clipped: bool) -> None:

@@ -194,7 +194,21 @@ class Journal:
             return self._inner
         return CallScope(self, trainer, kind, payload)
 
-    def _enter_call(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    def enter_call(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A call begins: its entry when it is not part of another (None inside one, or while quiet)."""
+        with self.lock:
+            entry = self._outer_entry(trainer, kind, payload) if self.depth == 0 and not self._quiet else None
+            self.depth += 1
+            return entry
+
+    def exit_call(self, entry: dict[str, Any] | None, kind: str, step: int, error: str | None) -> None:
+        """A call ends (``error``: the name of the exception it raised); a failed outer call is marked."""
+        with self.lock:
+            self.depth -= 1
+            if error is not None and entry is not None:
+                self._fail_call(entry, kind, step, error)
+
+    def _outer_entry(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """The entry of an outer call (hold ``lock``): consecutive steps share one, counted."""
         self.begin(trainer)
         last = self.entries[-1] if self.entries else None
@@ -358,18 +372,10 @@ class CallScope:
         self.entry: dict[str, Any] | None = None
 
     def __enter__(self) -> None:
-        j = self.journal
-        with j.lock:
-            if j.depth == 0 and not j._quiet:
-                self.entry = j._enter_call(self.trainer, self.kind, self.payload)
-            j.depth += 1
+        self.entry = self.journal.enter_call(self.trainer, self.kind, self.payload)
 
     def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        j = self.journal
-        with j.lock:
-            j.depth -= 1
-            if typ is not None and self.entry is not None:
-                j._fail_call(self.entry, self.kind, self.trainer.step_count, typ.__name__)
+        self.journal.exit_call(self.entry, self.kind, self.trainer.step_count, None if typ is None else typ.__name__)
 
 
 class InnerScope:

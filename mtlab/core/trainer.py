@@ -57,12 +57,9 @@ NO_CONTEXT = contextlib.nullcontext()  # entered where a context is needed only 
 
 def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
     """step() starts a fresh cycle: refuse rather than silently discard minibatches processed by hand."""
-    for acc in accs.values():  # a plain loop: the usual answer (nothing by hand) takes no dict
-        if acc.phase not in IDLE:
-            break
-    else:
-        return
     busy = {n: a for n, a in accs.items() if a.phase not in IDLE}
+    if not busy:
+        return
     parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
     calls = [*chain.calls(), Call.APPLY]
     first = min(calls.index(c) if c in calls else 0 for c in (chain.next_call(a) for a in busy.values()))
@@ -366,9 +363,8 @@ class Trainer(AccumulationKnobs, Knobs):
 
     def _after_reduce(self, accs: Mapping[str, Accumulator]) -> None:
         """Once per task and step, where the ranks summed: unscale 16-mixed gradients, refuse a zero normalizer."""
-        if self.precision.scaling:
-            for acc in accs.values():
-                self.precision.unscale_(acc.buffers)
+        for acc in accs.values():
+            self.precision.unscale_(acc.buffers)  # nothing under "32" and "bf16-mixed"
         if self.nonfinite == "raise" and self.normalize_gradients:
             # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
             normalizers = [a.normalizer for a in accs.values()]
@@ -451,13 +447,8 @@ class Trainer(AccumulationKnobs, Knobs):
 
     def active_tasks(self) -> dict[str, list[str]]:
         """Task -> linked sets that step() would draw from (weights > 0)."""
-        out = {}
-        for n, t in self.tasks.items():
-            if t.weight > 0:
-                sets = [s for s, ls in t.linkedsets.items() if ls.weight > 0]
-                if sets:
-                    out[n] = sets
-        return out
+        out = {n: [s for s, ls in t.linkedsets.items() if ls.weight > 0] for n, t in self.tasks.items() if t.weight > 0}
+        return {n: sets for n, sets in out.items() if sets}
 
     def step(self) -> dict[str, Accumulator]:
         """The whole cycle: reset, ``numbatches_to_aggregate`` rounds of every (task, linked set), then the
@@ -499,20 +490,13 @@ class Trainer(AccumulationKnobs, Knobs):
         nothing, when nothing is accumulated.
         """
         with self.lock, self.journal.call(self, "finish"):
-            accs = self._accs.values()
-            for a in accs:
-                if a.phase not in IDLE:
-                    break
-            else:
+            accs, chain, made = self._accs.values(), self.chain, []
+            if all(a.phase in IDLE for a in accs):
                 raise PhaseError("finish(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
-            made = []
-            chain = self.chain
             for call in chain.calls():
-                for a in accs:  # is any task due for it (after the calls made so far)?
-                    if chain.next_call(a) == call:
-                        self.call(call)
-                        made.append(call)
-                        break
+                if any(chain.next_call(a) == call for a in accs):
+                    self.call(call)
+                    made.append(call)
             self.apply()
             return [*made, str(Call.APPLY)]
 
