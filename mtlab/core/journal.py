@@ -25,7 +25,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +113,15 @@ class Journal:
         self.entries: list[dict[str, Any]] = []
         self.tick = 0
         self.minibatch = 0
-        self.depth = 0  # calls in progress (a step's minibatches are part of the step)
+        self.depth = 0  # 1 while a call of the trainer runs: changes recorded then are marked inside
         self._local = threading.local()
         self._quiet = 0
         self.replaying: dict[str, Any] | None = None  # set by mtlab.replay: the entry being applied
         self.due: dict[int, list[Any]] = {}  # tick -> callables mtlab.replay applies at that tick
-        self._inner = InnerScope(self)
+        # knob changes made while a call of the trainer runs (mtlab.core.scope): (what, apply), applied at the
+        # call's next knob read, or when it ends
+        self.pending: list[tuple[str, Callable[[], None]]] = []
+        self.pending_lock = threading.Lock()
 
     # ------------------------------------------------------------------ sources
     @contextlib.contextmanager
@@ -161,10 +164,11 @@ class Journal:
             return
         from .state import digest  # a light module; imported here to keep this one free of the checkpoint code
 
+        rng = trainer.rng  # the run's own generator (mtlab.core.scope.RunRandom)
         initial: dict[str, Any] = {"weights": digest({k: m.state_dict() for k, m in trainer.models.items()}),
-                                   "rng": b64(torch.get_rng_state())}
-        if trainer.device.type == "cuda":
-            initial["cuda_rng"] = b64(torch.cuda.get_rng_state(trainer.device))
+                                   "rng": b64(rng.cpu)}
+        if rng.cuda is not None:
+            initial["cuda_rng"] = b64(rng.cuda)
         self.header["initial"] = initial
 
     def _entry(self, typ: str, kind: str, step: int, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,23 +190,16 @@ class Journal:
             self.entries.append(entry)
             return entry
 
-    def call(self, trainer: Any, kind: str, **payload: Any) -> CallScope | InnerScope:
-        """Around a public training call (``with journal.call(trainer, "apply"): ...``): recorded when it is not
-        part of another (a step's minibatches); a call that raises is marked ``failed``. The caller holds the
-        trainer's lock (as every call of the trainer does), so the depth read here stays as read."""
-        if self.depth:  # inside another call: nothing to record, one shared scope that counts the depth
-            return self._inner
-        return CallScope(self, trainer, kind, payload)
-
     def enter_call(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any] | None:
-        """A call begins: its entry when it is not part of another (None inside one, or while quiet)."""
+        """An outer call begins (``mtlab.core.scope.Scope``): its entry (None while quiet). Changes recorded
+        until ``exit_call`` are marked ``inside``."""
         with self.lock:
-            entry = self._outer_entry(trainer, kind, payload) if self.depth == 0 and not self._quiet else None
+            entry = None if self._quiet else self._outer_entry(trainer, kind, payload)
             self.depth += 1
             return entry
 
     def exit_call(self, entry: dict[str, Any] | None, kind: str, step: int, error: str | None) -> None:
-        """A call ends (``error``: the name of the exception it raised); a failed outer call is marked."""
+        """The outer call ends (``error``: the name of the exception it raised); a failed call is marked."""
         with self.lock:
             self.depth -= 1
             if error is not None and entry is not None:
@@ -232,7 +229,10 @@ class Journal:
 
     def read(self, kind: str) -> None:
         """The trainer is about to read its knobs (step start, minibatch, normalize, clip, apply); hold ``lock``.
-        A replay applies here the changes that were made at this point of the original run."""
+        The knob changes made meanwhile from another thread take effect here; a replay applies here the changes
+        that were made at this point of the original run."""
+        if self.pending:
+            self.run_pending()
         for apply_change in self.due.pop(self.tick, ()):
             apply_change()
         self.tick += 1
@@ -240,6 +240,13 @@ class Journal:
             self.minibatch += 1
         elif kind == "step":
             self.minibatch = 0
+
+    def run_pending(self) -> None:
+        """Apply the queued knob changes, in the order they were made (the trainer's lock held)."""
+        with self.pending_lock:
+            todo, self.pending = self.pending, []
+        for _, apply in todo:
+            apply()
 
     def applied(self) -> None:
         """A step was applied (or its accumulation reset): the next minibatch is the first of a new one."""
@@ -311,7 +318,7 @@ class Journal:
                               "with the mtlab that wrote it")
         j = cls()
         j.id, j.lineage, j.header = data["id"], [dict(a) for a in data["lineage"]], dict(data["header"])
-        j.entries = [dict(e) for e in data["entries"]]
+        j.entries = [dict(e) if isinstance(e, Mapping) else e for e in data["entries"]]  # replay names a bad one
         j.tick = int(data.get("tick", 0))
         return j
 
@@ -357,44 +364,6 @@ class Journal:
         with self.lock:
             self.id, self.lineage, self.header = other.id, other.lineage, other.header
             self.entries, self.tick = other.entries, other.tick
-
-
-class CallScope:
-    """``Journal.call``'s context: the entry of an outer call (None inside another), made on entering.
-
-    A plain class rather than a generator context manager: it wraps every call of every step, minibatches
-    included, and a call inside another (most of them) only counts the depth."""
-
-    __slots__ = ("journal", "trainer", "kind", "payload", "entry")
-
-    def __init__(self, journal: Journal, trainer: Any, kind: str, payload: dict[str, Any]) -> None:
-        self.journal, self.trainer, self.kind, self.payload = journal, trainer, kind, payload
-        self.entry: dict[str, Any] | None = None
-
-    def __enter__(self) -> None:
-        self.entry = self.journal.enter_call(self.trainer, self.kind, self.payload)
-
-    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        self.journal.exit_call(self.entry, self.kind, self.trainer.step_count, None if typ is None else typ.__name__)
-
-
-class InnerScope:
-    """``Journal.call``'s context for a call inside another: only the depth changes (reusable, reentrant)."""
-
-    __slots__ = ("journal",)
-
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
-
-    def __enter__(self) -> None:
-        j = self.journal
-        with j.lock:
-            j.depth += 1
-
-    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        j = self.journal
-        with j.lock:
-            j.depth -= 1
 
 
 def knob_differences(journals: Mapping[str, Journal]) -> dict[str, list[str]]:

@@ -125,6 +125,10 @@ class NoiseScale:
         st.w.append(rec.weight)
         st.pending = False
 
+    def clear(self) -> None:
+        """Forget everything measured (a re-initialised run starts without averages)."""
+        self.tasks = {}
+
     def discard(self, task: str | None = None) -> None:
         """Forget this step's minibatches (a reset); the averages stay."""
         for name in [task] if task is not None else list(self.tasks):

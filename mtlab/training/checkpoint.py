@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import torch.distributed as dist
 
 from ..core.events import Event, Payload, RunEndInfo, StepInfo, ValidationInfo
-from ..core.state import load_safe, rng_state, set_rng_state
+from ..core.state import load_safe
 from .distributed import active
 from ..base.errors import ConfigError
 
@@ -96,7 +96,7 @@ class Periodic:
 def rank_states(trainer: Trainer) -> list[dict[str, Any]]:
     """Each rank's RNG state and data positions, in rank order (one all-gather when data parallel): ranks draw
     different noise and, with the stepwise API, may draw different numbers of minibatches."""
-    mine = {"rng": rng_state(trainer.device), "streams": trainer.streams.state_dict()}
+    mine = {"rng": trainer.rng.state_dict(), "streams": trainer.streams.state_dict()}
     if trainer.parallel.world_size == 1 or not active():
         return [mine]
     everyone: list[Any] = [None] * trainer.parallel.world_size
@@ -112,7 +112,7 @@ def restore_rank_state(trainer: Trainer, path: str | Path) -> bool:
         return False
     mine = ranks[trainer.parallel.rank]
     trainer.streams.load_state_dict(mine["streams"], trainer.tasks)
-    set_rng_state(mine["rng"], trainer.device)
+    trainer.rng.load_state_dict(mine["rng"])
     return True
 
 

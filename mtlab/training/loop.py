@@ -124,8 +124,7 @@ def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
     before = trainer.step_count
     fresh = all(p in (Phase.EMPTY, Phase.APPLIED) for p in trainer.phase().values())  # else step() refuses as is
     streams = {key: stream.state_dict() for key, stream in trainer.streams.items()}
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None
+    rng = trainer.rng.state_dict()  # the run's own generator
     guard.abortable = True
     try:
         trainer.step()
@@ -141,9 +140,7 @@ def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
                     trainer.streams[key].load_state_dict(streams[key])
                 else:
                     del trainer.streams[key]  # first used in this step: it starts afresh next time
-            torch.set_rng_state(rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state(cuda_rng, trainer.device)
+            trainer.rng.load_state_dict(rng)
         raise
     finally:
         guard.abortable = False
