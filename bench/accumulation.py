@@ -425,33 +425,61 @@ class Row:
     needs: str | None = None  # the package a peer needs
     ranks: int = 1  # > 1: ``run`` takes every case at once, [(state, minibatches, k)] -> [State]
     limit: float | None = None  # mtlab's rows: the largest difference allowed (the float floor)
+    why: str = ""  # the row's cause, in one sentence
 
 
 ROWS: tuple[Row, ...] = (
-    Row("mtlab", "fp32", lambda s, m, k: run_mtlab(s, m, k), limit=1e-6),
-    Row("mtlab", "float64", lambda s, m, k: run_mtlab(s, m, k, torch.float64), limit=1e-12),
-    Row("mtlab", "2 ranks (gloo), fp32", lambda cases: run_ranks(cases, "mtlab"), ranks=2, limit=1e-6),
-    Row("mtlab", "bf16-mixed", lambda s, m, k: run_mtlab(s, m, k, precision="bf16-mixed")),
-    Row("plain PyTorch, summed loss / window's frames", "fp32", lambda s, m, k: run_sum_then_divide(s, m, k)),
+    Row("mtlab", "fp32", lambda s, m, k: run_mtlab(s, m, k), limit=1e-6,
+        why="It adds up every minibatch's summed loss and frame count and divides once at the end of the window, "
+            "so the step is the big batch's step up to float32 rounding."),
+    Row("mtlab", "float64", lambda s, m, k: run_mtlab(s, m, k, torch.float64), limit=1e-12,
+        why="The same sums in float64, so only float64 rounding is left."),
+    Row("mtlab", "2 ranks (gloo), fp32", lambda cases: run_ranks(cases, "mtlab"), ranks=2, limit=1e-6,
+        why="The two processes add their summed gradients and their frame counts together before the one "
+            "division, so two ranks give the big batch's step too."),
+    Row("mtlab", "bf16-mixed", lambda s, m, k: run_mtlab(s, m, k, precision="bf16-mixed"),
+        why="The forward pass runs in bfloat16, which keeps about three significant digits: exactly as far off "
+            "as the exact loop under the same autocast, so the drift is bfloat16's, not the accumulation's."),
+    Row("plain PyTorch, summed loss / window's frames", "fp32", lambda s, m, k: run_sum_then_divide(s, m, k),
+        why="The loop written correctly by hand (sum the losses, count the frames, divide once), at the same "
+            "floor as mtlab."),
     Row("plain PyTorch, summed loss / window's frames", "bf16 autocast",
-        lambda s, m, k: run_sum_then_divide(s, m, k, autocast=torch.bfloat16)),
-    Row("plain PyTorch, mean of per-minibatch means", "fp32", lambda s, m, k: run_mean_of_means(s, m, k)),
+        lambda s, m, k: run_sum_then_divide(s, m, k, autocast=torch.bfloat16),
+        why="The exact loop with its forward under bfloat16 autocast: the floor of bf16 rounding."),
+    Row("plain PyTorch, mean of per-minibatch means", "fp32", lambda s, m, k: run_mean_of_means(s, m, k),
+        why="Each minibatch's mean counts the same, so a frame of a short minibatch weighs more than a frame of "
+            "a long one, and the short last window is still divided by K."),
     Row("plain PyTorch, mean of per-minibatch means", "float64",
-        lambda s, m, k: run_mean_of_means(s, m, k, torch.float64)),
-    Row("torch DDP, no_sync", "2 ranks (gloo), mean loss / K", lambda cases: run_ranks(cases, "ddp"), ranks=2),
+        lambda s, m, k: run_mean_of_means(s, m, k, torch.float64),
+        why="The same in float64: the difference is the recipe's, not rounding."),
+    Row("torch DDP, no_sync", "2 ranks (gloo), mean loss / K", lambda cases: run_ranks(cases, "ddp"), ranks=2,
+        why="DDP averages the ranks' gradients, and each is already a mean of means, so neither the "
+            "minibatches' nor the ranks' frame counts are respected."),
     Row("HF Transformers Trainer", "with num_items_in_batch", lambda s, m, k: run_transformers(s, m, k, True),
-        needs="transformers"),
+        needs="transformers",
+        why="The Trainer counts the labels of the whole window before its first forward and passes the count to "
+            "a forward that takes **kwargs, which divides the summed loss by it."),
     Row("HF Transformers Trainer", "without num_items_in_batch", lambda s, m, k: run_transformers(s, m, k, False),
-        needs="transformers"),
+        needs="transformers",
+        why="A forward without **kwargs gets no count and returns its minibatch's mean, which the Trainer divides "
+            "by the number of minibatches in the window: a mean of means."),
     Row("HF Transformers Trainer", "with num_items_in_batch, bf16=True",
-        lambda s, m, k: run_transformers(s, m, k, True, bf16=True), needs="transformers"),
-    Row("Accelerate accumulate()", "mean loss", lambda s, m, k: run_accelerate(s, m, k, "mean"), needs="accelerate"),
+        lambda s, m, k: run_transformers(s, m, k, True, bf16=True), needs="transformers",
+        why="Exact accumulation, with the bfloat16 forward's rounding on top."),
+    Row("Accelerate accumulate()", "mean loss", lambda s, m, k: run_accelerate(s, m, k, "mean"), needs="accelerate",
+        why="accelerator.backward divides each minibatch's mean loss by K, also in the short last window: a "
+            "mean of means."),
     Row("Accelerate accumulate()", "num_items recipe", lambda s, m, k: run_accelerate(s, m, k, "items"),
-        needs="accelerate"),
+        needs="accelerate",
+        why="Its guide for variable-size samples reads the window ahead and counts its labels: exact, but the "
+            "user writes that loop."),
     Row("Lightning accumulate_grad_batches", "fp32, mean loss", lambda s, m, k: run_lightning(s, m, k),
-        needs="lightning"),
+        needs="lightning",
+        why="Lightning divides each training_step's loss by K, also in the short last window, and a "
+            "training_step cannot see how many frames the rest of the window holds."),
     Row("Lightning accumulate_grad_batches", "bf16-mixed, mean loss",
-        lambda s, m, k: run_lightning(s, m, k, "bf16-mixed"), needs="lightning"),
+        lambda s, m, k: run_lightning(s, m, k, "bf16-mixed"), needs="lightning",
+        why="The same mean of means, with bfloat16 rounding on top."),
 )
 
 
