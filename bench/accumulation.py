@@ -67,16 +67,16 @@ State = dict[str, torch.Tensor]
 
 
 # ----------------------------------------------------------------------------- data, model, reference
-def make_minibatches(spread: int, k: int, ranks: int = 1, seed: int = 0) -> list[Minibatch]:
-    """``FULL_WINDOWS`` windows of ``k * ranks`` minibatches, then a ragged window of ``max(1, k // 2) * ranks``
-    whose last minibatch holds one sequence less. Lengths are drawn from [MIN_LEN, MIN_LEN * spread]; the
-    first two sequences are the shortest and the longest, so every spread is reached."""
+def make_minibatches(spread: int, k: int, ranks: int = 1, seed: int = 0, ragged: bool = True) -> list[Minibatch]:
+    """``FULL_WINDOWS`` windows of ``k * ranks`` minibatches, then (``ragged``) a window of ``max(1, k // 2) *
+    ranks`` whose last minibatch holds one sequence less. Lengths are drawn from [MIN_LEN, MIN_LEN * spread];
+    the first two sequences are the shortest and the longest, so every spread is reached."""
     g = torch.Generator().manual_seed(seed * 1000 + spread * 10 + k)
-    n_mb = (FULL_WINDOWS * k + max(1, k // 2)) * ranks
+    n_mb = (FULL_WINDOWS * k + (max(1, k // 2) if ragged else 0)) * ranks
     hi = MIN_LEN * spread
     out = []
     for i in range(n_mb):
-        size = BATCH - 1 if i == n_mb - 1 else BATCH
+        size = BATCH - 1 if ragged and i == n_mb - 1 else BATCH
         mb = []
         for j in range(size):
             t = (MIN_LEN, hi)[i * BATCH + j] if i * BATCH + j < 2 else int(torch.randint(MIN_LEN, hi + 1, (1,), generator=g))
@@ -493,15 +493,17 @@ def installed(package: str | None) -> bool:
         return False
 
 
-def measure(row: Row, spread: int, k: int, seed: int = 0) -> tuple[float, float]:
+def measure(row: Row, spread: int, k: int, seed: int = 0, ragged: bool = True) -> tuple[float, float]:
     """One row's difference from the reference on one (spread, K)."""
-    return measure_grid(row, [(spread, k)], seed)[spread, k]
+    return measure_grid(row, [(spread, k)], seed, ragged)[spread, k]
 
 
-def measure_grid(row: Row, keys: list[tuple[int, int]], seed: int = 0) -> dict[tuple[int, int], tuple[float, float]]:
-    """A row's difference from the reference for each (spread, K) of ``keys``."""
+def measure_grid(row: Row, keys: list[tuple[int, int]], seed: int = 0, ragged: bool = True
+                 ) -> dict[tuple[int, int], tuple[float, float]]:
+    """A row's difference from the reference for each (spread, K) of ``keys`` (``ragged=False``: full windows
+    of full minibatches only, so that the lengths alone make the difference)."""
     state = initial_state(seed)
-    cases = {key: (state, make_minibatches(key[0], key[1], row.ranks, seed), key[1]) for key in keys}
+    cases = {key: (state, make_minibatches(key[0], key[1], row.ranks, seed, ragged), key[1]) for key in keys}
     with contextlib.redirect_stdout(io.StringIO()):  # peers' banners and progress lines
         if row.ranks > 1:
             got = dict(zip(keys, row.run(list(cases.values()))))
