@@ -22,6 +22,10 @@ Each peer is driven through its own documented API:
   processes, summed loss × K × processes / count, one optimizer step a window).
 - Lightning: ``Trainer(accumulate_grad_batches=K)``, ``training_step`` returning the minibatch's mean loss.
 
+Two ranks (gloo, two processes started here): each window holds K minibatches a rank; mtlab with
+``mtlab.distributed.attach(trainer)``, torch's ``DistributedDataParallel`` with ``no_sync()`` as its docs show
+accumulation. bf16 rows run the forward under autocast, against the same float64 reference.
+
     pip install "mtlab[bench]"
     python bench/accumulation.py                       # the table; --write-docs puts it into docs/benchmarks.md
     python bench/accumulation.py --grid                # also each (spread, K) of every row
@@ -48,7 +52,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import mtlab
-from mtlab.base.batching import collate
 
 DIN, HIDDEN, CLASSES = 6, 16, 5
 BATCH = 3  # sequences a minibatch
@@ -166,7 +169,7 @@ def run_mtlab(state: State, minibatches: list[Minibatch], k: int, dtype: torch.d
                        numbatches_to_aggregate=k, device="cpu", precision=precision)
     for win in windows(minibatches, k):
         for mb in win:
-            tr.process_minibatch("tag", "train", batch=collate([{"x": e["x"].to(dtype), "y": e["y"]} for e in mb]))
+            tr.process_minibatch("tag", "train", batch=mtlab.collate([{"x": e["x"].to(dtype), "y": e["y"]} for e in mb]))
         tr.finish()
     return final(model)
 
@@ -375,7 +378,7 @@ def _mtlab_rank(state: State, mine: list[Minibatch], k: int) -> State:
     mtlab.distributed.attach(tr)
     for win in windows(mine, k):
         for mb in win:
-            tr.process_minibatch("tag", "train", batch=collate(mb))
+            tr.process_minibatch("tag", "train", batch=mtlab.collate(mb))
         tr.finish()
     return final(model)
 
