@@ -256,7 +256,7 @@ def plain_mtlab(model: nn.Module, batches: list[Padded], batch: int, device: str
     then ``finish()`` (normalize by the window's frames, clip, one Adam step)."""
     task = mtlab.Task("tag", nodes=[mtlab.Node("logits", "tagger", ["x"])], inputs=["x"], targets=["y"],
                       outputs=["logits"], loss=mtlab.losses.CrossEntropy(output="logits", target="y"),
-                      linkedsets={"train": mtlab.LinkedSet([{"x": batches[0][0][0], "y": batches[0][1][0]}])},
+                      linkedsets={"train": mtlab.LinkedSet(None)},  # no stream: every batch is given
                       batch_size=batch)
     tr = mtlab.Trainer({"tagger": model}, [task], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=K,
                        device=device, seed=0, precision=precision)
