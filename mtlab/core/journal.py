@@ -191,10 +191,31 @@ class Journal:
             return entry
 
     def enter_call(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any] | None:
-        """An outer call begins (``mtlab.core.scope.Scope``): its entry (None while quiet). Changes recorded
-        until ``exit_call`` are marked ``inside``."""
+        """An outer call begins (``mtlab.core.scope.Scope``): its entry (None while quiet; consecutive steps share
+        one, counted). Changes recorded until ``exit_call`` are marked ``inside``. Written out rather than split
+        in helpers: this runs at every call of every step."""
         with self.lock:
-            entry = None if self._quiet else self._outer_entry(trainer, kind, payload)
+            entry = None
+            if not self._quiet:
+                if self.header.get("initial") is None:
+                    self.begin(trainer)
+                step, entries, r = trainer.step_count, self.entries, self.replaying
+                last = entries[-1] if entries else None
+                if kind == "step" and last is not None and last["type"] == "call" and last["kind"] == "step" \
+                        and "failed" not in last and last["step"] + last["count"] == step:
+                    last["count"] += 1
+                    entry = last
+                else:
+                    if r is not None:  # a replay writes the original's entry again
+                        entry = {k: v for k, v in r.items() if k != "failed"}
+                    else:
+                        stack = self._local.__dict__.get("stack")
+                        entry = {"type": "call", "kind": kind, "step": step, "minibatch": self.minibatch,
+                                 "tick": self.tick, "source": stack[-1] if stack else "code", "inside": False,
+                                 "time": round(time.time(), 3), **payload}
+                    if kind == "step":
+                        entry["count"] = 1
+                    entries.append(entry)
             self.depth += 1
             return entry
 
@@ -204,18 +225,6 @@ class Journal:
             self.depth -= 1
             if error is not None and entry is not None:
                 self._fail_call(entry, kind, step, error)
-
-    def _outer_entry(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """The entry of an outer call (hold ``lock``): consecutive steps share one, counted."""
-        self.begin(trainer)
-        last = self.entries[-1] if self.entries else None
-        if kind == "step" and last is not None and last["type"] == "call" and last["kind"] == "step" \
-                and "failed" not in last and last["step"] + last["count"] == trainer.step_count:
-            last["count"] += 1
-            return last
-        entry = self._entry("call", kind, trainer.step_count, {**payload, **({"count": 1} if kind == "step" else {})})
-        self.entries.append(entry)
-        return entry
 
     def _fail_call(self, entry: dict[str, Any], kind: str, step: int, error: str) -> None:
         """An outer call raised ``error`` (hold ``lock``): a failed step gets an entry of its own."""

@@ -26,34 +26,16 @@ GENERATOR = threading.RLock()  # torch's global generator: one run's state in it
 
 
 class RunRandom:
-    """A run's generator state, swapped into torch's global generator around the run's calls."""
+    """A run's generator state, swapped into torch's global generator around the run's calls (``Scope``)."""
 
-    __slots__ = ("cpu", "cuda", "device", "_saved", "_saved_cuda")
+    __slots__ = ("cpu", "cuda", "device", "saved", "saved_cuda")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.cpu = torch.get_rng_state()  # as the user's generator stands when the run is built
         self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        self._saved: torch.Tensor | None = None
-        self._saved_cuda: torch.Tensor | None = None
-
-    def swap_in(self) -> None:
-        GENERATOR.acquire()
-        self._saved = torch.get_rng_state()
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            self._saved_cuda = torch.cuda.get_rng_state(self.device)
-            torch.cuda.set_rng_state(self.cuda, self.device)
-
-    def swap_out(self) -> None:
-        try:
-            self.cpu = torch.get_rng_state()
-            torch.set_rng_state(self._saved)  # type: ignore[arg-type]
-            if self.cuda is not None:
-                self.cuda = torch.cuda.get_rng_state(self.device)
-                torch.cuda.set_rng_state(self._saved_cuda, self.device)  # type: ignore[arg-type]
-        finally:
-            GENERATOR.release()
+        self.saved: torch.Tensor | None = None  # the global state while the run's is swapped in
+        self.saved_cuda: torch.Tensor | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """``{"torch": ..., "cuda": ...}`` (copies), as trainer states have always kept the RNG."""
@@ -76,26 +58,26 @@ class RunRandom:
 
 class RunLock:
     """The trainer's lock (reentrant): one call at a time, a UI thread reading between them. When its outermost
-    holder lets go, the knob changes that waited for it are applied, in the order they were made."""
+    holder lets go, the knob changes that waited for it (``journal.pending``) are applied, in order."""
 
-    __slots__ = ("_lock", "_count", "trainer")
+    __slots__ = ("rlock", "count", "journal")
 
-    def __init__(self, trainer: Any) -> None:
-        self._lock, self._count, self.trainer = threading.RLock(), 0, trainer
+    def __init__(self, journal: Any) -> None:
+        self.rlock, self.count, self.journal = threading.RLock(), 0, journal  # count: the holder's levels
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        if not self._lock.acquire(blocking, timeout):
+        if not self.rlock.acquire(blocking, timeout):
             return False
-        self._count += 1
+        self.count += 1
         return True
 
     def release(self) -> None:
         try:
-            if self._count == 1 and self.trainer.journal.pending:
-                self.trainer.journal.run_pending()
+            if self.count == 1 and self.journal.pending:
+                self.journal.run_pending()
         finally:
-            self._count -= 1
-            self._lock.release()
+            self.count -= 1
+            self.rlock.release()
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -105,35 +87,55 @@ class RunLock:
 
 
 class Scope:
-    """One public call of a trainer; see the module docstring."""
+    """One public call of a trainer; see the module docstring. Its lock and generator handling is written out
+    here rather than called: this runs at every call of every step."""
 
     __slots__ = ("tr", "kind", "payload", "entry", "outer")
 
     def __init__(self, trainer: Any, kind: str, payload: dict[str, Any]) -> None:
-        self.tr, self.kind, self.payload = trainer, kind, payload
+        self.tr, self.kind, self.payload, self.entry = trainer, kind, payload, None
 
     def __enter__(self) -> None:
         tr = self.tr
-        tr.lock.acquire()
+        lock = tr.lock
+        lock.rlock.acquire()
+        lock.count += 1
         self.outer = tr.depth == 0
         tr.depth += 1
-        if self.outer:
-            try:
-                tr.rng.swap_in()
-                self.entry = tr.journal.enter_call(tr, self.kind, self.payload)
-            except BaseException:
-                tr.depth -= 1
-                tr.lock.release()
-                raise
+        if not self.outer:
+            return
+        rng = tr.rng
+        GENERATOR.acquire()
+        rng.saved = torch.get_rng_state()
+        try:
+            torch.set_rng_state(rng.cpu)
+            if rng.cuda is not None:
+                rng.saved_cuda = torch.cuda.get_rng_state(rng.device)
+                torch.cuda.set_rng_state(rng.cuda, rng.device)
+            self.entry = tr.journal.enter_call(tr, self.kind, self.payload)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
 
     def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         tr = self.tr
         tr.depth -= 1
-        if not self.outer:
-            tr.lock.release()
-            return
+        lock = tr.lock
         try:
-            tr.journal.exit_call(self.entry, self.kind, tr.step_count, None if typ is None else typ.__name__)
-            tr.rng.swap_out()
-        finally:  # the lock applies the changes made after the call's last knob read: before the next call
-            tr.lock.release()
+            if self.outer:
+                journal = tr.journal
+                try:
+                    journal.exit_call(self.entry, self.kind, tr.step_count, None if typ is None else typ.__name__)
+                finally:
+                    rng = tr.rng
+                    rng.cpu = torch.get_rng_state()
+                    torch.set_rng_state(rng.saved)
+                    if rng.cuda is not None:
+                        rng.cuda = torch.cuda.get_rng_state(rng.device)
+                        torch.cuda.set_rng_state(rng.saved_cuda, rng.device)
+                    GENERATOR.release()
+                if lock.count == 1 and journal.pending:  # changes made after the call's last knob read
+                    journal.run_pending()
+        finally:
+            lock.count -= 1
+            lock.rlock.release()

@@ -102,7 +102,7 @@ class Trainer(AccumulationKnobs, Knobs):
                               "(recipes and `mtlab train` under torchrun do it for you)")
         self.journal = Journal()  # every knob change and training call, in order (see mtlab.core.journal)
         self._journaling = False  # until the trainer is built: its first settings are not changes
-        self.lock = RunLock(self)  # one call at a time (a UI thread may read while a run trains)
+        self.lock = RunLock(self.journal)  # one call at a time (a UI thread may read while a run trains)
         self.depth = 0  # public calls in progress (a step's minibatches are part of the step)
         self.device = resolve_device(device)
         self.rng = RunRandom(self.device)  # the run's own random numbers (mtlab.core.scope)
@@ -242,8 +242,8 @@ class Trainer(AccumulationKnobs, Knobs):
             else:
                 self.task(task)
                 self._accs[task].reset()
-            if self.noise_scale is not None:
-                self.noise_scale.discard(task)
+            if self._noise_scale is not None:
+                self._noise_scale.discard(task)
             if self.events.listeners:  # no payload to build for nobody
                 self.events.emit(Event.RESET, ResetInfo(task=task))
 
@@ -278,7 +278,9 @@ class Trainer(AccumulationKnobs, Knobs):
                                  f"(or reset({task!r}) to discard it) before processing more minibatches")
             with self.journal.lock:
                 self.journal.read("minibatch")
-                weight = applied_weight(t, linkedset, self.linkedset_weights)  # read once: a slider may move it
+                # read once: a slider may move it (the relative mode's division: applied_weight)
+                weight = t.linkedsets[linkedset].weight if self.linkedset_weights == "absolute" else \
+                    applied_weight(t, linkedset, self.linkedset_weights)
             stream_state = None
             if batch is None:
                 stream = self.streams.get_stream(t, linkedset)
@@ -295,11 +297,12 @@ class Trainer(AccumulationKnobs, Knobs):
                         with self.precision.autocast():
                             result = self.plans[task].loss(batch, require_grad=True)
                     acc.begin()
-                    noise = self.noise_scale
+                    noise = self._noise_scale
                     if noise is not None:
                         noise.before_backward(acc)
                     try:
-                        self.precision.scale(result.loss_sum if weight == 1.0 else result.loss_sum * weight).backward()
+                        loss = result.loss_sum if weight == 1.0 else result.loss_sum * weight
+                        (loss if self.precision.scaler is None else self.precision.scale(loss)).backward()
                     except BaseException as exc:
                         acc.reset()
                         if noise is not None:
@@ -331,7 +334,7 @@ class Trainer(AccumulationKnobs, Knobs):
             with self.journal.lock:
                 self.journal.read(name)
             chain = self.chain
-            reduces = name == chain.reducing_call()
+            reduces = name == chain.reduces_at
             accs = self.parallel.enter(name, task, self._accs, chain, reduces)  # agree, choose, sum over ranks
             if reduces:
                 self._after_reduce(accs)
@@ -343,11 +346,12 @@ class Trainer(AccumulationKnobs, Knobs):
 
     def _after_reduce(self, accs: Mapping[str, Accumulator]) -> None:
         """Once per task and step, where the ranks summed: unscale 16-mixed gradients, refuse a zero normalizer."""
-        for acc in accs.values():
-            self.precision.unscale_(acc.buffers)  # nothing under "32" and "bf16-mixed"
-        if self.nonfinite == "raise" and self.normalize_gradients:
+        if self.precision.scaling:
+            for acc in accs.values():
+                self.precision.unscale_(acc.buffers)
+        if self.nonfinite == "raise" and self.chain.normalizes:
             # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
-            normalizers = [a.normalizer for a in accs.values()]
+            normalizers = [a.totals[1] for a in accs.values()]
             values = [normalizers[0].item()] if len(normalizers) == 1 else torch.stack(normalizers).tolist()
             zero = [n for n, v in zip(accs, values) if v == 0.0]
             if zero:
@@ -372,10 +376,10 @@ class Trainer(AccumulationKnobs, Knobs):
         with Scope(self, "apply", {}):
             with self.journal.lock:
                 self.journal.read("apply")
-                lr = self.lr
+                lr = self._lr
                 shown = knob_values(self.tasks)  # read once: a slider may move them; the row shows these
             chain = self.chain
-            reduces = chain.reducing_call() == Call.APPLY  # no transform in the chain: the ranks sum here
+            reduces = chain.reduces_at == Call.APPLY  # no transform in the chain: the ranks sum here
             chosen = self.parallel.enter(Call.APPLY, None, self._accs, chain, reduces)
             names = list(chosen)
             weights = {n: shown[n][0] for n in names}
@@ -412,13 +416,15 @@ class Trainer(AccumulationKnobs, Knobs):
                     acc.mark_applied()
                 self.step_count += 1
                 noise_cols: dict[str, Any] = {}
-                if self.noise_scale is not None and self.parallel.world_size == 1:  # per-minibatch sizes are local
+                noise = self._noise_scale
+                if noise is not None and self.parallel.world_size == 1:  # per-minibatch sizes are local
                     for acc in accs:
-                        noise_cols.update(self.noise_scale.after_apply(acc, self.normalize_gradients, found_inf))
-                self.journal.applied()
+                        noise_cols.update(noise.after_apply(acc, chain.normalizes, found_inf))
+                self.journal.minibatch = 0  # the next minibatch is the first of a new step
                 row = step_row(self.step_count, lr, found_inf, shown, chosen,
-                               {**self.update.stats, **self.precision.update(found_inf), **noise_cols},
-                               self._cycle_k or self.minibatches_per_step)
+                               {**self.update.stats, **(self.precision.update(found_inf) if self.precision.scaling
+                                                        else {}), **noise_cols},
+                               self._cycle_k or {n: self._k_task.get(n, self._k_default) for n in self.tasks})
                 self.log.append(row)
             finally:
                 self.atomic = False

@@ -117,7 +117,7 @@ class Normalize(Transform):
     call = Call.NORMALIZE
 
     def __call__(self, acc: Accumulator) -> None:
-        gradops.div_(acc.buffers, acc.normalizer)
+        gradops.div_(acc.buffers, acc.totals[1])  # Σ w·normalizer (acc.normalizer)
 
 
 class ClipByValue(Transform):
@@ -256,6 +256,9 @@ class Chain:
             seen.append(call)
         self._call_at = tuple(str(t.call) for t in self.transforms)  # position -> the call that runs it
         self._calls = tuple(dict.fromkeys(self._call_at))
+        # where data-parallel ranks sum (the first call after the minibatches) and whether it holds Normalize
+        self.reduces_at: str = self._call_at[0] if self._call_at else _APPLY
+        self.normalizes = any(type(t) is Normalize for t in self.transforms)
 
     @classmethod
     def from_settings(cls, normalize: bool, clip_value: float | None, clip_norm: float | None,
@@ -322,7 +325,7 @@ class Chain:
     def reducing_call(self) -> str:
         """The first call after the minibatches, where data-parallel ranks sum their accumulators (``apply``
         when the chain is empty)."""
-        return self._call_at[0] if self._call_at else _APPLY
+        return self.reduces_at
 
     def next_call(self, acc: Accumulator) -> str:
         """The call ``acc`` needs next: ``process_minibatch``, a transform's call, or ``apply``."""

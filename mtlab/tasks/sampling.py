@@ -410,7 +410,7 @@ class BatchStream:
 
     def next_indices(self) -> list[int]:
         """Indices of the next batch; advances the position."""
-        batches = self.epoch_batches()
+        batches = self._batches if self._batches is not None else self.epoch_batches()
         if self.position >= len(batches):
             self._advance_epoch()
             batches = self.epoch_batches()
@@ -433,6 +433,8 @@ class BatchStream:
         same batch), with or without DataLoader workers."""
         start = (self.epoch, self.position)
         try:
+            if not self.audio and self.num_workers == 0:  # examples in memory (the usual small case): collate here
+                return collate([self.source[i] for i in self.next_indices()], pin_memory=self.pin_memory)
             return self._draw()
         except BaseException:
             if (self.epoch, self.position) != start or self._loader_iter is not None:
