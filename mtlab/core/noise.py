@@ -197,8 +197,8 @@ class NoiseScale:
         return cols
 
     # ------------------------------------------------------------------ reading
-    def message(self, task: str) -> str:
-        """What the noise scale of ``task`` can say now (host side)."""
+    def _missing(self, task: str) -> str | None:
+        """Why ``task`` has no noise scale now (host reads of its averages), None when it has one."""
         st = self.tasks.get(task)
         if st is None or st.steps == 0:
             return f"task {task!r}: no step measured yet"
@@ -206,28 +206,36 @@ class NoiseScale:
             return (f"task {task!r}: the noise scale needs two minibatches per step (it has {st.last_k}); set "
                     "numbatches_to_aggregate >= 2 or give the task a second linked set")
         if st.ema_trace is not None and st.ema_g2 is not None:
-            trace, g2 = float(st.ema_trace[-1]), float(st.ema_g2[-1])  # host reads: a message, not the step path
+            trace, g2 = float(st.ema_trace[-1]), float(st.ema_g2[-1])
             if not (trace > 0 and g2 > 0):
-                which = "|G|² (the true gradient's size)" if not g2 > 0 else "tr(Σ) (the gradient noise)"
+                which, value = ("|G|² (the true gradient's size)", g2) if not g2 > 0 else ("tr(Σ) (the noise)", trace)
                 return (f"task {task!r}: no noise scale yet: after {st.steps} step(s) the moving average of {which} "
-                        f"is {g2 if not g2 > 0 else trace:.3g}, not positive (the per-step estimates are unbiased "
-                        "but noisy, and noise swamps the gradient at this batch size); train more steps, raise "
-                        "NoiseScale(beta=...) towards 1 to average longer, or use more minibatches per step")
-        return f"task {task!r}: measured over {st.steps} step(s)"
+                        f"is {value:.3g}, not positive (the per-step estimates are unbiased but noisy, and the noise "
+                        "swamps the gradient at this batch size); train more steps, raise NoiseScale(beta=...) "
+                        "towards 1 to average longer, or use more minibatches per step")
+        return None
+
+    def message(self, task: str) -> str:
+        """What the noise scale of ``task`` can say now (host side)."""
+        missing = self._missing(task)
+        return missing if missing is not None else f"task {task!r}: measured over {self.tasks[task].steps} step(s)"
 
     def suggest(self, trainer: Measured) -> Suggestion:
         """Task -> minibatches per step that reach its noise scale (ceil(B_simple / mean minibatch size)),
-        from the latest history row that has one (reads the history); None where there is no estimate, with the
-        reason in ``.why`` (and in the repr)."""
+        from the latest history row that has one (reads the history); None where there is no estimate now, with
+        the reason in ``.why`` (and in the repr)."""
         frame = trainer.history
         out = Suggestion()
         for task in trainer.tasks:
             col = noise_column(task, part="gns_minibatches")
             values = frame[col].dropna() if col in frame else None
             value = float(values.iloc[-1]) if values is not None and len(values) else math.nan
-            out[task] = max(1, math.ceil(value)) if math.isfinite(value) and value > 0 else None
-            if out[task] is None:
-                out.why[task] = self.message(task)
+            missing = self._missing(task)
+            if missing is None and not (math.isfinite(value) and value > 0):
+                missing = f"task {task!r}: no noise scale in the history (column {col!r})"
+            out[task] = max(1, math.ceil(value)) if missing is None else None
+            if missing is not None:
+                out.why[task] = missing
         return out
 
     def state_dict(self) -> dict[str, Any]:
