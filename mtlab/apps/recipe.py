@@ -532,11 +532,11 @@ def load(path: str | Path, datasets: Datasets | None = None) -> Experiment:
     from ..core.state import VERSION, CheckpointError, check_state, load_safe
 
     state = load_safe(path)
-    if state.get("version") != VERSION:  # before building the recipe it carries (another mtlab's may not build)
-        check_state(state, [], {}, False, source=f"checkpoint {path}")
     if not isinstance(state.get("recipe"), Mapping):
         raise CheckpointError(f"{path} carries no recipe; build the Trainer yourself and call "
                               "trainer.load_checkpoint(path)")
+    if state.get("version") != VERSION:  # before building the recipe it carries (another mtlab's may not build)
+        check_state(state, [], {}, False, source=f"checkpoint {path}")
     exp = from_recipe(state["recipe"], datasets, init_weights=False)
     if isinstance(state.get("schedule"), Mapping):
         exp.schedule = Schedule.from_state(state["schedule"])

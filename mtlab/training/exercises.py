@@ -261,8 +261,8 @@ def plant_nan(trainer: Trainer, seed: int = 0, minibatches: int = 4) -> PlantedN
         raise ConfigError("plant_nan(): every task or linked set has weight 0; raise a weight first")
     busy = [t for t in trainer.tasks if trainer.state(t).phase not in (Phase.EMPTY, Phase.APPLIED)]
     if busy:  # a step applied (phase "applied") holds nothing of the next one
-        raise ConfigError(f"plant_nan(): task(s) {busy} hold part of a step; call trainer.reset() or finish the "
-                          "step first")
+        raise ConfigError(f"plant_nan(): a task already holds part of a step ({', '.join(busy)}); call "
+                          "trainer.reset() or finish the step first")
     rng = random.Random(seed)
     bad = rng.randrange(minibatches)
     order = [pairs[i % len(pairs)] for i in range(minibatches)]

@@ -138,7 +138,7 @@ def test_plant_nan_right_after_a_step_plants_and_the_answer_counts_from_the_fres
     held = bool(exercises.found_planted_nan(puzzle, found))
     record("option checked: exercise plant_nan after a step", held)
     assert held, (puzzle.task, puzzle.linkedset, puzzle.minibatch, found)
-    with pytest.raises(mtlab.ConfigError, match="hold part of a step"):
+    with pytest.raises(mtlab.ConfigError, match="already holds part of a step"):
         exercises.plant_nan(tr)  # now the step is in progress
 
 
