@@ -281,16 +281,21 @@ KILL_POINTS = {  # where: (event or file, step or count)
 }
 
 
+def _killed(where: str, at: int, *args: str) -> None:
+    """``mtlab ARGS`` in a process killed with SIGKILL at ``where`` of step ``at`` (KILLER)."""
+    proc = subprocess.run([sys.executable, "-c", KILLER, where, str(at), *args, "--no-progress", "--threads", "1"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == -9, proc.stderr[-2000:]  # killed, not finished
+
+
 @pytest.mark.slow  # one `mtlab train` process per kill point, killed with SIGKILL, then `mtlab resume`
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 def test_a_kill_at_any_moment_then_resume_ends_bit_identical(point, reference, tmp_path, capsys):
     recipe, ref = reference
     exp = tmp_path / "exp"
     where, at = KILL_POINTS[point]
-    proc = subprocess.run([sys.executable, "-c", KILLER, where, str(at), "train", str(recipe), "--expdir", str(exp),
-                           "--no-progress", "--threads", "1"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
-    assert proc.returncode == -9, proc.stderr[-2000:]  # killed, not finished
+    _killed(where, at, "train", str(recipe), "--expdir", str(exp))
     capsys.readouterr()
     code = cli.main(["resume", str(exp), "--no-progress", "--threads", "1"])
     err = capsys.readouterr().err
@@ -299,6 +304,21 @@ def test_a_kill_at_any_moment_then_resume_ends_bit_identical(point, reference, t
         code = cli.main(["train", str(recipe), "--expdir", str(exp), "--no-progress", "--threads", "1"])
     held = code == 0 and _same_run(exp, ref)
     record(f"kill then resume: {point}", held)
+    assert held, err
+
+
+@pytest.mark.slow  # a `mtlab resume` process killed with SIGKILL, then `mtlab resume` again
+def test_a_resumed_run_killed_later_continues_from_its_latest_pt_not_the_older_final_pt(reference, tmp_path, capsys):
+    recipe, ref = reference
+    exp = tmp_path / "exp"
+    assert cli.main(["train", str(recipe), "--expdir", str(exp), "--steps", "2", "--no-progress", "--threads",
+                     "1"]) == 0  # final.pt at step 2
+    _killed("minibatch", 4, "resume", str(exp))  # latest.pt at step 4, final.pt still at step 2
+    capsys.readouterr()
+    assert cli.main(["resume", str(exp), "--no-progress", "--threads", "1"]) == 0
+    err = capsys.readouterr().err
+    held = f"resuming from {exp / LATEST} (step 4" in err and "final.pt at step 2" in err and _same_run(exp, ref)
+    record("kill then resume: a resumed run killed later", held)
     assert held, err
 
 
