@@ -343,25 +343,60 @@ class Journal:
         return [json.dumps(x) for x in [data, *entries]]
 
     def write(self, path: str | Path) -> Path:
-        """``journal.jsonl``: a header line, then one line per entry."""
+        """``journal.jsonl``: a header line, then one line per entry. Written whole or not at all: a failed
+        write (a full disk) leaves the previous file as it was, no temporary file, and names the file."""
+        from .state import CheckpointError
+
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in self.to_jsonl()))
-        tmp.replace(path)
+        try:
+            tmp.write_text("".join(line + "\n" for line in self.to_jsonl()))
+            tmp.replace(path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(f"{path}: the journal could not be written ({exc.strerror or exc}); "
+                                  f"{'the previous one is unchanged' if path.exists() else 'nothing was written'}; "
+                                  "free some space (or choose another folder) and save again") from exc
         return path
 
     @classmethod
     def read_file(cls, path: str | Path) -> Journal:
-        """A journal from ``journal.jsonl`` (or the experiment folder that holds it)."""
+        """A journal from ``journal.jsonl`` (or the experiment folder that holds it). A damaged file (a truncated
+        or garbled line, an entry that is not an object) is refused naming the file and the line."""
         path = Path(path)
         if path.is_dir():
             path = path / "journal.jsonl"
         if not path.is_file():
             raise ConfigError(f"no journal at {path}; an experiment folder written by mtlab.run holds journal.jsonl")
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot be read as a journal ({exc})") from exc
+        lines: list[dict[str, Any]] = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}, line {number}: not a JSON line ({exc.msg} at column {exc.colno}); the "
+                                  "journal is damaged (a killed write, an edit?): restore it from a copy or replay "
+                                  "the lines before it") from None
+            if not isinstance(item, dict):
+                raise ConfigError(f"{path}, line {number}: a journal entry must be a JSON object, got "
+                                  f"{type(item).__name__}; the journal is damaged") from None
+            if lines and (item.get("type") not in ("change", "call") or not isinstance(item.get("kind"), str)):
+                raise ConfigError(f"{path}, line {number}: not a journal entry (it needs 'type': 'change' or 'call' "
+                                  "and a 'kind'); the journal is damaged") from None
+            lines.append(item)
         if not lines:
             raise ConfigError(f"{path} is empty")
-        return cls.from_dict({**lines[0], "entries": lines[1:]})
+        try:
+            return cls.from_dict({**lines[0], "entries": lines[1:]})
+        except ConfigError as exc:
+            raise ConfigError(f"{path}, line 1: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}, line 1: not a journal header ({type(exc).__name__}: {exc})") from None
 
     def state_dict(self) -> dict[str, Any]:
         """As kept in a trainer state: the JSON text and the position (plain containers)."""
