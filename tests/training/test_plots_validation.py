@@ -27,8 +27,9 @@ def test_the_saved_loss_plot_shows_each_kept_validation_once_and_none_past_the_c
     last = int(tr.history["step"].max())
     assert last == 4
 
+    figures = history_figures(tr.history, sch.validation)
     for name in ("losses", "history"):
-        fig = history_figures(tr.history, sch.validation)[name]
+        fig = figures[name]
         ax = next(a for a in fig.axes if a.get_title() == "normalized loss" or any(
             str(ln.get_label()).endswith("(valid)") for ln in a.lines))
         valid = [ln for ln in ax.lines if str(ln.get_label()).endswith("(valid)")]
