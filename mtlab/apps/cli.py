@@ -297,6 +297,26 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    """``mtlab demo``: recipes/demo.toml into exp/demo (exp/demo-2, ... when it holds a run)."""
+    from ..base.errors import ConfigError
+    from .recipe import from_recipe
+
+    if args.steps is not None and args.steps < 1:  # refused before anything is written: no empty folder
+        raise ConfigError(f"--steps {args.steps}: the demo would train nothing; leave --steps out to train it all, "
+                          "or give --steps N with N >= 1")
+    from ..training.expdir import held_run
+
+    expdir = args.expdir
+    if expdir is None:
+        expdir, n = Path("exp/demo"), 1
+        while held_run(expdir):
+            n += 1
+            expdir = Path(f"exp/demo-{n}")
+    _fresh_expdir(expdir)
+    return _train(from_recipe(_with_flags(_demo_recipe(), args)), expdir, args)
+
+
 def _resume(args: argparse.Namespace) -> int:
     from ..base.errors import ConfigError
     from ..training.checkpoint import choose_resume, restore_rank_state
@@ -553,17 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             return _elastic_train(args)
         if args.command == "demo":
-            from ..training.expdir import held_run
-            from .recipe import from_recipe
-
-            expdir = args.expdir
-            if expdir is None:
-                expdir, n = Path("exp/demo"), 1
-                while held_run(expdir):
-                    n += 1
-                    expdir = Path(f"exp/demo-{n}")
-            _fresh_expdir(expdir)
-            return _train(from_recipe(_with_flags(_demo_recipe(), args)), expdir, args)
+            return _demo(args)
         if args.command == "resume":
             return _resume(args)
         if args.command == "replay":

@@ -112,6 +112,7 @@ def test_a_state_brings_back_minibatches_per_step_and_names_the_batch_size_it_ne
     assert tr.minibatches_per_step == {"a": 2, "b": 1} and tr.step_count == 1
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 @pytest.mark.parametrize("combine", [None, "dwa"])
 def test_reinitialize_is_bit_identical_to_a_freshly_built_trainer(combine):
     tr = two_tasks(k=2, clip_grad_value=0.5, combine=combine)
