@@ -101,12 +101,15 @@ def load_safe(path: str | os.PathLike[str]) -> dict[str, Any]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, KeyError,
             TypeError, AttributeError, IndexError) as exc:
-        first = (str(exc).splitlines() or [""])[0][:200]
+        if isinstance(exc, pickle.UnpicklingError):  # torch's text advises weights_only=False: not mtlab's way
+            why = "it holds objects other than tensors and plain containers"
+        else:
+            why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}; it may be truncated or corrupted"
         raise CheckpointError(
-            f"{path} is not a readable mtlab checkpoint ({type(exc).__name__}: {first}); "
-            "it may be truncated, corrupted or contain objects other than tensors and plain containers, "
-            "which mtlab refuses to unpickle"
-        ) from exc
+            f"{path} is not a readable mtlab checkpoint ({why}). mtlab loads checkpoints with weights_only=True "
+            "and never unpickles other objects; use an earlier checkpoint of the run (latest.pt, best.pt) or one "
+            "written by Trainer.save / mtlab train"
+        ) from None
     if not isinstance(obj, dict) or obj.get("format") != "mtlab-trainer":
         raise CheckpointError(f"{path} is not an mtlab trainer checkpoint (no 'format': 'mtlab-trainer' entry)")
     saved = obj.pop("checksum", None)
