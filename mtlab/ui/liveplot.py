@@ -89,7 +89,9 @@ class LivePlot:
         self.marker: float | None = None
         self.full_draws = 0
         self.fast_draws = 0
-        self.min_full_interval = 4.0  # limits move at most this often; in between, lines may leave the view
+        self.min_full_interval = 4.0  # s: limits *shrink* (zoom in on data that use little of them) at most this
+        # often; they grow at once, at any redraw, whenever a drawn point falls outside them
+        self.refits = 0  # how often the limits moved (each costs a full draw and a layout)
         self.panels: tuple[str, ...] = ()
         self._build(("loss", "grad_norm"))
 
@@ -227,8 +229,7 @@ class LivePlot:
             self.legend = shared_legend(self.figure, entries, self.font_scale)
             self._stale = self._relayout = True
         self._events = list(events)
-        if self._stale or time.monotonic() - self._last_full >= self.min_full_interval:
-            self._fit()
+        self._fit(shrink=self._stale or time.monotonic() - self._last_full >= self.min_full_interval)
         if self._stale or tuple(self._events[-MAX_EVENT_MARKS:]) != self._events_key:
             self._mark()  # animated: a new event (a knob moved) is drawn over the cached background
 
@@ -244,9 +245,11 @@ class LivePlot:
             self._event_artists += mark_events(ax, self._events, labels=i < self.cols, axes_px=px,
                                                font_scale=self.font_scale, animated=True)
 
-    def _fit(self) -> None:
-        """Shared x limits (the zoom, or the data with headroom); y limits per panel from what is shown,
-        moved only when the data leave them or use less than a third of them."""
+    def _fit(self, shrink: bool = True) -> None:
+        """Shared x limits (the zoom, or the data with headroom); y limits per panel from what is shown.
+        Checked at every update (a few array comparisons): the limits move at once when a drawn point falls
+        outside them, so no point ever runs off a panel; with ``shrink`` also when the data use less than a
+        third of them. Moved limits change the tick labels' widths: the layout is done again."""
         data = {}
         for p, ax in self.axes.items():
             pts = [(np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)) for ln in ax.lines
@@ -262,13 +265,13 @@ class LivePlot:
             lo, hi = self.xrange
             if first.get_xlim() != (lo, hi):
                 first.set_xlim(lo, hi)
-                self._stale = True
+                self._moved()
         else:
             cx0, cx1 = first.get_xlim()
-            if self._stale or x0 < cx0 or x1 > cx1 or 0 < (x1 - x0) < (cx1 - cx0) / 3:
+            if self._stale or x0 < cx0 or x1 > cx1 or (shrink and 0 < (x1 - x0) < (cx1 - cx0) / 3):
                 span = max(x1 - x0, 1.0)
                 first.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.15 * span, 5.0))
-                self._stale = True
+                self._moved()
         shown = first.get_xlim()
         for panel, ax in self.axes.items():
             log = ax.get_yscale() == "log"
@@ -284,14 +287,20 @@ class LivePlot:
                 used = (math.log10(y1) - math.log10(y0)) / max(math.log10(cy1) - math.log10(max(cy0, 1e-300)), 1e-12)
             else:
                 used = (y1 - y0) / max(cy1 - cy0, 1e-300)
-            if self._stale or y0 < cy0 or y1 > cy1 or 0 < used < 1 / 3:
+            if self._stale or y0 < cy0 or y1 > cy1 or (shrink and 0 < used < 1 / 3):
                 lo, hi = _padded(y0, y1, log, 0.08 if self.xrange is not None else 0.3)
                 if not log and y0 >= 0:
                     lo = max(lo, 0.0)  # a non-negative quantity is never padded below 0
                 if PANEL_SPECS[panel].percent:
                     hi = max(hi, 1e-4)
                 ax.set_ylim(lo, hi)
-                self._stale = True
+                self._moved()
+
+    def _moved(self) -> None:
+        """Limits moved: a full draw, and a new layout (tick labels of another width could be cut)."""
+        if not self._stale:
+            self.refits += 1
+        self._stale = self._relayout = True
 
     def clear(self) -> None:
         for line in self.lines.values():

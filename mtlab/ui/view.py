@@ -114,7 +114,7 @@ class Dashboard(widgets.VBox):
         self.state: DashState | None = None
         self._syncing = 0  # the thread putting the trainer's values into the controls (0: none)
         self._zoomed = False
-        self._drawn_key: tuple[int, int, int, int, int] | None = None
+        self._drawn_key: tuple[Any, ...] | None = None
         self._render_lock = threading.RLock()
         self._final = False
         self.controller = Controller(trainer, schedule, keep_snapshots=keep_snapshots, refresh_s=refresh_s)
@@ -296,18 +296,19 @@ class Dashboard(widgets.VBox):
     def _plot_if_changed(self, state: DashState, force: bool = False) -> None:
         painter = self.painter
         data = self.controller.data
-        key = (state.step, len(data.events), len(data.validation), id(data.ghost), len(data.series))  # a knob's
-        # event is in the store at once: its mark is drawn without waiting for the step in flight
+        key = (state.step, len(data.events), len(data.validation), id(data.ghost), len(data.series),
+               state.run.state if state.run is not None else None)  # a knob's event is in the store at once: its
+        # mark is drawn without waiting for the step in flight; a run's end is drawn even when its last step was
         if painter is not None and (force or key != self._drawn_key):
             self._drawn_key = key
             self._update_readout()
             run = self.controller.run
-            if run is not None and run.in_thread:
+            if run is not None and run.in_thread and run.state != "ended":
                 painter.between_steps()
             elif self.controller.running:
                 painter.request()
-            else:
-                painter.draw()
+            else:  # idle, paused, or the run's last state (ended by its steps, stop, an interrupt or an error):
+                painter.draw()  # drawn now, whatever the pace, so that the frame left shows the last step
         elif painter is None:
             self._update_readout()
 
