@@ -385,7 +385,9 @@ def log_axis(ax: Axes) -> None:
 def event_groups(events: Sequence[tuple[float, str]], xlim: tuple[float, float], axes_px: float,
                  font_px: float = text_pt("event") * DPI / 72) -> list[tuple[float, str]]:
     """Numbered event labels that never overprint: events closer than their labels' width merge into
-    one label (``3-5``); ``(x, label)`` for the last ``MAX_EVENT_MARKS`` events inside ``xlim``."""
+    one label that cannot read as a range of steps (``3,4,5``; more than three: ``3 +4``, event 3 and the 4
+    after it); ``(x, label)`` for the last ``MAX_EVENT_MARKS`` events inside ``xlim`` (an event at step inf,
+    of an abandoned branch, never is)."""
     lo, hi = xlim
     per_step = axes_px / max(hi - lo, 1e-9)
     shown = [(n, s) for n, (s, _) in list(enumerate(events, start=1))[-MAX_EVENT_MARKS:] if lo <= s <= hi]
@@ -394,12 +396,19 @@ def event_groups(events: Sequence[tuple[float, str]], xlim: tuple[float, float],
     for n, s in sorted(shown, key=lambda p: (p[1], p[0])):
         if groups:
             x0, first, _ = groups[-1]
-            label = f"{first}-{n}"
+            label = merged_label(first, n)
             if (s - x0) * per_step < width(label) / 2 + width(str(n)) / 2 + 3:
                 groups[-1][2] = n
                 continue
         groups.append([s, n, n])
-    return [(x, str(a) if a == b else f"{a}-{b}") for x, a, b in groups]
+    return [(x, merged_label(a, b)) for x, a, b in groups]
+
+
+def merged_label(first: int, last: int) -> str:
+    """The label of events ``first`` to ``last`` merged at one place: ``3``, ``3,4``, ``3,4,5``, ``3 +4``."""
+    if last - first < 3:
+        return ",".join(str(i) for i in range(first, last + 1))
+    return f"{first} +{last - first}"
 
 
 def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = True,

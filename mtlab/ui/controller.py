@@ -28,6 +28,7 @@ from ..training.debug import next_call
 from .runcontrol import RunControl
 from .runs import Run, current_run
 from .schedules import schedule_text
+from .knobs import KNOB_CHOICES, apply_knobs, knobs_of
 from .state import DashState, RunView, SeriesStore
 from .texts import BUSY, REASONS, call_buttons, noise_html, skipped_tasks, state_table_html
 
@@ -52,6 +53,7 @@ class Controller:
         self.runs = RunControl(trainer, schedule, self.data, self)
         self.snapshots: list[dict[str, Any]] = []
         self.branches: dict[str, Trainer] = {}  # name -> trainer made by "fork here"
+        self.start_knobs = knobs_of(trainer)  # what "re-initialise, back to the starting knobs" sets again
         self.closed = False
         self.collect_cpu = 0.0  # CPU seconds spent collecting rows and building states (bench/ui_overhead.py)
         self._views: list[View] = []
@@ -61,6 +63,7 @@ class Controller:
         self._dirty = False
         self._skipped_seen = skipped_tasks(trainer)
         self._in_command = False  # a command's own status line follows: trainer events need not show
+        self._waiting: tuple[int, str] | None = None  # a change made during a run: (step then, its "in force" line)
         trainer.add_callback(self._on_event)
         with _BY_TRAINER_LOCK:  # one live dashboard per trainer: a re-run cell replaces the older one
             older = _BY_TRAINER.setdefault(id(trainer), [])
@@ -160,6 +163,11 @@ class Controller:
     def refresh(self) -> DashState:
         """Read new history rows, rebuild the state and show it (between steps or while idle)."""
         c0 = time.thread_time()
+        waiting = self._waiting
+        if waiting is not None and self.trainer.step_count > waiting[0]:
+            self._waiting = None
+            if self._status.startswith(waiting[1].split("; in force")[0]):  # still the latest news: say it holds now
+                self._status, self._status_error = waiting[1], False
         self.data.collect(self.trainer)
         self._last = self.state()
         self._last_emit, self._dirty = time.monotonic(), False
@@ -226,14 +234,23 @@ class Controller:
         """A linked set's weight, used from the next minibatch on (also during a run)."""
         def do() -> str:
             self.trainer.set_weight(task, linkedset, value)
-            return self._weight_message(set_key(task, linkedset), value)
+            return self._pending(self._weight_message(set_key(task, linkedset), value), "its next minibatch")
         return self._command("weight", do)
 
     def set_task_weight(self, task: str, value: float) -> bool:
         def do() -> str:
             self.trainer.set_task_weight(task, value)
-            return self._weight_message(f"task {task}", value)
+            return self._pending(self._weight_message(f"task {task}", value), "its next minibatch")
         return self._command("task weight", do)
+
+    def _pending(self, message: str, when: str) -> str:
+        """During a run a change waits for the run's next minibatch (or step): the status says it is pending, and
+        says it is in force once a step has ended after it (``refresh``)."""
+        if not self.running:
+            return message
+        step = self.trainer.step_count
+        self._waiting = (step, f"{message}; in force since step {step + 1}")
+        return f"{message}; pending: the run takes it at {when} (step {step + 1})"
 
     def _weight_message(self, what: str, value: float) -> str:
         skipped = skipped_tasks(self.trainer)
@@ -245,7 +262,7 @@ class Controller:
             self.trainer.lr = float(value)
             self.data.event(self.trainer.step_count, f"lr -> {value:.3g}")
             note = " (the schedule sets it again at each step)" if self.running and self.schedule is not None else ""
-            return f"lr -> {value:.3g}{note}"
+            return self._pending(f"lr -> {value:.3g}{note}", "its next apply()")
         return self._command("lr", set_it)
 
     def set_clip(self, value: float | None) -> bool:
@@ -261,23 +278,32 @@ class Controller:
         def set_it() -> str:
             self.trainer.set_minibatches_per_step(k, task)
             note = " (the step in progress keeps its own)" if self.running else ""
-            return f"minibatches per step of {'every task' if task is None else task} -> {k}, from the next step{note}"
+            return self._pending(f"minibatches per step of {'every task' if task is None else task} -> {k}, from the "
+                                 f"next step{note}", "its next step")
         return self._command("minibatches per step", set_it)
 
     def set_batch_size(self, task: str, batch_size: int) -> bool:
         """Examples per minibatch of ``task``, from the next minibatch drawn on (also during a run)."""
         def set_it() -> str:
             self.trainer.set_batch_size(task, batch_size)
-            return f"batch size of {task} -> {batch_size}, from the next minibatch"
+            return self._pending(f"batch size of {task} -> {batch_size}, from the next minibatch", "its next minibatch")
         return self._command("batch size", set_it)
 
-    def reinitialize(self) -> bool:
+    def reinitialize(self, knobs: str = "keep") -> bool:
         """``Trainer.reinitialize()``: the initial weights and a fresh optimizer, step 0; the old curves stay grey
-        on the plot. During a run at the end of the current step (the run goes on from step 0)."""
+        on the plot, its event marks go. ``knobs``: ``"keep"`` (as set now) or ``"start"`` (back to the knobs the
+        notebook had set when this dashboard was built: ``start_knobs``). During a run at the end of the current
+        step (the run goes on from step 0)."""
+        if knobs not in KNOB_CHOICES:
+            raise ValueError(f"reinitialize(knobs=...) takes one of {list(KNOB_CHOICES)}, got {knobs!r}")
+
         def back() -> str:
             before = self.trainer.step_count
+            changed = apply_knobs(self.trainer, self.start_knobs) if knobs == "start" else []
             self.trainer.reinitialize()
-            return (f"re-initialised: step {before} -> 0, the initial weights and a fresh optimizer; knobs kept, "
+            kept = ("knobs kept" if knobs == "keep" else
+                    "the starting knobs again" + (f" ({', '.join(changed)})" if changed else " (none had changed)"))
+            return (f"re-initialised: step {before} -> 0, the initial weights and a fresh optimizer; {kept}; "
                     "the abandoned branch stays grey on the plot")
         return self._between_steps("re-initialise", back)
 
@@ -421,7 +447,7 @@ class Controller:
             if from_code:
                 self._changed()
         elif isinstance(info, RestoreInfo | ReinitializeInfo):
-            data.restored(info.step)
+            data.restored(info.step, everything=isinstance(info, ReinitializeInfo))
             data.event(info.step, f"re-initialised (from step {info.from_step})" if isinstance(info, ReinitializeInfo)
                        else f"restored step {info.step}")
             self._dirty = True

@@ -13,6 +13,7 @@ import traitlets
 
 from ..core import combine, weighting
 from ..core.columns import set_key
+from .knobs import KNOB_CHOICES
 from .texts import call_buttons, call_tooltip
 
 if TYPE_CHECKING:
@@ -28,10 +29,10 @@ PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling b
 
 
 # The groups of controls ``Dashboard(hide=[...])`` can hide, and what each holds.
-GROUPS = {"run": "steps box, run, pause, stop", "weights": "the weights tab (task and linked-set weights, lr, clip, "
+GROUPS = {"run": "steps box, run, pause, stop, re-initialise", "weights": "the weights tab (task and linked-set weights, lr, clip, "
           "combine)", "accumulation": "the batches tab (minibatches per step K, batch size)",
           "stepwise": "the stepwise tab (process minibatch, normalize, clip, apply, step, reset)",
-          "snapshots": "the snapshots tab (snapshot, restore, re-initialise, export)",
+          "snapshots": "the snapshots tab (snapshot, restore, fork, export)",
           "plot_options": "the plot options (scale, smoothing, zoom, read-out step)", "table": "the state table",
           "log": "the read-out, events and validation tabs", "progress": "the progress bar"}
 
@@ -225,6 +226,12 @@ class Controls:
                                              layout=_layout(width="auto", flex="0 0 auto", min_width="52px"),
                                              button_style="primary" if name in ("step", "run") else "")
                         for name, label in labels.items()}
+        self.reinit_knobs = widgets.Dropdown(
+            options=[(label, value) for value, label in KNOB_CHOICES.items()], value="keep",
+            layout=_layout(width="150px", flex="0 0 auto"),
+            tooltip="what re-initialise does with the knobs: keep them as set now, or set the starting knobs again "
+                    "(the weights, lr, clip, combine method, K and batch sizes the notebook had set when this "
+                    "dashboard was built)")
         self.snapshot_dropdown = widgets.Dropdown(options=[], description="snapshot", layout=_layout(width="210px"),
                                                   style={"description_width": "60px"},
                                                   tooltip="the snapshot restore goes back to (the latest by default)")
@@ -260,7 +267,8 @@ class Controls:
         mode the plot first, then the controls. ``hide`` names control groups (``GROUPS``) left out."""
         B, hidden = self.buttons, set(check_hide(hide))
         wrap = _layout(flex_flow="row wrap", align_items="center")
-        run_row = widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"]], layout=wrap)
+        run_row = widgets.VBox([widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"]], layout=wrap),
+                                widgets.HBox([B["reinitialize"], tipped(self.reinit_knobs)], layout=wrap)])
         weights = widgets.VBox([*self.sliders.values(), self.lr_slider,
                                 widgets.HBox([self.clip_toggle, self.clip_slider]), tipped(self.combine_dropdown)])
         accumulation = widgets.VBox([widgets.HTML("<div style='line-height:1.3;font-size:12px'>per task: K minibatch "
@@ -272,7 +280,7 @@ class Controls:
                                  widgets.HBox([B[n] for n in ("minibatch", *self.calls, "apply", "step",
                                                               "reset")], layout=wrap)])
         snaps = widgets.VBox([widgets.HBox([tipped(self.snapshot_dropdown), B["snapshot"], B["restore"]], layout=wrap),
-                              widgets.HBox([B["reinitialize"], B["fork"]], layout=wrap),
+                              widgets.HBox([B["fork"]], layout=wrap),
                               widgets.HBox([B["export_png"], B["export_svg"], B["export_csv"], B["export_journal"]],
                                            layout=wrap),
                               self.export_links])
@@ -315,6 +323,7 @@ class Controls:
         """Every widget built here (to close them)."""
         return [*self.sliders.values(), self.lr_slider, self.clip_slider, self.clip_toggle, self.combine_dropdown,
                 *self.buttons.values(), self.task_dropdown, self.set_dropdown, self.steps_box, self.snapshot_dropdown,
+                self.reinit_knobs,
                 *self.k_boxes.values(), *self.batch_boxes.values(),
                 self.scale_toggle, self.smoothing_slider, self.zoom, self.read_step, self.counter, self.status,
                 self.table, self.progress, self.progress_label, self.validation_table, self.event_log, self.readout,

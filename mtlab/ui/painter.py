@@ -66,7 +66,7 @@ class Painter:
         with self._lock:
             t0, c0 = time.monotonic(), time.thread_time()
             data = self.store.copy()
-            self.plot.update(data.series, validation_series(data.validation), step=data.step, events=data.events,
+            self.plot.update(data.series, validation_series(data.validation), step=data.step, events=data.marks(),
                              ghost=data.ghost)
             png = self.plot.png()
             self.drawn_step = data.step

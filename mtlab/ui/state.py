@@ -38,6 +38,7 @@ class SeriesStore:
         self.validation: list[dict[str, Any]] = validation or []  # evaluate events and the loop's validation records
         self.records: list[dict[str, Any]] = records or []  # the loop's validation records (the validation table)
         self.step = step  # the step the collected data reach
+        self.abandoned: set[int] = set()  # indices of the events of an abandoned branch: in the log, not marked
         self.lock = threading.Lock()
         self._seen = 0
         self._reload: int | None = None
@@ -46,10 +47,18 @@ class SeriesStore:
         with self.lock:
             self.events.append((int(step), text))
 
-    def restored(self, step: int) -> None:
-        """A restore went back to ``step``: the next collect keeps what lies after it as the ghost."""
+    def restored(self, step: int, everything: bool = False) -> None:
+        """A restore went back to ``step``: the next collect keeps what lies after it as the ghost, and the events
+        after it (``everything``: every event so far, a re-initialisation) are no longer marked on the plot."""
         with self.lock:
             self._reload = int(step)
+            self.abandoned |= {i for i, (s, _) in enumerate(self.events) if everything or s > step}
+
+    def marks(self) -> list[tuple[float, str]]:
+        """The events as the plot marks them: numbered as in the log, an abandoned branch's at step inf (never
+        inside the step range shown, so not drawn)."""
+        with self.lock:
+            return [(math.inf if i in self.abandoned else float(s), t) for i, (s, t) in enumerate(self.events)]
 
     def collect(self, trainer: Trainer) -> int:
         """Add the history rows written since the last call; returns how many."""
@@ -79,8 +88,10 @@ class SeriesStore:
     def copy(self) -> SeriesStore:
         """A consistent copy (lists copied under the lock) for a drawing thread."""
         with self.lock:
-            return SeriesStore({k: (list(xs), list(ys)) for k, (xs, ys) in self.series.items()}, dict(self.ghost),
-                               list(self.events), list(self.validation), list(self.records), self.step)
+            out = SeriesStore({k: (list(xs), list(ys)) for k, (xs, ys) in self.series.items()}, dict(self.ghost),
+                              list(self.events), list(self.validation), list(self.records), self.step)
+            out.abandoned = set(self.abandoned)
+            return out
 
     def values_at(self, step: float) -> dict[str, tuple[int, float]]:
         """Every series' value at ``step`` (the last point at or before it): ``column -> (its step, value)``."""

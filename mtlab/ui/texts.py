@@ -48,9 +48,10 @@ TOOLTIPS = {
     "export_csv": "Write trainer.history as CSV into the export folder and offer a download link.",
     "clear_error": "Clear the error details below.",
     "reinitialize": "Re-initialise: trainer.reinitialize(): back to the initial weights, a fresh optimizer state, the data "
-                    "and RNG of a freshly built trainer, step 0; the knobs stay as set and the old curves stay grey on the "
-                    "plot (an abandoned branch). Unlike reset, which only discards the accumulation in progress. During a "
-                    "run it happens at the end of the current step.",
+                    "and RNG of a freshly built trainer, step 0; the knobs as chosen beside it (kept as set, or the starting "
+                    "knobs again); the old curves stay grey on the plot (an abandoned branch) and its event marks go. "
+                    "Unlike reset, which only discards the accumulation in progress. During a run it happens at the end "
+                    "of the current step.",
     "fork": "trainer.fork(): a branch of the trainer as it is now, that trains on independently (from a snapshot: "
             "controller.fork(index=i)); kept in dashboard.controller.branches; mtlab.plots.plot_runs draws them "
             "side by side.",

@@ -180,7 +180,8 @@ class Dashboard(widgets.VBox):
                                                   "until stopped"), "number")
         w.task_dropdown.observe(self._on_task_choice, "value")
         actions = {"minibatch": lambda: c.minibatch(w.task_dropdown.value, w.set_dropdown.value),
-                   "step": lambda: c.call("step"), "run": lambda: c.start(w.steps_box.number), "reinitialize": c.reinitialize,
+                   "step": lambda: c.call("step"), "run": lambda: c.start(w.steps_box.number),
+                   "reinitialize": lambda: c.reinitialize(w.reinit_knobs.value),
                    "pause": c.toggle_pause, "stop": self._click_stop, "snapshot": c.take_snapshot,
                    "restore": lambda: c.restore(w.snapshot_dropdown.value), "clear_error": c.clear_error,
                    "export_png": lambda: self._export("png"), "export_svg": lambda: self._export("svg"),

@@ -23,16 +23,17 @@ def executed(name: str) -> tuple:
     """The notebook run top to bottom with MTLAB_FAST=1 (once per test session): its cells."""
     nbformat, nbclient = notebook_tools()
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    before = os.environ.get("MTLAB_FAST")
-    os.environ["MTLAB_FAST"] = "1"
+    before = {k: os.environ.get(k) for k in ("MTLAB_FAST", "MTLAB_WAIT")}
+    os.environ.update(MTLAB_FAST="1", MTLAB_WAIT="1")  # unattended: the notebooks wait for their runs
     try:
         nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                 resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     finally:
-        if before is None:
-            os.environ.pop("MTLAB_FAST", None)
-        else:
-            os.environ["MTLAB_FAST"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return tuple(nb.cells)
 
 
@@ -73,7 +74,10 @@ def test_notebook_01_does_not_block_its_run():
     start = code_cell(cells, "dash.start(STEPS)")
     assert "wait" not in start.source and "training 5 steps in the background" in text_of(start)
     assert "dash.wait" in prose(cells) and numbers(r"(\d+) steps; validation loss", text_of(
-        code_cell(cells, "while dash.running")))[0] == 1 + 5  # one step by hand, then the run's 5
+        code_cell(cells, "if WAIT:")))[0] == 1 + 5  # one step by hand, then the run's 5
+    blocking = [c.source for c in cells if c.cell_type == "code" and re.search(r"^\s*(while dash.running|dash.wait)",
+                                                                                c.source, re.M)]
+    assert all("if WAIT:" in s for s in blocking), blocking  # only an unattended run waits
 
 
 @pytest.mark.slow
@@ -105,6 +109,8 @@ def test_notebook_03_prints_no_raw_html_and_says_why_its_run_ended():
     assert "the steps asked for are done" in printed
     start = code_cell(cells, "dash.start(STEPS)")
     assert "wait" not in start.source  # the run cell returns: the sliders act during the run
+    later = [c.source for c in cells if c.cell_type == "code" and re.search(r"dash\.wait|while dash\.running", c.source)]
+    assert later and all("if WAIT:  # unattended only" in s for s in later), later  # Run All never blocks the kernel
     conflict = text_of(code_cell(cells, "mtlab.training.debug.gradient_conflict"))
     (cosine,) = numbers(r"\('frames', 'speaker'\): (-?[\d.e-]+)", conflict)
     assert -1 <= cosine <= 1
