@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "clip", "apply": "apply",
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",
            "restore": "restore", "export_png": "PNG", "export_svg": "SVG", "export_csv": "history CSV",
-           "fork": "fork here", "export_journal": "journal",
+           "fork": "fork here", "export_journal": "journal", "continue": "continue", "switch": "switch",
+           "compare": "compare", "drop": "drop",
            "clear_error": "clear", "reinitialize": "re-initialise"}
 LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
@@ -32,7 +33,7 @@ PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling b
 GROUPS = {"run": "steps box, run, pause, stop, re-initialise", "weights": "the weights tab (task and linked-set weights, lr, clip, "
           "combine)", "accumulation": "the batches tab (minibatches per step K, batch size)",
           "stepwise": "the stepwise tab (process minibatch, normalize, clip, apply, step, reset)",
-          "snapshots": "the snapshots tab (snapshot, restore, fork, export)",
+          "snapshots": "the branches tab (fork here, continue, switch, compare, drop; snapshot, restore; export)",
           "plot_options": "the plot options (scale, smoothing, zoom, read-out step)", "table": "the state table",
           "log": "the read-out, events and validation tabs", "progress": "the progress bar"}
 
@@ -232,6 +233,10 @@ class Controls:
             tooltip="what re-initialise does with the knobs: keep them as set now, or set the starting knobs again "
                     "(the weights, lr, clip, combine method, K and batch sizes the notebook had set when this "
                     "dashboard was built)")
+        self.branch_dropdown = widgets.Dropdown(
+            options=[], description="branch", layout=_layout(width="250px"), style={"description_width": "50px"},
+            tooltip="the branch drawn on the plot (x marks) and acted on by continue, switch, compare and drop")
+        self.compare_image = widgets.Image(format="png", layout=_layout(width=f"{PLOT_WIDTH}px", height="auto"))
         self.snapshot_dropdown = widgets.Dropdown(options=[], description="snapshot", layout=_layout(width="210px"),
                                                   style={"description_width": "60px"},
                                                   tooltip="the snapshot restore goes back to (the latest by default)")
@@ -261,6 +266,7 @@ class Controls:
         self.error_box, self.export_links, self.plot_label = widgets.HTML(), widgets.HTML(), widgets.HTML()
         self.noise_panel = widgets.HTML()
         self.image = widgets.Image(format="png", layout=_layout(width=f"{PLOT_WIDTH}px", height="auto"))
+        self.lower_tab: widgets.Tab | None = None
 
     def layout(self, plots: bool, hide: Sequence[str] = (), presentation: bool = False) -> list[widgets.Widget]:
         """The parts of one screen: texts on top, controls on the left, the plot on the right; in presentation
@@ -279,15 +285,16 @@ class Controls:
         stepwise = widgets.VBox([widgets.HBox([tipped(self.task_dropdown), tipped(self.set_dropdown)], layout=wrap),
                                  widgets.HBox([B[n] for n in ("minibatch", *self.calls, "apply", "step",
                                                               "reset")], layout=wrap)])
-        snaps = widgets.VBox([widgets.HBox([tipped(self.snapshot_dropdown), B["snapshot"], B["restore"]], layout=wrap),
-                              widgets.HBox([B["fork"]], layout=wrap),
+        snaps = widgets.VBox([widgets.HBox([B["fork"], tipped(self.branch_dropdown)], layout=wrap),
+                              widgets.HBox([B[n] for n in ("continue", "switch", "compare", "drop")], layout=wrap),
+                              widgets.HBox([tipped(self.snapshot_dropdown), B["snapshot"], B["restore"]], layout=wrap),
                               widgets.HBox([B["export_png"], B["export_svg"], B["export_csv"], B["export_journal"]],
                                            layout=wrap),
                               self.export_links])
         pages = [(g, box, title) for g, box, title in (("weights", weights, "weights"),
                                                         ("accumulation", accumulation, "batches"),
                                                         ("stepwise", stepwise, "stepwise"),
-                                                        ("snapshots", snaps, "snapshots")) if g not in hidden]
+                                                        ("snapshots", snaps, "branches")) if g not in hidden]
         width = "100%" if presentation else f"{LEFT_WIDTH}px"
         left_parts = [] if "run" in hidden else [run_row]
         if pages:
@@ -295,8 +302,9 @@ class Controls:
                                           layout=_layout(width=f"{round(LEFT_WIDTH * (1.3 if presentation else 1))}px")))
         left = widgets.VBox(left_parts, layout=_layout(width=width if not presentation else "auto", flex="0 0 auto"))
         lower = None if "log" in hidden else widgets.Tab(
-            [self.readout, self.event_log, self.validation_table, self.noise_panel],
-            titles=("read-out", "events", "validation", "noise scale"))
+            [self.readout, self.event_log, self.validation_table, self.noise_panel, self.compare_image],
+            titles=("read-out", "events", "validation", "noise scale", "compare"))
+        self.lower_tab = lower
         options = [] if "plot_options" in hidden or not plots else [
             widgets.HBox([self.scale_toggle, self.smoothing_slider, self.zoom, tipped(self.read_step)], layout=wrap)]
         if plots and not presentation:
@@ -323,7 +331,7 @@ class Controls:
         """Every widget built here (to close them)."""
         return [*self.sliders.values(), self.lr_slider, self.clip_slider, self.clip_toggle, self.combine_dropdown,
                 *self.buttons.values(), self.task_dropdown, self.set_dropdown, self.steps_box, self.snapshot_dropdown,
-                self.reinit_knobs,
+                self.reinit_knobs, self.branch_dropdown, self.compare_image,
                 *self.k_boxes.values(), *self.batch_boxes.values(),
                 self.scale_toggle, self.smoothing_slider, self.zoom, self.read_step, self.counter, self.status,
                 self.table, self.progress, self.progress_label, self.validation_table, self.event_log, self.readout,

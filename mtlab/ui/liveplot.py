@@ -45,6 +45,7 @@ from ..training.plots import (
 LIVE_POINTS = 400  # per line in the live plot: a blitted redraw stays ~40 ms
 PRESENTATION_SCALE = 1.35  # font scale of presentation mode (a projector, 150 % zoom)
 EVENTS_LABEL = "n: event n of the log"
+BRANCH_STYLE: dict[str, Any] = {"lw": 1.1, "marker": "x", "ms": 4.5, "mew": 1.2, "zorder": 2.5}  # a fork's lines
 RELAYOUT_S = 20.0  # s: the layout is redone at least this often (tick labels change width as limits move)
 
 
@@ -123,7 +124,7 @@ class LivePlot:
         self._event_artists: list[Any] = []
         self._events_key: tuple[tuple[float, str], ...] | None = None
         self._events: list[tuple[float, str]] = []
-        self.legend_key: tuple[tuple[str, ...], tuple[str, ...], bool, bool] | None = None
+        self.legend_key: tuple[tuple[str, ...], tuple[str, ...], bool, bool, str | None] | None = None
         self.legend: Legend | None = None
         self._resize(layout_height(len(panels), [], self.width_px, self.font_scale))
         self._background: object | None = None  # the canvas's copy of the drawn background (for blitting)
@@ -178,9 +179,11 @@ class LivePlot:
 
     def update(self, series: Mapping[str, Series], validation: Mapping[str, Series] | None = None,
                step: int | None = None, events: Sequence[tuple[float, str]] = (),
-               ghost: Mapping[str, Series] | None = None) -> None:
+               ghost: Mapping[str, Series] | None = None, branch: Mapping[str, Series] | None = None,
+               branch_name: str | None = None) -> None:
         """New data for every line; ``events`` are marked; ``ghost`` lines (an abandoned branch) are drawn
-        grey, under the live ones. ``step`` is the step the data reach (the dashboard's label says it)."""
+        grey, under the live ones; ``branch`` lines (a fork, ``branch_name``: its own part) in the task's colour
+        with x marks. ``step`` is the step the data reach (the dashboard's label says it)."""
         panels = panels_for(series, ghost)
         if panels != self.panels:
             self._build(panels)
@@ -215,16 +218,31 @@ class LivePlot:
             line.set_data(*thin(xs, ys, self.max_points))
             line.set_marker("o" if len(xs) == 1 else "")
             wanted.add(f"ghost:{col}")
+        for col, (xs, ys) in (branch or {}).items():
+            where, look = panel_of(col), self.styles.line(col)
+            if where is None or where[0] not in self.axes or look is None:
+                continue
+            if PANEL_SPECS[where[0]].log or (where[0] == "loss" and self.scale == "log"):
+                xs, ys = positive(xs, ys)
+            line = self._line(f"branch:{col}", where[0], {**BRANCH_STYLE, "color": look["color"], "label": "_branch"})
+            shown_xs, shown_ys = thin(xs, ys, self.max_points)
+            line.set_data(shown_xs, shown_ys)
+            line.set_markevery(max(1, len(shown_xs) // 12))
+            wanted.add(f"branch:{col}")
         for key, line in self.lines.items():
             if key not in wanted:
                 line.set_data([], [])
-        cols = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:", "valid:")))
+        cols = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:", "valid:", "branch:")))
+        shown_branch = branch_name if any(k.startswith("branch:") for k in wanted) else None
         legend_key = (cols, tuple(k[len("valid:"):] for k in self.lines if k in wanted and k.startswith("valid:")),
-                      any(k.startswith("ghost:") for k in wanted), bool(events))
+                      any(k.startswith("ghost:") for k in wanted), bool(events), shown_branch)
         if legend_key != self.legend_key:  # rebuilding the legend and the layout is slow: only on change
             self.legend_key = legend_key
-            shown, valid_keys, ghosted, marked = legend_key
+            shown, valid_keys, ghosted, marked, forked = legend_key
             entries = self.styles.legend(shown, valid_keys, ghosted, EVENTS_LABEL if marked else None)
+            if forked:
+                entries.append((Line2D([], [], color="#555555", **{k: v for k, v in BRANCH_STYLE.items()
+                                                                   if k != "zorder"}), f"{forked} (fork)"))
             self._resize(layout_height(len(self.panels), entries, self.width_px, self.font_scale))
             self.legend = shared_legend(self.figure, entries, self.font_scale)
             self._stale = self._relayout = True

@@ -53,8 +53,15 @@ TOOLTIPS = {
                     "Unlike reset, which only discards the accumulation in progress. During a run it happens at the end "
                     "of the current step.",
     "fork": "trainer.fork(): a branch of the trainer as it is now, that trains on independently (from a snapshot: "
-            "controller.fork(index=i)); kept in dashboard.controller.branches; mtlab.plots.plot_runs draws them "
-            "side by side.",
+            "controller.fork(index=i)); kept in dashboard.controller.branches and chosen in the branch selector; "
+            "continue trains it, its lines (x marks) join the plot.",
+    "continue": "Train the chosen branch 'steps' more steps (0: 10) in a background thread of its own; its loss and "
+                "gradient norm (x marks) grow on the plot beside the run's.",
+    "switch": "Drive the chosen branch from this dashboard (dash.trainer); the trainer driven until now becomes a "
+              "branch. Needs: nothing training.",
+    "compare": "Draw every branch and the trainer driven side by side (mtlab.plots.plot_runs), with what sets them "
+               "apart in words, in the compare tab under the plot.",
+    "drop": "Forget the chosen branch. Needs: the branch not training.",
     "export_journal": "Write trainer.journal as journal.jsonl into the export folder and offer a download link "
                       "(mtlab.replay reruns it bit for bit).",
 }

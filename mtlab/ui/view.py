@@ -30,7 +30,7 @@ from ..training.schedule import Schedule
 from .controller import Controller
 from .controls import PLOT_WIDTH, Controls, check_hide
 from .painter import Painter
-from ..training.plots import DPI, figure_png, figure_svg, panel_of, plot_history
+from ..training.plots import DPI, figure_png, figure_svg, panel_of, plot_history, plot_runs
 from .liveplot import LIVE_POINTS, LivePlot
 from .state import DashState
 from .texts import (
@@ -179,6 +179,7 @@ class Dashboard(widgets.VBox):
                                                   if ch["new"] else "steps -> 0: run goes to the schedule's end, or "
                                                   "until stopped"), "number")
         w.task_dropdown.observe(self._on_task_choice, "value")
+        w.branch_dropdown.observe(lambda ch: self._user(c.select_branch, ch["new"]), "value")
         actions = {"minibatch": lambda: c.minibatch(w.task_dropdown.value, w.set_dropdown.value),
                    "step": lambda: c.call("step"), "run": lambda: c.start(w.steps_box.number),
                    "reinitialize": lambda: c.reinitialize(w.reinit_knobs.value),
@@ -186,7 +187,8 @@ class Dashboard(widgets.VBox):
                    "restore": lambda: c.restore(w.snapshot_dropdown.value), "clear_error": c.clear_error,
                    "export_png": lambda: self._export("png"), "export_svg": lambda: self._export("svg"),
                    "export_csv": lambda: self._export("csv"), "export_journal": lambda: self._export("journal"),
-                   "fork": lambda: c.fork()}
+                   "fork": lambda: c.fork(), "continue": lambda: c.continue_branch(w.steps_box.number or 10),
+                   "switch": c.switch_branch, "compare": self._compare, "drop": c.drop_branch}
         for name in (*w.calls, "apply", "reset"):  # the chain's calls (a user transform's too), apply, reset
             actions[name] = functools.partial(c.call, name)
         for name, fn in actions.items():
@@ -202,6 +204,23 @@ class Dashboard(widgets.VBox):
 
     def _on_task_choice(self, change: dict[str, Any]) -> None:
         self.controls.set_dropdown.options = list(self.controller.trainer.tasks[change["new"]].linkedsets)
+
+    def _compare(self) -> None:
+        """The branches and the trainer driven side by side (``plot_runs``) in the compare tab under the plot."""
+        runs = self.controller.compared()
+        if len(runs) < 2:
+            self.controller.say("compare: no branch yet; click fork here, then continue", error=True)
+            return
+        try:
+            fig = plot_runs(runs, width_px=PLOT_WIDTH)
+            self.controls.compare_image.value = figure_png(fig)
+        except Exception as exc:  # noqa: BLE001 (a figure that fails: said, never lost)
+            self.controller.say(f"compare: {type(exc).__name__}: {exc}", error=True)
+            return
+        tab = self.controls.lower_tab
+        if tab is not None:
+            tab.selected_index = len(tab.children) - 1
+        self.controller.say(f"compare: {', '.join(runs)} side by side in the compare tab under the plot")
 
     def _click_stop(self) -> None:
         if not self.controller.stop(wait=False):
@@ -282,6 +301,12 @@ class Dashboard(widgets.VBox):
                     box.show(tr.tasks[name].batch_size)
             if state.combine in w.combine_dropdown.options:
                 w.combine_dropdown.value = state.combine
+            branches = [(label, name) for label, name in state.branches]
+            if list(w.branch_dropdown.options) != branches:
+                w.branch_dropdown.options = branches
+            if state.branch != w.branch_dropdown.value and (state.branch is None or
+                                                            state.branch in [n for _, n in branches]):
+                w.branch_dropdown.value = state.branch
             options = [(label, i) for i, label in enumerate(state.snapshots)]
             if list(w.snapshot_dropdown.options) != options:
                 w.snapshot_dropdown.options = options
@@ -298,7 +323,7 @@ class Dashboard(widgets.VBox):
         painter = self.painter
         data = self.controller.data
         key = (state.step, len(data.events), len(data.validation), id(data.ghost), len(data.series),
-               state.run.state if state.run is not None else None)  # a knob's event is in the store at once: its
+               state.run.state if state.run is not None else None, data.branch_version)  # a knob's event is in the store at once: its
         # mark is drawn without waiting for the step in flight; a run's end is drawn even when its last step was
         if painter is not None and (force or key != self._drawn_key):
             self._drawn_key = key
