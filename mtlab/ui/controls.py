@@ -26,6 +26,7 @@ BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "
            "compare": "compare", "drop": "drop",
            "clear_error": "clear", "reinitialize": "re-initialise"}
 LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
+PRESENT_LEFT = 290  # px: presentation mode's column of run buttons and chosen sliders beside the plot
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
 
 
@@ -268,10 +269,15 @@ class Controls:
         self.image = widgets.Image(format="png", layout=_layout(width=f"{PLOT_WIDTH}px", height="auto"))
         self.lower_tab: widgets.Tab | None = None
 
-    def layout(self, plots: bool, hide: Sequence[str] = (), presentation: bool = False) -> list[widgets.Widget]:
+    def layout(self, plots: bool, hide: Sequence[str] = (), presentation: bool = False,
+               chosen: Sequence[str] | None = None) -> list[widgets.Widget]:
         """The parts of one screen: texts on top, controls on the left, the plot on the right; in presentation
-        mode the plot first, then the controls. ``hide`` names control groups (``GROUPS``) left out."""
+        mode the run buttons and the ``chosen`` sliders (weight keys, ``"lr"``; None: every weight and the lr)
+        beside the plot, which fits the window's height, so that both show on one screen at 150 %; the other
+        controls under them. ``hide`` names control groups (``GROUPS``) left out."""
         B, hidden = self.buttons, set(check_hide(hide))
+        for slider in (*self.sliders.values(), self.lr_slider):  # presentation mode narrows them: back to normal
+            slider.layout.width = f"{LEFT_WIDTH - 44}px"
         wrap = _layout(flex_flow="row wrap", align_items="center")
         run_row = widgets.VBox([widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"]], layout=wrap),
                                 widgets.HBox([B["reinitialize"], tipped(self.reinit_knobs)], layout=wrap)])
@@ -296,7 +302,7 @@ class Controls:
                                                         ("stepwise", stepwise, "stepwise"),
                                                         ("snapshots", snaps, "branches")) if g not in hidden]
         width = "100%" if presentation else f"{LEFT_WIDTH}px"
-        left_parts = [] if "run" in hidden else [run_row]
+        left_parts = [] if "run" in hidden or presentation else [run_row]
         if pages:
             left_parts.append(widgets.Tab([p[1] for p in pages], titles=tuple(p[2] for p in pages),
                                           layout=_layout(width=f"{round(LEFT_WIDTH * (1.3 if presentation else 1))}px")))
@@ -311,7 +317,8 @@ class Controls:
             right = widgets.VBox([*options, self.plot_label, self.image, *([lower] if lower is not None else [])],
                                  layout=_layout(width=f"{PLOT_WIDTH + 10}px", flex="0 1 auto"))
         elif plots:
-            right = widgets.VBox([self.image, self.plot_label], layout=_layout(width="auto", flex="0 1 auto"))
+            right = widgets.VBox([self.image, self.plot_label], layout=_layout(width="auto", flex="1 1 auto",
+                                                                               min_width="0"))
         else:
             right = widgets.VBox([lower] if lower is not None and not presentation else [], layout=_layout(flex="1 1 auto"))
         top = widgets.HBox([self.progress, self.progress_label], layout=wrap)
@@ -320,10 +327,17 @@ class Controls:
         errors = widgets.HBox([self.error_box, B["clear_error"]], layout=wrap)
         B["clear_error"].layout.display = "none"
         table = [] if "table" in hidden else [self.table]
-        if presentation:  # the plot first, the texts under it, then the controls beside the log, then the table
+        if presentation:  # the run buttons and the chosen sliders beside the plot; everything else under them
+            keys = list(self.sliders) + ["lr"] if chosen is None else list(chosen)
+            steer = [self.lr_slider if k == "lr" else self.sliders[k] for k in keys]
+            for slider in steer:
+                slider.layout.width = f"{PRESENT_LEFT - 10}px"
+            side = widgets.VBox(([] if "run" in hidden else [run_row]) + ([] if "weights" in hidden else steer),
+                                layout=_layout(width=f"{PRESENT_LEFT}px", flex="0 0 auto"))
+            screen = widgets.HBox([side, right], layout=_layout(flex_flow="row", align_items="flex-start"))
             below = widgets.HBox([left, *([lower] if lower is not None else [])],
                                  layout=_layout(flex_flow="row wrap", align_items="flex-start"))
-            return [right, self.counter, top, self.status, errors, *options, below, *table]
+            return [self.counter, self.status, screen, top, errors, *options, below, *table]
         body = widgets.HBox([left, right], layout=_layout(flex_flow="row wrap", align_items="flex-start"))
         return [self.counter, top, self.status, errors, *table, body]
 

@@ -56,6 +56,9 @@ def page_css() -> str:
   {{font-size: 17px !important; line-height: 1.35}}
 .mtlab-present .widget-inline-hbox .widget-label {{width: auto !important; min-width: fit-content; padding-right: 6px}}
 .mtlab-present .widget-toggle-button {{width: auto !important}}
+.mtlab-present .mtlab-state td, .mtlab-present .mtlab-state th, .mtlab-present .mtlab-valid td,
+.mtlab-present .mtlab-valid th {{font-size: 13px !important; white-space: normal !important; padding: 2px 5px !important}}
+.mtlab-present img.widget-image {{object-fit: contain}}
 @media (max-width: 1100px) {{  /* zoomed in (150 % of 1280 px is 853 px): table cells wrap instead of being cut */
   .mtlab-dashboard .mtlab-state td, .mtlab-dashboard .mtlab-state th
     {{white-space: normal !important; line-height: 1.25 !important; padding: 2px 6px !important}}
@@ -89,8 +92,10 @@ class Dashboard(widgets.VBox):
     size, in the "batches" tab). Number boxes (``steps_box``, ``read_step``, ``k_boxes``, ``batch_boxes``) parse
     what is typed on Enter: a refusal says why in the status line and the box shows the value in force again.
 
-    ``presentation=True`` (or ``dash.presentation = True`` later): larger text, the plot first and the controls
-    under it, for a projector (readable at 150 % zoom on 1280x800). ``hide=[...]`` leaves control groups out
+    ``presentation=True`` (or ``dash.presentation = True`` later): larger text, the run buttons and the sliders
+    ``sliders=[...]`` names (weight keys, ``"lr"``; default: every weight and the lr) beside the plot, which fits the
+    window's height, the other controls under them: plot and sliders on one screen of a projector (150 % zoom on
+    1280x800). ``hide=[...]`` leaves control groups out
     (``mtlab.ui.controls.GROUPS``: run, weights, accumulation, stepwise, snapshots, plot_options, table, log,
     progress), e.g. for a guided exercise; an unknown name is an error that lists them.
 
@@ -101,7 +106,7 @@ class Dashboard(widgets.VBox):
     def __init__(self, trainer: Trainer, schedule: Schedule | None = None, refresh_s: float = 0.25, draw_interval: float = 0.7,
                  max_draw_share: float = 0.1, max_points: int = LIVE_POINTS, plots: bool = True,
                  keep_snapshots: int = 5, painter: str = "thread", export_dir: str | Path = "mtlab_export",
-                 presentation: bool = False, hide: Sequence[str] = ()) -> None:
+                 presentation: bool = False, hide: Sequence[str] = (), sliders: Sequence[str] | None = None) -> None:
         hide = check_hide(hide)
         controls = Controls(trainer)  # first: a bad argument below leaves nothing attached to the trainer
         scale = PRESENT_SCALE if presentation else 1.0  # the plot's text and lines, larger in presentation mode
@@ -109,6 +114,10 @@ class Dashboard(widgets.VBox):
                         dpi=round(DPI * scale)) if plots else None
         self.controls = controls
         self.hide, self._presentation, self._plots = hide, bool(presentation), plots
+        unknown = [k for k in (sliders or ()) if k != "lr" and k not in controls.sliders]
+        if unknown:
+            raise ValueError(f"sliders: unknown {unknown}; choose among {[*controls.sliders, 'lr']}")
+        self.chosen = None if sliders is None else list(sliders)  # presentation mode's sliders beside the plot
         self._beat = 0  # counts renders: a live claim ("running") re-sent each time restarts its expiry
         self.export_dir = Path(export_dir)
         self.state: DashState | None = None
@@ -127,14 +136,17 @@ class Dashboard(widgets.VBox):
         self.controller.refresh()
 
     def _parts(self) -> list[widgets.Widget]:
-        parts = self.controls.layout(self._plots, self.hide, self._presentation)
+        parts = self.controls.layout(self._plots, self.hide, self._presentation, self.chosen)
         image = self.controls.image
-        if self._presentation:
+        if self._presentation:  # the plot as large as the width beside the sliders and the window's height allow
             self.add_class("mtlab-present")
-            image.layout.width, image.layout.max_width = "100%", f"{round(PLOT_WIDTH * PRESENT_SCALE)}px"
+            image.layout.width, image.layout.height = "auto", "auto"
+            image.layout.max_width = f"min(100%, {round(PLOT_WIDTH * PRESENT_SCALE)}px)"
+            image.layout.max_height = "calc(100vh - 150px)"
         else:
             self.remove_class("mtlab-present")
-            image.layout.width, image.layout.max_width = f"{PLOT_WIDTH}px", None
+            image.layout.width, image.layout.height = f"{PLOT_WIDTH}px", "auto"
+            image.layout.max_width, image.layout.max_height = None, None
         return [widgets.HTML(page_css()), *parts]
 
     @property
@@ -188,7 +200,7 @@ class Dashboard(widgets.VBox):
                    "export_png": lambda: self._export("png"), "export_svg": lambda: self._export("svg"),
                    "export_csv": lambda: self._export("csv"), "export_journal": lambda: self._export("journal"),
                    "fork": lambda: c.fork(), "continue": lambda: c.continue_branch(w.steps_box.number or 10),
-                   "switch": c.switch_branch, "compare": self._compare, "drop": c.drop_branch}
+                   "switch": c.switch_branch, "compare": self._show_comparison, "drop": c.drop_branch}
         for name in (*w.calls, "apply", "reset"):  # the chain's calls (a user transform's too), apply, reset
             actions[name] = functools.partial(c.call, name)
         for name, fn in actions.items():
@@ -205,7 +217,7 @@ class Dashboard(widgets.VBox):
     def _on_task_choice(self, change: dict[str, Any]) -> None:
         self.controls.set_dropdown.options = list(self.controller.trainer.tasks[change["new"]].linkedsets)
 
-    def _compare(self) -> None:
+    def _show_comparison(self) -> None:
         """The branches and the trainer driven side by side (``plot_runs``) in the compare tab under the plot."""
         runs = self.controller.compared()
         if len(runs) < 2:

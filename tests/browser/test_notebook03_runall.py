@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from helpers.browser import CHROMIUM, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api
 
-from .test_notebook03_screens import DASH_ERROR_JS, MODEL_ERRORS_JS, NOTEBOOK, RUNNING_JS, write_copy
+from .test_notebook03_screens import (DASH_ERROR_JS, MODEL_ERRORS_JS, NOTEBOOK, RUNNING_JS, check_running_plot,
+                                      write_copy)
 
 pytestmark = pytest.mark.slow  # a server, a kernel and a browser
 
@@ -69,4 +70,21 @@ def test_run_all_then_a_slider_drag_acts_within_two_steps(lab: str, tmp_path: Pa
         shoot(page, tmp_path, "03_runall_slider_1280x800.png")
         assert not page.evaluate(DASH_ERROR_JS), page.evaluate(DASH_ERROR_JS)
         page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.shutdown()")
+        browser.close()
+
+
+def test_voila_shows_the_dashboard_while_the_run_goes(voila, tmp_path: Path) -> None:
+    """Voila runs every cell of 03 (none waits for the run): the page shows the dashboard, its counter moving and
+    its plot drawn, before the run ends."""
+    write_copy(tmp_path / "voila" / NOTEBOOK, until_start=False)
+    port = voila()
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"http://127.0.0.1:{port}/voila/render/{NOTEBOOK}", timeout=300_000)
+        check_running_plot(page, tmp_path, "03_voila_runall_1280x800.png")
+        assert page.evaluate(RUNNING_JS)  # still running: the page came before the run's end
+        page.get_by_role("button", name="stop", exact=True).click()
+        page.wait_for_function("() => [...document.querySelectorAll('.widget-html-content')]"
+                               ".some(e => e.textContent.includes('run ended'))", timeout=60_000)
         browser.close()

@@ -35,6 +35,10 @@ def branch_lines(dash):
     return {key: line for key, line in dash.live.lines.items() if key.startswith("branch:") and len(line.get_xdata())}
 
 
+def test_the_dashboard_displays(dash):
+    assert "application/vnd.jupyter.widget-view+json" in dash._repr_mimebundle_()  # no name of a widget's shadowed
+
+
 def test_fork_here_adds_the_branch_to_the_plot_and_the_selector(dash):
     c, w = dash.controller, dash.controls
     for _ in range(3):
