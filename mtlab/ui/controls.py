@@ -26,7 +26,7 @@ BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "
            "compare": "compare", "drop": "drop",
            "clear_error": "clear", "reinitialize": "re-initialise"}
 LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
-PRESENT_LEFT = 290  # px: presentation mode's column of run buttons and chosen sliders beside the plot
+PRESENT_LEFT = 240  # px: presentation mode's column of run buttons and chosen sliders beside the plot
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
 
 
@@ -281,7 +281,9 @@ class Controls:
         wrap = _layout(flex_flow="row wrap", align_items="center")
         run_row = widgets.VBox([widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"]], layout=wrap),
                                 widgets.HBox([B["reinitialize"], tipped(self.reinit_knobs)], layout=wrap)])
-        weights = widgets.VBox([*self.sliders.values(), self.lr_slider,
+        beside = set(list(self.sliders) + ["lr"] if chosen is None else chosen) if presentation else set()
+        weights = widgets.VBox([*(s for k, s in self.sliders.items() if k not in beside),
+                                *([] if "lr" in beside else [self.lr_slider]),
                                 widgets.HBox([self.clip_toggle, self.clip_slider]), tipped(self.combine_dropdown)])
         accumulation = widgets.VBox([widgets.HTML("<div style='line-height:1.3;font-size:12px'>per task: K minibatch "
                                                   "rounds per step (from the next step), batch examples per "

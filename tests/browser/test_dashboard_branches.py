@@ -83,8 +83,13 @@ def test_fork_here_then_reinitialise(lab: str, tmp_path: Path) -> None:
         output.get_by_role("button", name="continue", exact=True).click()  # steps box: 4
         page.wait_for_function(f"() => ({STATUS_JS})().includes(\"branch 'branch-1': 4 step(s) trained\")",
                                timeout=180_000)
-        page.wait_for_function("() => [...document.querySelectorAll('.mtlab-dashboard select option')]"
-                               ".some(o => o.textContent.includes('branch-1: from step 4, now 8'))", timeout=60_000)
+        try:  # the branch selector on the page names the branch, where it parted and where it is
+            page.wait_for_function("() => [...document.querySelectorAll('.mtlab-dashboard select')].some(s =>"
+                                   " [...s.options].some(o => o.text.includes('branch-1: from step 4, now 8')))",
+                                   timeout=60_000)
+        except sync_api.TimeoutError:
+            raise AssertionError(page.evaluate("() => [...document.querySelectorAll('.mtlab-dashboard select')]"
+                                               ".map(s => [...s.options].map(o => o.text))")) from None
         lines = kernel(page, "dash.painter.idle(30); print(json.dumps({k: [min(l.get_xdata()), max(l.get_xdata())]"
                              " for k, l in dash.live.lines.items() if k.startswith('branch:') and len(l.get_xdata())}))")
         assert lines.get("branch:a/loss") == [4, 8], lines  # a second line on the loss panel: the branch's own part

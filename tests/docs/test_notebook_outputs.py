@@ -95,9 +95,34 @@ def test_notebook_02_errors_and_interactive_cell_and_exercise():
                                    text_of(interactive))
     assert exact < 1e-12 and mean_of_means > 1e-3
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in interactive.outputs)
-    verdicts = text_of(code_cell(cells, "from mtlab import exercises")).splitlines()
-    assert verdicts[0].startswith("PASS accumulation matches one pass")
-    assert verdicts[1].startswith("FAIL accumulation matches one pass") and "mean of per-minibatch means" in verdicts[1]
+    assert text_of(code_cell(cells, "from mtlab import exercises")).startswith("PASS accumulation matches one pass")
+    wrong = text_of(code_cell(cells, "print(exercises.accumulation_matches_one_pass(lambda"))
+    assert wrong.startswith("FAIL accumulation matches one pass") and "mean of per-minibatch means" in wrong
+    assert mom[-1] - mom[1] > 0.3 * mom[-1]  # on the figure's linear axis from 0, the drift rises visibly
+    figure = code_cell(cells, "ratios =").source
+    assert "semilogy" not in figure and "set_ylim(bottom=0)" in figure
+    exact_max = max(float(m) for _, m, _ in rows)
+    assert exact_max < 1e-15 and "of order 1e-16 in float64" in prose(cells)  # the number the text quotes
+
+
+def solution_cells(name: str) -> list:
+    nbformat, _ = notebook_tools()
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+
+
+@pytest.mark.parametrize("name,count", [("02_accumulation_explained.ipynb", 1), ("04_stepwise_debugging.ipynb", 2)])
+def test_exercise_answers_sit_between_solution_markers(name, count):
+    """nbgrader's generate_assignment replaces what lies between the markers by a placeholder: the student's copy
+    holds no answer, and the checks stay in cells of their own."""
+    cells = solution_cells(name)
+    assert len(cells) == count
+    for c in cells:
+        src = c.source
+        assert "### BEGIN SOLUTION" in src and "### END SOLUTION" in src
+        student = src[:src.index("### BEGIN SOLUTION")] + "raise NotImplementedError()" + \
+            src[src.index("### END SOLUTION") + len("### END SOLUTION"):]
+        assert "exercises." not in student  # the check is not in the student's cell
 
 
 @pytest.mark.slow
@@ -122,11 +147,14 @@ def test_notebook_04_conflict_and_checked_exercises():
     (cosine,) = numbers(r"cosine of the gradients of tag and utt = ([+-][\d.]+)", text_of(
         code_cell(cells, "for name, sets in trainer.active_tasks()")))
     assert -1 <= cosine <= 1
-    found = text_of(code_cell(cells, "answer = find_nonfinite")).splitlines()
-    assert found[1].startswith("PASS find the planted NaN") and found[2].startswith("FAIL find the planted NaN")
-    ratio = text_of(code_cell(cells, 'print(exercises.gradient_norm_ratio')).splitlines()
+    found = text_of(code_cell(cells, "print(exercises.found_planted_nan")).splitlines()
+    assert found[0].startswith("PASS find the planted NaN") and found[1].startswith("FAIL find the planted NaN")
+    assert "minibatches count from 0 within the task" in found[1]  # a wrong value
+    assert found[2].startswith("FAIL") and "must be a whole number" in found[2] and "differs" not in found[2]  # a type
+    ratio = [text_of(c) for c in cells if c.cell_type == "code" and c.source.startswith("print(exercises.gradient_norm_ratio")]
     assert ratio[0].startswith("FAIL") and "would do" in ratio[0]  # "at the current weights the check fails"
     assert ratio[1].startswith("PASS") and "= 0.500" in ratio[1]
+    assert "Phase." not in "".join(text_of(c) for c in cells if c.cell_type == "code")  # no enum reprs
 
 
 @pytest.mark.slow
