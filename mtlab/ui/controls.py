@@ -26,6 +26,7 @@ BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "
            "compare": "compare", "drop": "drop",
            "clear_error": "clear", "reinitialize": "re-initialise"}
 LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
+MAX_K = 1000  # the K box refuses more minibatch rounds per step (a step of 10^6 rounds would never end in class)
 PRESENT_LEFT = 240  # px: presentation mode's column of run buttons and chosen sliders beside the plot
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
 
@@ -211,7 +212,7 @@ class Controls:
                     "has ended (or without one). Whole numbers only (25, 1e3); anything else is refused")
         rounds = trainer.minibatches_per_step
         self.k_boxes = {n: NumberText(
-            rounds[n], int, 1, 10**6, what=f"minibatches per step of {n}", description="K",
+            rounds[n], int, 1, MAX_K, what=f"minibatches per step of {n}", description="K",
             style={"description_width": "16px"}, layout=_layout(width="90px", flex="0 0 auto"),
             tooltip=f"trainer.set_minibatches_per_step(k, {n!r}): minibatch rounds (each active linked set once) task "
                     f"{n!r} accumulates before each apply(); from the next step on (a step in progress keeps its own)")
@@ -285,9 +286,10 @@ class Controls:
         weights = widgets.VBox([*(s for k, s in self.sliders.items() if k not in beside),
                                 *([] if "lr" in beside else [self.lr_slider]),
                                 widgets.HBox([self.clip_toggle, self.clip_slider]), tipped(self.combine_dropdown)])
-        accumulation = widgets.VBox([widgets.HTML("<div style='line-height:1.3;font-size:12px'>per task: K minibatch "
-                                                  "rounds per step (from the next step), batch examples per "
-                                                  "minibatch (from the next minibatch)</div>")] + [
+        accumulation = widgets.VBox([widgets.HTML("<div style='line-height:1.3;font-size:12px'>per task: K = minibatch "
+                                                  "rounds per step (each active linked set once a round; from the "
+                                                  "next step, at most 1000), batch = examples per minibatch (from "
+                                                  "the next minibatch)</div>")] + [
             widgets.HBox([widgets.HTML(f"<b>{html.escape(n)}</b>", layout=_layout(width="70px")),
                           tipped(self.k_boxes[n]), tipped(self.batch_boxes[n])], layout=wrap) for n in self.k_boxes])
         stepwise = widgets.VBox([widgets.HBox([tipped(self.task_dropdown), tipped(self.set_dropdown)], layout=wrap),

@@ -51,7 +51,7 @@ def page_css() -> str:
     """The dashboard's style sheet: presentation mode's sizes and the expiry of live claims (``live_only``)."""
     return f"""<style>
 .mtlab-present {{--jp-widgets-font-size: 17px; --jp-widgets-inline-height: 34px; --jp-widgets-inline-label-width: 90px}}
-.mtlab-present .widget-html-content, .mtlab-present .widget-html-content *, .mtlab-present .lm-TabBar-tabLabel,
+.mtlab-present .widget-html-content, .mtlab-present .widget-html-content *:not(.mtlab-stale), .mtlab-present .lm-TabBar-tabLabel,
 .mtlab-present .widget-label, .mtlab-present button, .mtlab-present input, .mtlab-present select
   {{font-size: 17px !important; line-height: 1.35}}
 .mtlab-present .widget-inline-hbox .widget-label {{width: auto !important; min-width: fit-content; padding-right: 6px}}
@@ -176,7 +176,7 @@ class Dashboard(widgets.VBox):
                 slider.observe(lambda ch, t=task, s=lset: self._user(c.set_weight, t, s, ch["new"]), "value")
             else:
                 slider.observe(lambda ch, t=task: self._user(c.set_task_weight, t, ch["new"]), "value")
-        w.lr_slider.observe(lambda ch: self._user(c.set_lr, ch["new"]), "value")
+        w.lr_slider.observe(lambda ch: self._user(self._set_lr, ch["new"]), "value")
         for part in (w.clip_toggle, w.clip_slider):
             part.observe(lambda ch: self._user(c.set_clip, w.clip_slider.value if w.clip_toggle.value else None),
                          "value")
@@ -213,6 +213,15 @@ class Dashboard(widgets.VBox):
     def _user(self, fn: Callable[..., object], *args: object) -> None:
         if self._syncing != threading.get_ident():  # a value put there by render() (this thread) is no user's
             fn(*args)
+
+    def _set_lr(self, value: float) -> None:
+        """The lr from the slider; at an end of its range, say that a typed value beyond it was clamped there."""
+        slider = self.controls.lr_slider
+        if self.controller.set_lr(value) and (value <= slider.base ** slider.min * (1 + 1e-6) or
+                                              value >= slider.base ** slider.max * (1 - 1e-6)):
+            end = "lowest" if value <= slider.base ** slider.min * (1 + 1e-6) else "highest"
+            self.controller.say(f"lr -> {value:.3g}: the slider's {end} value (a number typed beyond it is clamped "
+                                f"there); for another, set trainer.lr in code")
 
     def _on_task_choice(self, change: dict[str, Any]) -> None:
         self.controls.set_dropdown.options = list(self.controller.trainer.tasks[change["new"]].linkedsets)
@@ -269,7 +278,8 @@ class Dashboard(widgets.VBox):
             w.counter.value = counter_html(state)
             w.status.value = status_html(state)
         w.table.value = state.table_html
-        w.progress_label.value = progress_html(state)
+        progress = progress_html(state)  # its ETA is a live claim too: it expires with the kernel's news
+        w.progress_label.value = live_only(progress, self._beat) if state.running else progress
         w.event_log.value = events_html(state.events) + journal_html(state.journal)
         w.noise_panel.value = state.noise_html
         w.validation_table.value = validation_html(state.records)

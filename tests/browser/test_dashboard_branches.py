@@ -85,8 +85,8 @@ def test_fork_here_then_reinitialise(lab: str, tmp_path: Path) -> None:
                                timeout=180_000)
         try:  # the branch selector on the page names the branch, where it parted and where it is
             page.wait_for_function("() => [...document.querySelectorAll('.mtlab-dashboard select')].some(s =>"
-                                   " [...s.options].some(o => o.text.includes('branch-1: from step 4, now 8')))",
-                                   timeout=60_000)
+                                   " [...s.options].some(o => o.text.replace(/\\s+/g, ' ')"
+                                   ".includes('branch-1: from step 4, now 8')))", timeout=60_000)
         except sync_api.TimeoutError:
             raise AssertionError(page.evaluate("() => [...document.querySelectorAll('.mtlab-dashboard select')]"
                                                ".map(s => [...s.options].map(o => o.text))")) from None
@@ -96,18 +96,21 @@ def test_fork_here_then_reinitialise(lab: str, tmp_path: Path) -> None:
         page.evaluate("() => document.querySelector('.mtlab-dashboard').scrollIntoView()")
         shoot(page, tmp_path, "jupyterlab_fork_1280x800.png")
 
-        choice = output.locator("select").filter(has=page.locator("option", has_text="starting knobs")).first
-        choice.select_option(label="starting knobs")
+        index = page.evaluate("() => [...document.querySelectorAll('.mtlab-dashboard select')]"
+                              ".findIndex(s => [...s.options].some(o => /starting\\s+knobs/.test(o.text)))")
+        page.locator(".mtlab-dashboard select").nth(index).select_option(index=1)  # "starting knobs"
         output.get_by_role("button", name="re-initialise", exact=True).click()
         page.wait_for_function(f"() => ({STATUS_JS})().includes('re-initialised: step 4 -> 0')", timeout=60_000)
         assert "the starting knobs again (a/noisy weight 0.5)" in page.evaluate(STATUS_JS)
         run_steps(page, 3)
+        kernel(page, "trainer.set_weight('a', 'clean', 0.8); print(1)")  # an event of the new branch, at step 3
+        run_steps(page, 2)
         marks = kernel(page, "dash.painter.idle(30); print(json.dumps([[s, t] for s, t in dash.controller.data.marks()"
                              " if math.isfinite(s)]))")
-        assert marks and all(s == 0 for s, _ in marks), marks  # only the new branch's: the re-initialisation
+        assert [s for s, _ in marks] == [0, 3], marks  # only the new branch's: the re-initialisation, the weight
         drawn = kernel(page, "print(json.dumps(sorted({float(a.get_xdata()[0]) for a in dash.live._event_artists"
                              " if hasattr(a, 'get_xdata')})))")
-        assert drawn == [0.0], drawn  # no mark of the abandoned branch (its step 4 knob changes)
+        assert drawn == [3.0], drawn  # no mark of the abandoned branch (its knob change and fork at step 4)
         page.evaluate("() => document.querySelector('.mtlab-dashboard').scrollIntoView()")
         shoot(page, tmp_path, "jupyterlab_reinitialise_1280x800.png")
         page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.shutdown()")

@@ -207,8 +207,25 @@ def test_notebook_06_shows_the_numbers_its_text_quotes():
     assert a == b == 0.5 and "gives each weight 1/2" in text
     assert high / low > 2.3 and "at most about 1.6 against 0.6 on one step" in text
     assert abs(high - 1.6) < 0.15 and abs(low - 0.6) < 0.1
+    figure = text_of(code_cell(cells, "from IPython.display import Image"))
+    for method in ("sum", "upgrad"):  # the trend the text reads ("falls"), as the figure draws it: smoothed
+        start, end = numbers(rf"{method}: smoothed cosine on the shared head ([+-][\d.]+) at step 1, ([+-][\d.]+) at "
+                             "the end", figure)
+        assert start > 0.3 and end < start - 0.5, (method, start, end)
+    assert "smooth(" in code_cell(cells, "from IPython.display import Image").source
     (cos_a,) = numbers(r"cosine of the two tasks' accumulated gradients: (-?[\d.]+)", text_of(next(c for c in cells if "tr = mtlab.Trainer" in c.source)))
     assert cos_a < 0 and "frames against speaker" in text
+
+
+@pytest.mark.slow
+def test_notebook_07_figures_and_the_negative_estimate_explained():
+    cells = executed("07_journal_and_noise_scale.ipynb")
+    table = text_of(code_cell(cells, 'print(trainer.history.filter(like="gns")'))
+    assert "gns_g2" in table and "can be negative" in prose(cells) and "unbiased" in prose(cells)
+    runs = code_cell(cells, 'slow = trainer.fork("lower-lr")')
+    assert any("image/png" in o.get("data", {}) for o in runs.outputs)  # plot_runs' figure (its layout: tests/ui)
+    noise = code_cell(cells, 'print(trainer.history.filter(like="gns")')
+    assert any("image/png" in o.get("data", {}) for o in noise.outputs)
 
 
 # ------------------------------------------------------------------------------- 03 steered during its run

@@ -142,3 +142,22 @@ def test_a_change_during_a_run_says_it_is_pending_then_in_force(dash):
         assert "in force since step" in dash.status_text
     finally:
         c.stop(wait=True)
+
+
+def test_small_things_a_class_trips_over(dash):
+    w = dash.controls
+    w.k_boxes["a"].value = "1e6"  # a step of a million rounds: refused with the reason
+    assert dash.trainer.minibatches_per_step["a"] == 1 and "above the maximum 1000" in dash.status_text
+    w.lr_slider.value = w.lr_slider.base ** w.lr_slider.min  # what the browser sends for a typed 1e-9
+    assert "the slider's lowest value (a number typed beyond it is clamped there)" in dash.status_text
+    assert "Σ w·norm: the same of the normalizers" in w.table.value  # the jargon explained beside it
+    dash.controller.start(0)
+    try:
+        while dash.trainer.step_count < 1:
+            dash.controller.run.wait(0.05)
+        dash.controller.set_status("x")
+        dash.refresh()
+        assert "mtlab-live" in w.progress_label.value  # the ETA expires with the kernel's news, like "running"
+    finally:
+        dash.controller.stop(wait=True)
+    assert "mtlab-live" not in w.progress_label.value
