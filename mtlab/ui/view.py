@@ -56,8 +56,9 @@ def page_css() -> str:
   {{font-size: 17px !important; line-height: 1.35}}
 .mtlab-present .widget-inline-hbox .widget-label {{width: auto !important; min-width: fit-content; padding-right: 6px}}
 .mtlab-present .widget-toggle-button {{width: auto !important}}
-.mtlab-present .mtlab-state td, .mtlab-present .mtlab-state th, .mtlab-present .mtlab-valid td,
-.mtlab-present .mtlab-valid th {{font-size: 13px !important; white-space: normal !important; padding: 2px 5px !important}}
+.mtlab-present .widget-html-content .mtlab-state td, .mtlab-present .widget-html-content .mtlab-state th,
+.mtlab-present .widget-html-content .mtlab-valid td, .mtlab-present .widget-html-content .mtlab-valid th
+  {{font-size: 13px !important; white-space: normal !important; padding: 2px 5px !important}}
 .mtlab-present img.widget-image {{object-fit: contain}}
 @media (max-width: 1100px) {{  /* zoomed in (150 % of 1280 px is 853 px): table cells wrap instead of being cut */
   .mtlab-dashboard .mtlab-state td, .mtlab-dashboard .mtlab-state th
