@@ -207,7 +207,7 @@ def state_table_html(trainer: Trainer) -> str:
             s["normalized_loss"] if s["minibatches"] else None, model_norms(st),
             s["grad_norm_clipped"], None if clip_frac is None else f"{100 * float(clip_frac):.2g}%")) + "</tr>")
     return (f"{TABLE_STYLE}<table class='mtlab-state'>{head}{''.join(body)}</table>"
-            "<div style='font-size:11px;color:#555'>Σ w·loss: the accumulated loss sums, each minibatch's times its "
+            "<div style='font-size:11px;line-height:1.3;color:#555'>Σ w·loss: the accumulated loss sums, each minibatch's times its "
             "linked set's weight w; Σ w·norm: the same of the normalizers (frames, examples); loss/norm: their "
             "ratio, the step's normalized loss; clipped: the share of gradient elements clip() clamped</div>")
 
