@@ -232,8 +232,8 @@ def test_panel_of_reads_the_columns_that_mtlab_core_columns_builds():
             task_column("a", "grad_norm"): ("grad_norm", "a"),
             task_column("a", "grad_norm_clipped"): ("grad_norm", "a (clipped)"),
             task_column("a", "clip_fraction"): ("clip_fraction", "a"),
-            direction_column(): ("grad_norm", "update direction"), direction_column("enc"): ("grad_norm", "update direction on enc"),
-            combine_column("enc", "b"): ("combine", "b on enc"), cosine_column("enc", "a", "b"): ("cosine", "cos(a, b) on enc")}
+            direction_column(): ("grad_norm", "update"), direction_column("enc"): ("grad_norm", "update, enc"),
+            combine_column("enc", "b"): ("combine", "b, enc"), cosine_column("enc", "a", "b"): ("cosine", "cos a/b, enc")}
     for column, (panel, label) in want.items():
         got = plots.panel_of(column)
         assert got is not None and got[:2] == (panel, label), column
