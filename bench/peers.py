@@ -1,15 +1,24 @@
 """mtlab against the loop a user writes, PyTorch Lightning and Accelerate, all in one run.
 
-Same model (BLSTM tagger, 40-dim inputs, per-frame classes), same variable-length batches, K = 4
-minibatches per optimizer step, clip by value 1.0, Adam (lr 1e-3). The loop is written as a user writes
-it (``bench/common.py``: ``UserLoop``): padded targets set to -100, ``F.cross_entropy(logits.flatten(0, 1),
-y.flatten(), ignore_index=-100, reduction="sum")``, gradients divided once by the frame count,
-``clip_grad_value_``, torch's default ``Adam``. mtlab runs ``trainer.step()`` with its history and
-gradient norms on (they always are). Cases:
+K = 4 minibatches per optimizer step, clip by value 1.0, Adam (lr 1e-3), variable-length sequences, per-frame
+classes (40-dim inputs). Two kinds of case:
 
-- compute:   1-layer BLSTM, hidden 128, batch 16, lengths 50-150 (compute-bound: the LSTM's kernels
-             dominate; sized so that a run fits in minutes on one CPU thread)
-- overhead:  1-layer BLSTM, hidden 16,  batch 4,  lengths 5-20   (overhead-bound)
+- **The loop a user writes** (``overhead``, ``compute``): a ``torch.nn.LSTM`` (bidirectional) and a linear head
+  on zero-padded batches, all built before any timing. The baseline is plain PyTorch with no mtlab code in it:
+  padded targets are -100, ``F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100,
+  reduction="sum")``, gradients divided once by the window's frame count, ``clip_grad_value_``, torch's
+  ``Adam``. mtlab gets the same model and the same prebuilt batches through its public API
+  (``process_minibatch(task, linkedset, batch=...)`` for each minibatch, then ``finish()``); Accelerate and
+  Lightning get them too.
+- **With packing and streaming** (``overhead-streaming``, ``compute-streaming``, ``multitask``): every system
+  runs mtlab's ``BLSTM`` (packed sequences) and draws its batches from mtlab's ``BatchStream`` inside the
+  timed region (``bench/common.py``: ``UserLoop``), which adds the same fixed cost to every system.
+
+Cases (layers, hidden, batch, lengths):
+
+- overhead, overhead-streaming:  1-layer BLSTM, hidden 16,  batch 4,  lengths 5-20   (overhead-bound)
+- compute, compute-streaming:    1-layer BLSTM, hidden 128, batch 16, lengths 50-150 (compute-bound: the
+                                 LSTM's kernels dominate; sized so that a run fits in minutes on one thread)
 - multitask: two tasks sharing a 1-layer BLSTM encoder (hidden 64, batch 8, lengths 20-100), mtlab
              against the loop a user writes for it (per-task gradients, normalize, clip, combine);
              Lightning and Accelerate have no such loop of their own: not measured
@@ -58,10 +67,14 @@ LOOP = "loop"
 SYSTEMS = ("mtlab", LOOP, "lightning", "accelerate")
 SETTINGS = {
     # case: (layers, hidden, batch, min_len, max_len, steps per round)
+    "overhead": (1, 16, 4, 5, 20, 40),  # the loop a user writes: nn.LSTM, padded batches built before timing
     "compute": (1, 128, 16, 50, 150, 2),
-    "overhead": (1, 16, 4, 5, 20, 40),
+    "overhead-streaming": (1, 16, 4, 5, 20, 40),  # with packing and streaming: mtlab's BLSTM and BatchStream
+    "compute-streaming": (1, 128, 16, 50, 150, 2),
     "multitask": (1, 64, 8, 20, 100, 6),
 }
+PLAIN = ("overhead", "compute")  # the cases of the loop a user writes; the others run with packing and streaming
+IGNORE = common.IGNORE
 SPK = 6
 
 
@@ -102,14 +115,7 @@ def system_loop(models, examples, batch, device, precision: str = "32") -> Syste
 
 
 def system_accelerate(models, examples, batch, device, precision: str = "32") -> System:
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-
-    # Accelerate keeps one process-wide state; a new precision in the same process needs it cleared first
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-    mixed = {"32": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}[precision]
-    acc = Accelerator(gradient_accumulation_steps=K, cpu=device == "cpu", mixed_precision=mixed)
+    acc = _accelerator(device, precision)
     model = nn.ModuleDict(models)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     model, opt = acc.prepare(model, opt)
@@ -131,9 +137,11 @@ def system_accelerate(models, examples, batch, device, precision: str = "32") ->
 
 
 def run_lightning(models, examples, batch, steps: int, device: str, offset_steps: int = 0,
-                  clock: Callable[[], float] = time.perf_counter, precision: str = "32") -> list[float]:
+                  clock: Callable[[], float] = time.perf_counter, precision: str = "32",
+                  plain: list[Padded] | None = None) -> list[float]:
     """Seconds per optimizer step of a Lightning fit (start-up and its first step excluded); the
-    measured steps use the batches the other systems use in the same round."""
+    measured steps use the batches the other systems use in the same round. With ``plain`` (prebuilt padded
+    batches), ``models`` is the user's one model and ``training_step`` takes those batches as they are."""
     import lightning as L
 
     for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
@@ -152,6 +160,19 @@ def run_lightning(models, examples, batch, steps: int, device: str, offset_steps
         def configure_optimizers(self):
             return torch.optim.Adam(self.parameters(), lr=1e-3)
 
+    class PlainModule(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tagger = models
+
+        def training_step(self, b, idx):
+            x, y, _ = b
+            loss = F.cross_entropy(self.tagger(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum")
+            return loss / (y != IGNORE).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
     stamps: list[float] = []
 
     class Clock(L.Callback):
@@ -161,14 +182,18 @@ def run_lightning(models, examples, batch, steps: int, device: str, offset_steps
                     torch.cuda.synchronize()
                 stamps.append(clock())
 
-    loader = torch.utils.data.DataLoader(
-        _Fixed(batches_for(examples, batch, (steps + 1) * K, offset=offset_steps * K)), batch_size=None)
+    n = (steps + 1) * K
+    if plain is None:
+        items, module = batches_for(examples, batch, n, offset=offset_steps * K), Tagger()
+    else:
+        items, module = [plain[(offset_steps * K + i) % len(plain)] for i in range(n)], PlainModule()
+    loader = torch.utils.data.DataLoader(_Fixed(items), batch_size=None)
     trainer = L.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, max_steps=steps + 1,
                         accumulate_grad_batches=K, gradient_clip_val=1.0, gradient_clip_algorithm="value",
                         precision={"32": "32-true"}.get(precision, precision),
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[Clock()])
-    trainer.fit(Tagger(), loader)
+    trainer.fit(module, loader)
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
@@ -181,6 +206,132 @@ class _Fixed(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.items[i]
+
+
+# ----------------------------------------------------------------------------- the loop a user writes
+class PlainTagger(nn.Module):
+    """The user's model: torch's bidirectional LSTM on zero-padded batches (no packing), a linear head per frame."""
+
+    def __init__(self, layers: int, hidden: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(common.DIN, hidden, num_layers=layers, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, common.CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(x)[0])
+
+
+def plain_model(layers: int, hidden: int, seed: int = 0) -> PlainTagger:
+    torch.manual_seed(seed)
+    return PlainTagger(layers, hidden)
+
+
+Padded = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # x [B, T, D], y [B, T] (-100 on padding), lengths [B]
+
+
+def plain_batches(batch: int, lo: int, hi: int, device: str, n: int = 64, seed: int = 1) -> list[Padded]:
+    """``n`` zero-padded minibatches, built once, before any timing (what a user's collate_fn gives)."""
+    examples = common.make_examples(n * batch, lo, hi, seed=seed)
+    out = []
+    for i in range(n):
+        chunk = examples[i * batch:(i + 1) * batch]
+        lengths = torch.tensor([e["x"].shape[0] for e in chunk])
+        x = torch.zeros(batch, int(lengths.max()), common.DIN)
+        y = torch.full((batch, int(lengths.max())), IGNORE, dtype=torch.long)
+        for j, e in enumerate(chunk):
+            x[j, :len(e["y"])] = e["x"]
+            y[j, :len(e["y"])] = e["y"]
+        out.append((x.to(device), y.to(device), lengths.to(device)))
+    return out
+
+
+def cycle(batches: list[Padded]):
+    """The prebuilt batches over and over; each system holds its own, so all draw the same ones in lockstep."""
+    while True:
+        yield from batches
+
+
+def plain_mtlab(model: nn.Module, batches: list[Padded], batch: int, device: str, precision: str = "32") -> System:
+    """The same model and prebuilt batches through mtlab's public calls: K ``process_minibatch(batch=...)``,
+    then ``finish()`` (normalize by the window's frames, clip, one Adam step)."""
+    task = mtlab.Task("tag", nodes=[mtlab.Node("logits", "tagger", ["x"])], inputs=["x"], targets=["y"],
+                      outputs=["logits"], loss=mtlab.losses.CrossEntropy(output="logits", target="y"),
+                      linkedsets={"train": mtlab.LinkedSet(None)},  # no stream: every batch is given
+                      batch_size=batch)
+    tr = mtlab.Trainer({"tagger": model}, [task], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=K,
+                       device=device, seed=0, precision=precision)
+    ready = [({"x": x, "y": y}, {"x": n, "y": n}) for x, y, n in batches]  # (data, seq_lengths), built once
+    it = cycle(ready)
+
+    def step() -> None:
+        for _ in range(K):
+            tr.process_minibatch("tag", "train", batch=next(it))
+        tr.finish()
+
+    return System(step, tr.params.values(), [tr.optimizer],
+                  lambda: [b for t in tr.tasks for b in tr.state(t).buffers] + tr.update.buffers())
+
+
+def plain_loop(model: nn.Module, batches: list[Padded], batch: int, device: str, precision: str = "32") -> System:
+    """The loop a user writes: summed frame losses over K minibatches, divided once by the frame count,
+    ``clip_grad_value_``, Adam; under bf16-mixed the forward under ``autocast``. No mtlab code."""
+    model = model.to(device)
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=1e-3)
+    dtype = common.AUTOCAST[precision]
+    kind = torch.device(device).type
+    it = cycle(batches)
+
+    def step() -> None:
+        opt.zero_grad()
+        frames = 0
+        for _ in range(K):
+            x, y, _ = next(it)
+            with torch.autocast(kind, dtype=dtype, enabled=dtype is not None):
+                logits = model(x)
+            F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum").backward()
+            frames = frames + (y != IGNORE).sum()
+        for p in params:
+            p.grad.div_(frames)
+        torch.nn.utils.clip_grad_value_(params, 1.0)
+        opt.step()
+
+    return System(step, params, [opt], settle=opt.zero_grad)
+
+
+def plain_accelerate(model: nn.Module, batches: list[Padded], batch: int, device: str, precision: str = "32") -> System:
+    """Accelerate's accumulate() on the same model and prebuilt batches (each minibatch's summed loss over its
+    frame count, as its guide's loop)."""
+    acc = _accelerator(device, precision)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model, opt = acc.prepare(model, opt)
+    it = cycle(batches)
+
+    def step() -> None:
+        for _ in range(K):
+            x, y, _ = next(it)
+            with acc.accumulate(model):
+                with acc.autocast():
+                    logits = model(x)
+                loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum")
+                acc.backward(loss / (y != IGNORE).sum())
+                if acc.sync_gradients:
+                    acc.clip_grad_value_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad()
+
+    return System(step, model.parameters(), [opt], settle=opt.zero_grad)
+
+
+def _accelerator(device: str, precision: str):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    # Accelerate keeps one process-wide state; a new precision in the same process needs it cleared first
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    mixed = {"32": "no", "bf16-mixed": "bf16", "16-mixed": "fp16"}[precision]
+    return Accelerator(gradient_accumulation_steps=K, cpu=device == "cpu", mixed_precision=mixed)
 
 
 # ----------------------------------------------------------------------------- multi-task systems
@@ -270,6 +421,9 @@ def build(system: str, case: str, device: str, precision: str = "32") -> System:
     if case == "multitask":
         fn = {"mtlab": mt_mtlab, LOOP: mt_loop}[system]
         return fn(mt_models(hidden), mt_examples(256, lo, hi), batch, device, precision)
+    if case in PLAIN:
+        plain = {"mtlab": plain_mtlab, LOOP: plain_loop, "accelerate": plain_accelerate}[system]
+        return plain(plain_model(layers, hidden), plain_batches(batch, lo, hi, device), batch, device, precision)
     builders = {"mtlab": system_mtlab, LOOP: system_loop, "accelerate": system_accelerate}
     return builders[system](common.make_models(layers, hidden), common.make_examples(256, lo, hi, seed=1), batch,
                             device, precision)
@@ -333,7 +487,7 @@ def run_case(case: str, rounds: int, device: str, steps: int | None = None,
     steps = steps or default_steps
     single = case != "multitask"
     names = ["mtlab", LOOP] + (["accelerate"] if single and available("accelerate") else [])
-    if case == "multitask" and precision == "16-mixed":
+    if case in ("multitask", *PLAIN) and precision == "16-mixed":  # their loops have no GradScaler
         return [{"case": case, "system": n, "note": "not measured (fp16)"} for n in SYSTEMS]
     systems = {n: build(n, case, device, precision) for n in names}
     fns = {n: synced(s.step, device) for n, s in systems.items()}
@@ -343,14 +497,16 @@ def run_case(case: str, rounds: int, device: str, steps: int | None = None,
     use_lightning = single and lightning and available("lightning")
     if use_lightning:
         times["lightning"] = []
-        models_l = common.make_models(layers, hidden)
-        ex_l = common.make_examples(256, lo, hi, seed=1)
+        if case in PLAIN:
+            models_l, ex_l, plain_l = plain_model(layers, hidden), None, plain_batches(batch, lo, hi, device)
+        else:
+            models_l, ex_l, plain_l = common.make_models(layers, hidden), common.make_examples(256, lo, hi, seed=1), None
     for r in range(rounds):
         for n, t in common.timed_in_turns({n: fns[n] for n in names}, steps, clock).items():
             times[n].append(t)
         if use_lightning:
             per = run_lightning(models_l, ex_l, batch, steps, device, offset_steps=r * steps, clock=clock,
-                                precision=precision)
+                                precision=precision, plain=plain_l)
             times["lightning"].append(sum(per) / len(per))
     del systems, fns
     mem = {n: peak_memory(n, case, device, precision) for n in names}
@@ -372,9 +528,9 @@ def run_case(case: str, rounds: int, device: str, steps: int | None = None,
 
 def format_row(r: dict) -> str:
     if "ms_per_step" not in r:
-        return f"{r['case']:<10}{r['system']:<12}{r['note']:>10}"
+        return f"{r['case']:<20}{r['system']:<12}{r['note']:>10}"
     mem = (f"{r['peak_mb']:>12.2f}{r['mem_ratio']:>8.3f}" if "peak_mb" in r else f"{'':>12}{'':>8}")
-    return (f"{r['case']:<10}{r['system']:<12}{r['ms_per_step']:>10.2f}{r['ratio']:>8.3f}"
+    return (f"{r['case']:<20}{r['system']:<12}{r['ms_per_step']:>10.2f}{r['ratio']:>8.3f}"
             f"{'±' + format(r['spread'], '.3f'):>9}{mem}")
 
 
@@ -405,7 +561,7 @@ def main() -> None:
         print(f"not installed (rows say so): {missing}; pip install \"mtlab[bench]\"")
     print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, K={K}, "
           f"rounds={args.rounds}, clock {clock_name}, precision {precision}; ratio = median per-round time / loop's, ± half-range of the per-round ratios")
-    print(f"{'case':<10}{'system':<12}{'ms/step':>10}{'ratio':>8}{'spread':>9}{'peak MB':>12}{'ratio':>8}")
+    print(f"{'case':<20}{'system':<12}{'ms/step':>10}{'ratio':>8}{'spread':>9}{'peak MB':>12}{'ratio':>8}")
     for case in cases:
         for r in run_case(case, args.rounds, args.device, args.steps, clock, precision, not args.no_lightning):
             print(format_row(r), flush=True)

@@ -7,6 +7,10 @@ A page writes one of these markers on a line of its own:
   defined, under an anchor with its public name (``#mtlab.data.load_split``);
 - ``<!-- api-modules: mtlab.core -->``: every module of that package (or that one module), with its public
   members, leaving out the objects an ``api-names`` marker already documents (one entry per object).
+
+The site loads nothing from another host (a class behind a firewall, a laptop offline): the theme's fonts are off
+(``theme.font: false`` in mkdocs.yml) and a tutorial page loses the loader nbconvert writes for Mermaid diagrams
+(an import from cdnjs.cloudflare.com), which no tutorial uses (``on_post_page``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from typing import Any
 
 NAMES = re.compile(r"^<!-- api-names: ([\w.]+) -->$", re.M)
 MODULES = re.compile(r"^<!-- api-modules: ([\w.]+) -->$", re.M)
+# nbconvert's Mermaid loader on every notebook page: a module script that imports mermaid from a CDN.
+MERMAID_DIAGRAM = re.compile(r'class="[^"]*\bjp-Mermaid\b')  # an element, not the loader's selector or the CSS
+MERMAID_LOADER = re.compile(r'<script type="module">(?:(?!</script>).)*?/mermaid(?:(?!</script>).)*?</script>', re.S)
 # Packages whose __all__ the API pages list by public name (the other modules are documented module by module).
 NAMED_PACKAGES = ("mtlab", "mtlab.models", "mtlab.data", "mtlab.separation", "mtlab.ui", "mtlab.nabu")
 
@@ -105,3 +112,11 @@ def _page_of(public: str) -> str:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     markdown = NAMES.sub(lambda m: _names(m.group(1)), markdown)
     return MODULES.sub(lambda m: _modules(m.group(1)), markdown)
+
+
+def on_post_page(output: str, page: Any, config: Any) -> str:
+    """A notebook page without Mermaid diagrams loses nbconvert's loader of mermaid from a CDN; a page with one
+    keeps it (tests/docs/test_docs.py then names the page: ship mermaid with the site first)."""
+    if MERMAID_DIAGRAM.search(output):
+        return output
+    return MERMAID_LOADER.sub("", output)

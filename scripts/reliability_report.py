@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ["tests/integration/test_reliability.py", "tests/integration/test_properties.py",
           "tests/training/test_loop_interrupts.py", "tests/integration/test_bad_luck.py",
-          "tests/integration/test_bad_luck_data.py"]
+          "tests/integration/test_bad_luck_data.py", "tests/integration/test_bad_luck_runs.py",
+          "tests/integration/test_bad_luck_args.py", "tests/docs/test_dotted_names.py"]
 # Kinds of case the campaign must try (a prefix of each kind's name): a suite that stops recording one fails.
 EXPECTED = ("refused stepwise call", "refused step()", "refused mtlab.run step", "composite refusal",
             "exception inside", "damaged checkpoint", "foreign checkpoint", "non-UTF-8 list", "float-WAV list",
@@ -24,7 +25,11 @@ EXPECTED = ("refused stepwise call", "refused step()", "refused mtlab.run step",
             "Ctrl-C while final.pt is written", "skip with no readable file left", "half-loaded state refused",
             "regenerated corpus, stale header lengths", "DataError in a DataLoader worker", "DataError mid-stream",
             "documented module paths import", "message:", "exit code:", "wrong loss target", "busy machine",
-            "honest progress")
+            "honest progress",
+            # round 5 (tests/integration/test_bad_luck_runs.py, test_bad_luck_args.py, tests/docs/test_dotted_names.py)
+            "resume chooses:", "kill then resume:", "folder holds a run:", "damaged journal:",
+            "disk full while journal.jsonl is written", "replay: progress and verdict", "option checked:",
+            "noise scale:", "documented module paths import: every dotted name", "Ctrl-C inside")
 
 
 def main() -> int:

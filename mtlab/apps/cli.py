@@ -2,7 +2,7 @@
 
     mtlab train RECIPE --expdir DIR [--steps N] [--no-progress]   train a recipe into an experiment folder
     mtlab demo [--expdir DIR] [--steps N]                        recipes/demo.toml on data_samples/
-    mtlab resume DIR [--steps N]                                 continue DIR/final.pt exactly
+    mtlab resume DIR [--steps N]                                 continue DIR's last checkpoint exactly
     mtlab evaluate DIR [--checkpoint best|final|PATH] [--split dev]
     mtlab prepare LAYOUT ROOT [--out DIR]                        list files of wsj0-2mix, wham or librimix
     mtlab score --mixture MIX --references S1 S2 --estimates E1 E2 [--metrics si_sdr,sdr,stoi] [--out DIR]
@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     device_flags(p)
     p.add_argument("--expdir", type=Path, default=None, help="experiment folder (default: exp/demo, exp/demo-2, ...)")
     common(p)
-    p = sub.add_parser("resume", help="continue an experiment from its final.pt")
+    p = sub.add_parser("resume", help="continue an experiment from its last checkpoint (latest.pt or final.pt)")
     p.add_argument("expdir", type=Path)
     common(p)
     add_replay_parser(sub)
@@ -237,30 +237,23 @@ def _with_flags(recipe: Any, args: argparse.Namespace) -> Any:
     return loaded
 
 
-RUN_FILES = ("final.pt", "best.pt", "latest.pt", "history.csv", "validation.csv", "summary.json", "summary.txt",
-             "skipped.jsonl", "recipe.json", "recipe.toml", "losses.png", "grad_norms.png", "clip_fraction.png",
-             "history.png")  # what a run writes into its experiment folder (``--overwrite`` removes them)
-
-
 def _fresh_expdir(path: Path, overwrite: bool = False, recipe: Any = "RECIPE") -> None:
-    """Refuse a folder that holds an experiment, naming both ways on; with ``overwrite`` remove that run's files."""
-    import shutil
-
+    """Refuse a folder that holds a run (``mtlab.training.expdir.held_run``: any checkpoint, ``latest.pt`` of a
+    killed run too), naming both ways on; with ``overwrite`` remove that run's files."""
     from ..base.errors import ConfigError
+    from ..training.expdir import held_run, remove_run
 
-    held = (path / "final.pt").exists() or (path / "best.pt").exists()
+    held = held_run(path)
     if held and overwrite:
-        for name in RUN_FILES:
-            (path / name).unlink(missing_ok=True)
-        shutil.rmtree(path / "stats", ignore_errors=True)
+        remove_run(path)
         print(f"--overwrite: the run in {path} was removed; training starts again")
         return
     if held:
         shown = recipe if isinstance(recipe, (str, Path)) else "RECIPE"
-        raise ConfigError(f"{path} already holds an experiment: `mtlab resume {path}` continues it with the recipe it "
-                          f"started with; `mtlab train {shown} --expdir {path} --overwrite` starts it again from the "
-                          "recipe (after fixing it: the old checkpoints and tables are removed); or choose another "
-                          "--expdir")
+        raise ConfigError(f"{path} already holds an experiment ({', '.join(held)}): `mtlab resume {path}` continues "
+                          f"it with the recipe it started with; `mtlab train {shown} --expdir {path} --overwrite` "
+                          "starts it again from the recipe (after fixing it: the old checkpoints and tables are "
+                          "removed); or choose another --expdir")
 
 
 def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
@@ -304,21 +297,44 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    """``mtlab demo``: recipes/demo.toml into exp/demo (exp/demo-2, ... when it holds a run)."""
+    from ..base.errors import ConfigError
+    from .recipe import from_recipe
+
+    if args.steps is not None and args.steps < 1:  # refused before anything is written: no empty folder
+        raise ConfigError(f"--steps {args.steps}: the demo would train nothing; leave --steps out to train it all, "
+                          "or give --steps N with N >= 1")
+    from ..training.expdir import held_run
+
+    expdir = args.expdir
+    if expdir is None:
+        expdir, n = Path("exp/demo"), 1
+        while held_run(expdir):
+            n += 1
+            expdir = Path(f"exp/demo-{n}")
+    _fresh_expdir(expdir)
+    return _train(from_recipe(_with_flags(_demo_recipe(), args)), expdir, args)
+
+
 def _resume(args: argparse.Namespace) -> int:
+    from ..base.errors import ConfigError
+    from ..training.checkpoint import choose_resume, restore_rank_state
     from .recipe import load
 
-    path = args.expdir / "final.pt"
-    if not path.exists() and (args.expdir / "best.pt").exists():
-        print(f"{path} is missing (killed run?); resuming from best.pt", file=sys.stderr)
-        path = args.expdir / "best.pt"
-    exp = load(path)
+    choice = choose_resume(args.expdir)
+    if choice.path is None:
+        raise ConfigError(f"nothing to resume: {choice.why}; `mtlab train RECIPE --expdir {args.expdir}` starts a run")
+    print(f"resuming from {choice.why}", file=sys.stderr)
+    exp = load(choice.path)
+    restore_rank_state(exp.trainer, choice.path)  # latest.pt: the RNG and data positions of the moment it was taken
     trainer, schedule = exp.trainer, exp.schedule
-    if schedule.finished or trainer.step_count >= schedule.num_steps:
+    if (schedule.finished or trainer.step_count >= schedule.num_steps) and choice.path.name == "final.pt":
         why = (f"validation stopped it ({schedule.stopped})" if schedule.finished and schedule.stopped
                else f"all {schedule.num_steps} steps are done")
         print(f"{args.expdir}: nothing to resume, {why}")
         return 0
-    return _train(exp, args.expdir, args)
+    return _train(exp, args.expdir, args)  # done in latest.pt (killed while finishing): writes final.pt and the tables
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -382,12 +398,13 @@ def _restarts() -> int:
 def _elastic_train(args: argparse.Namespace) -> int:
     """``mtlab train``; restarted by torchrun, it continues from the experiment folder's last checkpoint
     (``latest.pt`` of ``checkpoint_frequency``) with each rank's own RNG and data positions."""
-    from ..training.checkpoint import restore_rank_state, resume_point
+    from ..training.checkpoint import choose_resume, restore_rank_state
     from ..training.distributed import check_same_start
     from .recipe import from_recipe, load
 
     restarts = _restarts()
-    point = resume_point(args.expdir) if restarts else None
+    choice = choose_resume(args.expdir, fallback=False) if restarts else None
+    point = choice.path if choice is not None else None
     if point is None:
         if not restarts:
             _fresh_expdir(args.expdir, args.overwrite, args.recipe)
@@ -398,7 +415,7 @@ def _elastic_train(args: argparse.Namespace) -> int:
     if restarts:
         check_same_start(exp.trainer, str(point or args.recipe))
         if exp.trainer.parallel.rank == 0:
-            where = f"{point} (step {exp.trainer.step_count})" if point else "the start (no checkpoint yet)"
+            where = choice.why if point and choice is not None else "the start (no checkpoint yet)"
             print(f"restart {restarts} of the worker group: resuming from {where}", file=sys.stderr, flush=True)
         if exp.schedule.finished or exp.trainer.step_count >= exp.schedule.num_steps:
             return 0
@@ -556,20 +573,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train":
             return _elastic_train(args)
         if args.command == "demo":
-            from .recipe import from_recipe
-
-            expdir = args.expdir
-            if expdir is None:
-                expdir, n = Path("exp/demo"), 1
-                while (expdir / "final.pt").exists():
-                    n += 1
-                    expdir = Path(f"exp/demo-{n}")
-            _fresh_expdir(expdir)
-            return _train(from_recipe(_with_flags(_demo_recipe(), args)), expdir, args)
+            return _demo(args)
         if args.command == "resume":
             return _resume(args)
         if args.command == "replay":
-            return replay_command(args.expdir, args.out)
+            return replay_command(args.expdir, args.out, progress=not args.no_progress)
         if args.command == "prepare":
             from ..data.layouts import prepare
 

@@ -529,17 +529,24 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
 
 def load(path: str | Path, datasets: Datasets | None = None) -> Experiment:
     """Rebuild the experiment of a checkpoint from the recipe it carries, then load its state and schedule."""
-    from ..core.state import CheckpointError, load_safe
+    from ..core.state import VERSION, CheckpointError, check_state, load_safe
 
     state = load_safe(path)
     if not isinstance(state.get("recipe"), Mapping):
         raise CheckpointError(f"{path} carries no recipe; build the Trainer yourself and call "
                               "trainer.load_checkpoint(path)")
+    if state.get("version") != VERSION:  # before building the recipe it carries (another mtlab's may not build)
+        check_state(state, [], {}, False, source=f"checkpoint {path}")
     exp = from_recipe(state["recipe"], datasets, init_weights=False)
     if isinstance(state.get("schedule"), Mapping):
         exp.schedule = Schedule.from_state(state["schedule"])
         exp.schedule.apply_stage(exp.trainer)  # the stage's data and batch sizes, so the stream positions fit
-    exp.trainer.load_state_dict(state)
+    try:
+        exp.trainer.load_state_dict(state)
+    except ConfigError as exc:
+        if str(path) in str(exc):
+            raise
+        raise ConfigError(f"checkpoint {path}: {exc}") from None
     if isinstance(state.get("schedule"), Mapping):
         exp.schedule = Schedule.from_state(state["schedule"], exp.trainer)
     return exp

@@ -26,7 +26,7 @@ def group(tensors: Sequence[Tensor]) -> list[list[Tensor]]:
 
 def div_(tensors: Sequence[Tensor], denom: Tensor, foreach: bool = True) -> None:
     """In place: every tensor /= denom (a 0-d tensor; no host read)."""
-    for g in group(tensors):
+    for g in group(tensors) if len(tensors) != 1 else [list(tensors)]:  # one flat buffer: nothing to group
         d = denom.to(device=g[0].device, dtype=g[0].dtype)
         if foreach:
             torch._foreach_div_(g, d)
@@ -37,7 +37,7 @@ def div_(tensors: Sequence[Tensor], denom: Tensor, foreach: bool = True) -> None
 
 def mul_(tensors: Sequence[Tensor], factor: float | Tensor, foreach: bool = True) -> None:
     """In place: every tensor *= factor (a number or a 0-d tensor)."""
-    for g in group(tensors):
+    for g in group(tensors) if len(tensors) != 1 else [list(tensors)]:  # one flat buffer: nothing to group
         f = factor.to(device=g[0].device, dtype=g[0].dtype) if isinstance(factor, Tensor) else factor
         if foreach:
             torch._foreach_mul_(g, f)
@@ -48,7 +48,7 @@ def mul_(tensors: Sequence[Tensor], factor: float | Tensor, foreach: bool = True
 
 def clamp_(tensors: Sequence[Tensor], value: float, foreach: bool = True) -> None:
     """In place: clip element-wise to ``[-value, value]`` (as ``torch.nn.utils.clip_grad_value_``)."""
-    for g in group(tensors):
+    for g in group(tensors) if len(tensors) != 1 else [list(tensors)]:  # one flat buffer: nothing to group
         if foreach:
             torch._foreach_clamp_min_(g, -value)
             torch._foreach_clamp_max_(g, value)
@@ -61,7 +61,9 @@ def norms(tensors: Sequence[Tensor], foreach: bool = True) -> list[Tensor]:
     """Per-tensor L2 norms (0-d tensors), in the input order."""
     if not foreach:
         return [torch.linalg.vector_norm(t) for t in tensors]
-    groups = group(tensors)
+    first = tensors[0] if tensors else None
+    same = first is not None and all(t.device == first.device and t.dtype == first.dtype for t in tensors)
+    groups = [list(tensors)] if same else group(tensors)
     if len(groups) == 1:  # one device and dtype (the usual case): already in the input order
         return list(torch._foreach_norm(groups[0]))
     out: dict[int, Tensor] = {}

@@ -142,20 +142,17 @@ class Accumulator:
 
     def record(self, linkedset: str, num_examples: int, weight: float, loss: Tensor, normalizer: Tensor) -> None:
         """Add a minibatch's weighted loss and normalizer (tensors; nothing read back to the host)."""
-        # float64 once here, so the four adds below are same-dtype in-place adds into 0-d views of the sums
-        # (a few tiny kernels per minibatch; no stack, no mixed-dtype add).
-        loss_w, normalizer_w = loss.detach().to(torch.float64), normalizer.detach().to(torch.float64)
+        # One [2] float64 pair (loss, normalizer), added into the step's sums and the linked set's: two tiny
+        # in-place adds per minibatch, no host read.
+        pair_w = torch.stack([loss.detach(), normalizer.detach()]).to(torch.float64)
         if weight != 1.0:
-            loss_w, normalizer_w = loss_w * weight, normalizer_w * weight  # not in place: a float64 loss shares its storage
-        total_loss, total_normalizer = self._views_of(None, self.totals)
-        total_loss.add_(loss_w)
-        total_normalizer.add_(normalizer_w)
+            pair_w = pair_w * weight
+        self.totals.add_(pair_w)
         pair = self.set_totals.get(linkedset)
         if pair is None:
             pair = self.set_totals[linkedset] = torch.zeros(2, dtype=torch.float64, device=self.totals.device)
-        set_loss, set_normalizer = self._views_of(linkedset, pair)
-        set_loss.add_(loss_w)
-        set_normalizer.add_(normalizer_w)
+        pair.add_(pair_w)
+        loss_w, normalizer_w = pair_w.unbind()
         self.records.append(MinibatchRecord(linkedset, num_examples, weight, loss_w, normalizer_w))
         self.minibatches += 1
         self.phase = Phase.ACCUMULATING
@@ -278,8 +275,8 @@ class Accumulator:
 
     def finite(self) -> Tensor:
         """0-d bool: the loss and the (pre-clip) gradient norm are finite (clamping would hide an inf)."""
-        return torch.isfinite(self.loss) & torch.isfinite(self.grad_norm if self.grad_norm is not None
-                                                                else self.norms()[1])
+        return torch.isfinite(self.totals[0]) & torch.isfinite(self.grad_norm if self.grad_norm is not None
+                                                                     else self.norms()[1])
 
     def nonfinite_reason(self) -> str:
         """Which minibatch gave a non-finite loss, or which model a non-finite gradient (reads the device)."""

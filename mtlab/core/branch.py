@@ -55,14 +55,17 @@ def fork_trainer(trainer: Any, name: str, state: Mapping[str, Any] | None = None
             tasks.append(twin)
         branch = type(trainer)(models, tasks, **build)
         branch.name = name
+        branch.root = trainer.root  # "initial" means the run's: reinitialize() goes there on every branch
+        with branch.journal.quiet():
+            checkpoint.load_trainer_state(branch, trainer.state_dict(), source=f"the state of {trainer.name!r}")
+            branch.knobs_loaded()
+        if state is not None:  # a state the branch cannot take is refused before the parent records anything
+            checkpoint.check_trainer_state(branch, state, source="fork(state=...)")
         trainer.journal.begin(trainer)
         with trainer.journal.lock:
             trainer.journal.change("fork", trainer.step_count, name=name, branch=branch.journal.id,
                                    parent=trainer.name)
             parent = trainer.journal.to_dict()
-        with branch.journal.quiet():
-            checkpoint.load_trainer_state(branch, trainer.state_dict(), source=f"the state of {trainer.name!r}")
-            branch.knobs_loaded()
         j = branch.journal
         j.header, j.entries, j.tick = parent["header"], parent["entries"], parent["tick"]
         j.lineage = [*parent["lineage"], {"id": parent["id"], "n": len(parent["entries"]), "name": trainer.name}]

@@ -16,6 +16,7 @@ Column(kind='loss', task='a', linkedset='clean', group='', pair=())
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 COMBINE, COSINE, WEIGHTING, DIRECTION = "combine", "cos", "weighting", "direction_norm"  # the update's prefixes
@@ -34,11 +35,13 @@ def split_key(key: str) -> tuple[str, str]:
     return task, linkedset
 
 
+@functools.cache  # built for every row of every step: the same few names
 def task_column(task: str, name: str) -> str:
     """``<task>/<name>``: a task's loss, weight, gradient norm, clip fraction, minibatches or a transform's statistic."""
     return f"{task}/{name}"
 
 
+@functools.cache  # built for every row of every step: the same few names
 def set_column(task: str, linkedset: str, name: str) -> str:
     """``<task>/<set>/<name>``: a linked set's loss or weight."""
     return f"{task}/{linkedset}/{name}"
@@ -54,6 +57,7 @@ def combine_column(group: str, task: str) -> str:
     return f"{COMBINE}/{group}/{task}"
 
 
+@functools.cache  # built for every row of every step: the same few names
 def cosine_column(model: str, a: str, b: str) -> str:
     """The cosine similarity of tasks ``a`` and ``b``'s processed gradients on ``model``."""
     return f"{COSINE}/{model}/{a},{b}"
@@ -64,6 +68,7 @@ def noise_column(task: str, model: str | None = None, part: str = NOISE) -> str:
     return f"{part}/{task}" if model is None else f"{part}/{task}/{model}"
 
 
+@functools.cache  # built for every row of every step: the same few names
 def direction_column(group: str | None = None) -> str:
     """The norm of the update's direction (over one group of shared parameters, or over every parameter)."""
     return DIRECTION if group is None else f"{DIRECTION}/{group}"

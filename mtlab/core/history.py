@@ -121,9 +121,10 @@ def step_row(step: int, lr: float, skipped: Any, knobs: Mapping[str, KnobValues]
             row[task_column(name, "minibatches_per_step")] = rounds[name]
         acc = accs.get(name)
         if acc is not None:
-            row[task_column(name, "loss")] = acc.normalized_loss
-            for s in acc.set_totals:
-                row[set_column(name, s, "loss")] = acc.linkedset_loss(s)
+            totals = acc.totals  # [Σ w·loss, Σ w·normalizer]: the loss is their ratio (as acc.normalized_loss)
+            row[task_column(name, "loss")] = totals[0] / totals[1]
+            for s, pair in acc.set_totals.items():
+                row[set_column(name, s, "loss")] = pair[0] / pair[1]
             for k in ROW_STATS:
                 row[task_column(name, k)] = getattr(acc, k)
             for k, v in acc.stats.items():

@@ -25,7 +25,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -113,12 +113,15 @@ class Journal:
         self.entries: list[dict[str, Any]] = []
         self.tick = 0
         self.minibatch = 0
-        self.depth = 0  # calls in progress (a step's minibatches are part of the step)
+        self.depth = 0  # 1 while a call of the trainer runs: changes recorded then are marked inside
         self._local = threading.local()
         self._quiet = 0
         self.replaying: dict[str, Any] | None = None  # set by mtlab.replay: the entry being applied
         self.due: dict[int, list[Any]] = {}  # tick -> callables mtlab.replay applies at that tick
-        self._inner = InnerScope(self)
+        # knob changes made while a call of the trainer runs (mtlab.core.scope): (what, apply), applied at the
+        # call's next knob read, or when it ends
+        self.pending: list[tuple[str, Callable[[], None]]] = []
+        self.pending_lock = threading.Lock()
 
     # ------------------------------------------------------------------ sources
     @contextlib.contextmanager
@@ -161,10 +164,11 @@ class Journal:
             return
         from .state import digest  # a light module; imported here to keep this one free of the checkpoint code
 
+        rng = trainer.rng  # the run's own generator (mtlab.core.scope.RunRandom)
         initial: dict[str, Any] = {"weights": digest({k: m.state_dict() for k, m in trainer.models.items()}),
-                                   "rng": b64(torch.get_rng_state())}
-        if trainer.device.type == "cuda":
-            initial["cuda_rng"] = b64(torch.cuda.get_rng_state(trainer.device))
+                                   "rng": b64(rng.cpu)}
+        if rng.cuda is not None:
+            initial["cuda_rng"] = b64(rng.cuda)
         self.header["initial"] = initial
 
     def _entry(self, typ: str, kind: str, step: int, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -186,39 +190,41 @@ class Journal:
             self.entries.append(entry)
             return entry
 
-    def call(self, trainer: Any, kind: str, **payload: Any) -> CallScope | InnerScope:
-        """Around a public training call (``with journal.call(trainer, "apply"): ...``): recorded when it is not
-        part of another (a step's minibatches); a call that raises is marked ``failed``. The caller holds the
-        trainer's lock (as every call of the trainer does), so the depth read here stays as read."""
-        if self.depth:  # inside another call: nothing to record, one shared scope that counts the depth
-            return self._inner
-        return CallScope(self, trainer, kind, payload)
-
     def enter_call(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any] | None:
-        """A call begins: its entry when it is not part of another (None inside one, or while quiet)."""
+        """An outer call begins (``mtlab.core.scope.Scope``): its entry (None while quiet; consecutive steps share
+        one, counted). Changes recorded until ``exit_call`` are marked ``inside``. Written out rather than split
+        in helpers: this runs at every call of every step."""
         with self.lock:
-            entry = self._outer_entry(trainer, kind, payload) if self.depth == 0 and not self._quiet else None
+            entry = None
+            if not self._quiet:
+                if self.header.get("initial") is None:
+                    self.begin(trainer)
+                step, entries, r = trainer.step_count, self.entries, self.replaying
+                last = entries[-1] if entries else None
+                if kind == "step" and last is not None and last["type"] == "call" and last["kind"] == "step" \
+                        and "failed" not in last and last["step"] + last["count"] == step:
+                    last["count"] += 1
+                    entry = last
+                else:
+                    if r is not None:  # a replay writes the original's entry again
+                        entry = {k: v for k, v in r.items() if k != "failed"}
+                    else:
+                        stack = self._local.__dict__.get("stack")
+                        entry = {"type": "call", "kind": kind, "step": step, "minibatch": self.minibatch,
+                                 "tick": self.tick, "source": stack[-1] if stack else "code", "inside": False,
+                                 "time": round(time.time(), 3), **payload}
+                    if kind == "step":
+                        entry["count"] = 1
+                    entries.append(entry)
             self.depth += 1
             return entry
 
     def exit_call(self, entry: dict[str, Any] | None, kind: str, step: int, error: str | None) -> None:
-        """A call ends (``error``: the name of the exception it raised); a failed outer call is marked."""
+        """The outer call ends (``error``: the name of the exception it raised); a failed call is marked."""
         with self.lock:
             self.depth -= 1
             if error is not None and entry is not None:
                 self._fail_call(entry, kind, step, error)
-
-    def _outer_entry(self, trainer: Any, kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """The entry of an outer call (hold ``lock``): consecutive steps share one, counted."""
-        self.begin(trainer)
-        last = self.entries[-1] if self.entries else None
-        if kind == "step" and last is not None and last["type"] == "call" and last["kind"] == "step" \
-                and "failed" not in last and last["step"] + last["count"] == trainer.step_count:
-            last["count"] += 1
-            return last
-        entry = self._entry("call", kind, trainer.step_count, {**payload, **({"count": 1} if kind == "step" else {})})
-        self.entries.append(entry)
-        return entry
 
     def _fail_call(self, entry: dict[str, Any], kind: str, step: int, error: str) -> None:
         """An outer call raised ``error`` (hold ``lock``): a failed step gets an entry of its own."""
@@ -232,7 +238,10 @@ class Journal:
 
     def read(self, kind: str) -> None:
         """The trainer is about to read its knobs (step start, minibatch, normalize, clip, apply); hold ``lock``.
-        A replay applies here the changes that were made at this point of the original run."""
+        The knob changes made meanwhile from another thread take effect here; a replay applies here the changes
+        that were made at this point of the original run."""
+        if self.pending:
+            self.run_pending()
         for apply_change in self.due.pop(self.tick, ()):
             apply_change()
         self.tick += 1
@@ -240,6 +249,13 @@ class Journal:
             self.minibatch += 1
         elif kind == "step":
             self.minibatch = 0
+
+    def run_pending(self) -> None:
+        """Apply the queued knob changes, in the order they were made (the trainer's lock held)."""
+        with self.pending_lock:
+            todo, self.pending = self.pending, []
+        for _, apply in todo:
+            apply()
 
     def applied(self) -> None:
         """A step was applied (or its accumulation reset): the next minibatch is the first of a new one."""
@@ -311,7 +327,7 @@ class Journal:
                               "with the mtlab that wrote it")
         j = cls()
         j.id, j.lineage, j.header = data["id"], [dict(a) for a in data["lineage"]], dict(data["header"])
-        j.entries = [dict(e) for e in data["entries"]]
+        j.entries = [dict(e) if isinstance(e, Mapping) else e for e in data["entries"]]  # replay names a bad one
         j.tick = int(data.get("tick", 0))
         return j
 
@@ -327,25 +343,60 @@ class Journal:
         return [json.dumps(x) for x in [data, *entries]]
 
     def write(self, path: str | Path) -> Path:
-        """``journal.jsonl``: a header line, then one line per entry."""
+        """``journal.jsonl``: a header line, then one line per entry. Written whole or not at all: a failed
+        write (a full disk) leaves the previous file as it was, no temporary file, and names the file."""
+        from .state import CheckpointError
+
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in self.to_jsonl()))
-        tmp.replace(path)
+        try:
+            tmp.write_text("".join(line + "\n" for line in self.to_jsonl()))
+            tmp.replace(path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(f"{path}: the journal could not be written ({exc.strerror or exc}); "
+                                  f"{'the previous one is unchanged' if path.exists() else 'nothing was written'}; "
+                                  "free some space (or choose another folder) and save again") from exc
         return path
 
     @classmethod
     def read_file(cls, path: str | Path) -> Journal:
-        """A journal from ``journal.jsonl`` (or the experiment folder that holds it)."""
+        """A journal from ``journal.jsonl`` (or the experiment folder that holds it). A damaged file (a truncated
+        or garbled line, an entry that is not an object) is refused naming the file and the line."""
         path = Path(path)
         if path.is_dir():
             path = path / "journal.jsonl"
         if not path.is_file():
             raise ConfigError(f"no journal at {path}; an experiment folder written by mtlab.run holds journal.jsonl")
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot be read as a journal ({exc})") from exc
+        lines: list[dict[str, Any]] = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}, line {number}: not a JSON line ({exc.msg} at column {exc.colno}); the "
+                                  "journal is damaged (a killed write, an edit?): restore it from a copy or replay "
+                                  "the lines before it") from None
+            if not isinstance(item, dict):
+                raise ConfigError(f"{path}, line {number}: a journal entry must be a JSON object, got "
+                                  f"{type(item).__name__}; the journal is damaged") from None
+            if lines and (item.get("type") not in ("change", "call") or not isinstance(item.get("kind"), str)):
+                raise ConfigError(f"{path}, line {number}: not a journal entry (it needs 'type': 'change' or 'call' "
+                                  "and a 'kind'); the journal is damaged") from None
+            lines.append(item)
         if not lines:
             raise ConfigError(f"{path} is empty")
-        return cls.from_dict({**lines[0], "entries": lines[1:]})
+        try:
+            return cls.from_dict({**lines[0], "entries": lines[1:]})
+        except ConfigError as exc:
+            raise ConfigError(f"{path}, line 1: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}, line 1: not a journal header ({type(exc).__name__}: {exc})") from None
 
     def state_dict(self) -> dict[str, Any]:
         """As kept in a trainer state: the JSON text and the position (plain containers)."""
@@ -357,44 +408,6 @@ class Journal:
         with self.lock:
             self.id, self.lineage, self.header = other.id, other.lineage, other.header
             self.entries, self.tick = other.entries, other.tick
-
-
-class CallScope:
-    """``Journal.call``'s context: the entry of an outer call (None inside another), made on entering.
-
-    A plain class rather than a generator context manager: it wraps every call of every step, minibatches
-    included, and a call inside another (most of them) only counts the depth."""
-
-    __slots__ = ("journal", "trainer", "kind", "payload", "entry")
-
-    def __init__(self, journal: Journal, trainer: Any, kind: str, payload: dict[str, Any]) -> None:
-        self.journal, self.trainer, self.kind, self.payload = journal, trainer, kind, payload
-        self.entry: dict[str, Any] | None = None
-
-    def __enter__(self) -> None:
-        self.entry = self.journal.enter_call(self.trainer, self.kind, self.payload)
-
-    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        self.journal.exit_call(self.entry, self.kind, self.trainer.step_count, None if typ is None else typ.__name__)
-
-
-class InnerScope:
-    """``Journal.call``'s context for a call inside another: only the depth changes (reusable, reentrant)."""
-
-    __slots__ = ("journal",)
-
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
-
-    def __enter__(self) -> None:
-        j = self.journal
-        with j.lock:
-            j.depth += 1
-
-    def __exit__(self, typ: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        j = self.journal
-        with j.lock:
-            j.depth -= 1
 
 
 def knob_differences(journals: Mapping[str, Journal]) -> dict[str, list[str]]:

@@ -1,21 +1,21 @@
 """The knobs of a trainer: lr, clipping, weights, the combination method (``Knobs``), minibatch rounds per
 step (K) per task and batch size per task (``AccumulationKnobs``).
 
-Each setter checks its value, changes the knob under ``journal.lock`` (the trainer reads the knobs under the
-same lock, at known points) and records the change through one hook, ``record_change``, in ``trainer.journal``.
-
-Each knob change is applied in one place (the ``set_*`` methods here) and announced as a trainer event
-(``minibatches_per_step``, ``batch_size``), so a dashboard, a journal or a logger can follow it.
+Each setter checks its value in the caller's thread (a bad value is refused there, nothing changed), then
+hands the change to ``command``: applied at once when no call of the trainer runs, else queued and applied by
+the call in progress at its next knob read (``mtlab.core.scope``). Applying it changes the knob under
+``journal.lock``, records it through one hook, ``record_change``, where it took effect, and announces it as a
+trainer event, so a dashboard, a journal or a logger can follow it. A new knob is one setter and one event.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..tasks.task import check_count, check_positive, check_relative_weights, check_weight
 from .events import BatchSizeInfo, CombineInfo, Event, MinibatchesPerStepInfo, TaskWeightInfo, WeightInfo
+from .noise import NoiseScale
 from .transforms import Chain, ClipByGlobalNorm, ClipByHistory, ClipByValue, Normalize, Transform
 
 if TYPE_CHECKING:
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from ..tasks.task import LinkedSet, Task
     from .events import Events
     from .journal import Journal
+    from .precision import Precision
+    from .scope import RunLock
     from .update import MethodSpec, PerTaskUpdate, Update
 
 
@@ -39,6 +41,8 @@ class AccumulationKnobs:
 
     if TYPE_CHECKING:
         def record_change(self, kind: str, **payload: Any) -> None: ...  # Knobs'
+
+        def command(self, apply: Callable[[], None], what: str) -> None: ...  # Knobs'
 
     if TYPE_CHECKING:
         def task(self, task: str) -> Task: ...  # the Trainer's
@@ -68,30 +72,39 @@ class AccumulationKnobs:
                     "minibatch rounds accumulated before each apply(); e.g. set_minibatches_per_step(2)")
         if task is not None:
             self.task(task)
-        with self.journal.lock:  # step() reads the rounds under this lock
-            before = self.minibatches_per_step
-            if task is None:
-                self._k_default = k
-                self._k_task.clear()
-            else:
-                self._k_task[task] = k
-            changed = self.minibatches_per_step != before
+
+        def apply() -> None:
+            with self.journal.lock:  # step() reads the rounds under this lock
+                before = self.minibatches_per_step
+                if task is None:
+                    self._k_default = k
+                    self._k_task.clear()
+                else:
+                    self._k_task[task] = k
+                changed = self.minibatches_per_step != before
+                if changed:
+                    self.record_change("minibatches_per_step", value=k, task=task)
             if changed:
-                self.record_change("minibatches_per_step", value=k, task=task)
-        if changed:
-            self.events.emit(Event.MINIBATCHES_PER_STEP, MinibatchesPerStepInfo(task=task, k=k, step=self.step_count))
+                self.events.emit(Event.MINIBATCHES_PER_STEP,
+                                 MinibatchesPerStepInfo(task=task, k=k, step=self.step_count))
+        self.command(apply, f"minibatches per step {k}" + (f" of task {task!r}" if task is not None else ""))
 
     def set_batch_size(self, task: str, batch_size: int) -> None:
-        """Examples per minibatch of ``task``'s linked sets, from the next minibatch drawn on. Each stream keeps
-        its epoch and its place in it (the same share of the epoch), re-cut into batches of the new size."""
+        """Examples per minibatch of ``task``'s linked sets, from the next minibatch drawn on. Each stream draws
+        the examples of its epoch not yet drawn once each, in their order, in batches of the new size
+        (``BatchStream.set_batch_size``)."""
         t = self.task(task)
         check_count(batch_size, f"batch size of task {task!r}",
                     f"examples per minibatch; e.g. set_batch_size({task!r}, 8)")
-        if t.batch_size != batch_size:
+
+        def apply() -> None:
+            if t.batch_size == batch_size:
+                return
             with self.journal.lock:
-                t.batch_size = batch_size  # the streams adopt it when they next draw (in the training thread)
+                t.batch_size = batch_size  # the streams adopt it at their next draw (after the knobs were read)
                 self.record_change("batch_size", task=task, value=batch_size)
             self.events.emit(Event.BATCH_SIZE, BatchSizeInfo(task=task, batch_size=batch_size, step=self.step_count))
+        self.command(apply, f"batch size {batch_size} of task {task!r}")
 
 
 class Knobs:
@@ -100,12 +113,14 @@ class Knobs:
 
     journal: Journal
     _journaling: bool
+    lock: RunLock
+    precision: Precision
+    _noise_scale: NoiseScale | None
     chain: Chain
     step_count: int
     tasks: dict[str, Task]
     streams: Streams
     events: Events
-    lock: threading.RLock
     update: Update | PerTaskUpdate
     linkedset_weights: str
 
@@ -122,16 +137,55 @@ class Knobs:
     @lr.setter
     def lr(self, value: float) -> None:
         value = check_positive(value, "lr")
-        with self.journal.lock:
-            changed = getattr(self, "_lr", None) != value
-            self._lr = value
-            if changed:
-                self.record_change("lr", value=value)
+
+        def apply() -> None:
+            with self.journal.lock:
+                changed = getattr(self, "_lr", None) != value
+                self._lr = value
+                if changed:
+                    self.record_change("lr", value=value)
+        self.command(apply, f"lr {value:g}")
+
+    @property
+    def noise_scale(self) -> NoiseScale | None:
+        """The gradient noise scale measured at each step (``mtlab.NoiseScale``), or None. Attach one with
+        ``trainer.noise_scale = mtlab.NoiseScale()`` (or True); the same checks as ``Trainer(noise_scale=...)``."""
+        return self._noise_scale
+
+    @noise_scale.setter
+    def noise_scale(self, value: bool | NoiseScale | None) -> None:
+        self._noise_scale = NoiseScale.build(value, self.precision.scaling)
 
     def record_change(self, kind: str, **payload: Any) -> None:
         """The one hook every setter calls after a change: an entry in ``trainer.journal``."""
         if self._journaling:
             self.journal.change(kind, self.step_count, **payload)
+
+    def command(self, apply: Callable[[], None], what: str) -> None:
+        """Make a checked knob change: now when no call of the trainer runs (or from inside the call's own
+        thread), else queued in ``journal.pending`` for the call in progress, which applies it at its next knob
+        read; ``what`` names it in ``pending_changes()`` meanwhile. Never waits for a step."""
+        journal = self.journal
+        if self.lock.acquire(blocking=False):
+            try:
+                if journal.pending:
+                    journal.run_pending()  # those made before this one first
+                apply()
+            finally:
+                self.lock.release()
+            return
+        source = journal.current_source()  # where it came from (the dashboard's thread), kept for its entry
+
+        def later() -> None:
+            with journal.source(source):
+                apply()
+        with journal.pending_lock:
+            journal.pending.append((what, later))
+
+    def pending_changes(self) -> list[str]:
+        """The knob changes made while a call runs, waiting for its next knob read (e.g. "lr 0.001")."""
+        with self.journal.pending_lock:
+            return [what for what, _ in self.journal.pending]
 
     def _setting(self, kind: type[Transform], attr: str) -> float | None:
         t = self.chain.find(kind)
@@ -200,21 +254,24 @@ class Knobs:
         """Replace the built-in transforms whose setting changes, each in its place; a user's transforms and an
         unchanged transform's state (AutoClip's norm history) are kept; one journal entry."""
         Chain.from_settings(bool(normalize), value, norm, percentile)  # checks each value first
-        before = (self.clip_settings(), self.normalize_gradients)
-        chain = self.chain
-        if normalize is not None and bool(normalize) != self.normalize_gradients:
-            chain = chain.replaced(Normalize, Normalize() if normalize else None)
-        for kind, old, new in ((ClipByValue, before[0][0], value), (ClipByGlobalNorm, before[0][1], norm),
-                               (ClipByHistory, before[0][2], percentile)):
-            wanted = None if new is None else float(new)
-            if wanted != old:
-                chain = chain.replaced(kind, None if wanted is None else kind(wanted))
-        with self.journal.lock:
-            self.chain = chain
-            after = (self.clip_settings(), self.normalize_gradients)
-            if after != before:
-                clip = after[0]
-                self.record_change("clip", normalize=after[1], value=clip[0], norm=clip[1], percentile=clip[2])
+
+        def apply() -> None:
+            with self.journal.lock:
+                before = (self.clip_settings(), self.normalize_gradients)
+                chain = self.chain
+                if normalize is not None and bool(normalize) != before[1]:
+                    chain = chain.replaced(Normalize, Normalize() if normalize else None)
+                for kind, old, new in ((ClipByValue, before[0][0], value), (ClipByGlobalNorm, before[0][1], norm),
+                                       (ClipByHistory, before[0][2], percentile)):
+                    wanted = None if new is None else float(new)
+                    if wanted != old:
+                        chain = chain.replaced(kind, None if wanted is None else kind(wanted))
+                self.chain = chain
+                after = (self.clip_settings(), self.normalize_gradients)
+                if after != before:
+                    clip = after[0]
+                    self.record_change("clip", normalize=after[1], value=clip[0], norm=clip[1], percentile=clip[2])
+        self.command(apply, f"clipping (value {value}, norm {norm}, percentile {percentile})")
 
     def set_weight(self, task: str, linkedset: str, weight: float) -> None:
         """Weight of a linked set, used from the next minibatch on (0 leaves the set out of step())."""
@@ -222,21 +279,27 @@ class Knobs:
         weight = check_weight(weight, f"weight of linked set {linkedset!r} of task {task!r}")
         if self.linkedset_weights == "relative":
             check_relative_weights(self.tasks[task], {linkedset: weight})
-        with self.journal.lock:
-            changed, ls.weight = ls.weight != weight, weight
-            if changed:
-                self.record_change("weight", task=task, linkedset=linkedset, value=weight)
-        self.events.emit(Event.WEIGHT, WeightInfo(task=task, linkedset=linkedset, weight=ls.weight))
+
+        def apply() -> None:
+            with self.journal.lock:
+                changed, ls.weight = ls.weight != weight, weight
+                if changed:
+                    self.record_change("weight", task=task, linkedset=linkedset, value=weight)
+            self.events.emit(Event.WEIGHT, WeightInfo(task=task, linkedset=linkedset, weight=ls.weight))
+        self.command(apply, f"weight {weight:g} of {task}/{linkedset}")
 
     def set_task_weight(self, task: str, weight: float) -> None:
         """Weight of a task in the combined update (0 leaves the task out of step() and apply())."""
         t = self.task(task)
         weight = check_weight(weight, f"weight of task {task!r}")
-        with self.journal.lock:
-            changed, t.weight = t.weight != weight, weight
-            if changed:
-                self.record_change("task_weight", task=task, value=weight)
-        self.events.emit(Event.TASK_WEIGHT, TaskWeightInfo(task=task, weight=t.weight))
+
+        def apply() -> None:
+            with self.journal.lock:
+                changed, t.weight = t.weight != weight, weight
+                if changed:
+                    self.record_change("task_weight", task=task, value=weight)
+            self.events.emit(Event.TASK_WEIGHT, TaskWeightInfo(task=task, weight=t.weight))
+        self.command(apply, f"weight {weight:g} of task {task}")
 
     def set_combine(self, method: MethodSpec) -> None:
         """How tasks' processed gradients become one direction, from the next apply() on: ``"sum"`` (the

@@ -62,6 +62,18 @@ class _TaskNoise:
         self.last_k = 0
 
 
+class Suggestion(dict[str, "int | None"]):
+    """:meth:`NoiseScale.suggest`'s answer: task -> minibatches per step, None where there is no estimate; ``why``
+    says, for each None, what is missing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.why: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return super().__repr__() + "".join(f"\n  {t}: {why}" for t, why in self.why.items())
+
+
 class NoiseScale:
     """Per task (and per model of a task) gradient noise scale ``B_simple`` with an EMA of factor ``beta``.
 
@@ -73,8 +85,9 @@ class NoiseScale:
     """
 
     def __init__(self, beta: float = 0.95) -> None:
-        if not 0.0 <= float(beta) < 1.0:
-            raise ValueError(f"NoiseScale(beta={beta!r}): beta must be in [0, 1) (0: no averaging)")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= float(beta) < 1.0:
+            raise ConfigError(f"NoiseScale(beta={beta!r}): beta must be a number in [0, 1), the moving averages' "
+                              "decay (e.g. 0.95; 0: no averaging)")
         self.beta = float(beta)
         self.tasks: dict[str, _TaskNoise] = {}
 
@@ -125,6 +138,10 @@ class NoiseScale:
         st.w.append(rec.weight)
         st.pending = False
 
+    def clear(self) -> None:
+        """Forget everything measured (a re-initialised run starts without averages)."""
+        self.tasks = {}
+
     def discard(self, task: str | None = None) -> None:
         """Forget this step's minibatches (a reset); the averages stay."""
         for name in [task] if task is not None else list(self.tasks):
@@ -173,7 +190,10 @@ class NoiseScale:
         st.ema_trace = torch.where(ok, beta * ema_trace + (1 - beta) * trace, ema_trace)
         st.ema_g2 = torch.where(ok, beta * ema_g2 + (1 - beta) * g2, ema_g2)
         st.steps += 1
-        b_simple = st.ema_trace / st.ema_g2
+        # Both estimates are unbiased, not positive: while either average is <= 0 (noise swamps |G|² at this batch
+        # size, or too few steps), B_simple is undefined (NaN), not a negative batch size; message() says why.
+        defined = (st.ema_trace > 0) & (st.ema_g2 > 0)
+        b_simple = torch.where(defined, st.ema_trace / st.ema_g2, torch.full_like(st.ema_g2, math.nan))
         name = acc.task
         cols = {noise_column(name): b_simple[-1], noise_column(name, part="gns_trace"): trace[-1],
                 noise_column(name, part="gns_g2"): g2[-1], noise_column(name, part="gns_minibatches"): b_simple[-1] / mean_n}
@@ -181,26 +201,45 @@ class NoiseScale:
         return cols
 
     # ------------------------------------------------------------------ reading
-    def message(self, task: str) -> str:
-        """What the noise scale of ``task`` can say now (host side)."""
+    def _missing(self, task: str) -> str | None:
+        """Why ``task`` has no noise scale now (host reads of its averages), None when it has one."""
         st = self.tasks.get(task)
         if st is None or st.steps == 0:
             return f"task {task!r}: no step measured yet"
         if st.last_k < 2:
             return (f"task {task!r}: the noise scale needs two minibatches per step (it has {st.last_k}); set "
                     "numbatches_to_aggregate >= 2 or give the task a second linked set")
-        return f"task {task!r}: measured over {st.steps} step(s)"
+        if st.ema_trace is not None and st.ema_g2 is not None:
+            trace, g2 = float(st.ema_trace[-1]), float(st.ema_g2[-1])
+            if not (trace > 0 and g2 > 0):
+                which, value = ("|G|² (the true gradient's size)", g2) if not g2 > 0 else ("tr(Σ) (the noise)", trace)
+                return (f"task {task!r}: no noise scale yet: after {st.steps} step(s) the moving average of {which} "
+                        f"is {value:.3g}, not positive (the per-step estimates are unbiased but noisy, and the noise "
+                        "swamps the gradient at this batch size); train more steps, raise NoiseScale(beta=...) "
+                        "towards 1 to average longer, or use more minibatches per step")
+        return None
 
-    def suggest(self, trainer: Measured) -> dict[str, int | None]:
+    def message(self, task: str) -> str:
+        """What the noise scale of ``task`` can say now (host side)."""
+        missing = self._missing(task)
+        return missing if missing is not None else f"task {task!r}: measured over {self.tasks[task].steps} step(s)"
+
+    def suggest(self, trainer: Measured) -> Suggestion:
         """Task -> minibatches per step that reach its noise scale (ceil(B_simple / mean minibatch size)),
-        from the latest history row that has one (reads the history); None where there is no estimate."""
+        from the latest history row that has one (reads the history); None where there is no estimate now, with
+        the reason in ``.why`` (and in the repr)."""
         frame = trainer.history
-        out: dict[str, int | None] = {}
+        out = Suggestion()
         for task in trainer.tasks:
             col = noise_column(task, part="gns_minibatches")
             values = frame[col].dropna() if col in frame else None
             value = float(values.iloc[-1]) if values is not None and len(values) else math.nan
-            out[task] = max(1, math.ceil(value)) if math.isfinite(value) and value > 0 else None
+            missing = self._missing(task)
+            if missing is None and not (math.isfinite(value) and value > 0):
+                missing = f"task {task!r}: no noise scale in the history (column {col!r})"
+            out[task] = max(1, math.ceil(value)) if missing is None else None
+            if missing is not None:
+                out.why[task] = missing
         return out
 
     def state_dict(self) -> dict[str, Any]:

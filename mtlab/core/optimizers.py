@@ -52,13 +52,10 @@ class AdamTF1(torch.optim.Optimizer):
 
     def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8) -> None:
-        if not lr > 0:
-            raise ConfigError(f"AdamTF1: lr must be positive, got {lr!r}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ConfigError(f"AdamTF1: betas must lie in [0, 1), got {betas!r}")
-        if not eps >= 0:
-            raise ConfigError(f"AdamTF1: eps must be >= 0, got {eps!r}")
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps})
+        if not _real(lr) or not lr > 0:
+            raise ConfigError(f"AdamTF1: lr must be a positive number, got {lr!r}")
+        check_adam_tf1_options({"betas": betas, "eps": eps}, "AdamTF1")
+        super().__init__(params, {"lr": float(lr), "betas": (float(betas[0]), float(betas[1])), "eps": float(eps)})
 
     def _init_state(self, p: Tensor, betas: tuple[float, float]) -> dict[str, Any]:
         state = self.state[p]
@@ -131,12 +128,32 @@ def make_adam(params: list[Any], lr: float, **options: Any) -> torch.optim.Optim
 ADAM_TF1_OPTIONS = ("betas", "eps")
 
 
-def make_adam_tf1(params: list[Any], lr: float, **options: Any) -> torch.optim.Optimizer:
-    """:class:`AdamTF1` (the original's Adam); ``options`` may set ``betas`` and ``eps`` only."""
+def _real(x: Any) -> bool:
+    """A real number (bool and text are not)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_adam_tf1_options(options: Mapping[str, Any], where: str = "optimizer 'adam_tf1'") -> None:
+    """Refuse, naming the option and the value expected, options :class:`AdamTF1` cannot take."""
     unknown = sorted(set(options) - set(ADAM_TF1_OPTIONS))
     if unknown:
-        raise ConfigError(f"optimizer 'adam_tf1' takes the options {list(ADAM_TF1_OPTIONS)} (TensorFlow's "
-                          f"AdamOptimizer has no others), not {unknown}; remove them or use optimizer='adam'")
+        raise ConfigError(f"{where} takes the options {list(ADAM_TF1_OPTIONS)} (TensorFlow's AdamOptimizer has no "
+                          f"others), not {unknown}; remove them or use optimizer='adam'")
+    if "betas" in options:
+        betas = options["betas"]
+        if (not isinstance(betas, (tuple, list)) or len(betas) != 2 or not all(_real(b) for b in betas)
+                or not all(0.0 <= b < 1.0 for b in betas)):
+            raise ConfigError(f"{where}: option 'betas' must be a pair of numbers in [0, 1), e.g. (0.9, 0.999), "
+                              f"got {betas!r}")
+    if "eps" in options:
+        eps = options["eps"]
+        if not _real(eps) or not eps >= 0:
+            raise ConfigError(f"{where}: option 'eps' must be a number >= 0, e.g. 1e-8, got {eps!r}")
+
+
+def make_adam_tf1(params: list[Any], lr: float, **options: Any) -> torch.optim.Optimizer:
+    """:class:`AdamTF1` (the original's Adam); ``options`` may set ``betas`` and ``eps`` only."""
+    check_adam_tf1_options(options)
     return AdamTF1(params, lr=lr, **options)
 
 
@@ -156,5 +173,10 @@ def optimizer_factory(spec: str | OptimizerFactory | None, lr: Callable[[], floa
     if not isinstance(spec, str) or spec not in OPTIMIZERS:
         raise ConfigError(f"optimizer {spec!r} is not known; use one of {sorted(OPTIMIZERS)} or a function "
                           "params -> torch.optim.Optimizer")
+    if "lr" in options:  # the trainer's knob: changed between steps, journaled, checkpointed
+        raise ConfigError(f"optimizer {spec!r}: the options may not set 'lr' (got {options['lr']!r}); give the "
+                          "learning rate as Trainer(lr=...) or a recipe's initial_learning_rate")
+    if spec == "adam_tf1":
+        check_adam_tf1_options(options)  # now, not at the first step
     make = OPTIMIZERS[spec]
     return spec, lambda ps: make(ps, lr=lr(), **options)

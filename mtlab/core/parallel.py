@@ -48,7 +48,8 @@ class Parallel:
         their accumulators over the ranks. Returns the chosen accumulators."""
         if self.reducer is None:  # one process (the usual case): choose, and refuse a process group left out
             chosen = chain.select(call, task, accs)
-            if reduces and not self.local_only:
+            if reduces and not self.local_only and torch.distributed.is_available() \
+                    and torch.distributed.is_initialized():
                 self.reduce(call, chosen)
             return chosen
         if not self.agreed:

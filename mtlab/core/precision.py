@@ -105,6 +105,7 @@ class Precision:
                               f"{sorted(scaler_options)} need precision = \"16-mixed\"")
         self.scaler: torch.amp.GradScaler | None = (
             torch.amp.GradScaler(self.device.type, **scaler_options) if self.mode == "16-mixed" else None)
+        self.scaling = self.scaler is not None  # whether losses are scaled (16-mixed)
         self._carriers: list[_Carrier] = []
 
     @classmethod
@@ -120,11 +121,6 @@ class Precision:
             mode = opts.pop("type", "32")
             return cls(str(mode), device, **cast(ScalerOptions, opts))  # __init__ refuses unknown options
         return cls("32" if spec is None else spec, device)
-
-    @property
-    def scaling(self) -> bool:
-        """Whether losses are scaled (``16-mixed``)."""
-        return self.scaler is not None
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The forward's autocast region (nothing under ``"32"``)."""

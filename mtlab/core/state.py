@@ -101,12 +101,15 @@ def load_safe(path: str | os.PathLike[str]) -> dict[str, Any]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, KeyError,
             TypeError, AttributeError, IndexError) as exc:
-        first = (str(exc).splitlines() or [""])[0][:200]
+        if isinstance(exc, pickle.UnpicklingError):  # torch's text advises weights_only=False: not mtlab's way
+            why = "it holds objects other than tensors and plain containers"
+        else:
+            why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}; it may be truncated or corrupted"
         raise CheckpointError(
-            f"{path} is not a readable mtlab checkpoint ({type(exc).__name__}: {first}); "
-            "it may be truncated, corrupted or contain objects other than tensors and plain containers, "
-            "which mtlab refuses to unpickle"
-        ) from exc
+            f"{path} is not a readable mtlab checkpoint ({why}). mtlab loads checkpoints with weights_only=True "
+            "and never unpickles other objects; use an earlier checkpoint of the run (latest.pt, best.pt) or one "
+            "written by Trainer.save / mtlab train"
+        ) from None
     if not isinstance(obj, dict) or obj.get("format") != "mtlab-trainer":
         raise CheckpointError(f"{path} is not an mtlab trainer checkpoint (no 'format': 'mtlab-trainer' entry)")
     saved = obj.pop("checksum", None)
@@ -222,21 +225,6 @@ def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int 
     return save_atomic({**state, **(extra or {})}, path)
 
 
-def rng_state(device: torch.device) -> dict[str, Any]:
-    """The RNG states a trainer on ``device`` saves (CPU, and CUDA when it trains there)."""
-    rng: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state(device)
-    return rng
-
-
-def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
-    """Restore the RNG state that ``trainer_state`` saved (torch's, and CUDA's on a CUDA device)."""
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and device.type == "cuda":
-        torch.cuda.set_rng_state(rng["cuda"], device)
-
-
 def trainer_state(trainer: Any) -> dict[str, Any]:
     """``Trainer.state_dict()``: weights, optimizer, accumulators, data positions, RNG, step, settings,
     weights and history, as plain containers (loadable with ``weights_only=True``)."""
@@ -250,7 +238,7 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
         "format": "mtlab-trainer", "version": VERSION,
         "models": {k: m.state_dict() for k, m in tr.models.items()},
         "update": tr.update.state_dict(), "tasks": tasks, "streams": tr.streams.state_dict(),
-        "rng": rng_state(tr.device), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
+        "rng": tr.rng.state_dict(), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
         "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
         "chain": tr.chain.state_dict(), "history": tr.log.state_dict(), "journal": tr.journal.state_dict(),
         "precision": tr.precision.state_dict(),
@@ -268,7 +256,7 @@ def initial_state(trainer: Any) -> dict[str, Any]:
     tr = trainer
     return to_cpu({"models": {k: m.state_dict() for k, m in tr.models.items()}, "update": tr.update.state_dict(),
                    "tasks": {n: tr.state(n).state_dict() for n in tr.tasks}, "chain": tr.chain.state_dict(),
-                   "precision": tr.precision.state_dict(), "rng": rng_state(tr.device),
+                   "precision": tr.precision.state_dict(), "rng": tr.rng.state_dict(),
                    "method": getattr(tr.update, "method", None)})
 
 
@@ -302,21 +290,30 @@ def load_initial_state(trainer: Any, init: Mapping[str, Any]) -> None:
     tr.precision.load_state_dict(clone_tree(init["precision"]))
     tr.streams.clear()  # recreated on first use, from the start, as in a fresh trainer
     tr.streams.reported = 0
-    set_rng_state(init["rng"], tr.device)
+    tr.rng.load_state_dict(init["rng"])
+    if tr.noise_scale is not None:
+        tr.noise_scale.clear()  # its averages belong to the abandoned run: a fresh trainer has none
 
 
-def load_trainer_state(trainer: Any, state: Any, history: bool = True, source: str = "the state") -> None:
-    """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
+def check_trainer_state(trainer: Any, state: Any, source: str = "the state") -> None:
+    """Refuse, naming ``source`` and what differs, a state ``load_trainer_state`` could not load (changes nothing)."""
     tr = trainer
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps, source)
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
     check_precision_state(state, tr.precision.mode)
     check_optimizer_state(state, tr.optimizer_name)
     declared = {n: st.get("batch_size") for n, st in state["tasks"].items()}
-    tr.streams.check_state_dict(state["streams"], tr.tasks, declared)  # every check before the first change
+    tr.streams.check_state_dict(state["streams"], tr.tasks, declared)
     if "weighting" in state["update"] and getattr(tr.update, "weighting", None) is None:
         raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
                           "the same combine method")
+
+
+def load_trainer_state(trainer: Any, state: Any, history: bool = True, source: str = "the state") -> None:
+    """``Trainer.load_state_dict()``: checks ``state`` against the trainer, then restores every piece."""
+    tr = trainer
+    check_trainer_state(tr, state, source)  # every check before the first change
+    declared = {n: st.get("batch_size") for n, st in state["tasks"].items()}
     for k, m in tr.models.items():
         m.load_state_dict(state["models"][k])
     tr.update.load_state_dict(clone_tree(state["update"]))
@@ -331,7 +328,7 @@ def load_trainer_state(trainer: Any, state: Any, history: bool = True, source: s
         if saved.get("minibatches_per_step", tr.numbatches_to_aggregate) != tr.numbatches_to_aggregate:
             tr.set_minibatches_per_step(int(saved["minibatches_per_step"]), name)
     tr.streams.load_state_dict(state["streams"], tr.tasks, declared)
-    set_rng_state(state["rng"], tr.device)
+    tr.rng.load_state_dict(state["rng"])
     tr.precision.load_state_dict(state.get("precision", {}))
     tr.step_count = int(state["step"])
     tr.lr = state["lr"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import warnings
 from pathlib import Path
 from collections.abc import Mapping, Sequence
@@ -41,11 +40,12 @@ from .journal import Journal, graph_of
 from .knobs import AccumulationKnobs, Knobs
 from .noise import NoiseScale
 from .precision import Precision, PrecisionSpec, compile_models
+from .scope import RunLock, RunRandom, Scope
 from ..tasks.sampling import BatchStream, ExampleSource, Streams
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
                           check_relative_weights, check_tasks)
 from .optimizers import OptimizerFactory, optimizer_factory
-from .transforms import IDLE, Call, Chain
+from .transforms import IDLE, KEPT, Call, Chain, kept_note, refuse_hand_work  # noqa: F401 (KEPT: mtlab.run's)
 from .update import MethodSpec, PerTaskUpdate, Update
 
 if TYPE_CHECKING:
@@ -53,30 +53,6 @@ if TYPE_CHECKING:
 
 NONFINITE_POLICIES = ("raise", "skip")
 NO_CONTEXT = contextlib.nullcontext()  # entered where a context is needed only sometimes (reusable)
-
-
-def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
-    """step() starts a fresh cycle: refuse rather than silently discard minibatches processed by hand."""
-    busy = {n: a for n, a in accs.items() if a.phase not in IDLE}
-    if not busy:
-        return
-    parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
-    calls = [*chain.calls(), Call.APPLY]
-    first = min(calls.index(c) if c in calls else 0 for c in (chain.next_call(a) for a in busy.values()))
-    raise PhaseError(f"step(): tasks hold minibatches processed by hand ({parts}), which a fresh step would "
-                     f"discard; finish them with finish() (it makes {', '.join(c + '()' for c in calls[first:])}) "
-                     "or discard them with reset(), then step()")
-
-
-KEPT = "mtlab: step() stopped before its update;"  # how kept_note begins (mtlab.run replaces it when it rolls back)
-
-
-def kept_note(accs: Mapping[str, Accumulator]) -> str:
-    """What a step() refused inside its cycle leaves behind, for the error's note."""
-    kept = ", ".join(f"{n}: {a.minibatches} minibatch(es), {a.phase}" for n, a in accs.items() if a.minibatches)
-    return (f"{KEPT} what it accumulated is kept for inspection ({kept or 'nothing'}; "
-            "see trainer.state(task)) and parameters and optimizer are untouched. reset() discards it, after which "
-            "step() draws fresh minibatches")
 
 
 class Trainer(AccumulationKnobs, Knobs):
@@ -126,7 +102,10 @@ class Trainer(AccumulationKnobs, Knobs):
                               "(recipes and `mtlab train` under torchrun do it for you)")
         self.journal = Journal()  # every knob change and training call, in order (see mtlab.core.journal)
         self._journaling = False  # until the trainer is built: its first settings are not changes
+        self.lock = RunLock(self.journal)  # one call at a time (a UI thread may read while a run trains)
+        self.depth = 0  # public calls in progress (a step's minibatches are part of the step)
         self.device = resolve_device(device)
+        self.rng = RunRandom(self.device)  # the run's own random numbers (mtlab.core.scope)
         self.precision = Precision.build(precision, self.device)  # autocast and, for "16-mixed", the GradScaler
         self.models: dict[str, nn.Module] = {k: m.to(self.device) for k, m in models.items()}
         self.compiled = bool(compile)
@@ -159,7 +138,6 @@ class Trainer(AccumulationKnobs, Knobs):
         self.step_count = 0
         self.log = History()
         self.events = Events()
-        self.lock = threading.RLock()  # one call at a time (a UI thread may read while a run trains)
         self.atomic = False  # True while apply() changes parameters: a loop defers a hard stop until it is False
 
         self.params, self.task_params, users = parameter_users(self.models, self.plans)
@@ -178,8 +156,9 @@ class Trainer(AccumulationKnobs, Knobs):
         self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda", device=self.device)
         self.parallel = Parallel(self.streams, local_only=distributed is False)  # rank, shard, agreement, reduction
         self._training_mode: bool | None = None
-        self._initial = checkpoint.initial_state(self)  # what reinitialize() goes back to (on the CPU)
-        self.noise_scale = NoiseScale.build(noise_scale, self.precision.scaling)  # None unless asked for
+        # the run's root: what reinitialize() goes back to (CPU copies); a fork carries its parent's
+        self.root = checkpoint.initial_state(self)
+        self.noise_scale = noise_scale  # None unless asked for (the setter checks it)
         self.journal.header["graph"] = graph_of(self)
         self._journaling = True
 
@@ -213,8 +192,9 @@ class Trainer(AccumulationKnobs, Knobs):
         return t.linkedsets[linkedset]
 
     def reinitialize(self) -> None:
-        """Back to the state the trainer was built in: the same initial parameters, a fresh optimizer state,
-        empty accumulators, data streams and RNG as right after ``Trainer(...)``, step 0. The knobs stay as set
+        """Back to the run's root, the state it was built in: the same initial parameters, a fresh optimizer state,
+        empty accumulators, data streams, noise scale and random numbers as right after ``Trainer(...)``, step 0
+        (on a fork too: a branch's root is its parent's). The knobs stay as set
         (weights, lr, clipping, combine method, minibatches per step, batch sizes); the history rows so far are
         kept as an abandoned branch in ``trainer.log.branches``. Unlike ``reset()``, which only discards the
         accumulation in progress."""
@@ -222,7 +202,7 @@ class Trainer(AccumulationKnobs, Knobs):
             before = self.step_count
             self.journal.begin(self)
             with self.journal.lock, self.journal.quiet():
-                checkpoint.load_initial_state(self, self._initial)
+                checkpoint.load_initial_state(self, self.root)
             self.log.abandon(0)
             self.step_count = 0
             self.record_change("reinitialize", from_step=before)
@@ -254,7 +234,7 @@ class Trainer(AccumulationKnobs, Knobs):
     # ------------------------------------------------------------------ the stepwise API
     def reset(self, task: str | None = None) -> None:
         """Discard what ``task`` (default: every task) accumulated; its phase becomes ``empty``."""
-        with self.lock, self.journal.call(self, "reset", task=task):
+        with Scope(self, "reset", {"task": task}):
             if task is None:
                 for acc in self._accs.values():
                     acc.reset()
@@ -262,8 +242,8 @@ class Trainer(AccumulationKnobs, Knobs):
             else:
                 self.task(task)
                 self._accs[task].reset()
-            if self.noise_scale is not None:
-                self.noise_scale.discard(task)
+            if self._noise_scale is not None:
+                self._noise_scale.discard(task)
             if self.events.listeners:  # no payload to build for nobody
                 self.events.emit(Event.RESET, ResetInfo(task=task))
 
@@ -286,8 +266,8 @@ class Trainer(AccumulationKnobs, Knobs):
         backward changes nothing; one during the backward discards the task's accumulation (it cannot be
         half-kept) and says so.
         """
-        with self.lock, self.journal.call(self, "minibatch", task=task, linkedset=linkedset,
-                                          **({} if batch is None else {"batch": "explicit"})):
+        with Scope(self, "minibatch", {"task": task, "linkedset": linkedset} if batch is None else
+                   {"task": task, "linkedset": linkedset, "batch": "explicit"}):
             t = self.tasks.get(task)
             if t is None or linkedset not in t.linkedsets:
                 t = self.task(task)
@@ -298,7 +278,9 @@ class Trainer(AccumulationKnobs, Knobs):
                                  f"(or reset({task!r}) to discard it) before processing more minibatches")
             with self.journal.lock:
                 self.journal.read("minibatch")
-                weight = applied_weight(t, linkedset, self.linkedset_weights)  # read once: a slider may move it
+                # read once: a slider may move it (the relative mode's division: applied_weight)
+                weight = t.linkedsets[linkedset].weight if self.linkedset_weights == "absolute" else \
+                    applied_weight(t, linkedset, self.linkedset_weights)
             stream_state = None
             if batch is None:
                 stream = self.streams.get_stream(t, linkedset)
@@ -315,11 +297,12 @@ class Trainer(AccumulationKnobs, Knobs):
                         with self.precision.autocast():
                             result = self.plans[task].loss(batch, require_grad=True)
                     acc.begin()
-                    noise = self.noise_scale
+                    noise = self._noise_scale
                     if noise is not None:
                         noise.before_backward(acc)
                     try:
-                        self.precision.scale(result.loss_sum if weight == 1.0 else result.loss_sum * weight).backward()
+                        loss = result.loss_sum if weight == 1.0 else result.loss_sum * weight
+                        (loss if self.precision.scaler is None else self.precision.scale(loss)).backward()
                     except BaseException as exc:
                         acc.reset()
                         if noise is not None:
@@ -347,11 +330,11 @@ class Trainer(AccumulationKnobs, Knobs):
         if name == Call.APPLY and task is None:
             return self.apply()
         name = str(name)
-        with self.lock, self.journal.call(self, name, task=task):
+        with Scope(self, name, {"task": task}):
             with self.journal.lock:
                 self.journal.read(name)
             chain = self.chain
-            reduces = name == chain.reducing_call()
+            reduces = name == chain.reduces_at
             accs = self.parallel.enter(name, task, self._accs, chain, reduces)  # agree, choose, sum over ranks
             if reduces:
                 self._after_reduce(accs)
@@ -363,11 +346,12 @@ class Trainer(AccumulationKnobs, Knobs):
 
     def _after_reduce(self, accs: Mapping[str, Accumulator]) -> None:
         """Once per task and step, where the ranks summed: unscale 16-mixed gradients, refuse a zero normalizer."""
-        for acc in accs.values():
-            self.precision.unscale_(acc.buffers)  # nothing under "32" and "bf16-mixed"
-        if self.nonfinite == "raise" and self.normalize_gradients:
+        if self.precision.scaling:
+            for acc in accs.values():
+                self.precision.unscale_(acc.buffers)
+        if self.nonfinite == "raise" and self.chain.normalizes:
             # Host read (a sync point), only under "raise"; "skip" stays sync-free and apply() drops the step.
-            normalizers = [a.normalizer for a in accs.values()]
+            normalizers = [a.totals[1] for a in accs.values()]
             values = [normalizers[0].item()] if len(normalizers) == 1 else torch.stack(normalizers).tolist()
             zero = [n for n, v in zip(accs, values) if v == 0.0]
             if zero:
@@ -389,13 +373,13 @@ class Trainer(AccumulationKnobs, Knobs):
         normalize() or clip(), when every such task has weight 0, and, under ``nonfinite="raise"``, when a
         loss or gradient is not finite. The tasks' gradients are read, never changed.
         """
-        with self.lock, self.journal.call(self, "apply"):
+        with Scope(self, "apply", {}):
             with self.journal.lock:
                 self.journal.read("apply")
-                lr = self.lr
+                lr = self._lr
                 shown = knob_values(self.tasks)  # read once: a slider may move them; the row shows these
             chain = self.chain
-            reduces = chain.reducing_call() == Call.APPLY  # no transform in the chain: the ranks sum here
+            reduces = chain.reduces_at == Call.APPLY  # no transform in the chain: the ranks sum here
             chosen = self.parallel.enter(Call.APPLY, None, self._accs, chain, reduces)
             names = list(chosen)
             weights = {n: shown[n][0] for n in names}
@@ -432,13 +416,15 @@ class Trainer(AccumulationKnobs, Knobs):
                     acc.mark_applied()
                 self.step_count += 1
                 noise_cols: dict[str, Any] = {}
-                if self.noise_scale is not None and self.parallel.world_size == 1:  # per-minibatch sizes are local
+                noise = self._noise_scale
+                if noise is not None and self.parallel.world_size == 1:  # per-minibatch sizes are local
                     for acc in accs:
-                        noise_cols.update(self.noise_scale.after_apply(acc, self.normalize_gradients, found_inf))
-                self.journal.applied()
+                        noise_cols.update(noise.after_apply(acc, chain.normalizes, found_inf))
+                self.journal.minibatch = 0  # the next minibatch is the first of a new step
                 row = step_row(self.step_count, lr, found_inf, shown, chosen,
-                               {**self.update.stats, **self.precision.update(found_inf), **noise_cols},
-                               self._cycle_k or self.minibatches_per_step)
+                               {**self.update.stats, **(self.precision.update(found_inf) if self.precision.scaling
+                                                        else {}), **noise_cols},
+                               self._cycle_k or {n: self._k_task.get(n, self._k_default) for n in self.tasks})
                 self.log.append(row)
             finally:
                 self.atomic = False
@@ -457,7 +443,7 @@ class Trainer(AccumulationKnobs, Knobs):
         Refused (nothing changed) while a task holds minibatches processed by hand. A refusal inside the cycle
         leaves the trainer where the same calls by hand would: the minibatches drawn so far stay accumulated
         for inspection (the error says so), parameters and optimizer untouched; ``reset()`` discards them."""
-        with self.lock, self.journal.call(self, "step"):
+        with Scope(self, "step", {}):
             with self.journal.lock:
                 self.journal.read("step")
                 active = self.active_tasks()
@@ -489,7 +475,7 @@ class Trainer(AccumulationKnobs, Knobs):
         For minibatches processed by hand as for ``step()``'s own; returns the calls it made. Refuses, changing
         nothing, when nothing is accumulated.
         """
-        with self.lock, self.journal.call(self, "finish"):
+        with Scope(self, "finish", {}):
             accs, chain, made = self._accs.values(), self.chain, []
             if all(a.phase in IDLE for a in accs):
                 raise PhaseError("finish(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")

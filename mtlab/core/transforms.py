@@ -117,7 +117,7 @@ class Normalize(Transform):
     call = Call.NORMALIZE
 
     def __call__(self, acc: Accumulator) -> None:
-        gradops.div_(acc.buffers, acc.normalizer)
+        gradops.div_(acc.buffers, acc.totals[1])  # Σ w·normalizer (acc.normalizer)
 
 
 class ClipByValue(Transform):
@@ -256,6 +256,9 @@ class Chain:
             seen.append(call)
         self._call_at = tuple(str(t.call) for t in self.transforms)  # position -> the call that runs it
         self._calls = tuple(dict.fromkeys(self._call_at))
+        # where data-parallel ranks sum (the first call after the minibatches) and whether it holds Normalize
+        self.reduces_at: str = self._call_at[0] if self._call_at else _APPLY
+        self.normalizes = any(type(t) is Normalize for t in self.transforms)
 
     @classmethod
     def from_settings(cls, normalize: bool, clip_value: float | None, clip_norm: float | None,
@@ -322,7 +325,7 @@ class Chain:
     def reducing_call(self) -> str:
         """The first call after the minibatches, where data-parallel ranks sum their accumulators (``apply``
         when the chain is empty)."""
-        return self._call_at[0] if self._call_at else _APPLY
+        return self.reduces_at
 
     def next_call(self, acc: Accumulator) -> str:
         """The call ``acc`` needs next: ``process_minibatch``, a transform's call, or ``apply``."""
@@ -382,3 +385,27 @@ class Chain:
             return PhaseError(f"{call}(): task {task!r} is already {acc.phase}; next call: {nxt}()")
         needed = next(t.phase for t in self.transforms if t.call == nxt)
         return PhaseError(f"{call}(): task {task!r} has not been {needed}; call {nxt}() first (next call: {nxt}())")
+
+
+def refuse_hand_work(accs: Mapping[str, Accumulator], chain: Chain) -> None:
+    """step() starts a fresh cycle: refuse rather than silently discard minibatches processed by hand."""
+    busy = {n: a for n, a in accs.items() if a.phase not in IDLE}
+    if not busy:
+        return
+    parts = ", ".join(f"{n!r}: {a.minibatches} minibatch(es), phase {a.phase}" for n, a in busy.items())
+    calls = [*chain.calls(), Call.APPLY]
+    first = min(calls.index(c) if c in calls else 0 for c in (chain.next_call(a) for a in busy.values()))
+    raise PhaseError(f"step(): tasks hold minibatches processed by hand ({parts}), which a fresh step would "
+                     f"discard; finish them with finish() (it makes {', '.join(c + '()' for c in calls[first:])}) "
+                     "or discard them with reset(), then step()")
+
+
+KEPT = "mtlab: step() stopped before its update;"  # how kept_note begins (mtlab.run replaces it when it rolls back)
+
+
+def kept_note(accs: Mapping[str, Accumulator]) -> str:
+    """What a step() refused inside its cycle leaves behind, for the error's note."""
+    kept = ", ".join(f"{n}: {a.minibatches} minibatch(es), {a.phase}" for n, a in accs.items() if a.minibatches)
+    return (f"{KEPT} what it accumulated is kept for inspection ({kept or 'nothing'}; "
+            "see trainer.state(task)) and parameters and optimizer are untouched. reset() discards it, after which "
+            "step() draws fresh minibatches")

@@ -22,6 +22,8 @@ gradients on each shared model and the norm of the direction.
 
 from __future__ import annotations
 
+import functools
+
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -119,6 +121,7 @@ def flat(views: Sequence[Tensor]) -> Tensor:
     return first.as_strided((end - start,), (1,), start)
 
 
+@functools.cache  # per parameter and step: the same few names
 def model_of(param: str) -> str:
     """The model a parameter name belongs to: ``"enc.lstm.weight"`` -> ``"enc"``."""
     return param.split(".", 1)[0]
@@ -129,6 +132,9 @@ class WeightedSum:
 
     def __call__(self, group: Group, rows: Sequence[Row], out: Callable[[], list[Tensor]]) -> list[Tensor]:
         bufs = out()
+        if all(not isinstance(w, Tensor) for _, w, _ in rows):  # number weights: the original's ops, directly
+            return [gradops.add_scaled_(bufs[i], [(float(w), grads[i]) for _, w, grads in rows])
+                    for i in range(len(group.params))]
         return [weighted_sum_(bufs[i], [(w, grads[i]) for _, w, grads in rows]) for i in range(len(group.params))]
 
     def __repr__(self) -> str:
@@ -253,7 +259,8 @@ class Update:
         return buf
 
     def _buffers_for(self, names: Sequence[str]) -> list[Tensor]:
-        return [self._buffer(n) for n in names]
+        bufs = self._buffers
+        return [bufs[n] if n in bufs else self._buffer(n) for n in names]
 
     def buffers(self) -> list[Tensor]:
         """The direction buffers allocated so far (for parameters where tasks' gradients had to be combined)."""

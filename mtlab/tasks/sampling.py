@@ -364,6 +364,8 @@ class BatchStream:
         self.epoch = 0
         self.position = 0
         self._batches: list[list[int]] | None = None
+        # a batch-size change mid-epoch: (the size the epoch was cut with, [(position, new size), ...])
+        self._recut: tuple[int, list[tuple[int, int]]] | None = None
         self._loader_iter: Iterator[Batch] | None = None
 
     def __len__(self) -> int:
@@ -383,6 +385,13 @@ class BatchStream:
         return self._epoch_batches(epoch)
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        if self._recut is not None and epoch == self.epoch:  # what was drawn stays; the rest, in order, re-cut
+            size, cuts = self._recut
+            batches = bucket_batches(self.lengths, size, self.numbuckets, self.seed, epoch, self.shuffle)
+            for position, new in cuts:
+                rest = [i for b in batches[position:] for i in b]
+                batches = batches[:position] + [rest[s : s + new] for s in range(0, len(rest), new)]
+            return batches
         if self.parts is not None:  # a source written as shards: this rank's batches come from its own shards only
             seed = self.seed + 1_000_033 * self.rank  # rank 0 draws as a single process does
             local = bucket_batches([self.lengths[i] for i in self._own], self.batch_size, self.numbuckets, seed,
@@ -401,7 +410,7 @@ class BatchStream:
 
     def next_indices(self) -> list[int]:
         """Indices of the next batch; advances the position."""
-        batches = self.epoch_batches()
+        batches = self._batches if self._batches is not None else self.epoch_batches()
         if self.position >= len(batches):
             self._advance_epoch()
             batches = self.epoch_batches()
@@ -413,6 +422,7 @@ class BatchStream:
         self.epoch += 1
         self.position = 0
         self._batches = None
+        self._recut = None
         self._close_loader()
 
     def __iter__(self) -> BatchStream:
@@ -423,6 +433,8 @@ class BatchStream:
         same batch), with or without DataLoader workers."""
         start = (self.epoch, self.position)
         try:
+            if not self.audio and self.num_workers == 0:  # examples in memory (the usual small case): collate here
+                return collate([self.source[i] for i in self.next_indices()], pin_memory=self.pin_memory)
             return self._draw()
         except BaseException:
             if (self.epoch, self.position) != start or self._loader_iter is not None:
@@ -515,11 +527,20 @@ class BatchStream:
                 continue
 
     def set_batch_size(self, batch_size: int) -> None:
-        """Batches of ``batch_size`` from the next draw on: the epoch is re-cut and the stream continues at the same
-        share of it (as a restore on another world size does)."""
+        """Batches of ``batch_size`` from the next draw on. In one process the examples of this epoch not yet
+        drawn are drawn once each, in their order, in batches of the new size; the next epochs are cut with it.
+        With several ranks (or shards) the epoch is re-cut and each rank continues at the same share of it, so
+        that every rank keeps as many batches as the others."""
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         if batch_size == self.batch_size:
+            return
+        if self.parts is None and self.world_size == 1:
+            size, cuts = self._recut if self._recut is not None else (self.batch_size, [])
+            self._recut = (size, [*cuts, (self.position, batch_size)])
+            self.batch_size = batch_size
+            self._batches = None
+            self._close_loader()
             return
         old = len(self.epoch_batches())
         self.cut(batch_size)
@@ -529,6 +550,7 @@ class BatchStream:
         """Cut the epochs in batches of ``batch_size``, the position left as it is (``set_batch_size`` moves it to
         the same share of the epoch; a restore sets it from the state)."""
         self.batch_size = batch_size
+        self._recut = None
         if self.parts is not None:
             self._own, self._epoch_size = own_examples(self.parts, batch_size, self.numbuckets, self.rank,
                                                        self.world_size)
@@ -539,6 +561,7 @@ class BatchStream:
         """Go to batch ``position`` of ``epoch`` (what ``state_dict`` saves)."""
         if epoch != self.epoch:
             self._batches = None
+            self._recut = None
         if (epoch, position) != (self.epoch, self.position):
             self._close_loader()
         self.epoch, self.position = int(epoch), int(position)
@@ -547,7 +570,8 @@ class BatchStream:
         """Plain-int position: restoring it reproduces the same next batches."""
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
                 "numbuckets": self.numbuckets, "batch_size": self.batch_size, "size": len(self.lengths),
-                "world_size": self.world_size}
+                "world_size": self.world_size,
+                **({"recut": [self._recut[0], [list(c) for c in self._recut[1]]]} if self._recut is not None else {})}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a position ``state_dict`` gave (exact resume)."""
@@ -560,6 +584,8 @@ class BatchStream:
             # Same place in the global batch order, counted in this stream's shard.
             position = position * saved_world // self.world_size
         self.position = position
+        recut = state.get("recut")
+        self._recut = None if recut is None else (int(recut[0]), [(int(p), int(n)) for p, n in recut[1]])
         self._batches = None
         self._close_loader()
 

@@ -45,6 +45,9 @@ def check_count(value: Any, what: str, meaning: str) -> int:
 
 
 def _number(value: Any, what: str, ok: Callable[[float], bool], rule: str) -> float:
+    if isinstance(value, (bool, str, bytes)):  # a flag or text where a number belongs: a mistake elsewhere
+        raise ConfigError(f"{what} must be a number {rule}, got {value!r} ({type(value).__name__}); write it as "
+                          "a number, e.g. 0.5")
     try:
         v = float(value)
     except (TypeError, ValueError):

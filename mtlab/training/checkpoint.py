@@ -12,6 +12,7 @@ Examples:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 import torch.distributed as dist
 
 from ..core.events import Event, Payload, RunEndInfo, StepInfo, ValidationInfo
-from ..core.state import load_safe, rng_state, set_rng_state
+from ..core.state import CheckpointError, load_safe
 from .distributed import active
 from ..base.errors import ConfigError
 
@@ -96,7 +97,7 @@ class Periodic:
 def rank_states(trainer: Trainer) -> list[dict[str, Any]]:
     """Each rank's RNG state and data positions, in rank order (one all-gather when data parallel): ranks draw
     different noise and, with the stepwise API, may draw different numbers of minibatches."""
-    mine = {"rng": rng_state(trainer.device), "streams": trainer.streams.state_dict()}
+    mine = {"rng": trainer.rng.state_dict(), "streams": trainer.streams.state_dict()}
     if trainer.parallel.world_size == 1 or not active():
         return [mine]
     everyone: list[Any] = [None] * trainer.parallel.world_size
@@ -112,7 +113,7 @@ def restore_rank_state(trainer: Trainer, path: str | Path) -> bool:
         return False
     mine = ranks[trainer.parallel.rank]
     trainer.streams.load_state_dict(mine["streams"], trainer.tasks)
-    set_rng_state(mine["rng"], trainer.device)
+    trainer.rng.load_state_dict(mine["rng"])
     return True
 
 
@@ -121,18 +122,59 @@ def _at_boundary(state: dict[str, Any]) -> bool:
     return all(t.get("phase") in ("empty", "applied") for t in state.get("tasks", {}).values())
 
 
-def resume_point(expdir: str | Path) -> Path | None:
-    """The checkpoint a restarted run continues from: ``latest.pt``, or ``final.pt`` when that one is later and
-    was taken between steps (a run that stopped on an error saves ``final.pt`` mid-step); None when neither."""
+@dataclass(frozen=True)
+class ResumeChoice:
+    """The checkpoint a run continues from (``path`` None: none usable) and why, in words."""
+
+    path: Path | None
+    why: str
+
+
+def choose_resume(expdir: str | Path, fallback: bool = True) -> ResumeChoice:
+    """The checkpoint every resume path continues from (``mtlab resume``, a torchrun restart), and why.
+
+    The latest state taken between steps: ``latest.pt`` (``checkpoint_frequency``) or ``final.pt``, whichever is
+    further on (at the same step ``latest.pt``, which also holds each rank's RNG and data positions). A
+    ``final.pt`` saved mid-step (a run stopped by an error) counts only when nothing else is there, then
+    ``best.pt`` (``fallback``; a restart of a worker group never goes back to them). A checkpoint that cannot be
+    read is passed over and named in ``why``."""
     expdir = Path(expdir)
     found: list[tuple[int, int, Path]] = []
+    skipped: list[str] = []
+    mid_step: Path | None = None
     for rank, name in enumerate((LATEST, "final.pt")):
         path = expdir / name
-        if path.is_file():
+        if not path.is_file():
+            continue
+        try:
             state = load_safe(path)
-            if name == LATEST or _at_boundary(state):
-                found.append((int(state["step"]), -rank, path))
-    return max(found)[2] if found else None
+        except CheckpointError as exc:
+            skipped.append(f"{name} passed over: {exc}")
+            continue
+        if name == LATEST or _at_boundary(state):
+            found.append((int(state["step"]), -rank, path))
+        else:
+            mid_step = path
+    passed = f" ({'; '.join(skipped)})" if skipped else ""
+    if found:
+        step, _, path = max(found)
+        others = [f"{p.name} at step {s}" for s, _, p in found if p != path]
+        return ResumeChoice(path, f"{path} (step {step}, the latest checkpoint taken between steps"
+                                  + (f"; {', '.join(others)} is older or the same" if others else "") + ")" + passed)
+    if fallback and mid_step is not None:
+        return ResumeChoice(mid_step, f"{mid_step} (saved in the middle of a step, the only checkpoint there)" + passed)
+    best = expdir / "best.pt"
+    if fallback and best.is_file():
+        return ResumeChoice(best, f"{best} (the best validated state: neither latest.pt nor final.pt is there, a "
+                                  "killed run?)" + passed)
+    return ResumeChoice(None, f"no checkpoint in {expdir} (latest.pt, final.pt or best.pt)" + passed)
+
+
+def resume_point(expdir: str | Path) -> Path | None:
+    """The checkpoint a restarted run continues from: ``latest.pt``, or ``final.pt`` when that one is later and
+    was taken between steps (a run that stopped on an error saves ``final.pt`` mid-step); None when neither
+    (``choose_resume(expdir, fallback=False)``, which also says why)."""
+    return choose_resume(expdir, fallback=False).path
 
 
 def save_checkpoint(trainer: Trainer, schedule: Schedule | None, path: str | Path, include_best: bool = True,

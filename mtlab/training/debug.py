@@ -146,6 +146,7 @@ def check_equivalence(trainer: Trainer, task: str, batches: Sequence[tuple[str, 
         twin = Trainer(models, [t], lr=trainer.lr, normalize_gradients=trainer.normalize_gradients,
                        device=trainer.device, seed=trainer.seed, nonfinite="skip")
         torch.manual_seed(seed)
+        twin.rng.take_global()  # the copy draws what the oracle below draws
         for name, _, batch in plan:
             twin.process_minibatch(task, name, batch=batch)
         if trainer.normalize_gradients:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ..base.errors import ConfigError, NonFiniteError
+from ..core.accumulator import Phase
 from ..core.trainer import Trainer
 
 
@@ -48,6 +49,31 @@ class CheckResult:
         colour = "#1a7f37" if self.passed else "#b42318"
         return (f"<div style='border-left:4px solid {colour};padding:2px 8px'><b style='color:{colour}'>"
                 f"{'PASS' if self.passed else 'FAIL'}</b> {html.escape(self.name)}: {html.escape(self.message)}</div>")
+
+
+# ------------------------------------------------------------------------------- the arguments' checks
+def _trainer(trainer: Any, call: str) -> Trainer:
+    if not isinstance(trainer, Trainer):
+        raise ConfigError(f"{call}: trainer must be an mtlab.Trainer, got {type(trainer).__name__}")
+    return trainer
+
+
+def _count(value: Any, name: str, call: str, least: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{call}: {name} must be a whole number >= {least}, got {value!r}")
+    return value
+
+
+def _positive(value: Any, name: str, call: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{call}: {name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _names(value: Any, name: str, call: str) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{call}: {name} must be a list of task names, e.g. ['a', 'b'], got {value!r}")
+    return list(value)
 
 
 # ------------------------------------------------------------------------------- sum, then divide once
@@ -79,9 +105,13 @@ def accumulation_matches_one_pass(reduce: Callable[[list[Tensor], list[Tensor]],
     if not callable(reduce):
         raise ConfigError("accumulation_matches_one_pass(reduce): give a function reduce(loss_sums, norms) -> loss, "
                           "e.g. lambda sums, norms: ...")
-    if len(lengths) < 2 or any(int(n) < 1 for n in lengths):
-        raise ConfigError(f"lengths must list at least two positive frame counts, got {list(lengths)}")
-    model, batches = _frames([int(n) for n in lengths], seed)
+    call = "accumulation_matches_one_pass()"
+    if (isinstance(lengths, str) or not isinstance(lengths, Sequence) or len(lengths) < 2
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths)):
+        raise ConfigError(f"{call}: lengths must list at least two positive frame counts, e.g. (6, 100), got "
+                          f"{lengths!r}")
+    _count(seed, "seed", call)
+    model, batches = _frames(list(lengths), seed)
     ce = torch.nn.functional.cross_entropy
     exact = _grad(model, ce(model(torch.cat([x for x, _ in batches])), torch.cat([y for _, y in batches])))
     sums = [ce(model(x), y, reduction="sum") for x, y in batches]
@@ -131,7 +161,10 @@ def weighted_gradient_norms(trainer: Trainer, tasks: Sequence[str] | None = None
     """``task weight × ‖normalized gradient‖`` on the shared parameters for each task, from ``rounds`` rounds
     of the next minibatches of each active linked set (what the next step would draw), computed on a copy:
     the trainer, its streams and its models are left unchanged."""
-    names = list(tasks) if tasks is not None else list(trainer.tasks)
+    call = "weighted_gradient_norms()"
+    _trainer(trainer, call)
+    _count(rounds, "rounds", call, least=1)
+    names = _names(tasks, "tasks", call) if tasks is not None else list(trainer.tasks)
     unknown = [t for t in names if t not in trainer.tasks]
     if unknown:
         raise ConfigError(f"no task {unknown}; tasks: {sorted(trainer.tasks)}")
@@ -162,8 +195,11 @@ def gradient_norm_ratio(trainer: Trainer, task_a: str, task_b: str, ratio: float
                         rtol: float = 0.05) -> CheckResult:
     """Are the task weights set so that ``task_b``'s weighted gradient on the shared parameters is ``ratio``
     times ``task_a``'s (within ``rtol``, relative)? Measured on the next step's minibatches, on a copy."""
-    if not ratio > 0:
-        raise ConfigError(f"ratio must be positive, got {ratio!r}")
+    call = "gradient_norm_ratio()"
+    _trainer(trainer, call)
+    _names([task_a, task_b], "task_a and task_b", call)
+    _positive(ratio, "ratio", call)
+    _positive(rtol, "rtol", call)
     norms = weighted_gradient_norms(trainer, [task_a, task_b])
     a, b = norms[task_a], norms[task_b]
     got = b / a if a > 0 else float("inf")
@@ -217,13 +253,16 @@ def plant_nan(trainer: Trainer, seed: int = 0, minibatches: int = 4) -> PlantedN
     """Process ``minibatches`` minibatches by hand (round robin over the active (task, linked set) pairs),
     one of them, chosen by ``seed``, with a NaN in its input; the trainer is left accumulating (the student
     calls ``normalize``/``clip``/``apply`` or ``mtlab.debug.find_nonfinite``; ``reset()`` discards it)."""
+    _trainer(trainer, "plant_nan()")
+    _count(seed, "seed", "plant_nan()")
+    _count(minibatches, "minibatches", "plant_nan()", least=2)  # one to hide among others
     pairs = [(t, s) for t, sets in trainer.active_tasks().items() for s in sets]
     if not pairs:
         raise ConfigError("plant_nan(): every task or linked set has weight 0; raise a weight first")
-    if minibatches < 2:
-        raise ConfigError(f"plant_nan(): minibatches must be at least 2 (one to hide among others), got {minibatches}")
-    if any(a.minibatches for a in (trainer.state(t) for t in trainer.tasks)):
-        raise ConfigError("plant_nan(): a task already holds minibatches; call trainer.reset() or finish the step first")
+    busy = [t for t in trainer.tasks if trainer.state(t).phase not in (Phase.EMPTY, Phase.APPLIED)]
+    if busy:  # a step applied (phase "applied") holds nothing of the next one
+        raise ConfigError(f"plant_nan(): a task already holds part of a step ({', '.join(busy)}); call "
+                          "trainer.reset() or finish the step first")
     rng = random.Random(seed)
     bad = rng.randrange(minibatches)
     order = [pairs[i % len(pairs)] for i in range(minibatches)]
@@ -233,7 +272,8 @@ def plant_nan(trainer: Trainer, seed: int = 0, minibatches: int = 4) -> PlantedN
         batch = next(trainer.stream(t, s))
         if i == bad:
             batch = _poison(batch, rng)
-            answer = (t, s, trainer.state(t).minibatches)
+            acc = trainer.state(t)  # a step applied before: this minibatch begins a fresh accumulation
+            answer = (t, s, 0 if acc.phase in (Phase.EMPTY, Phase.APPLIED) else acc.minibatches)
         batches.append(batch)
         try:
             trainer.process_minibatch(t, s, batch=batch)
@@ -259,6 +299,8 @@ def _answer(answer: Any) -> tuple[Any, Any, Any]:
 def found_planted_nan(puzzle: PlantedNaN, answer: Any) -> CheckResult:
     """Does ``answer`` (``(task, linkedset, minibatch)`` or a dict with those keys, minibatch counted from 0
     within the task, as ``trainer.state(task).records`` lists them) name the poisoned minibatch?"""
+    if not isinstance(puzzle, PlantedNaN):
+        raise ConfigError(f"found_planted_nan(): puzzle must be what plant_nan() returned, got {type(puzzle).__name__}")
     task, linkedset, minibatch = _answer(answer)
     truth = (puzzle.task, puzzle.linkedset, puzzle.minibatch)
     details = {"answer": {"task": task, "linkedset": linkedset, "minibatch": minibatch}}

@@ -51,6 +51,28 @@ def prepare(trainer: Trainer, path: Path, recipe: Mapping[str, Any] | None = Non
             (path / "stats" / f"{name}.json").write_text(json.dumps(value, indent=1) + "\n")
 
 
+CHECKPOINTS = ("final.pt", "latest.pt", "best.pt")  # any of them: the folder holds a run
+RUN_FILES = (*CHECKPOINTS, "journal.jsonl", ".journal.jsonl.tmp", "history.csv", "validation.csv", "summary.json",
+             "summary.txt", "skipped.jsonl", "recipe.json", "recipe.toml", "losses.png", "grad_norms.png",
+             "clip_fraction.png", "history.png")  # what a run writes into its experiment folder
+
+
+def held_run(path: str | Path) -> list[str]:
+    """The checkpoints in ``path`` that make it a folder holding a run (empty: a new folder, or one whose run
+    saved nothing yet). One rule for every command: ``train``, ``demo`` and ``replay --expdir`` refuse such a
+    folder, ``resume`` needs one."""
+    path = Path(path)
+    return [name for name in CHECKPOINTS if (path / name).is_file()]
+
+
+def remove_run(path: str | Path) -> None:
+    """Remove the files a run wrote into ``path`` (its checkpoints, tables, journal, plots and stats)."""
+    path = Path(path)
+    for name in RUN_FILES:
+        (path / name).unlink(missing_ok=True)
+    shutil.rmtree(path / "stats", ignore_errors=True)
+
+
 def _mean(values: list[float]) -> float | None:
     finite = [v for v in values if isinstance(v, float) and math.isfinite(v)]
     return sum(finite) / len(finite) if finite else None

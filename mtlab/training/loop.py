@@ -124,8 +124,7 @@ def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
     before = trainer.step_count
     fresh = all(p in (Phase.EMPTY, Phase.APPLIED) for p in trainer.phase().values())  # else step() refuses as is
     streams = {key: stream.state_dict() for key, stream in trainer.streams.items()}
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state(trainer.device) if trainer.device.type == "cuda" else None
+    rng = trainer.rng.state_dict()  # the run's own generator
     guard.abortable = True
     try:
         trainer.step()
@@ -141,9 +140,7 @@ def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
                     trainer.streams[key].load_state_dict(streams[key])
                 else:
                     del trainer.streams[key]  # first used in this step: it starts afresh next time
-            torch.set_rng_state(rng)
-            if cuda_rng is not None:
-                torch.cuda.set_rng_state(cuda_rng, trainer.device)
+            trainer.rng.load_state_dict(rng)
         raise
     finally:
         guard.abortable = False
@@ -198,6 +195,11 @@ def _left(trainer: Trainer, schedule: Schedule, done: int) -> int:
     return done + max(0, schedule.num_steps - trainer.step_count)
 
 
+# The bar's format until the first validation: no time left yet, since the steps alone leave out what validation
+# costs (the demo's first estimate was half the real time).
+NO_ESTIMATE_YET = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}; time left: after the first validation]"
+
+
 def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bool, path: Path | None,
            between_steps: Callable[[], bool] | None, recipe: Mapping[str, Any] | None, follow_lr: bool,
            guard: _Sigint) -> tuple[int, str, BaseException | None]:
@@ -208,8 +210,14 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
     tty = sys.stderr.isatty()
     # The bar counts the steps this run has taken, never backwards: after a go_back its rate and time left stay
     # true (a rewound count made them 4x off), and the schedule's own position shows beside it ("step 150/375").
+    # Its rate is the run's average so far (smoothing=0: every validation and go_back included, not the last few
+    # steps alone); the time left shows from the first validation on, when that average includes one.
+    every, local = schedule.valid_frequency, trainer.step_count - schedule.stage_start
+    until = schedule.stage_end if steps is None else min(schedule.stage_end, trainer.step_count + steps)
+    first_validation = bool(every) and schedule.stage_start + (local // every + 1) * every <= until
     bar = tqdm(total=_left(trainer, schedule, 0), initial=0, disable=not progress, desc="train", unit="step",
-               dynamic_ncols=True, mininterval=0.1 if tty else 30.0)
+               dynamic_ncols=True, mininterval=0.1 if tty else 30.0, smoothing=0,
+               bar_format=NO_ESTIMATE_YET if first_validation else None)
     bar.set_postfix({"step": f"{trainer.step_count}/{schedule.num_steps}"}, refresh=False)
     shown = 0.0
     with trainer.journal.source("schedule"):
@@ -256,6 +264,7 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
             if schedule.valid_frequency and local % schedule.valid_frequency == 0:
                 validate_and_decide(trainer, schedule, path, progress, recipe)
                 _note_skipped(trainer, schedule, progress)
+                bar.bar_format = None  # tqdm's own, with the time left
             if progress and time.monotonic() - shown > (1.0 if tty else 30.0):
                 shown = time.monotonic()  # reading the history is a device sync: at most once a second
                 bar.set_postfix({"step": f"{trainer.step_count}/{schedule.num_steps}", **_postfix(trainer)},

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -201,6 +202,28 @@ def validation_series(validation: Validation) -> dict[str, Series]:
             if isinstance(value, (int, float)) and math.isfinite(value):
                 points.setdefault(str(key), {})[r["step"]] = float(value)
     return {k: (list(v), list(v.values())) for k, v in points.items()}
+
+
+GO_BACK = re.compile(r"go_back_to_(\d+)")
+
+
+def kept_validation(validation: Validation) -> list[Mapping[str, Any]]:
+    """The validation records of the run the history kept. A go_back (``action`` holds ``go_back_to_N``) undoes
+    the steps after N, and the history forgets them: the validations made after step N, its own included, judged
+    states that are gone, and left in a plot they would repeat a step (a step validated after each go_back to
+    before it) or sit past the end of the curves. ``validation.csv`` keeps them all; records without an action
+    (evaluate events) are kept."""
+    if validation is None:
+        return []
+    records = validation.to_dict("records") if isinstance(validation, pd.DataFrame) else list(validation)
+    kept: list[Mapping[str, Any]] = []
+    for r in records:
+        back = GO_BACK.search(str(r.get("action", "")))
+        if back is None:
+            kept.append(r)
+        else:
+            kept = [k for k in kept if k["step"] <= int(back.group(1))]
+    return kept
 
 
 def events_from_frame(df: pd.DataFrame) -> list[tuple[float, str]]:
@@ -594,8 +617,10 @@ def plot_history(history: HistoryLike, validation: Validation = None, max_points
 
 def history_figures(history: HistoryLike, validation: Validation = None) -> dict[str, Figure]:
     """The experiment folder's figures by name: losses, grad_norms, clip_fraction (only when something
-    was clipped: a flat 0% says nothing) and history; all on the same step range."""
+    was clipped: a flat 0% says nothing) and history; all on the same step range. The validation points are
+    those of the run the history kept (``kept_validation``): one per step, none past the curves."""
     df = as_frame(history)
+    validation = kept_validation(validation)
     xlim = step_range(df, validation)
     figures = {"losses": plot_losses(df, validation=validation, xlim=xlim), "grad_norms": plot_grad_norms(df, xlim=xlim)}
     if "clip_fraction" in panels_for(series_from_frame(df, "clip_fraction")):

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..base.errors import ConfigError, MtlabError
+from ..core.transforms import Chain
+from ..tasks.task import check_count, check_positive, check_weight
 from ..core.journal import Journal, rng_bytes, graph_mismatch, graph_of
 from ..core.state import digest
 from ..core.trainer import Trainer
@@ -51,6 +51,77 @@ def as_journal(journal: Any) -> Journal:
                       "its to_json() text, or the path of journal.jsonl")
 
 
+CHANGES = ("weight", "task_weight", "lr", "clip", "combine", "minibatches_per_step", "batch_size", "restore", "resume",
+           "reinitialize", "fork", "data_position")
+FIX = ("correct or remove that entry (journal.jsonl is one JSON object a line), or replay the journal the run "
+       "wrote")
+
+
+def _names(e: Mapping[str, Any], trainer: Trainer, task_needed: bool, linkedset: bool) -> str | None:
+    """The task (and linked set) an entry names, against the trainer's graph."""
+    task = e.get("task")
+    if task is None and not task_needed:
+        return None
+    if task not in trainer.tasks:
+        return f"unknown task {task!r} (tasks: {list(trainer.tasks)})"
+    if linkedset and e.get("linkedset") not in trainer.tasks[task].linkedsets:
+        return (f"task {task!r} has no linked set {e.get('linkedset')!r} (linked sets: "
+                f"{list(trainer.tasks[task].linkedsets)})")
+    return None
+
+
+def _bad_value(e: Mapping[str, Any], trainer: Trainer) -> str | None:
+    """The entry's value checked with the setter's own checks (the message says what was expected)."""
+    kind = e["kind"]
+    try:
+        if kind in ("weight", "task_weight"):
+            check_weight(e.get("value"), "its value")
+        elif kind == "lr":
+            check_positive(e.get("value"), "its lr")
+        elif kind in ("minibatches_per_step", "batch_size"):
+            check_count(e.get("value"), f"its {kind.replace('_', ' ')}", "a whole number of minibatches or examples")
+        elif kind == "clip":
+            Chain.from_settings(bool(e.get("normalize")), e.get("value"), e.get("norm"), e.get("percentile"))
+        elif kind == "restore" and not (isinstance(e.get("state"), Mapping) and "n" in e["state"]):
+            return "a restore without the position of the state it restored"
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def _unreadable(e: Any, trainer: Trainer) -> str | None:
+    """What makes an entry's shape unreadable (before the journal is compared with the trainer's graph)."""
+    if not isinstance(e, Mapping):
+        return f"an entry must be a JSON object, this one is a {type(e).__name__}"
+    typ, kind = e.get("type"), e.get("kind")
+    if typ not in ("change", "call") or not isinstance(kind, str):
+        return "an entry needs 'type' ('change' or 'call') and 'kind' (what changed or which call)"
+    if e.get("inside") and (not isinstance(e.get("tick"), int) or isinstance(e.get("tick"), bool)):
+        return "a change made during a call needs its 'tick' (a whole number)"
+    if typ == "call":
+        calls = {"step", "minibatch", "apply", "finish", "reset", "normalize", "clip", *trainer.chain.calls()}
+        if kind not in calls:
+            return f"unknown call {kind!r} (calls: {sorted(calls)})"
+        count = e.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            return f"'count' must be a whole number >= 1, got {count!r}"
+    elif kind not in CHANGES and kind != "stage":
+        return f"unknown change {kind!r} (changes: {list(CHANGES)})"
+    return None
+
+
+def _malformed(e: Mapping[str, Any], trainer: Trainer) -> str | None:
+    """The names an entry gives, against the trainer's graph, and its value, with the setters' checks."""
+    kind = e["kind"]
+    if e["type"] == "call":
+        return _names(e, trainer, kind == "minibatch", kind == "minibatch")
+    if kind in ("weight", "task_weight", "batch_size") or (kind == "minibatches_per_step" and e.get("task")):
+        wrong = _names(e, trainer, True, kind == "weight")
+        if wrong:
+            return wrong
+    return _bad_value(e, trainer)
+
+
 def _why_not(entry: Mapping[str, Any], trainer: Trainer) -> str | None:
     kind = entry["kind"]
     if entry.get("replayable") is False:
@@ -62,21 +133,24 @@ def _why_not(entry: Mapping[str, Any], trainer: Trainer) -> str | None:
                 "optimizer state) that this replay cannot redo")
     if entry.get("batch") == "explicit":
         return "a minibatch passed by hand (process_minibatch(..., batch=...)); its data are not in the journal"
-    if kind == "minibatches_per_step" and entry.get("task") is not None \
-            and not hasattr(trainer, "set_minibatches_per_step"):
-        return "minibatches per step of one task (this mtlab has no set_minibatches_per_step)"
-    if kind in ("batch_size", "reinitialize") and not hasattr(trainer, "set_batch_size" if kind == "batch_size"
-                                                              else "reinitialize"):
-        return f"a {kind} change this mtlab cannot make"
-    if entry["type"] == "change" and kind not in ("weight", "task_weight", "lr", "clip", "combine",
-                                                  "minibatches_per_step", "batch_size", "restore", "resume",
-                                                  "reinitialize", "fork", "data_position"):
-        return f"an unknown change {kind!r}"
     return None
 
 
+def _refuse_first(journal: Journal, problem: Any, trainer: Trainer) -> None:
+    """Refuse the journal at its first entry for which ``problem(entry, trainer)`` says something."""
+    for i, e in enumerate(journal.entries):
+        wrong = problem(e, trainer)
+        if wrong:
+            text = json.dumps(e, default=str)
+            raise ConfigError(f"replay(): entry {i} of the journal cannot be read: {wrong}. The entry: "
+                              f"{text[:300]}{'...' if len(text) > 300 else ''}. Nothing was replayed; {FIX}")
+
+
 def check(journal: Journal, trainer: Trainer) -> None:
-    """Refuse, naming why, a journal that this trainer cannot replay (nothing is changed)."""
+    """Refuse, naming the entry, why and the fix, a journal that this trainer cannot replay: every entry is read
+    and checked (its shape, the names it gives against the trainer's graph, its value with the setters' own
+    checks) before anything changes."""
+    _refuse_first(journal, _unreadable, trainer)
     bad = [(i, why) for i, e in enumerate(journal.entries) if (why := _why_not(e, trainer))]
     if bad:
         i, why = bad[0]
@@ -89,12 +163,15 @@ def check(journal: Journal, trainer: Trainer) -> None:
     if problems:
         raise ConfigError("replay(): the journal does not fit this trainer (" + "; ".join(problems) + "); build the "
                           "trainer from the same recipe (models, tasks, linked sets, seed) as the journal's run")
+    _refuse_first(journal, _malformed, trainer)
     initial = journal.header.get("initial")
     if initial is not None:
         ours = digest({k: m.state_dict() for k, m in trainer.models.items()})
         if ours != initial["weights"]:
             raise ConfigError("replay(): the trainer's initial weights differ from those the journal's run started "
-                              "from; build it with the same seed (and load the same pretrained weights, if any)")
+                              "from. Build the models exactly as the original run did: call torch.manual_seed(seed) "
+                              "right before building them (a recipe does it for you: mtlab.build_trainer, "
+                              "`mtlab train`), and load the same pretrained weights, if any, before replaying")
 
 
 def apply_change(trainer: Trainer, e: Mapping[str, Any]) -> None:
@@ -142,8 +219,8 @@ def _call(trainer: Trainer, e: Mapping[str, Any]) -> None:
 def replay(journal: Any, trainer: Trainer, steps: int | None = None) -> Trainer:
     """Train ``trainer`` (freshly built, same models, tasks and seed) through ``journal``; returns it.
 
-    ``steps``: stop once the trainer has applied that many steps (None: the whole journal). Sets torch's RNG
-    to the state the original run started with."""
+    ``steps``: stop once the trainer has applied that many steps (None: the whole journal). The trainer's own
+    generator starts where the original run's started."""
     j = as_journal(journal)
     check(j, trainer)
     jr = trainer.journal
@@ -151,10 +228,11 @@ def replay(journal: Any, trainer: Trainer, steps: int | None = None) -> Trainer:
     captured: dict[tuple[int, int | None], dict[str, Any]] = {}
     jr.id, jr.lineage, jr.header = j.id, [dict(a) for a in j.lineage], json.loads(json.dumps(j.header))
     initial = j.header.get("initial")
-    if initial is not None:
-        torch.set_rng_state(rng_bytes(initial["rng"]))
-        if "cuda_rng" in initial and trainer.device.type == "cuda":
-            torch.cuda.set_rng_state(rng_bytes(initial["cuda_rng"]), trainer.device)
+    if initial is not None:  # the run's generator, and its root's: a replayed reinitialize() goes back there too
+        rng = {"torch": rng_bytes(initial["rng"]), **({"cuda": rng_bytes(initial["cuda_rng"])}
+                                                      if "cuda_rng" in initial else {})}
+        trainer.rng.load_state_dict(rng)
+        trainer.root["rng"] = trainer.rng.state_dict()
 
     def as_recorded(e: dict[str, Any], fn: Any) -> None:
         before, jr.replaying = jr.replaying, e

@@ -64,7 +64,7 @@ def test_bad_recipe_exits_2_with_a_message(tmp_path: Path, capsys: pytest.Captur
     err = capsys.readouterr().err
     assert "bad.toml" in err and expect in err and "Traceback" not in err
     assert main(["resume", str(tmp_path / "nothing")]) == 2
-    assert "no checkpoint at" in capsys.readouterr().err
+    assert "nothing to resume: no checkpoint in" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("cpus,load,local,torch_default,expect", [

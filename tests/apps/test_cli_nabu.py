@@ -39,6 +39,7 @@ def test_train_an_original_recipe_folder_with_a_data_root(tmp_path: Path) -> Non
     assert code == 0 and (expdir / "final.pt").is_file()
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_a_full_size_recipe_says_its_cost_before_training_and_shrink_caps_it(tmp_path: Path,
                                                                              capsys: pytest.CaptureFixture) -> None:
     folder = write_recipe(tmp_path / "MERL_TEST")

@@ -42,19 +42,16 @@ def test_step_row_names_every_weight_and_only_the_tasks_that_took_part() -> None
         linkedsets = {"clean": LS()}
 
     class Acc:
-        normalized_loss = torch.tensor(2.0)
+        totals = torch.tensor([6.0, 3.0], dtype=torch.float64)  # Σ w·loss, Σ w·normalizer
         set_totals = {"clean": torch.tensor([4.0, 2.0])}
         grad_norm = grad_norm_clipped = torch.tensor(1.0)
         clip_fraction = torch.tensor(0.0)
         minibatches = 3
         stats = {"scale": torch.tensor(0.5)}  # what a user's transform measured
 
-        def linkedset_loss(self, name: str) -> torch.Tensor:
-            return self.set_totals[name][0] / self.set_totals[name][1]
-
     row = step_row(7, 1e-3, False, knob_values({"a": T(), "b": T()}), {"a": Acc()})
     assert row["step"] == 7 and row["a/weight"] == 1.0 and row["b/clean/weight"] == 0.5
-    assert float(row["a/clean/loss"]) == 2.0 and row["a/minibatches"] == 3 and float(row["a/scale"]) == 0.5
+    assert float(row["a/loss"]) == 2.0 and float(row["a/clean/loss"]) == 2.0 and row["a/minibatches"] == 3 and float(row["a/scale"]) == 0.5
     assert "b/loss" not in row
 
 

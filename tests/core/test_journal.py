@@ -40,6 +40,7 @@ def assert_same(a: mtlab.Trainer, want: str, b: mtlab.Trainer) -> None:
     assert fingerprint(b) == want
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_weights_changed_between_two_minibatches_of_a_step():
     tr = build()
     tr.step()
@@ -63,6 +64,7 @@ def test_weights_changed_between_two_minibatches_of_a_step():
     assert_same(tr, want, replayed(tr.journal))
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 @pytest.mark.parametrize("acc_steps", [False, True])
 def test_lr_and_clip_changed_at_a_step_boundary(acc_steps):
     tr = build(acc_steps=acc_steps)
@@ -91,6 +93,7 @@ def test_combination_method_switched():
     assert_same(tr, want, replayed(tr.journal))
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_minibatches_per_step_changed():
     tr = build()
     tr.step()
@@ -105,6 +108,7 @@ def test_minibatches_per_step_changed():
     assert_same(tr, want, replayed(tr.journal))
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_a_restored_snapshot_and_a_fork_replay():
     tr = build()
     tr.step()
@@ -128,6 +132,7 @@ def test_a_restored_snapshot_and_a_fork_replay():
     assert not torch.equal(branch.params["enc.lin.weight"], tr.params["enc.lin.weight"])
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_replay_across_a_checkpoint_resume(tmp_path):
     first = build()
     first.step()
@@ -144,6 +149,7 @@ def test_replay_across_a_checkpoint_resume(tmp_path):
     assert_same(resumed, want, replayed(resumed.journal))
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_replay_after_a_json_round_trip(tmp_path):
     tr = build(noise_scale=True)
     tr.step()
@@ -231,6 +237,7 @@ def test_the_journal_is_in_the_state_and_names_sources():
             pass
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_a_loop_with_lr_decay_validation_go_back_and_halved_lr_replays(monkeypatch):
     from helpers import script_validations
 
@@ -275,6 +282,7 @@ def test_a_refused_step_is_journaled_and_replayed_as_refused():
     assert_same(tr, want, mtlab.replay(tr.journal, build_bad()))
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_relative_linkedset_weights_and_the_tf1_adam_replay_and_fork():
     tr = build(optimizer="adam_tf1", linkedset_weights="relative")
     tr.step()
@@ -288,6 +296,7 @@ def test_relative_linkedset_weights_and_the_tf1_adam_replay_and_fork():
         replayed(tr.journal)
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_minibatches_per_step_of_one_task_batch_size_and_reinitialize_replay():
     tr = build()
     tr.step()

@@ -64,15 +64,18 @@ def test_minibatches_per_step_changed_during_a_step_acts_from_the_next_step():
     assert states["a"].minibatches == 2 and states["b"].minibatches == 1
 
 
-def test_batch_size_acts_from_the_next_minibatch_and_keeps_the_share_of_the_epoch():
+def test_batch_size_acts_from_the_next_minibatch_and_keeps_the_rest_of_the_epoch():
     tr = two_tasks(batch_size=4)  # 24 examples: 6 batches per epoch
     tr.step()
     stream = tr.stream("a", "clean")
     assert (stream.epoch, stream.position, len(stream)) == (0, 1, 6)
+    rest = [i for b in stream.epoch_batches()[1:] for i in b]
     tr.set_batch_size("a", 2)
     tr.process_minibatch("a", "clean")
     assert tr.state("a").records[-1].num_examples == 2
-    assert (stream.epoch, stream.position, len(stream), stream.batch_size) == (0, 3, 12, 2)  # 1/6 -> 2/12, then +1
+    # the 20 examples not yet drawn, in their order, in 10 batches of 2
+    assert (stream.epoch, stream.position, len(stream), stream.batch_size) == (0, 2, 11, 2)
+    assert [i for b in stream.epoch_batches()[1:] for i in b] == rest
     assert tr.stream("b", "clean").batch_size == 4  # another task keeps its own
     tr.reset()
     tr.step()
@@ -109,6 +112,7 @@ def test_a_state_brings_back_minibatches_per_step_and_names_the_batch_size_it_ne
     assert tr.minibatches_per_step == {"a": 2, "b": 1} and tr.step_count == 1
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 @pytest.mark.parametrize("combine", [None, "dwa"])
 def test_reinitialize_is_bit_identical_to_a_freshly_built_trainer(combine):
     tr = two_tasks(k=2, clip_grad_value=0.5, combine=combine)
@@ -169,3 +173,21 @@ def test_a_state_taken_between_set_batch_size_and_the_next_draw_restores_and_for
     for other in (branch, again):
         assert_trees_equal(tr.state_dict()["models"], other.state_dict()["models"])
         assert tr.streams[("a", "clean")].state_dict() == other.streams[("a", "clean")].state_dict()
+
+
+@pytest.mark.parametrize("attr,value", [("lr", True), ("lr", "0.5"), ("clip_grad_value", "1.0"),
+                                        ("clip_grad_norm", True), ("clip_grad_percentile", "90")])
+def test_a_flag_or_text_where_a_number_belongs_is_refused_as_for_weights(attr, value):
+    tr = two_tasks()
+    before = (tr.lr, tr.clip_settings(), len(tr.journal))
+    with pytest.raises(mtlab.ConfigError, match="must be a number|give a percentile"):
+        setattr(tr, attr, value)
+    assert (tr.lr, tr.clip_settings(), len(tr.journal)) == before
+
+
+def test_a_noise_scale_attached_under_loss_scaling_is_refused_as_by_the_constructor():
+    tr = mtlab.Trainer(make_models(dtype=torch.float32), [task_b(make_examples(12, 1, dtype=torch.float32))],
+                       device="cpu", precision="16-mixed")
+    with pytest.raises(mtlab.ConfigError, match="16-mixed"):
+        tr.noise_scale = mtlab.NoiseScale()
+    assert tr.noise_scale is None

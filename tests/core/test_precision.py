@@ -166,6 +166,7 @@ def test_fp16_state_is_scaled_while_accumulating_and_unscaled_after():
                                scaled / 256, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_fp16_overflow_in_one_tasks_minibatch_skips_the_whole_step_as_the_scaler_does():
     models = make_models()
     opts = {"init_scale": 2.0 ** 8, "growth_interval": 2}

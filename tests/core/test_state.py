@@ -88,3 +88,18 @@ def test_init_weights_with_other_shapes_are_refused_before_any_model_changes(tmp
     assert text.startswith("recipe.toml: [trainer] init_file") and str(tmp_path / "weights.pt") in text
     assert "model 'head_a' parameter head_a.weight: (7, 8) saved, (5, 8) in this trainer" in text
     assert all(torch.equal(p, before[k]) for k, p in tr.params.items())
+
+
+def test_a_checkpoint_holding_objects_is_refused_without_torchs_unsafe_advice(tmp_path):
+    import argparse
+
+    from mtlab.core.state import CheckpointError, load_safe
+
+    path = tmp_path / "odd.pt"
+    torch.save({"format": "mtlab-trainer", "args": argparse.Namespace(lr=1.0)}, path)
+    with pytest.raises(CheckpointError) as info:
+        load_safe(path)
+    text = str(info.value)
+    assert str(path) in text and "weights_only=True" in text
+    assert "weights_only=False" not in text and "two options" not in text and "\x1b" not in text
+    assert "Trainer.save" in text  # what to use instead

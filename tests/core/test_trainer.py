@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import subprocess
 import sys
 
@@ -509,7 +511,9 @@ def test_a_failed_minibatch_puts_the_data_position_back(where, monkeypatch):
     if where == "forward":
         monkeypatch.setattr(tr.plans["a"], "loss", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("forward failed")))
     else:
-        monkeypatch.setattr(tr.precision, "scale", lambda loss: Boom.apply(loss))
+        real = tr.plans["a"].loss
+        monkeypatch.setattr(tr.plans["a"], "loss", lambda *a, **k: dataclasses.replace(
+            real(*a, **k), loss_sum=Boom.apply(real(*a, **k).loss_sum)))
     with pytest.raises(RuntimeError, match=f"{where} failed"):
         tr.process_minibatch("a", "clean")
     monkeypatch.undo()

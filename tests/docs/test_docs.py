@@ -130,3 +130,82 @@ def test_the_site_builds_strictly_with_an_entry_for_every_public_name() -> None:
     html = (site / "api" / "mtlab" / "index.html").read_text()
     assert 'id="mtlab.core.trainer.Trainer.process_minibatch"' in html  # members are documented too
     assert (site / "tutorials" / "01_quickstart" / "index.html").exists()
+
+
+# ------------------------------------------------------------------ the site loads nothing from another host
+# What a browser fetches by itself when it opens a page: a tag's src/srcset/poster/data, any <link> (stylesheet,
+# preconnect, icon, ...), and in inline scripts and styles an import, url() or @import, or a quoted URL string.
+# Links a reader clicks (<a href>) are not fetched and may point anywhere.
+FETCHED_ATTRS = {"src", "srcset", "poster", "data", "background"}
+QUOTED_URL = re.compile(r"""(?:url\(\s*|@import\s+|["'`])((?:https?:)?//[A-Za-z0-9.-]+)""")
+BLOCK_COMMENT = re.compile(r"/\*.*?\*/", re.S)
+NAMESPACES = ("//www.w3.org",)  # XML namespace names (SVG in data: URLs, createElementNS): never fetched
+
+
+def external_references(html: str) -> list[str]:
+    """The hosts (with the tag or context) a page would load something from, besides its own."""
+    from html.parser import HTMLParser
+    from urllib.parse import urlsplit
+
+    found: list[str] = []
+
+    def external(url: str) -> bool:
+        url = url.strip()
+        return url.startswith("//") or urlsplit(url).scheme in ("http", "https", "ftp", "ws", "wss")
+
+    class Scan(HTMLParser):
+        inline: str | None = None
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            for name, value in attrs:
+                urls = [u.split()[0] for u in (value or "").split(",") if u.strip()] if name == "srcset" else [value or ""]
+                if (name in FETCHED_ATTRS or (tag == "link" and name == "href")) and any(external(u) for u in urls):
+                    found.append(f"<{tag} {name}={value}>")
+                if name == "style" and value:
+                    found.extend(f"<{tag} style>: {m}" for m in QUOTED_URL.findall(value) if not m.endswith(NAMESPACES))
+            self.inline = tag if tag in ("script", "style") else None
+
+        def handle_endtag(self, tag: str) -> None:
+            self.inline = None
+
+        def handle_data(self, data: str) -> None:
+            if self.inline:
+                code = BLOCK_COMMENT.sub("", data)
+                found.extend(f"<{self.inline}>: {m}" for m in QUOTED_URL.findall(code) if not m.endswith(NAMESPACES))
+
+    Scan(convert_charrefs=True).feed(html)
+    return found
+
+
+def test_external_references_are_found() -> None:
+    """The scan sees what the theme's fonts, a CDN script, a stylesheet and an inline import would load, and
+    leaves links, namespaces and comments alone."""
+    page = ('<link rel="preconnect" href="https://fonts.gstatic.com" crossorigin>'
+            '<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
+            '<script src="https://cdn.jsdelivr.net/npm/x.js"></script><img srcset="a.png 1x, //img.example/b.png 2x">'
+            '<script type="module">/* @see https://developer.mozilla.org */'
+            ' const m = await import("https://cdnjs.cloudflare.com/m.mjs");</script>'
+            '<style>@import "https://fonts.example/f.css"; p { background: url(//img.example/x.png) }</style>'
+            '<a href="https://squidfunk.github.io/mkdocs-material/">Material</a><svg xmlns="http://www.w3.org/2000/svg">'
+            "<style>.i { mask-image: url('data:image/svg+xml;utf8,<svg xmlns=\"http://www.w3.org/2000/svg\"/>') }</style>"
+            '<link rel="stylesheet" href="../assets/main.css"><script src="../assets/bundle.js"></script>')
+    hosts = [re.search(r"//([A-Za-z0-9.-]+)", ref).group(1) for ref in external_references(page)]
+    assert hosts == ["fonts.gstatic.com", "fonts.googleapis.com", "cdn.jsdelivr.net", "img.example",
+                     "cdnjs.cloudflare.com", "fonts.example", "img.example"], hosts
+
+
+@pytest.mark.slow
+def test_no_page_of_the_site_loads_anything_from_another_host() -> None:
+    """Offline or behind a firewall the site looks the same: no web font, script, stylesheet or image comes from
+    another host (mkdocs.yml: ``theme.font: false``; scripts/mkdocs_hooks.py drops nbconvert's Mermaid loader)."""
+    from helpers.docs_site import built_site
+
+    site = built_site()
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) >= 20
+    found = {str(p.relative_to(site)): refs for p in pages if (refs := external_references(p.read_text()))}
+    for css in site.rglob("*.css"):
+        refs = [m for m in QUOTED_URL.findall(BLOCK_COMMENT.sub("", css.read_text())) if not m.endswith(NAMESPACES)]
+        if refs:
+            found[str(css.relative_to(site))] = refs
+    assert not found, f"pages that load from another host: {found}"

@@ -48,6 +48,23 @@ def open_and_run_all(page, lab: str, name: str) -> None:  # noqa: ANN001
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
+def open_and_run_all_notebook7(page, base: str, name: str) -> None:  # noqa: ANN001
+    """Opens notebook ``name`` of the Jupyter Notebook 7 server at ``base`` (one notebook per page, no file
+    browser beside it) and runs all its cells once its kernel is idle."""
+    page.goto(f"{base}/notebooks/{name}")
+    page.wait_for_selector(".jp-Notebook", timeout=60_000)
+    page.wait_for_function("window.jupyterapp && window.jupyterapp.commands.hasCommand('notebook:run-all-cells')",
+                           timeout=60_000)
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp.shell.currentWidget;"
+        " const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;"
+        " return k && k.status === 'idle' && w.sessionContext.isReady; }", timeout=60_000)
+    no_news = page.get_by_role("button", name="No", exact=True)
+    if no_news.count():
+        no_news.first.click()
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
 def collapse_file_browser(page) -> None:  # noqa: ANN001
     page.evaluate("() => { if (!window.jupyterapp.shell.leftCollapsed)"
                   " window.jupyterapp.commands.execute('application:toggle-left-area'); }")

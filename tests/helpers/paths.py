@@ -10,6 +10,7 @@ MTLAB = REPO / "mtlab"
 NOTEBOOKS = REPO / "notebooks"
 RECIPES = REPO / "recipes"
 SCRIPTS = REPO / "scripts"
+BENCH = REPO / "bench"  # the benchmark scripts (tests/bench/ imports them by path)
 DATA_SAMPLES = REPO / "data_samples"
 TF_FIXTURE = TESTS / "nabu_tf_fixture"  # the original's TensorFlow checkpoints, written by its make_*.py
 PUBLIC_API = TESTS / "public_api_0.2.json"

@@ -106,6 +106,7 @@ def test_every_folder_is_a_layer_and_every_module_is_in_a_folder() -> None:
     assert not loose, f"modules outside the layer folders: {loose}"
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_plugin_strings_name_modules_that_exist_in_a_layer_above() -> None:
     """A plug-in named by string (``add_plugin("combine", "mtlab.core.combine")``) is imported when its registry
     is first read: the name must resolve to a module file, and a registry may only name its own layer or one
@@ -134,6 +135,7 @@ def test_readme_architecture_table_matches_the_layers() -> None:
         "docs/design.md's table of layers differs from mtlab/_layers.py:\n" + "\n".join(map(str, table))
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_modules_and_classes_stay_readable() -> None:
     """No module over 600 lines and no class over 300 lines outside the domain packages (data, separation,
     nabu, ui); docs/design.md names any exception and why."""

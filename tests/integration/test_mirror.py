@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
-from helpers.paths import MTLAB, SCRIPTS, TESTS
+from helpers.paths import BENCH, MTLAB, SCRIPTS, TESTS
 
 # Folders of tests that are not a layer of mtlab: what each file tests is the system, not one module.
 SYSTEM_FOLDERS = {
@@ -15,6 +15,7 @@ SYSTEM_FOLDERS = {
     "docs": "the documentation and the notebooks",
     "browser": "the dashboard and the site in a real browser",
     "scripts": "scripts/<name>.py, as test_<name>.py",
+    "bench": "bench/<name>.py, as test_<name>.py",
 }
 NO_TESTS = {"helpers", "nabu_tf_fixture"}  # support code and data: no test files
 # Test files of a layer folder whose name names no module of that layer, each with its reason (keep short).
@@ -44,6 +45,7 @@ def names_a_module(stem: str, modules: set[str]) -> bool:
 def test_every_test_file_sits_in_a_layer_or_system_folder_and_names_what_it_tests() -> None:
     known = layers()
     scripts = {p.stem for p in SCRIPTS.glob("*.py")}
+    benches = {p.stem for p in BENCH.glob("*.py")}
     wrong = []
     for path in sorted(TESTS.rglob("test_*.py")):
         rel = path.relative_to(TESTS)
@@ -60,6 +62,9 @@ def test_every_test_file_sits_in_a_layer_or_system_folder_and_names_what_it_test
         elif folder == "scripts":
             if path.stem.removeprefix("test_") not in scripts:
                 wrong.append(f"{key}: names no script of scripts/")
+        elif folder == "bench":
+            if path.stem.removeprefix("test_") not in benches:
+                wrong.append(f"{key}: names no script of bench/")
         elif folder not in SYSTEM_FOLDERS:
             wrong.append(f"{key}: tests/{folder}/ is neither a layer of mtlab nor one of {sorted(SYSTEM_FOLDERS)}")
     assert not wrong, "test files out of place (see tests/README.md):\n" + "\n".join(wrong)

@@ -217,6 +217,7 @@ def graph_specs(draw):
     return spec, outputs
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 @settings(max_examples=4 * settings.default.max_examples)
 @given(spec_outputs=graph_specs())
 def test_any_graph_spec_builds_and_runs_or_raises_a_graph_error(spec_outputs):

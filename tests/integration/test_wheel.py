@@ -1,6 +1,6 @@
-"""The built wheel carries the sample corpus and the recipes: installed into a fresh virtual environment,
-``mtlab demo --steps 2`` runs from another directory (about 30 s: build, install, two steps), whether the
-tests run in a virtual environment or not."""
+"""The built wheel carries the sample corpus, the recipes and the ``py.typed`` marker (PEP 561): installed into a
+fresh virtual environment, ``mtlab demo --steps 2`` runs from another directory (about 30 s: build, install, two
+steps), whether the tests run in a virtual environment or not."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def test_wheel_installs_and_runs_the_demo_elsewhere(tmp_path: Path) -> None:
                if p.is_file() and not p.name.endswith(caches)}
     assert {f"mtlab/{p}" for p in shipped} <= names, "the wheel misses sample files"
     assert "mtlab/recipes/demo.toml" in names
+    assert "mtlab/py.typed" in names, "no PEP 561 marker: type checkers in users' projects would ignore mtlab's hints"
 
     # A fresh environment that reuses this interpreter's packages (torch, pip) but not the checkout. Inside a
     # venv, ``-m venv --system-site-packages`` would see the BASE interpreter's packages only (often no

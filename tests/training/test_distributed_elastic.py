@@ -74,7 +74,7 @@ def one_process(recipe_path: Path, world: int, steps: int) -> dict[str, torch.Te
     """One process over every rank's shard, each rank's minibatches drawn with that rank's RNG (input noise)."""
     exp = mtlab.from_recipe(recipe_path)
     tr = exp.trainer
-    rng = [torch.get_rng_state()] * world  # every rank seeds the same and builds the same models
+    rng = [tr.rng.state_dict()["torch"]] * world  # every rank seeds the same and builds the same models
     streams = {(t, s, r): BatchStream(ls.examples, task.batch_size, task.numbuckets, seed=derived_seed(tr.seed, t, s),
                                       shard=(r, world))
                for t, task in tr.tasks.items() for s, ls in task.linkedsets.items() for r in range(world)}
@@ -85,9 +85,9 @@ def one_process(recipe_path: Path, world: int, steps: int) -> dict[str, torch.Te
             for _ in range(tr.numbatches_to_aggregate):
                 for s in sets:
                     for r in range(world):
-                        torch.set_rng_state(rng[r])
+                        tr.rng.load_state_dict({"torch": rng[r]})  # the run's own generator, as that rank's
                         tr.process_minibatch(t, s, batch=next(streams[(t, s, r)]))
-                        rng[r] = torch.get_rng_state()
+                        rng[r] = tr.rng.state_dict()["torch"]
         for call in tr.chain.calls():
             getattr(tr, call)()
         tr.apply()

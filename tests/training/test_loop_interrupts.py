@@ -25,6 +25,15 @@ def build() -> mtlab.Trainer:
                          numbatches_to_aggregate=2, device="cpu")
 
 
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt while the test runs, however the suite was started: a shell starts a
+    background job (``pytest ... &``) with SIGINT ignored, and a test that sends one would then see nothing."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def press(times: int) -> None:
     """As if Ctrl-C were pressed ``times`` times right now."""
     for _ in range(times):
@@ -77,7 +86,7 @@ def ref() -> mtlab.Trainer:
 @pytest.mark.slow
 @pytest.mark.parametrize("times", [1, 2], ids=["first", "second"])
 @pytest.mark.parametrize("where", ["process_minibatch", "normalize", "apply"])
-def test_ctrl_c_inside_a_run(where: str, times: int, tmp_path: Path, ref: mtlab.Trainer) -> None:
+def test_ctrl_c_inside_a_run(where: str, times: int, tmp_path: Path, ref: mtlab.Trainer, sigint_raises) -> None:
     tr = build()
     trigger = Trigger(tr, where, times)
     sch = run(tr, Schedule(num_steps=STEPS), progress=False, expdir=tmp_path)
@@ -138,7 +147,8 @@ def prepare(where: str) -> mtlab.Trainer:
 
 
 @pytest.mark.parametrize("where", ["normalize", "clip", "apply"])
-def test_ctrl_c_in_a_stepwise_call_outside_a_run_completes_it_or_changes_nothing(where: str, monkeypatch) -> None:
+def test_ctrl_c_in_a_stepwise_call_outside_a_run_completes_it_or_changes_nothing(where: str, monkeypatch,
+                                                                                 sigint_raises) -> None:
     tr = prepare(where)
     before = fingerprint(tr)
     done = prepare(where)

@@ -92,6 +92,7 @@ def test_run_control_pause_refusals_and_stop(ctl):
     assert f"<b>step {tr.step_count}</b>" in counter_html(last)
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_continue_schedule_keeps_the_lr_per_step_and_clears_a_validation_stop():
     tr = make_trainer()
     schedule = mtlab.Schedule(num_steps=10, initial_learning_rate=1.0, learning_rate_decay=0.01)

@@ -44,6 +44,7 @@ def live_plot(n: int = 2, clipped: bool = True) -> LivePlot:
     return live
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_every_series_has_a_look_of_its_own_live_and_saved():
     live = live_plot()
     tasks, df, valid = many_tasks(2, True, method=True)
@@ -61,6 +62,7 @@ def test_every_series_has_a_look_of_its_own_live_and_saved():
     assert to_hex(loss["task1/clean (valid)"].get_markeredgecolor()) == plots.task_colors(tasks)["task1"]
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_the_legend_explains_markers_dashes_and_event_numbers():
     live = live_plot()
     labels = [t.get_text() for t in live.legend.get_texts()]
@@ -114,6 +116,7 @@ def test_the_experiment_folders_pngs_share_one_step_range(tmp_path):
     assert lo < 1 and hi > 175
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_a_flat_zero_clip_fraction_png_is_not_written(tmp_path):
     _, flat, _ = many_tasks(1, clipped=False, steps=20)
     assert set(flat.filter(like="clip_fraction").stack()) == {0.0}

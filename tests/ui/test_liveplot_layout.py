@@ -163,6 +163,7 @@ def test_the_dashboard_plot_is_readable_for_1_to_6_tasks(n, clipped):
     assert readability(live.figure) == []
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 @pytest.mark.parametrize("n", [2, pytest.param(6, marks=SLOW)])
 def test_readable_with_a_combination_method_and_in_presentation_mode(n):
     assert readability(live_figure(n, True, method=True).figure) == []

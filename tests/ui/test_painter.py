@@ -27,7 +27,7 @@ def test_draws_are_never_spaced_more_than_max_interval():
 
 
 @pytest.mark.slow
-def test_a_knob_moved_during_a_step_is_marked_before_the_step_ends(one_thread):
+def test_a_knob_moved_during_a_step_waits_for_its_next_minibatch_and_is_marked_there(one_thread):
     ex = make_examples(24, 5)
     tr = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex)], lr=1e-2, device="cpu", clip_grad_value=0.5)
     d = mtlab.ui.dashboard(tr, refresh_s=0.0, draw_interval=0.05)
@@ -45,12 +45,17 @@ def test_a_knob_moved_during_a_step_is_marked_before_the_step_ends(one_thread):
         d.start(2)
         assert in_step.wait(30)
         d.sliders["a/noisy"]._handle_msg({"content": {"data": {"method": "update", "state": {"value": 0.25}}}})
-        d.painter.idle(10.0)
-        assert tr.step_count == 2  # the step is still in flight
-        assert d.events[-1] == (2, "a/noisy weight -> 0.25")
-        assert d.live._events[-1] == (2, "a/noisy weight -> 0.25")  # drawn: the mark is on screen
+        assert tr.step_count == 2  # the step is still in flight: the change waits for its next knob read
+        assert tr.pending_changes() == ["weight 0.25 of a/noisy"]
+        assert not any(e["kind"] == "weight" for e in tr.journal.changes())
     finally:
         release.set()
         d.wait()
         tr.remove_callback(hold)
-        d.close()
+    d.painter.idle(10.0)
+    assert tr.pending_changes() == []
+    assert (2, "a/noisy weight -> 0.25") in d.events  # taken at the step's next minibatch
+    assert (2, "a/noisy weight -> 0.25") in d.live._events  # drawn: the mark is on screen
+    weight = [e for e in tr.journal.changes() if e["kind"] == "weight"]
+    assert [(e["step"], e["inside"], e["value"]) for e in weight] == [(2, True, 0.25)]
+    d.close()

@@ -46,6 +46,7 @@ def dash():
     d.close()
 
 
+@pytest.mark.slow  # about a second of CPU or more: the full suite runs it, the quick check does not
 def test_knobs_from_the_dashboard_change_the_next_step_exactly_as_the_calls_from_code(dash):
     code = make_trainer()
     dash.buttons["step"].click()
