@@ -303,6 +303,9 @@ class Dashboard(widgets.VBox):
             # The trainer's values now, not the state's: a slider the user moved since the state was taken
             # (from the run's thread) is not put back.
             tr = self.controller.trainer
+            if tr.pending_changes():  # a knob moved during a step waits for the step's next knob read: the
+                self._sync_views(state)  # trainer still holds the old value, which must not put the slider back
+                return
             weights, lr, clip = tr.weights(), float(tr.lr), tr.clip_grad_value
             for key, value in weights.items():
                 s = w.sliders.get(key)
@@ -324,30 +327,35 @@ class Dashboard(widgets.VBox):
                     box.show(tr.tasks[name].batch_size)
             if state.combine in w.combine_dropdown.options:
                 w.combine_dropdown.value = state.combine
-            branches = [(label, name) for label, name in state.branches]
-            if list(w.branch_dropdown.options) != branches:
-                w.branch_dropdown.options = branches
-            if state.branch != w.branch_dropdown.value and (state.branch is None or
-                                                            state.branch in [n for _, n in branches]):
-                w.branch_dropdown.value = state.branch
-            options = [(label, i) for i, label in enumerate(state.snapshots)]
-            if list(w.snapshot_dropdown.options) != options:
-                w.snapshot_dropdown.options = options
-                w.snapshot_dropdown.value = options[-1][1] if options else None
-            first, last = self.controller.data.step_range()
-            if last > w.zoom.max or first < w.zoom.min or not self._zoomed:
-                w.zoom.max, w.zoom.min = max(last, first + 1), first
-                if not self._zoomed:
-                    w.zoom.value = (first, max(last, first + 1))
+            self._sync_views(state)
         finally:
             self._syncing = 0
+
+    def _sync_views(self, state: DashState) -> None:
+        """The selectors and the zoom from ``state`` (called by ``_sync_controls``, within its syncing)."""
+        w = self.controls
+        branches = [(label, name) for label, name in state.branches]
+        if list(w.branch_dropdown.options) != branches:
+            w.branch_dropdown.options = branches
+        if state.branch != w.branch_dropdown.value and (state.branch is None or
+                                                        state.branch in [n for _, n in branches]):
+            w.branch_dropdown.value = state.branch
+        options = [(label, i) for i, label in enumerate(state.snapshots)]
+        if list(w.snapshot_dropdown.options) != options:
+            w.snapshot_dropdown.options = options
+            w.snapshot_dropdown.value = options[-1][1] if options else None
+        first, last = self.controller.data.step_range()
+        if last > w.zoom.max or first < w.zoom.min or not self._zoomed:
+            w.zoom.max, w.zoom.min = max(last, first + 1), first
+            if not self._zoomed:
+                w.zoom.value = (first, max(last, first + 1))
 
     def _plot_if_changed(self, state: DashState, force: bool = False) -> None:
         painter = self.painter
         data = self.controller.data
         key = (state.step, len(data.events), len(data.validation), id(data.ghost), len(data.series),
-               state.run.state if state.run is not None else None, data.branch_version)  # a knob's event is in the store at once: its
-        # mark is drawn without waiting for the step in flight; a run's end is drawn even when its last step was
+               state.run.state if state.run is not None else None, data.branch_version)  # a knob's event is in
+        # the store at once: its mark is drawn without waiting for the step in flight; a run's end is drawn always
         if painter is not None and (force or key != self._drawn_key):
             self._drawn_key = key
             self._update_readout()
