@@ -58,6 +58,7 @@ def main() -> None:
         os.environ["MTLAB_FAST"] = "1"
     else:
         os.environ.pop("MTLAB_FAST", None)
+    os.environ["MTLAB_WAIT"] = "1"  # unattended: a notebook waits for its runs (in class its cells never do)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     OUT.mkdir(parents=True, exist_ok=True)
     paths = [p for p in sorted(NOTEBOOKS.glob("*.ipynb")) if not args.names or p.name.startswith(tuple(args.names))]

@@ -304,10 +304,18 @@ def found_planted_nan(puzzle: PlantedNaN, answer: Any) -> CheckResult:
     task, linkedset, minibatch = _answer(answer)
     truth = (puzzle.task, puzzle.linkedset, puzzle.minibatch)
     details = {"answer": {"task": task, "linkedset": linkedset, "minibatch": minibatch}}
+    kinds = [f"the {name} must be {want} (got {type(got).__name__} {got!r})" for name, got, ok, want in (
+        ("task", task, isinstance(task, str), "a task's name, a string"),
+        ("linked set", linkedset, isinstance(linkedset, str), "a linked set's name, a string"),
+        ("minibatch", minibatch, isinstance(minibatch, int) and not isinstance(minibatch, bool),
+         "a whole number (an int, counted from 0 within the task)")) if not ok]
+    if kinds:  # a wrong type is not a wrong answer: say what to write instead
+        return CheckResult("find the planted NaN", False, "; ".join(kinds), details)
     if (task, linkedset, minibatch) == truth:
         return CheckResult("find the planted NaN", True,
                            f"task {task!r}, linked set {linkedset!r}, minibatch {minibatch}: that is the one", details)
     wrong = [n for n, a, b in zip(("task", "linked set", "minibatch"), (task, linkedset, minibatch), truth) if a != b]
     return CheckResult("find the planted NaN", False,
-                       f"not that one: the {' and the '.join(wrong)} {'differs' if len(wrong) == 1 else 'differ'}; look at each record's loss in "
+                       f"not that one: the {' and the '.join(wrong)} {'differs' if len(wrong) == 1 else 'differ'} "
+                       "(minibatches count from 0 within the task); look at each record's loss in "
                        "trainer.state(task).records, or call mtlab.debug.find_nonfinite(trainer)", details)

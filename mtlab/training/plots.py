@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeAlias
@@ -33,14 +34,16 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import ConstrainedLayoutEngine
 from matplotlib.legend import Legend
+from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, PercentFormatter
 
 from ..core.columns import COMBINE, COSINE, DIRECTION, NOISE, parse_column, set_key
-from ..core.journal import Journal, knob_differences
+from ..core.journal import Journal
 from .plotstyle import (  # noqa: F401 (re-exported: mtlab.plots.PALETTE, ...)
     DPI,
     EVENT,
     GHOST,
+    INK,
     PALETTE,
     PANEL_SPECS,
     ROW_PX,
@@ -408,7 +411,9 @@ def log_axis(ax: Axes) -> None:
 def event_groups(events: Sequence[tuple[float, str]], xlim: tuple[float, float], axes_px: float,
                  font_px: float = text_pt("event") * DPI / 72) -> list[tuple[float, str]]:
     """Numbered event labels that never overprint: events closer than their labels' width merge into
-    one label (``3-5``); ``(x, label)`` for the last ``MAX_EVENT_MARKS`` events inside ``xlim``."""
+    one label that cannot read as a range of steps (``3,4,5``; more than three: ``3 +4``, event 3 and the 4
+    after it); ``(x, label)`` for the last ``MAX_EVENT_MARKS`` events inside ``xlim`` (an event at step inf,
+    of an abandoned branch, never is)."""
     lo, hi = xlim
     per_step = axes_px / max(hi - lo, 1e-9)
     shown = [(n, s) for n, (s, _) in list(enumerate(events, start=1))[-MAX_EVENT_MARKS:] if lo <= s <= hi]
@@ -417,12 +422,19 @@ def event_groups(events: Sequence[tuple[float, str]], xlim: tuple[float, float],
     for n, s in sorted(shown, key=lambda p: (p[1], p[0])):
         if groups:
             x0, first, _ = groups[-1]
-            label = f"{first}-{n}"
+            label = merged_label(first, n)
             if (s - x0) * per_step < width(label) / 2 + width(str(n)) / 2 + 3:
                 groups[-1][2] = n
                 continue
         groups.append([s, n, n])
-    return [(x, str(a) if a == b else f"{a}-{b}") for x, a, b in groups]
+    return [(x, merged_label(a, b)) for x, a, b in groups]
+
+
+def merged_label(first: int, last: int) -> str:
+    """The label of events ``first`` to ``last`` merged at one place: ``3``, ``3,4``, ``3,4,5``, ``3 +4``."""
+    if last - first < 3:
+        return ",".join(str(i) for i in range(first, last + 1))
+    return f"{first} +{last - first}"
 
 
 def mark_events(ax: Axes, events: Sequence[tuple[float, str]], labels: bool = True,
@@ -646,6 +658,7 @@ def save_plots(history: HistoryLike, directory: str | Path, validation: Validati
 
 # ---------------------------------------------------------------------------------- runs side by side, noise scale
 TASK_DASHES = ("-", "--", ":", "-.")
+MODEL_DASHES = ((5, 2), (1.2, 1.6), (6, 1.5, 1.2, 1.5), (2.5, 1.2, 1.2, 1.2, 1.2, 1.2))  # noise scale per model
 
 
 def _journal(run: RunLike) -> Journal | None:
@@ -675,51 +688,163 @@ def _history(run: RunLike) -> pd.DataFrame:
     return as_frame(run)
 
 
-def plot_runs(runs: Mapping[str, RunLike], panel: str = "loss", width_px: int = 830,
+def short_number(v: Any) -> str:
+    """A knob's value as a person writes it: ``1e-3``, ``2.5e-4``, ``0.5``, ``16``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e4):
+        mantissa, exponent = f"{v:.2e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return f"{v:.3g}"
+
+
+def change_in_words(entry: Mapping[str, Any]) -> str | None:
+    """A journal's knob change in words, with the step from which it acts (``lr 1e-3 from step 31``); None for
+    entries that set nothing a reader compares (a data position, a fork)."""
+    kind, step = entry.get("kind"), int(entry.get("step", 0))
+    at = f"from step {step + 1}"
+    value = entry.get("value")
+    if kind == "lr":
+        return f"lr {short_number(value)} {at}"
+    if kind == "weight":
+        return f"{entry.get('task')}/{entry.get('linkedset')} weight {short_number(value)} {at}"
+    if kind == "task_weight":
+        return f"task {entry.get('task')} weight {short_number(value)} {at}"
+    if kind == "clip":
+        if value is None and entry.get("norm") is None and entry.get("percentile") is None:
+            return f"clipping off {at}"
+        parts = [f"{name} {short_number(entry[key])}" for key, name in (("value", "clip value"), ("norm", "clip norm"),
+                                                                         ("percentile", "clip percentile"))
+                 if entry.get(key) is not None]
+        return f"{', '.join(parts)} {at}"
+    if kind == "combine":
+        method = entry.get("method")
+        name = method.get("name", method.get("method", "custom")) if isinstance(method, Mapping) else method
+        return f"combine {name} {at}"
+    if kind == "minibatches_per_step":
+        return f"K (minibatches per step) of {entry.get('task') or 'every task'} {value} {at}"
+    if kind == "batch_size":
+        return f"batch size of {entry.get('task')} {value} {at}"
+    if kind == "reinitialize":
+        return f"re-initialised at step {entry.get('from_step')}"
+    if kind == "restore":
+        return f"went back to step {entry.get('to_step')}"
+    if kind == "resume":
+        return f"resumed at step {entry.get('to_step')}"
+    if kind in ("data_position", "fork"):
+        return None
+    return f"{kind} at step {step}"
+
+
+def run_differences(journals: Mapping[str, Journal], per_run: int = 4) -> dict[str, list[str]]:
+    """Run name -> what sets it apart in words (its knob changes after the past all the journals share), at most
+    ``per_run`` (the latest) and a count of the rest."""
+    lists = [j.entries for j in journals.values()]
+    shared = 0
+    if lists:
+        shortest = min(len(e) for e in lists)
+        while shared < shortest and all(e[shared] == lists[0][shared] for e in lists[1:]):
+            shared += 1
+    out: dict[str, list[str]] = {}
+    for name, j in journals.items():
+        said = [w for e in j.entries[shared:] if e["type"] == "change" and (w := change_in_words(e))]
+        more = len(said) - per_run
+        out[name] = said[-per_run:] if more <= 0 else [f"{more} earlier change(s)", *said[-per_run:]]
+    return out
+
+
+def parting_step(base: pd.DataFrame, other: pd.DataFrame, columns: Sequence[str]) -> float | None:
+    """The last step ``other`` shares with ``base`` (same values of ``columns`` at every step up to it): a fork's
+    shared past, drawn once; None when they share no step."""
+    a = base.set_index(_steps(base))[list(c for c in columns if c in base.columns)]
+    b = other.set_index(_steps(other))[list(c for c in columns if c in other.columns)]
+    last = None
+    for step in b.index:
+        if step not in a.index or not a.columns.equals(b.columns):
+            break
+        x, y = a.loc[[step]].to_numpy(float)[0], b.loc[[step]].to_numpy(float)[0]
+        if not np.allclose(x, y, rtol=0, atol=1e-12, equal_nan=True):
+            break
+        last = float(step)
+    return last
+
+
+def plot_runs(runs: Mapping[str, RunLike], panel: str = "loss", width_px: int = WIDTH_PX,
               height_px: int | None = None, differences: bool = True) -> Figure:
     """One panel (``loss``, ``grad_norm``, ... as in ``plot_history``) with every run on it: a colour per run,
-    a dash per task. Runs are trainers or experiment folders (their journals give the knob differences, listed
-    at the right) or history DataFrames."""
+    a dash per task; a fork's shared past is drawn once (in the first run's colour), each branch from where it
+    parts. Under the axes, one legend and, for runs with journals (trainers, experiment folders), what sets each
+    run apart in words (``lr 1e-3 from step 31``). Runs are trainers, experiment folders or history DataFrames.
 
+    >>> fig = plot_runs({"main": trainer, "lower-lr": branch})  # doctest: +SKIP
+    """
     if not runs:
         raise ValueError("plot_runs(): give at least one run, e.g. {'main': trainer, 'branch': trainer.fork('b')}")
-    fig = new_figure(width_px, height_px)
-    ax = fig.add_subplot()
+    if panel not in PANEL_SPECS:
+        raise ValueError(f"plot_runs(): panel must be one of {list(PANEL_SPECS)}, got {panel!r}")
     frames = {name: _history(run) for name, run in runs.items()}
-    tasks = sorted({t for df in frames.values() for t in tasks_in(df.columns)})
+    tasks = list(dict.fromkeys(t for df in frames.values() for t in tasks_in(df.columns)))
+    journals = {name: j for name, run in runs.items() if (j := _journal(run)) is not None} if differences else {}
+    said = run_differences(journals) if len(journals) > 1 or (journals and len(runs) == 1) else {}
+    entries = [(Line2D([], [], color=PALETTE[i % len(PALETTE)], lw=2.2), name) for i, name in enumerate(frames)]
+    if len(tasks) > 1:
+        entries += [(Line2D([], [], color="#555555", lw=1.4, ls=TASK_DASHES[i % len(TASK_DASHES)]), f"task {t}")
+                    for i, t in enumerate(tasks)]
+    size = text_pt("legend")
+    line_px = size * DPI / 72 * 1.55
+    chars = max(int((width_px - 24) / (size * DPI / 72 * 0.56)), 30)
+    text_lines: list[str] = []
+    for name, changes in said.items():
+        text_lines += textwrap.wrap(f"{name}: " + ("; ".join(changes) if changes else "no change of its own"),
+                                    chars, subsequent_indent="    ")
+    legend_h = legend_lines(entries, width_px) * line_px
+    below = legend_h + len(text_lines) * line_px + 14
+    axes_h = ROW_PX + 60
+    fig = new_figure(width_px, height_px if height_px is not None else int(axes_h + below + 30))
+    grid_spec = fig.add_gridspec(2, 1, height_ratios=[axes_h, below])
+    ax = fig.add_subplot(grid_spec[0])
+    cell = fig.add_subplot(grid_spec[1], label=LEGEND_CELL)
+    cell.axis("off")
+    base_name, base = next(iter(frames.items()))
+    base_series = series_from_frame(base, panel)
+    columns = list(base_series)
     for i, (name, df) in enumerate(frames.items()):
         color = PALETTE[i % len(PALETTE)]
+        start = parting_step(base, df, columns) if name != base_name else None
         for col, (xs, ys) in series_from_frame(df, panel).items():
             parsed = parse_column(col)
-            task = parsed.task
-            if parsed.linkedset or parsed.group or task not in tasks:  # per-linked-set and per-model columns:
-                continue  # too many lines
+            if parsed.linkedset or parsed.group or parsed.task not in tasks:  # per-linked-set and per-model
+                continue  # columns: too many lines
+            if start is not None:
+                keep = [k for k, x in enumerate(xs) if x >= start]
+                xs, ys = [xs[k] for k in keep], [ys[k] for k in keep]
+            elif name != base_name and xs and col in base_series:  # a branch whose history starts after the fork:
+                bx, by = base_series[col]  # joined to the first run's line where they part
+                before = [k for k, x in enumerate(bx) if x < xs[0]]
+                if before:
+                    xs, ys = [bx[before[-1]], *xs], [by[before[-1]], *ys]
             xs, ys = thin(xs, ys)
-            ax.plot(xs, ys, color=color, ls=TASK_DASHES[tasks.index(task) % len(TASK_DASHES)], lw=1.3,
-                    label=f"{name}: {task}")
+            ax.plot(xs, ys, color=color, ls=TASK_DASHES[tasks.index(parsed.task) % len(TASK_DASHES)], lw=1.4,
+                    marker="o" if len(xs) == 1 else "", ms=4, label=f"{name}: {parsed.task}")
     ax.set_xlabel("step", fontsize=text_pt("label"))
-    ax.set_title(f"{panel} of {len(frames)} run(s)", fontsize=text_pt("title"))
+    ax.set_title(f"{PANEL_SPECS[panel].title} of {len(frames)} run(s)", fontsize=text_pt("title"))
     ax.tick_params(which="both", labelsize=text_pt("tick"))
     ax.grid(alpha=0.3)
-    if panel == "grad_norm":
+    if PANEL_SPECS[panel].log:
         log_axis(ax)
-    _legend_right(ax)
-    journals = {name: j for name, run in runs.items() if (j := _journal(run)) is not None}
-    if differences and journals:
-        lines = []
-        for name, changes in knob_differences(journals).items():
-            lines.append(f"{name}:")
-            lines.extend(f"  {c}" for c in changes[-6:])
-            if not changes:
-                lines.append("  (no change of its own)")
-        ax.text(1.01, 0.0, "\n".join(lines), transform=ax.transAxes, fontsize=text_pt("legend"), va="bottom", ha="left",
-                family="monospace")
+    cell.legend([h for h, _ in entries], [label for _, label in entries], loc="upper center",
+                bbox_to_anchor=(0.5, 1.0), ncols=legend_columns([label for _, label in entries], width_px, size),
+                fontsize=size, frameon=False, handlelength=2.2, borderaxespad=0.0)
+    for k, text in enumerate(text_lines):
+        cell.annotate(text, (0.0, 1.0), xycoords="axes fraction", xytext=(4, -(legend_h + 6 + k * line_px)),
+                      textcoords="offset pixels", va="top", ha="left", fontsize=size, color=INK)
     return fig
 
 
 def plot_noise_scale(history: HistoryLike, ax: Axes | None = None, models: bool = True) -> Figure:
-    """``gns/<task>`` (solid) and ``gns/<task>/<model>`` (thin, dashed) over the steps, log scale: the
-    batch size (in normalizer units) beyond which a bigger batch stops paying off."""
+    """``gns/<task>`` (solid) and ``gns/<task>/<model>`` (thin, a dash per model) over the steps, log scale: the
+    batch size (in normalizer units) beyond which a bigger batch stops paying off. Every line its own colour
+    (task) and dash (model)."""
 
     df = as_frame(history)
     if ax is None:
@@ -730,6 +855,7 @@ def plot_noise_scale(history: HistoryLike, ax: Axes | None = None, models: bool 
     colors = task_colors(sorted({parsed.task for parsed in cols.values()}))
     steps = pd.to_numeric(df["step"], errors="coerce") if "step" in df else pd.Series(range(1, len(df) + 1))
     drawn = 0
+    models_seen: dict[str, int] = {}  # a dash per model: every (task, model) line its own colour and dash
     for col, parsed in cols.items():
         task, model = parsed.task, parsed.group
         if model and not models:
@@ -738,8 +864,10 @@ def plot_noise_scale(history: HistoryLike, ax: Axes | None = None, models: bool 
         keep = values.notna() & (values > 0)
         if not keep.any():
             continue
-        ax.plot(steps[keep].tolist(), values[keep].tolist(), color=colors[task], lw=0.9 if model else 1.5,
-                ls="--" if model else "-", label=f"{task} [{model}]" if model else task)
+        dash: dict[str, Any] = {} if not model else {"dashes": MODEL_DASHES[models_seen.setdefault(model, len(models_seen))
+                                                             % len(MODEL_DASHES)]}
+        ax.plot(steps[keep].tolist(), values[keep].tolist(), color=colors[task], lw=1.1 if model else 1.8,
+                label=f"{task} [{model}]" if model else task, **dash)
         drawn += 1
     ax.set_title("gradient noise scale B_simple (EMA)", fontsize=text_pt("title"))
     ax.set_xlabel("step", fontsize=text_pt("label"))

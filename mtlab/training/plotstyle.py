@@ -134,13 +134,13 @@ class Styles:
         c = parse_column(column)
         if c.kind == COMBINE and c.group:
             g = self._index(self.groups, c.group)
-            style: dict[str, Any] = {"color": self.color(c.task), "lw": 1.6, "label": f"{c.task} [{c.group}]"}
+            style: dict[str, Any] = {"color": self.color(c.task), "lw": 1.6, "label": f"{c.task}, {c.group}"}
             if g:
                 style["dashes"] = SET_DASHES[(g - 1) % len(SET_DASHES)]
             return style
         if c.kind == COSINE and not c.task:
-            pair = "~".join(c.pair)
-            label = f"{pair} [{c.group}]" if c.group else pair
+            pair = f"cos {'/'.join(c.pair)}"  # the cosine of two tasks' gradients
+            label = f"{pair}, {c.group}" if c.group else pair
             i = self._index(self.pairs, label)
             color = PALETTE[(len(self.colors) + i) % len(PALETTE)]
             style = {"color": color, "lw": 1.4, "label": label}
@@ -148,7 +148,7 @@ class Styles:
                 style["dashes"] = SET_DASHES[((len(self.colors) + i) // len(PALETTE) - 1) % len(SET_DASHES)]
             return style
         if c.kind == DIRECTION and not c.task:
-            label = f"direction [{c.group}]" if c.group else "direction"
+            label = f"update, {c.group}" if c.group else "update"  # the norm of the combined update direction
             d = DIRECTION_DASHES[self._index(self.directions, label) % len(DIRECTION_DASHES)]
             return {"color": INK, "lw": 1.2, "label": label, **({"dashes": d} if d else {})}
         if not c.task:
@@ -198,7 +198,7 @@ class Styles:
                 g = self.groups.index(parsed.group)
                 if len(self.groups) > 1:
                     kw: dict[str, Any] = {"dashes": SET_DASHES[(g - 1) % len(SET_DASHES)]} if g else {}
-                    entry = (Line2D([], [], color="#777777", lw=1.6, **kw), f"weights [{self.groups[g]}]")
+                    entry = (Line2D([], [], color="#777777", lw=1.6, **kw), f"weights, {self.groups[g]}")
                     if entry[1] not in [e[1] for e in own]:
                         own.append(entry)
             else:

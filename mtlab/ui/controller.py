@@ -25,9 +25,11 @@ from ..core.columns import set_key
 from ..core.events import (BatchSizeInfo, CombineInfo, Event, EvaluateInfo, MinibatchesPerStepInfo, Payload,
                            ReinitializeInfo, RestoreInfo, TaskWeightInfo, ValidationInfo, WeightInfo)
 from ..training.debug import next_call
+from .branches import Branches
 from .runcontrol import RunControl
 from .runs import Run, current_run
 from .schedules import schedule_text
+from .knobs import KNOB_CHOICES, apply_knobs, knobs_of
 from .state import DashState, RunView, SeriesStore
 from .texts import BUSY, REASONS, call_buttons, noise_html, skipped_tasks, state_table_html
 
@@ -51,7 +53,9 @@ class Controller:
         self.data = SeriesStore()
         self.runs = RunControl(trainer, schedule, self.data, self)
         self.snapshots: list[dict[str, Any]] = []
-        self.branches: dict[str, Trainer] = {}  # name -> trainer made by "fork here"
+        self.forks = Branches()  # the branches made by "fork here" (``branches``: name -> trainer)
+        self._branch_key: tuple[Any, ...] | None = None  # the selected branch's state when its curves were read
+        self.start_knobs = knobs_of(trainer)  # what "re-initialise, back to the starting knobs" sets again
         self.closed = False
         self.collect_cpu = 0.0  # CPU seconds spent collecting rows and building states (bench/ui_overhead.py)
         self._views: list[View] = []
@@ -61,6 +65,7 @@ class Controller:
         self._dirty = False
         self._skipped_seen = skipped_tasks(trainer)
         self._in_command = False  # a command's own status line follows: trainer events need not show
+        self._waiting: tuple[int, str] | None = None  # a change made during a run: (step then, its "in force" line)
         trainer.add_callback(self._on_event)
         with _BY_TRAINER_LOCK:  # one live dashboard per trainer: a re-run cell replaces the older one
             older = _BY_TRAINER.setdefault(id(trainer), [])
@@ -155,11 +160,19 @@ class Controller:
             events=events, records=records, snapshots=tuple(f"#{i + 1}: step {s['step']}"
                                                             for i, s in enumerate(self.snapshots)),
             schedule=schedule_text(self.schedule, tr), run_refusal=runs.refusal(),
-            table_html=state_table_html(tr), journal=tuple(tr.journal.lines()), noise_html=noise_html(tr))
+            table_html=state_table_html(tr), journal=tuple(tr.journal.lines()), noise_html=noise_html(tr),
+            branches=self.forks.labels(), branch=self.forks.selected, driven=self.forks.driven)
 
     def refresh(self) -> DashState:
         """Read new history rows, rebuild the state and show it (between steps or while idle)."""
         c0 = time.thread_time()
+        if self.forks.selected is not None:
+            self._show_branch()
+        waiting = self._waiting
+        if waiting is not None and self.trainer.step_count > waiting[0]:
+            self._waiting = None
+            if self._status.startswith(waiting[1].split("; in force")[0]):  # still the latest news: say it holds now
+                self._status, self._status_error = waiting[1], False
         self.data.collect(self.trainer)
         self._last = self.state()
         self._last_emit, self._dirty = time.monotonic(), False
@@ -226,14 +239,23 @@ class Controller:
         """A linked set's weight, used from the next minibatch on (also during a run)."""
         def do() -> str:
             self.trainer.set_weight(task, linkedset, value)
-            return self._weight_message(set_key(task, linkedset), value)
+            return self._pending(self._weight_message(set_key(task, linkedset), value), "its next minibatch")
         return self._command("weight", do)
 
     def set_task_weight(self, task: str, value: float) -> bool:
         def do() -> str:
             self.trainer.set_task_weight(task, value)
-            return self._weight_message(f"task {task}", value)
+            return self._pending(self._weight_message(f"task {task}", value), "its next minibatch")
         return self._command("task weight", do)
+
+    def _pending(self, message: str, when: str) -> str:
+        """During a run a change waits for the run's next minibatch (or step): the status says it is pending, and
+        says it is in force once a step has ended after it (``refresh``)."""
+        if not self.running:
+            return message
+        step = self.trainer.step_count
+        self._waiting = (step, f"{message}; in force since step {step + 1}")
+        return f"{message}; pending: the run takes it at {when} (step {step + 1})"
 
     def _weight_message(self, what: str, value: float) -> str:
         skipped = skipped_tasks(self.trainer)
@@ -245,7 +267,7 @@ class Controller:
             self.trainer.lr = float(value)
             self.data.event(self.trainer.step_count, f"lr -> {value:.3g}")
             note = " (the schedule sets it again at each step)" if self.running and self.schedule is not None else ""
-            return f"lr -> {value:.3g}{note}"
+            return self._pending(f"lr -> {value:.3g}{note}", "its next apply()")
         return self._command("lr", set_it)
 
     def set_clip(self, value: float | None) -> bool:
@@ -261,23 +283,32 @@ class Controller:
         def set_it() -> str:
             self.trainer.set_minibatches_per_step(k, task)
             note = " (the step in progress keeps its own)" if self.running else ""
-            return f"minibatches per step of {'every task' if task is None else task} -> {k}, from the next step{note}"
+            return self._pending(f"minibatches per step of {'every task' if task is None else task} -> {k}, from the "
+                                 f"next step{note}", "its next step")
         return self._command("minibatches per step", set_it)
 
     def set_batch_size(self, task: str, batch_size: int) -> bool:
         """Examples per minibatch of ``task``, from the next minibatch drawn on (also during a run)."""
         def set_it() -> str:
             self.trainer.set_batch_size(task, batch_size)
-            return f"batch size of {task} -> {batch_size}, from the next minibatch"
+            return self._pending(f"batch size of {task} -> {batch_size}, from the next minibatch", "its next minibatch")
         return self._command("batch size", set_it)
 
-    def reinitialize(self) -> bool:
+    def reinitialize(self, knobs: str = "keep") -> bool:
         """``Trainer.reinitialize()``: the initial weights and a fresh optimizer, step 0; the old curves stay grey
-        on the plot. During a run at the end of the current step (the run goes on from step 0)."""
+        on the plot, its event marks go. ``knobs``: ``"keep"`` (as set now) or ``"start"`` (back to the knobs the
+        notebook had set when this dashboard was built: ``start_knobs``). During a run at the end of the current
+        step (the run goes on from step 0)."""
+        if knobs not in KNOB_CHOICES:
+            raise ValueError(f"reinitialize(knobs=...) takes one of {list(KNOB_CHOICES)}, got {knobs!r}")
+
         def back() -> str:
             before = self.trainer.step_count
+            changed = apply_knobs(self.trainer, self.start_knobs) if knobs == "start" else []
             self.trainer.reinitialize()
-            return (f"re-initialised: step {before} -> 0, the initial weights and a fresh optimizer; knobs kept, "
+            kept = ("knobs kept" if knobs == "keep" else
+                    "the starting knobs again" + (f" ({', '.join(changed)})" if changed else " (none had changed)"))
+            return (f"re-initialised: step {before} -> 0, the initial weights and a fresh optimizer; {kept}; "
                     "the abandoned branch stays grey on the plot")
         return self._between_steps("re-initialise", back)
 
@@ -354,17 +385,142 @@ class Controller:
             return f"restored snapshot #{i + 1} (step {snap['step']}); the abandoned branch stays grey on the plot"
         return self._between_steps("restore", back)
 
+    @property
+    def branches(self) -> dict[str, Trainer]:
+        """Name -> the trainer of each branch made by "fork here" (not the one the dashboard drives)."""
+        return self.forks.trainers
+
     def fork(self, name: str | None = None, index: int | None = None) -> bool:
-        """"fork here": a branch of the trainer now, or of snapshot ``index``; kept in ``branches``."""
-        name = name or f"branch-{len(self.branches) + 1}"
+        """"fork here": a branch of the trainer now, or of snapshot ``index``; kept in ``branches``, selected, and
+        drawn on the plot (its own part, from the fork's step) once it trains: ``continue_branch``."""
+        name = name or self.forks.new_name()
+        if name in self.forks or name == self.forks.driven:
+            self.say(f"fork: a branch named {name!r} exists already; choose another name", error=True)
+            return False
         snap = self.snapshots[int(index)] if index is not None and self.snapshots else None
 
         def make() -> str:
-            self.branches[name] = self.trainer.fork(name, state=snap)
-            where = f"snapshot at step {snap['step']}" if snap is not None else f"step {self.trainer.step_count}"
+            step = int(snap["step"]) if snap is not None else self.trainer.step_count
+            self.forks.add(name, self.trainer.fork(name, state=snap), step)
             self.data.event(self.trainer.step_count, f"fork {name}")
-            return f"fork: branch {name!r} from {where}; controller.branches[{name!r}] trains on independently"
+            self._show_branch()
+            where = f"snapshot at step {step}" if snap is not None else f"step {step}"
+            return (f"fork: branch {name!r} from {where}; continue trains it (its lines join the plot), switch "
+                    "drives it from here, compare draws every branch, drop forgets it")
         return self._between_steps("fork", make)
+
+    def select_branch(self, name: str | None) -> bool:
+        """The branch drawn on the plot and acted on by continue, switch, compare and drop (None: none drawn)."""
+        if name is not None and name not in self.forks:
+            self.say(f"branch: no branch named {name!r}; branches: {list(self.forks.trainers)}", error=True)
+            return False
+        self.forks.selected = name
+        self._show_branch()
+        self.changed()
+        return True
+
+    def _branch(self, what: str, name: str | None) -> str | None:
+        """The branch a command acts on (``name``, else the selected one), or None after saying why."""
+        name = name if name is not None else self.forks.selected
+        if name is None or name not in self.forks:
+            self.say(f"{what}: no branch yet; click fork here first", error=True)
+            return None
+        return name
+
+    def continue_branch(self, steps: int = 10, name: str | None = None) -> bool:
+        """Train branch ``name`` (default: the selected one) ``steps`` more steps in a background thread of its own
+        (the run of the dashboard's trainer goes on); its lines grow on the plot."""
+        name = self._branch("continue", name)
+        if name is None:
+            return False
+        if self.forks.running(name):
+            self.say(f"continue: branch {name!r} is training already; wait for it or stop it", error=True)
+            return False
+        steps = int(steps) if steps else 10
+        run = Run(self.forks.trainers[name], steps=steps)
+        run.listen(self._on_branch_run)
+        self.forks.runs[name] = run
+        self.forks.selected = name
+        try:
+            run.start()
+        except RuntimeError as exc:
+            self.say(f"continue: {exc}", error=True)
+            return False
+        self.say(f"continue: branch {name!r} trains {steps} more steps in the background (its lines: x marks)")
+        return True
+
+    def _on_branch_run(self, run: Run, what: str) -> None:
+        if self.closed:
+            run.unlisten(self._on_branch_run)
+            return
+        if what == "end" or (what == "between" and self.refresh_due()):
+            self._show_branch()
+            name = next((n for n, r in self.forks.runs.items() if r is run), "?")
+            if what == "end":
+                self._status, self._status_error = (f"branch {name!r}: {run.steps_done} step(s) trained, now at step "
+                                                    f"{run.trainer.step_count} ({REASONS.get(str(run.reason), run.reason)})",
+                                                    run.error is not None)
+            self.changed()
+
+    def switch_branch(self, name: str | None = None) -> bool:
+        """Drive branch ``name`` (default: the selected one) from this dashboard; the trainer driven until now
+        becomes a branch under its name (``"main"`` at first). Refused while any of them trains."""
+        name = self._branch("switch", name)
+        if name is None:
+            return False
+        busy = [n for n in self.forks.trainers if self.forks.running(n)] + (["this dashboard's run"] if self.alive else [])
+        if busy:
+            self.say(f"switch: refused while {', '.join(busy)} train(s); stop or wait first", error=True)
+            return False
+        old, new = self.trainer, self.forks.trainers[name]
+        old_name, parted = self.forks.driven, self.forks.fork_steps[name]
+        self.forks.remove(name)
+        self.forks.add(old_name, old, parted)  # the two part at the fork's step, whichever is driven
+        self.forks.driven = name
+        old.remove_callback(self._on_event)
+        self.trainer = new
+        self.runs.trainer = new
+        new.add_callback(self._on_event)
+        with _BY_TRAINER_LOCK:
+            mine = _BY_TRAINER.get(id(old), [])
+            if self in mine:
+                mine.remove(self)
+            if not mine:
+                _BY_TRAINER.pop(id(old), None)
+            _BY_TRAINER.setdefault(id(new), []).append(self)
+        self.data.clear()
+        self.data.collect(new)
+        self._show_branch()
+        self.say(f"switch: this dashboard drives {name!r} now (step {new.step_count}; dash.trainer); the trainer it "
+                 f"drove is the branch {old_name!r}")
+        return True
+
+    def drop_branch(self, name: str | None = None) -> bool:
+        """Forget branch ``name`` (default: the selected one); refused while it trains."""
+        name = self._branch("drop", name)
+        if name is None:
+            return False
+        if self.forks.running(name):
+            self.say(f"drop: branch {name!r} is training; wait for it first", error=True)
+            return False
+        self.forks.remove(name)
+        self._show_branch()
+        self.say(f"drop: branch {name!r} forgotten" + (f"; {self.forks.selected!r} is shown now"
+                                                        if self.forks.selected else ""))
+        return True
+
+    def compared(self) -> dict[str, Trainer]:
+        """The runs ``compare`` draws side by side (``mtlab.plots.plot_runs``): the driven trainer, then each branch."""
+        return {self.forks.driven: self.trainer, **self.forks.trainers}
+
+    def _show_branch(self) -> None:
+        """The selected branch's curves into the plotted data (read again only when the branch moved on)."""
+        name = self.forks.selected
+        tr = self.forks.trainers.get(name) if name is not None else None
+        key = (name, id(tr), tr.step_count if tr is not None else -1, len(tr.log.rows()) if tr is not None else -1)
+        if key != self._branch_key:
+            self._branch_key = key
+            self.data.set_branch(*self.forks.series())
 
     def _between_steps(self, what: str, fn: Callable[[], Any]) -> bool:
         """Run ``fn`` now, or, during an active run, in the training thread before its next step."""
@@ -421,7 +577,7 @@ class Controller:
             if from_code:
                 self._changed()
         elif isinstance(info, RestoreInfo | ReinitializeInfo):
-            data.restored(info.step)
+            data.restored(info.step, everything=isinstance(info, ReinitializeInfo))
             data.event(info.step, f"re-initialised (from step {info.from_step})" if isinstance(info, ReinitializeInfo)
                        else f"restored step {info.step}")
             self._dirty = True

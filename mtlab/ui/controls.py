@@ -13,6 +13,7 @@ import traitlets
 
 from ..core import combine, weighting
 from ..core.columns import set_key
+from .knobs import KNOB_CHOICES
 from .texts import call_buttons, call_tooltip
 
 if TYPE_CHECKING:
@@ -21,17 +22,20 @@ if TYPE_CHECKING:
 BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "clip", "apply": "apply",
            "step": "step", "reset": "reset", "run": "run", "pause": "pause", "stop": "stop", "snapshot": "snapshot",
            "restore": "restore", "export_png": "PNG", "export_svg": "SVG", "export_csv": "history CSV",
-           "fork": "fork here", "export_journal": "journal",
+           "fork": "fork here", "export_journal": "journal", "continue": "continue", "switch": "switch",
+           "compare": "compare", "drop": "drop",
            "clear_error": "clear", "reinitialize": "re-initialise"}
 LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
+MAX_K = 1000  # the K box refuses more minibatch rounds per step (a step of 10^6 rounds would never end in class)
+PRESENT_LEFT = 240  # px: presentation mode's column of run buttons and chosen sliders beside the plot
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
 
 
 # The groups of controls ``Dashboard(hide=[...])`` can hide, and what each holds.
-GROUPS = {"run": "steps box, run, pause, stop", "weights": "the weights tab (task and linked-set weights, lr, clip, "
+GROUPS = {"run": "steps box, run, pause, stop, re-initialise", "weights": "the weights tab (task and linked-set weights, lr, clip, "
           "combine)", "accumulation": "the batches tab (minibatches per step K, batch size)",
           "stepwise": "the stepwise tab (process minibatch, normalize, clip, apply, step, reset)",
-          "snapshots": "the snapshots tab (snapshot, restore, re-initialise, export)",
+          "snapshots": "the branches tab (fork here, continue, switch, compare, drop; snapshot, restore; export)",
           "plot_options": "the plot options (scale, smoothing, zoom, read-out step)", "table": "the state table",
           "log": "the read-out, events and validation tabs", "progress": "the progress bar"}
 
@@ -208,7 +212,7 @@ class Controls:
                     "has ended (or without one). Whole numbers only (25, 1e3); anything else is refused")
         rounds = trainer.minibatches_per_step
         self.k_boxes = {n: NumberText(
-            rounds[n], int, 1, 10**6, what=f"minibatches per step of {n}", description="K",
+            rounds[n], int, 1, MAX_K, what=f"minibatches per step of {n}", description="K",
             style={"description_width": "16px"}, layout=_layout(width="90px", flex="0 0 auto"),
             tooltip=f"trainer.set_minibatches_per_step(k, {n!r}): minibatch rounds (each active linked set once) task "
                     f"{n!r} accumulates before each apply(); from the next step on (a step in progress keeps its own)")
@@ -225,6 +229,16 @@ class Controls:
                                              layout=_layout(width="auto", flex="0 0 auto", min_width="52px"),
                                              button_style="primary" if name in ("step", "run") else "")
                         for name, label in labels.items()}
+        self.reinit_knobs = widgets.Dropdown(
+            options=[(label, value) for value, label in KNOB_CHOICES.items()], value="keep",
+            layout=_layout(width="150px", flex="0 0 auto"),
+            tooltip="what re-initialise does with the knobs: keep them as set now, or set the starting knobs again "
+                    "(the weights, lr, clip, combine method, K and batch sizes the notebook had set when this "
+                    "dashboard was built)")
+        self.branch_dropdown = widgets.Dropdown(
+            options=[], description="branch", layout=_layout(width="250px"), style={"description_width": "50px"},
+            tooltip="the branch drawn on the plot (x marks) and acted on by continue, switch, compare and drop")
+        self.compare_image = widgets.Image(format="png", layout=_layout(width=f"{PLOT_WIDTH}px", height="auto"))
         self.snapshot_dropdown = widgets.Dropdown(options=[], description="snapshot", layout=_layout(width="210px"),
                                                   style={"description_width": "60px"},
                                                   tooltip="the snapshot restore goes back to (the latest by default)")
@@ -254,48 +268,61 @@ class Controls:
         self.error_box, self.export_links, self.plot_label = widgets.HTML(), widgets.HTML(), widgets.HTML()
         self.noise_panel = widgets.HTML()
         self.image = widgets.Image(format="png", layout=_layout(width=f"{PLOT_WIDTH}px", height="auto"))
+        self.lower_tab: widgets.Tab | None = None
 
-    def layout(self, plots: bool, hide: Sequence[str] = (), presentation: bool = False) -> list[widgets.Widget]:
+    def layout(self, plots: bool, hide: Sequence[str] = (), presentation: bool = False,
+               chosen: Sequence[str] | None = None) -> list[widgets.Widget]:
         """The parts of one screen: texts on top, controls on the left, the plot on the right; in presentation
-        mode the plot first, then the controls. ``hide`` names control groups (``GROUPS``) left out."""
+        mode the run buttons and the ``chosen`` sliders (weight keys, ``"lr"``; None: every weight and the lr)
+        beside the plot, which fits the window's height, so that both show on one screen at 150 %; the other
+        controls under them. ``hide`` names control groups (``GROUPS``) left out."""
         B, hidden = self.buttons, set(check_hide(hide))
+        for slider in (*self.sliders.values(), self.lr_slider):  # presentation mode narrows them: back to normal
+            slider.layout.width = f"{LEFT_WIDTH - 44}px"
         wrap = _layout(flex_flow="row wrap", align_items="center")
-        run_row = widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"]], layout=wrap)
-        weights = widgets.VBox([*self.sliders.values(), self.lr_slider,
+        run_row = widgets.VBox([widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"]], layout=wrap),
+                                widgets.HBox([B["reinitialize"], tipped(self.reinit_knobs)], layout=wrap)])
+        beside = set(list(self.sliders) + ["lr"] if chosen is None else chosen) if presentation else set()
+        weights = widgets.VBox([*(s for k, s in self.sliders.items() if k not in beside),
+                                *([] if "lr" in beside else [self.lr_slider]),
                                 widgets.HBox([self.clip_toggle, self.clip_slider]), tipped(self.combine_dropdown)])
-        accumulation = widgets.VBox([widgets.HTML("<div style='line-height:1.3;font-size:12px'>per task: K minibatch "
-                                                  "rounds per step (from the next step), batch examples per "
-                                                  "minibatch (from the next minibatch)</div>")] + [
+        accumulation = widgets.VBox([widgets.HTML("<div style='line-height:1.3;font-size:12px'>per task: K = minibatch "
+                                                  "rounds per step (each active linked set once a round; from the "
+                                                  "next step, at most 1000), batch = examples per minibatch (from "
+                                                  "the next minibatch)</div>")] + [
             widgets.HBox([widgets.HTML(f"<b>{html.escape(n)}</b>", layout=_layout(width="70px")),
                           tipped(self.k_boxes[n]), tipped(self.batch_boxes[n])], layout=wrap) for n in self.k_boxes])
         stepwise = widgets.VBox([widgets.HBox([tipped(self.task_dropdown), tipped(self.set_dropdown)], layout=wrap),
                                  widgets.HBox([B[n] for n in ("minibatch", *self.calls, "apply", "step",
                                                               "reset")], layout=wrap)])
-        snaps = widgets.VBox([widgets.HBox([tipped(self.snapshot_dropdown), B["snapshot"], B["restore"]], layout=wrap),
-                              widgets.HBox([B["reinitialize"], B["fork"]], layout=wrap),
+        snaps = widgets.VBox([widgets.HBox([B["fork"], tipped(self.branch_dropdown)], layout=wrap),
+                              widgets.HBox([B[n] for n in ("continue", "switch", "compare", "drop")], layout=wrap),
+                              widgets.HBox([tipped(self.snapshot_dropdown), B["snapshot"], B["restore"]], layout=wrap),
                               widgets.HBox([B["export_png"], B["export_svg"], B["export_csv"], B["export_journal"]],
                                            layout=wrap),
                               self.export_links])
         pages = [(g, box, title) for g, box, title in (("weights", weights, "weights"),
                                                         ("accumulation", accumulation, "batches"),
                                                         ("stepwise", stepwise, "stepwise"),
-                                                        ("snapshots", snaps, "snapshots")) if g not in hidden]
+                                                        ("snapshots", snaps, "branches")) if g not in hidden]
         width = "100%" if presentation else f"{LEFT_WIDTH}px"
-        left_parts = [] if "run" in hidden else [run_row]
+        left_parts = [] if "run" in hidden or presentation else [run_row]
         if pages:
             left_parts.append(widgets.Tab([p[1] for p in pages], titles=tuple(p[2] for p in pages),
                                           layout=_layout(width=f"{round(LEFT_WIDTH * (1.3 if presentation else 1))}px")))
         left = widgets.VBox(left_parts, layout=_layout(width=width if not presentation else "auto", flex="0 0 auto"))
         lower = None if "log" in hidden else widgets.Tab(
-            [self.readout, self.event_log, self.validation_table, self.noise_panel],
-            titles=("read-out", "events", "validation", "noise scale"))
+            [self.readout, self.event_log, self.validation_table, self.noise_panel, self.compare_image],
+            titles=("read-out", "events", "validation", "noise scale", "compare"))
+        self.lower_tab = lower
         options = [] if "plot_options" in hidden or not plots else [
             widgets.HBox([self.scale_toggle, self.smoothing_slider, self.zoom, tipped(self.read_step)], layout=wrap)]
         if plots and not presentation:
             right = widgets.VBox([*options, self.plot_label, self.image, *([lower] if lower is not None else [])],
                                  layout=_layout(width=f"{PLOT_WIDTH + 10}px", flex="0 1 auto"))
         elif plots:
-            right = widgets.VBox([self.image, self.plot_label], layout=_layout(width="auto", flex="0 1 auto"))
+            right = widgets.VBox([self.image, self.plot_label], layout=_layout(width="auto", flex="1 1 auto",
+                                                                               min_width="0"))
         else:
             right = widgets.VBox([lower] if lower is not None and not presentation else [], layout=_layout(flex="1 1 auto"))
         top = widgets.HBox([self.progress, self.progress_label], layout=wrap)
@@ -304,10 +331,17 @@ class Controls:
         errors = widgets.HBox([self.error_box, B["clear_error"]], layout=wrap)
         B["clear_error"].layout.display = "none"
         table = [] if "table" in hidden else [self.table]
-        if presentation:  # the plot first, the texts under it, then the controls beside the log, then the table
+        if presentation:  # the run buttons and the chosen sliders beside the plot; everything else under them
+            keys = list(self.sliders) + ["lr"] if chosen is None else list(chosen)
+            steer = [self.lr_slider if k == "lr" else self.sliders[k] for k in keys]
+            for slider in steer:
+                slider.layout.width = f"{PRESENT_LEFT - 10}px"
+            side = widgets.VBox(([] if "run" in hidden else [run_row]) + ([] if "weights" in hidden else steer),
+                                layout=_layout(width=f"{PRESENT_LEFT}px", flex="0 0 auto"))
+            screen = widgets.HBox([side, right], layout=_layout(flex_flow="row", align_items="flex-start"))
             below = widgets.HBox([left, *([lower] if lower is not None else [])],
                                  layout=_layout(flex_flow="row wrap", align_items="flex-start"))
-            return [right, self.counter, top, self.status, errors, *options, below, *table]
+            return [self.counter, self.status, screen, top, errors, *options, below, *table]
         body = widgets.HBox([left, right], layout=_layout(flex_flow="row wrap", align_items="flex-start"))
         return [self.counter, top, self.status, errors, *table, body]
 
@@ -315,6 +349,7 @@ class Controls:
         """Every widget built here (to close them)."""
         return [*self.sliders.values(), self.lr_slider, self.clip_slider, self.clip_toggle, self.combine_dropdown,
                 *self.buttons.values(), self.task_dropdown, self.set_dropdown, self.steps_box, self.snapshot_dropdown,
+                self.reinit_knobs, self.branch_dropdown, self.compare_image,
                 *self.k_boxes.values(), *self.batch_boxes.values(),
                 self.scale_toggle, self.smoothing_slider, self.zoom, self.read_step, self.counter, self.status,
                 self.table, self.progress, self.progress_label, self.validation_table, self.event_log, self.readout,

@@ -45,6 +45,7 @@ from ..training.plots import (
 LIVE_POINTS = 400  # per line in the live plot: a blitted redraw stays ~40 ms
 PRESENTATION_SCALE = 1.35  # font scale of presentation mode (a projector, 150 % zoom)
 EVENTS_LABEL = "n: event n of the log"
+BRANCH_STYLE: dict[str, Any] = {"lw": 1.1, "marker": "x", "ms": 4.5, "mew": 1.2, "zorder": 2.5}  # a fork's lines
 RELAYOUT_S = 20.0  # s: the layout is redone at least this often (tick labels change width as limits move)
 
 
@@ -89,7 +90,9 @@ class LivePlot:
         self.marker: float | None = None
         self.full_draws = 0
         self.fast_draws = 0
-        self.min_full_interval = 4.0  # limits move at most this often; in between, lines may leave the view
+        self.min_full_interval = 4.0  # s: limits *shrink* (zoom in on data that use little of them) at most this
+        # often; they grow at once, at any redraw, whenever a drawn point falls outside them
+        self.refits = 0  # how often the limits moved (each costs a full draw and a layout)
         self.panels: tuple[str, ...] = ()
         self._build(("loss", "grad_norm"))
 
@@ -121,7 +124,7 @@ class LivePlot:
         self._event_artists: list[Any] = []
         self._events_key: tuple[tuple[float, str], ...] | None = None
         self._events: list[tuple[float, str]] = []
-        self.legend_key: tuple[tuple[str, ...], tuple[str, ...], bool, bool] | None = None
+        self.legend_key: tuple[tuple[str, ...], tuple[str, ...], bool, bool, str | None] | None = None
         self.legend: Legend | None = None
         self._resize(layout_height(len(panels), [], self.width_px, self.font_scale))
         self._background: object | None = None  # the canvas's copy of the drawn background (for blitting)
@@ -176,9 +179,11 @@ class LivePlot:
 
     def update(self, series: Mapping[str, Series], validation: Mapping[str, Series] | None = None,
                step: int | None = None, events: Sequence[tuple[float, str]] = (),
-               ghost: Mapping[str, Series] | None = None) -> None:
+               ghost: Mapping[str, Series] | None = None, branch: Mapping[str, Series] | None = None,
+               branch_name: str | None = None) -> None:
         """New data for every line; ``events`` are marked; ``ghost`` lines (an abandoned branch) are drawn
-        grey, under the live ones. ``step`` is the step the data reach (the dashboard's label says it)."""
+        grey, under the live ones; ``branch`` lines (a fork, ``branch_name``: its own part) in the task's colour
+        with x marks. ``step`` is the step the data reach (the dashboard's label says it)."""
         panels = panels_for(series, ghost)
         if panels != self.panels:
             self._build(panels)
@@ -213,22 +218,36 @@ class LivePlot:
             line.set_data(*thin(xs, ys, self.max_points))
             line.set_marker("o" if len(xs) == 1 else "")
             wanted.add(f"ghost:{col}")
+        for col, (xs, ys) in (branch or {}).items():
+            where, look = panel_of(col), self.styles.line(col)
+            if where is None or where[0] not in self.axes or look is None:
+                continue
+            if PANEL_SPECS[where[0]].log or (where[0] == "loss" and self.scale == "log"):
+                xs, ys = positive(xs, ys)
+            line = self._line(f"branch:{col}", where[0], {**BRANCH_STYLE, "color": look["color"], "label": "_branch"})
+            shown_xs, shown_ys = thin(xs, ys, self.max_points)
+            line.set_data(shown_xs, shown_ys)
+            line.set_markevery(max(1, len(shown_xs) // 12))
+            wanted.add(f"branch:{col}")
         for key, line in self.lines.items():
             if key not in wanted:
                 line.set_data([], [])
-        cols = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:", "valid:")))
+        cols = tuple(k for k in self.lines if k in wanted and not k.startswith(("raw:", "ghost:", "valid:", "branch:")))
+        shown_branch = branch_name if any(k.startswith("branch:") for k in wanted) else None
         legend_key = (cols, tuple(k[len("valid:"):] for k in self.lines if k in wanted and k.startswith("valid:")),
-                      any(k.startswith("ghost:") for k in wanted), bool(events))
+                      any(k.startswith("ghost:") for k in wanted), bool(events), shown_branch)
         if legend_key != self.legend_key:  # rebuilding the legend and the layout is slow: only on change
             self.legend_key = legend_key
-            shown, valid_keys, ghosted, marked = legend_key
+            shown, valid_keys, ghosted, marked, forked = legend_key
             entries = self.styles.legend(shown, valid_keys, ghosted, EVENTS_LABEL if marked else None)
+            if forked:
+                entries.append((Line2D([], [], color="#555555", **{k: v for k, v in BRANCH_STYLE.items()
+                                                                   if k != "zorder"}), f"{forked} (fork)"))
             self._resize(layout_height(len(self.panels), entries, self.width_px, self.font_scale))
             self.legend = shared_legend(self.figure, entries, self.font_scale)
             self._stale = self._relayout = True
         self._events = list(events)
-        if self._stale or time.monotonic() - self._last_full >= self.min_full_interval:
-            self._fit()
+        self._fit(shrink=self._stale or time.monotonic() - self._last_full >= self.min_full_interval)
         if self._stale or tuple(self._events[-MAX_EVENT_MARKS:]) != self._events_key:
             self._mark()  # animated: a new event (a knob moved) is drawn over the cached background
 
@@ -244,9 +263,11 @@ class LivePlot:
             self._event_artists += mark_events(ax, self._events, labels=i < self.cols, axes_px=px,
                                                font_scale=self.font_scale, animated=True)
 
-    def _fit(self) -> None:
-        """Shared x limits (the zoom, or the data with headroom); y limits per panel from what is shown,
-        moved only when the data leave them or use less than a third of them."""
+    def _fit(self, shrink: bool = True) -> None:
+        """Shared x limits (the zoom, or the data with headroom); y limits per panel from what is shown.
+        Checked at every update (a few array comparisons): the limits move at once when a drawn point falls
+        outside them, so no point ever runs off a panel; with ``shrink`` also when the data use less than a
+        third of them. Moved limits change the tick labels' widths: the layout is done again."""
         data = {}
         for p, ax in self.axes.items():
             pts = [(np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float)) for ln in ax.lines
@@ -262,13 +283,13 @@ class LivePlot:
             lo, hi = self.xrange
             if first.get_xlim() != (lo, hi):
                 first.set_xlim(lo, hi)
-                self._stale = True
+                self._moved()
         else:
             cx0, cx1 = first.get_xlim()
-            if self._stale or x0 < cx0 or x1 > cx1 or 0 < (x1 - x0) < (cx1 - cx0) / 3:
+            if self._stale or x0 < cx0 or x1 > cx1 or (shrink and 0 < (x1 - x0) < (cx1 - cx0) / 3):
                 span = max(x1 - x0, 1.0)
                 first.set_xlim(x0 - 0.02 * span - 0.5, x1 + max(0.15 * span, 5.0))
-                self._stale = True
+                self._moved()
         shown = first.get_xlim()
         for panel, ax in self.axes.items():
             log = ax.get_yscale() == "log"
@@ -284,14 +305,20 @@ class LivePlot:
                 used = (math.log10(y1) - math.log10(y0)) / max(math.log10(cy1) - math.log10(max(cy0, 1e-300)), 1e-12)
             else:
                 used = (y1 - y0) / max(cy1 - cy0, 1e-300)
-            if self._stale or y0 < cy0 or y1 > cy1 or 0 < used < 1 / 3:
+            if self._stale or y0 < cy0 or y1 > cy1 or (shrink and 0 < used < 1 / 3):
                 lo, hi = _padded(y0, y1, log, 0.08 if self.xrange is not None else 0.3)
                 if not log and y0 >= 0:
                     lo = max(lo, 0.0)  # a non-negative quantity is never padded below 0
                 if PANEL_SPECS[panel].percent:
                     hi = max(hi, 1e-4)
                 ax.set_ylim(lo, hi)
-                self._stale = True
+                self._moved()
+
+    def _moved(self) -> None:
+        """Limits moved: a full draw, and a new layout (tick labels of another width could be cut)."""
+        if not self._stale:
+            self.refits += 1
+        self._stale = self._relayout = True
 
     def clear(self) -> None:
         for line in self.lines.values():

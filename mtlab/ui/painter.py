@@ -66,8 +66,8 @@ class Painter:
         with self._lock:
             t0, c0 = time.monotonic(), time.thread_time()
             data = self.store.copy()
-            self.plot.update(data.series, validation_series(data.validation), step=data.step, events=data.events,
-                             ghost=data.ghost)
+            self.plot.update(data.series, validation_series(data.validation), step=data.step, events=data.marks(),
+                             ghost=data.ghost, branch=data.branch, branch_name=data.branch_name)
             png = self.plot.png()
             self.drawn_step = data.step
             self.sink(png, data.step)

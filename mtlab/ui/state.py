@@ -38,18 +38,42 @@ class SeriesStore:
         self.validation: list[dict[str, Any]] = validation or []  # evaluate events and the loop's validation records
         self.records: list[dict[str, Any]] = records or []  # the loop's validation records (the validation table)
         self.step = step  # the step the collected data reach
+        self.abandoned: set[int] = set()  # indices of the events of an abandoned branch: in the log, not marked
+        self.branch_name: str | None = None  # the branch drawn beside the run ("fork here"), and its curves
+        self.branch: dict[str, Series] = {}
+        self.branch_version = 0  # counts changes of the branch's curves (the view redraws on a change)
         self.lock = threading.Lock()
         self._seen = 0
         self._reload: int | None = None
+
+    def set_branch(self, name: str | None, series: dict[str, Series]) -> None:
+        """The selected branch's curves (``branches.branch_series``), drawn beside the run's; None: no branch."""
+        with self.lock:
+            self.branch_name, self.branch = name, series
+            self.branch_version += 1
+
+    def clear(self) -> None:
+        """Forget every row, ghost, event and validation point (the dashboard drives another trainer now)."""
+        with self.lock:
+            self.series, self.ghost, self.events, self.validation, self.records = {}, {}, [], [], []
+            self.abandoned, self._seen, self._reload, self.step = set(), 0, None, 0
 
     def event(self, step: int, text: str) -> None:
         with self.lock:
             self.events.append((int(step), text))
 
-    def restored(self, step: int) -> None:
-        """A restore went back to ``step``: the next collect keeps what lies after it as the ghost."""
+    def restored(self, step: int, everything: bool = False) -> None:
+        """A restore went back to ``step``: the next collect keeps what lies after it as the ghost, and the events
+        after it (``everything``: every event so far, a re-initialisation) are no longer marked on the plot."""
         with self.lock:
             self._reload = int(step)
+            self.abandoned |= {i for i, (s, _) in enumerate(self.events) if everything or s > step}
+
+    def marks(self) -> list[tuple[float, str]]:
+        """The events as the plot marks them: numbered as in the log, an abandoned branch's at step inf (never
+        inside the step range shown, so not drawn)."""
+        with self.lock:
+            return [(math.inf if i in self.abandoned else float(s), t) for i, (s, t) in enumerate(self.events)]
 
     def collect(self, trainer: Trainer) -> int:
         """Add the history rows written since the last call; returns how many."""
@@ -79,8 +103,11 @@ class SeriesStore:
     def copy(self) -> SeriesStore:
         """A consistent copy (lists copied under the lock) for a drawing thread."""
         with self.lock:
-            return SeriesStore({k: (list(xs), list(ys)) for k, (xs, ys) in self.series.items()}, dict(self.ghost),
-                               list(self.events), list(self.validation), list(self.records), self.step)
+            out = SeriesStore({k: (list(xs), list(ys)) for k, (xs, ys) in self.series.items()}, dict(self.ghost),
+                              list(self.events), list(self.validation), list(self.records), self.step)
+            out.abandoned = set(self.abandoned)
+            out.branch_name, out.branch, out.branch_version = self.branch_name, dict(self.branch), self.branch_version
+            return out
 
     def values_at(self, step: float) -> dict[str, tuple[int, float]]:
         """Every series' value at ``step`` (the last point at or before it): ``column -> (its step, value)``."""
@@ -148,6 +175,9 @@ class DashState:
     table_html: str = field(default="", repr=False)  # the per-task state table (needs the accumulators)
     journal: tuple[str, ...] = ()  # trainer.journal's knob changes, one line each
     noise_html: str = field(default="", repr=False)  # the noise-scale panel
+    branches: tuple[tuple[str, str], ...] = ()  # (label, name) of each branch made by "fork here"
+    branch: str | None = None  # the selected branch (drawn on the plot)
+    driven: str = "main"  # the name of the trainer the dashboard drives
 
     @property
     def running(self) -> bool:

@@ -48,12 +48,20 @@ TOOLTIPS = {
     "export_csv": "Write trainer.history as CSV into the export folder and offer a download link.",
     "clear_error": "Clear the error details below.",
     "reinitialize": "Re-initialise: trainer.reinitialize(): back to the initial weights, a fresh optimizer state, the data "
-                    "and RNG of a freshly built trainer, step 0; the knobs stay as set and the old curves stay grey on the "
-                    "plot (an abandoned branch). Unlike reset, which only discards the accumulation in progress. During a "
-                    "run it happens at the end of the current step.",
+                    "and RNG of a freshly built trainer, step 0; the knobs as chosen beside it (kept as set, or the starting "
+                    "knobs again); the old curves stay grey on the plot (an abandoned branch) and its event marks go. "
+                    "Unlike reset, which only discards the accumulation in progress. During a run it happens at the end "
+                    "of the current step.",
     "fork": "trainer.fork(): a branch of the trainer as it is now, that trains on independently (from a snapshot: "
-            "controller.fork(index=i)); kept in dashboard.controller.branches; mtlab.plots.plot_runs draws them "
-            "side by side.",
+            "controller.fork(index=i)); kept in dashboard.controller.branches and chosen in the branch selector; "
+            "continue trains it, its lines (x marks) join the plot.",
+    "continue": "Train the chosen branch 'steps' more steps (0: 10) in a background thread of its own; its loss and "
+                "gradient norm (x marks) grow on the plot beside the run's.",
+    "switch": "Drive the chosen branch from this dashboard (dash.trainer); the trainer driven until now becomes a "
+              "branch. Needs: nothing training.",
+    "compare": "Draw every branch and the trainer driven side by side (mtlab.plots.plot_runs), with what sets them "
+               "apart in words, in the compare tab under the plot.",
+    "drop": "Forget the chosen branch. Needs: the branch not training.",
     "export_journal": "Write trainer.journal as journal.jsonl into the export folder and offer a download link "
                       "(mtlab.replay reruns it bit for bit).",
 }
@@ -198,7 +206,10 @@ def state_table_html(trainer: Trainer) -> str:
             name, phase, s["minibatches"], s["loss"], s["normalizer"],
             s["normalized_loss"] if s["minibatches"] else None, model_norms(st),
             s["grad_norm_clipped"], None if clip_frac is None else f"{100 * float(clip_frac):.2g}%")) + "</tr>")
-    return f"{TABLE_STYLE}<table class='mtlab-state'>{head}{''.join(body)}</table>"
+    return (f"{TABLE_STYLE}<table class='mtlab-state'>{head}{''.join(body)}</table>"
+            "<div style='font-size:11px;line-height:1.3;color:#555'>Σ w·loss: the accumulated loss sums, each minibatch's times its "
+            "linked set's weight w; Σ w·norm: the same of the normalizers (frames, examples); loss/norm: their "
+            "ratio, the step's normalized loss; clipped: the share of gradient elements clip() clamped</div>")
 
 
 def validation_html(records: Sequence[Mapping[str, Any]], last: int = 12) -> str:

@@ -30,7 +30,7 @@ from ..training.schedule import Schedule
 from .controller import Controller
 from .controls import PLOT_WIDTH, Controls, check_hide
 from .painter import Painter
-from ..training.plots import DPI, figure_png, figure_svg, panel_of, plot_history
+from ..training.plots import DPI, figure_png, figure_svg, panel_of, plot_history, plot_runs
 from .liveplot import LIVE_POINTS, LivePlot
 from .state import DashState
 from .texts import (
@@ -51,11 +51,15 @@ def page_css() -> str:
     """The dashboard's style sheet: presentation mode's sizes and the expiry of live claims (``live_only``)."""
     return f"""<style>
 .mtlab-present {{--jp-widgets-font-size: 17px; --jp-widgets-inline-height: 34px; --jp-widgets-inline-label-width: 90px}}
-.mtlab-present .widget-html-content, .mtlab-present .widget-html-content *, .mtlab-present .lm-TabBar-tabLabel,
+.mtlab-present .widget-html-content, .mtlab-present .widget-html-content *:not(.mtlab-stale), .mtlab-present .lm-TabBar-tabLabel,
 .mtlab-present .widget-label, .mtlab-present button, .mtlab-present input, .mtlab-present select
   {{font-size: 17px !important; line-height: 1.35}}
 .mtlab-present .widget-inline-hbox .widget-label {{width: auto !important; min-width: fit-content; padding-right: 6px}}
 .mtlab-present .widget-toggle-button {{width: auto !important}}
+.mtlab-present .widget-html-content .mtlab-state td, .mtlab-present .widget-html-content .mtlab-state th,
+.mtlab-present .widget-html-content .mtlab-valid td, .mtlab-present .widget-html-content .mtlab-valid th
+  {{font-size: 13px !important; white-space: normal !important; padding: 2px 5px !important}}
+.mtlab-present img.widget-image {{object-fit: contain}}
 @media (max-width: 1100px) {{  /* zoomed in (150 % of 1280 px is 853 px): table cells wrap instead of being cut */
   .mtlab-dashboard .mtlab-state td, .mtlab-dashboard .mtlab-state th
     {{white-space: normal !important; line-height: 1.25 !important; padding: 2px 6px !important}}
@@ -89,8 +93,10 @@ class Dashboard(widgets.VBox):
     size, in the "batches" tab). Number boxes (``steps_box``, ``read_step``, ``k_boxes``, ``batch_boxes``) parse
     what is typed on Enter: a refusal says why in the status line and the box shows the value in force again.
 
-    ``presentation=True`` (or ``dash.presentation = True`` later): larger text, the plot first and the controls
-    under it, for a projector (readable at 150 % zoom on 1280x800). ``hide=[...]`` leaves control groups out
+    ``presentation=True`` (or ``dash.presentation = True`` later): larger text, the run buttons and the sliders
+    ``sliders=[...]`` names (weight keys, ``"lr"``; default: every weight and the lr) beside the plot, which fits the
+    window's height, the other controls under them: plot and sliders on one screen of a projector (150 % zoom on
+    1280x800). ``hide=[...]`` leaves control groups out
     (``mtlab.ui.controls.GROUPS``: run, weights, accumulation, stepwise, snapshots, plot_options, table, log,
     progress), e.g. for a guided exercise; an unknown name is an error that lists them.
 
@@ -101,7 +107,7 @@ class Dashboard(widgets.VBox):
     def __init__(self, trainer: Trainer, schedule: Schedule | None = None, refresh_s: float = 0.25, draw_interval: float = 0.7,
                  max_draw_share: float = 0.1, max_points: int = LIVE_POINTS, plots: bool = True,
                  keep_snapshots: int = 5, painter: str = "thread", export_dir: str | Path = "mtlab_export",
-                 presentation: bool = False, hide: Sequence[str] = ()) -> None:
+                 presentation: bool = False, hide: Sequence[str] = (), sliders: Sequence[str] | None = None) -> None:
         hide = check_hide(hide)
         controls = Controls(trainer)  # first: a bad argument below leaves nothing attached to the trainer
         scale = PRESENT_SCALE if presentation else 1.0  # the plot's text and lines, larger in presentation mode
@@ -109,12 +115,16 @@ class Dashboard(widgets.VBox):
                         dpi=round(DPI * scale)) if plots else None
         self.controls = controls
         self.hide, self._presentation, self._plots = hide, bool(presentation), plots
+        unknown = [k for k in (sliders or ()) if k != "lr" and k not in controls.sliders]
+        if unknown:
+            raise ValueError(f"sliders: unknown {unknown}; choose among {[*controls.sliders, 'lr']}")
+        self.chosen = None if sliders is None else list(sliders)  # presentation mode's sliders beside the plot
         self._beat = 0  # counts renders: a live claim ("running") re-sent each time restarts its expiry
         self.export_dir = Path(export_dir)
         self.state: DashState | None = None
         self._syncing = 0  # the thread putting the trainer's values into the controls (0: none)
         self._zoomed = False
-        self._drawn_key: tuple[int, int, int, int, int] | None = None
+        self._drawn_key: tuple[Any, ...] | None = None
         self._render_lock = threading.RLock()
         self._final = False
         self.controller = Controller(trainer, schedule, keep_snapshots=keep_snapshots, refresh_s=refresh_s)
@@ -127,14 +137,17 @@ class Dashboard(widgets.VBox):
         self.controller.refresh()
 
     def _parts(self) -> list[widgets.Widget]:
-        parts = self.controls.layout(self._plots, self.hide, self._presentation)
+        parts = self.controls.layout(self._plots, self.hide, self._presentation, self.chosen)
         image = self.controls.image
-        if self._presentation:
+        if self._presentation:  # the plot as large as the width beside the sliders and the window's height allow
             self.add_class("mtlab-present")
-            image.layout.width, image.layout.max_width = "100%", f"{round(PLOT_WIDTH * PRESENT_SCALE)}px"
+            image.layout.width, image.layout.height = "auto", "auto"
+            image.layout.max_width = f"min(100%, {round(PLOT_WIDTH * PRESENT_SCALE)}px)"
+            image.layout.max_height = "calc(100vh - 150px)"
         else:
             self.remove_class("mtlab-present")
-            image.layout.width, image.layout.max_width = f"{PLOT_WIDTH}px", None
+            image.layout.width, image.layout.height = f"{PLOT_WIDTH}px", "auto"
+            image.layout.max_width, image.layout.max_height = None, None
         return [widgets.HTML(page_css()), *parts]
 
     @property
@@ -164,7 +177,7 @@ class Dashboard(widgets.VBox):
                 slider.observe(lambda ch, t=task, s=lset: self._user(c.set_weight, t, s, ch["new"]), "value")
             else:
                 slider.observe(lambda ch, t=task: self._user(c.set_task_weight, t, ch["new"]), "value")
-        w.lr_slider.observe(lambda ch: self._user(c.set_lr, ch["new"]), "value")
+        w.lr_slider.observe(lambda ch: self._user(self._set_lr, ch["new"]), "value")
         for part in (w.clip_toggle, w.clip_slider):
             part.observe(lambda ch: self._user(c.set_clip, w.clip_slider.value if w.clip_toggle.value else None),
                          "value")
@@ -179,13 +192,16 @@ class Dashboard(widgets.VBox):
                                                   if ch["new"] else "steps -> 0: run goes to the schedule's end, or "
                                                   "until stopped"), "number")
         w.task_dropdown.observe(self._on_task_choice, "value")
+        w.branch_dropdown.observe(lambda ch: self._user(c.select_branch, ch["new"]), "value")
         actions = {"minibatch": lambda: c.minibatch(w.task_dropdown.value, w.set_dropdown.value),
-                   "step": lambda: c.call("step"), "run": lambda: c.start(w.steps_box.number), "reinitialize": c.reinitialize,
+                   "step": lambda: c.call("step"), "run": lambda: c.start(w.steps_box.number),
+                   "reinitialize": lambda: c.reinitialize(w.reinit_knobs.value),
                    "pause": c.toggle_pause, "stop": self._click_stop, "snapshot": c.take_snapshot,
                    "restore": lambda: c.restore(w.snapshot_dropdown.value), "clear_error": c.clear_error,
                    "export_png": lambda: self._export("png"), "export_svg": lambda: self._export("svg"),
                    "export_csv": lambda: self._export("csv"), "export_journal": lambda: self._export("journal"),
-                   "fork": lambda: c.fork()}
+                   "fork": lambda: c.fork(), "continue": lambda: c.continue_branch(w.steps_box.number or 10),
+                   "switch": c.switch_branch, "compare": self._show_comparison, "drop": c.drop_branch}
         for name in (*w.calls, "apply", "reset"):  # the chain's calls (a user transform's too), apply, reset
             actions[name] = functools.partial(c.call, name)
         for name, fn in actions.items():
@@ -199,8 +215,34 @@ class Dashboard(widgets.VBox):
         if self._syncing != threading.get_ident():  # a value put there by render() (this thread) is no user's
             fn(*args)
 
+    def _set_lr(self, value: float) -> None:
+        """The lr from the slider; at an end of its range, say that a typed value beyond it was clamped there."""
+        slider = self.controls.lr_slider
+        if self.controller.set_lr(value) and (value <= slider.base ** slider.min * (1 + 1e-6) or
+                                              value >= slider.base ** slider.max * (1 - 1e-6)):
+            end = "lowest" if value <= slider.base ** slider.min * (1 + 1e-6) else "highest"
+            self.controller.say(f"lr -> {value:.3g}: the slider's {end} value (a number typed beyond it is clamped "
+                                f"there); for another, set trainer.lr in code")
+
     def _on_task_choice(self, change: dict[str, Any]) -> None:
         self.controls.set_dropdown.options = list(self.controller.trainer.tasks[change["new"]].linkedsets)
+
+    def _show_comparison(self) -> None:
+        """The branches and the trainer driven side by side (``plot_runs``) in the compare tab under the plot."""
+        runs = self.controller.compared()
+        if len(runs) < 2:
+            self.controller.say("compare: no branch yet; click fork here, then continue", error=True)
+            return
+        try:
+            fig = plot_runs(runs, width_px=PLOT_WIDTH)
+            self.controls.compare_image.value = figure_png(fig)
+        except Exception as exc:  # noqa: BLE001 (a figure that fails: said, never lost)
+            self.controller.say(f"compare: {type(exc).__name__}: {exc}", error=True)
+            return
+        tab = self.controls.lower_tab
+        if tab is not None:
+            tab.selected_index = len(tab.children) - 1
+        self.controller.say(f"compare: {', '.join(runs)} side by side in the compare tab under the plot")
 
     def _click_stop(self) -> None:
         if not self.controller.stop(wait=False):
@@ -237,7 +279,8 @@ class Dashboard(widgets.VBox):
             w.counter.value = counter_html(state)
             w.status.value = status_html(state)
         w.table.value = state.table_html
-        w.progress_label.value = progress_html(state)
+        progress = progress_html(state)  # its ETA is a live claim too: it expires with the kernel's news
+        w.progress_label.value = live_only(progress, self._beat) if state.running else progress
         w.event_log.value = events_html(state.events) + journal_html(state.journal)
         w.noise_panel.value = state.noise_html
         w.validation_table.value = validation_html(state.records)
@@ -260,6 +303,9 @@ class Dashboard(widgets.VBox):
             # The trainer's values now, not the state's: a slider the user moved since the state was taken
             # (from the run's thread) is not put back.
             tr = self.controller.trainer
+            if tr.pending_changes():  # a knob moved during a step waits for the step's next knob read: the
+                self._sync_views(state)  # trainer still holds the old value, which must not put the slider back
+                return
             weights, lr, clip = tr.weights(), float(tr.lr), tr.clip_grad_value
             for key, value in weights.items():
                 s = w.sliders.get(key)
@@ -281,33 +327,45 @@ class Dashboard(widgets.VBox):
                     box.show(tr.tasks[name].batch_size)
             if state.combine in w.combine_dropdown.options:
                 w.combine_dropdown.value = state.combine
-            options = [(label, i) for i, label in enumerate(state.snapshots)]
-            if list(w.snapshot_dropdown.options) != options:
-                w.snapshot_dropdown.options = options
-                w.snapshot_dropdown.value = options[-1][1] if options else None
-            first, last = self.controller.data.step_range()
-            if last > w.zoom.max or first < w.zoom.min or not self._zoomed:
-                w.zoom.max, w.zoom.min = max(last, first + 1), first
-                if not self._zoomed:
-                    w.zoom.value = (first, max(last, first + 1))
+            self._sync_views(state)
         finally:
             self._syncing = 0
+
+    def _sync_views(self, state: DashState) -> None:
+        """The selectors and the zoom from ``state`` (called by ``_sync_controls``, within its syncing)."""
+        w = self.controls
+        branches = [(label, name) for label, name in state.branches]
+        if list(w.branch_dropdown.options) != branches:
+            w.branch_dropdown.options = branches
+        if state.branch != w.branch_dropdown.value and (state.branch is None or
+                                                        state.branch in [n for _, n in branches]):
+            w.branch_dropdown.value = state.branch
+        options = [(label, i) for i, label in enumerate(state.snapshots)]
+        if list(w.snapshot_dropdown.options) != options:
+            w.snapshot_dropdown.options = options
+            w.snapshot_dropdown.value = options[-1][1] if options else None
+        first, last = self.controller.data.step_range()
+        if last > w.zoom.max or first < w.zoom.min or not self._zoomed:
+            w.zoom.max, w.zoom.min = max(last, first + 1), first
+            if not self._zoomed:
+                w.zoom.value = (first, max(last, first + 1))
 
     def _plot_if_changed(self, state: DashState, force: bool = False) -> None:
         painter = self.painter
         data = self.controller.data
-        key = (state.step, len(data.events), len(data.validation), id(data.ghost), len(data.series))  # a knob's
-        # event is in the store at once: its mark is drawn without waiting for the step in flight
+        key = (state.step, len(data.events), len(data.validation), id(data.ghost), len(data.series),
+               state.run.state if state.run is not None else None, data.branch_version)  # a knob's event is in
+        # the store at once: its mark is drawn without waiting for the step in flight; a run's end is drawn always
         if painter is not None and (force or key != self._drawn_key):
             self._drawn_key = key
             self._update_readout()
             run = self.controller.run
-            if run is not None and run.in_thread:
+            if run is not None and run.in_thread and run.state != "ended":
                 painter.between_steps()
             elif self.controller.running:
                 painter.request()
-            else:
-                painter.draw()
+            else:  # idle, paused, or the run's last state (ended by its steps, stop, an interrupt or an error):
+                painter.draw()  # drawn now, whatever the pace, so that the frame left shows the last step
         elif painter is None:
             self._update_readout()
 

@@ -23,16 +23,17 @@ def executed(name: str) -> tuple:
     """The notebook run top to bottom with MTLAB_FAST=1 (once per test session): its cells."""
     nbformat, nbclient = notebook_tools()
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    before = os.environ.get("MTLAB_FAST")
-    os.environ["MTLAB_FAST"] = "1"
+    before = {k: os.environ.get(k) for k in ("MTLAB_FAST", "MTLAB_WAIT")}
+    os.environ.update(MTLAB_FAST="1", MTLAB_WAIT="1")  # unattended: the notebooks wait for their runs
     try:
         nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                 resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     finally:
-        if before is None:
-            os.environ.pop("MTLAB_FAST", None)
-        else:
-            os.environ["MTLAB_FAST"] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return tuple(nb.cells)
 
 
@@ -73,7 +74,10 @@ def test_notebook_01_does_not_block_its_run():
     start = code_cell(cells, "dash.start(STEPS)")
     assert "wait" not in start.source and "training 5 steps in the background" in text_of(start)
     assert "dash.wait" in prose(cells) and numbers(r"(\d+) steps; validation loss", text_of(
-        code_cell(cells, "while dash.running")))[0] == 1 + 5  # one step by hand, then the run's 5
+        code_cell(cells, "if WAIT:")))[0] == 1 + 5  # one step by hand, then the run's 5
+    blocking = [c.source for c in cells if c.cell_type == "code" and re.search(r"^\s*(while dash.running|dash.wait)",
+                                                                                c.source, re.M)]
+    assert all("if WAIT:" in s for s in blocking), blocking  # only an unattended run waits
 
 
 @pytest.mark.slow
@@ -91,9 +95,34 @@ def test_notebook_02_errors_and_interactive_cell_and_exercise():
                                    text_of(interactive))
     assert exact < 1e-12 and mean_of_means > 1e-3
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in interactive.outputs)
-    verdicts = text_of(code_cell(cells, "from mtlab import exercises")).splitlines()
-    assert verdicts[0].startswith("PASS accumulation matches one pass")
-    assert verdicts[1].startswith("FAIL accumulation matches one pass") and "mean of per-minibatch means" in verdicts[1]
+    assert text_of(code_cell(cells, "from mtlab import exercises")).startswith("PASS accumulation matches one pass")
+    wrong = text_of(code_cell(cells, "print(exercises.accumulation_matches_one_pass(lambda"))
+    assert wrong.startswith("FAIL accumulation matches one pass") and "mean of per-minibatch means" in wrong
+    assert mom[-1] - mom[1] > 0.3 * mom[-1]  # on the figure's linear axis from 0, the drift rises visibly
+    figure = code_cell(cells, "ratios =").source
+    assert "semilogy" not in figure and "set_ylim(bottom=0)" in figure
+    exact_max = max(float(m) for _, m, _ in rows)
+    assert exact_max < 1e-15 and "of order 1e-16 in float64" in prose(cells)  # the number the text quotes
+
+
+def solution_cells(name: str) -> list:
+    nbformat, _ = notebook_tools()
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    return [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+
+
+@pytest.mark.parametrize("name,count", [("02_accumulation_explained.ipynb", 1), ("04_stepwise_debugging.ipynb", 2)])
+def test_exercise_answers_sit_between_solution_markers(name, count):
+    """nbgrader's generate_assignment replaces what lies between the markers by a placeholder: the student's copy
+    holds no answer, and the checks stay in cells of their own."""
+    cells = solution_cells(name)
+    assert len(cells) == count
+    for c in cells:
+        src = c.source
+        assert "### BEGIN SOLUTION" in src and "### END SOLUTION" in src
+        student = src[:src.index("### BEGIN SOLUTION")] + "raise NotImplementedError()" + \
+            src[src.index("### END SOLUTION") + len("### END SOLUTION"):]
+        assert "exercises." not in student  # the check is not in the student's cell
 
 
 @pytest.mark.slow
@@ -105,6 +134,8 @@ def test_notebook_03_prints_no_raw_html_and_says_why_its_run_ended():
     assert "the steps asked for are done" in printed
     start = code_cell(cells, "dash.start(STEPS)")
     assert "wait" not in start.source  # the run cell returns: the sliders act during the run
+    later = [c.source for c in cells if c.cell_type == "code" and re.search(r"dash\.wait|while dash\.running", c.source)]
+    assert later and all("if WAIT:  # unattended only" in s for s in later), later  # Run All never blocks the kernel
     conflict = text_of(code_cell(cells, "mtlab.training.debug.gradient_conflict"))
     (cosine,) = numbers(r"\('frames', 'speaker'\): (-?[\d.e-]+)", conflict)
     assert -1 <= cosine <= 1
@@ -116,11 +147,14 @@ def test_notebook_04_conflict_and_checked_exercises():
     (cosine,) = numbers(r"cosine of the gradients of tag and utt = ([+-][\d.]+)", text_of(
         code_cell(cells, "for name, sets in trainer.active_tasks()")))
     assert -1 <= cosine <= 1
-    found = text_of(code_cell(cells, "answer = find_nonfinite")).splitlines()
-    assert found[1].startswith("PASS find the planted NaN") and found[2].startswith("FAIL find the planted NaN")
-    ratio = text_of(code_cell(cells, 'print(exercises.gradient_norm_ratio')).splitlines()
+    found = text_of(code_cell(cells, "print(exercises.found_planted_nan")).splitlines()
+    assert found[0].startswith("PASS find the planted NaN") and found[1].startswith("FAIL find the planted NaN")
+    assert "minibatches count from 0 within the task" in found[1]  # a wrong value
+    assert found[2].startswith("FAIL") and "must be a whole number" in found[2] and "differs" not in found[2]  # a type
+    ratio = [text_of(c) for c in cells if c.cell_type == "code" and c.source.startswith("print(exercises.gradient_norm_ratio")]
     assert ratio[0].startswith("FAIL") and "would do" in ratio[0]  # "at the current weights the check fails"
     assert ratio[1].startswith("PASS") and "= 0.500" in ratio[1]
+    assert "Phase." not in "".join(text_of(c) for c in cells if c.cell_type == "code")  # no enum reprs
 
 
 @pytest.mark.slow
@@ -173,8 +207,25 @@ def test_notebook_06_shows_the_numbers_its_text_quotes():
     assert a == b == 0.5 and "gives each weight 1/2" in text
     assert high / low > 2.3 and "at most about 1.6 against 0.6 on one step" in text
     assert abs(high - 1.6) < 0.15 and abs(low - 0.6) < 0.1
+    figure = text_of(code_cell(cells, "from IPython.display import Image"))
+    for method in ("sum", "upgrad"):  # the trend the text reads ("falls"), as the figure draws it: smoothed
+        start, end = numbers(rf"{method}: smoothed cosine on the shared head ([+-][\d.]+) at step 1, ([+-][\d.]+) at "
+                             "the end", figure)
+        assert start > 0.3 and end < start - 0.5, (method, start, end)
+    assert "smooth(" in code_cell(cells, "from IPython.display import Image").source
     (cos_a,) = numbers(r"cosine of the two tasks' accumulated gradients: (-?[\d.]+)", text_of(next(c for c in cells if "tr = mtlab.Trainer" in c.source)))
     assert cos_a < 0 and "frames against speaker" in text
+
+
+@pytest.mark.slow
+def test_notebook_07_figures_and_the_negative_estimate_explained():
+    cells = executed("07_journal_and_noise_scale.ipynb")
+    table = text_of(code_cell(cells, 'print(trainer.history.filter(like="gns")'))
+    assert "gns_g2" in table and "can be negative" in prose(cells) and "unbiased" in prose(cells)
+    runs = code_cell(cells, 'slow = trainer.fork("lower-lr")')
+    assert any("image/png" in o.get("data", {}) for o in runs.outputs)  # plot_runs' figure (its layout: tests/ui)
+    noise = code_cell(cells, 'print(trainer.history.filter(like="gns")')
+    assert any("image/png" in o.get("data", {}) for o in noise.outputs)
 
 
 # ------------------------------------------------------------------------------- 03 steered during its run

@@ -26,7 +26,7 @@ def test_branches_side_by_side_list_what_sets_them_apart(tmp_path, one_thread):
     fig = mtlab.plots.plot_runs({"main": tmp_path, "low-lr": branch})
     ax = fig.axes[0]
     assert {line.get_label() for line in ax.get_lines()} == {"main: a", "main: b", "low-lr: a", "low-lr: b"}
-    text = "\n".join(t.get_text() for t in ax.texts)
-    assert "low-lr:\n  step 1: lr value=0.0001 (code)" in text and "main:\n  (no change of its own)" in text
+    text = "\n".join(t.get_text() for a in fig.axes for t in a.texts)  # under the axes, in words
+    assert "low-lr: lr 1e-4 from step 2" in text and "main: no change of its own" in text
     fig = mtlab.plots.plot_noise_scale(tr)
     assert {line.get_label() for line in fig.axes[0].get_lines()} >= {"a", "b"}

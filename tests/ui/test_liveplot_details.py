@@ -1,5 +1,5 @@
 """Plot details, live and saved: validation points of each linked set with their own marker, every line
-with a look of its own (``direction`` and ``direction [enc]`` are not both solid black), the event
+with a look of its own (``update`` and ``update, enc`` are not both solid black), the event
 marks explained in the legend, log axes with at least two tick labels, one step range across the
 experiment folder's PNGs, no flat-0% clip_fraction.png. Headless (Agg)."""
 
@@ -55,7 +55,7 @@ def test_every_series_has_a_look_of_its_own_live_and_saved():
             looks = {label: look(ln) for label, ln in lines.items()}
             assert len(set(looks.values())) == len(looks), (ax.get_title(), looks)
     grad = labelled(live.axes["grad_norm"])
-    assert look(grad["direction"]) != look(grad["direction [enc]"])
+    assert look(grad["update"]) != look(grad["update, enc"])
     loss = labelled(live.axes["loss"])
     assert loss["frames/clean (valid)"].get_marker() != loss["frames/noisy (valid)"].get_marker()
     assert {loss[f"frames{s} (valid)"].get_marker() for s in ("", "/clean", "/noisy")} == {"o", "s", "^"}
@@ -67,7 +67,7 @@ def test_the_legend_explains_markers_dashes_and_event_numbers():
     live = live_plot()
     labels = [t.get_text() for t in live.legend.get_texts()]
     assert {"frames", "task1", "clean", "noisy", "valid", "valid clean", "valid noisy", "after clipping",
-            "direction", "direction [enc]"} <= set(labels)
+            "update", "update, enc"} <= set(labels)
     assert any(label.startswith("n: ") and "event" in label for label in labels)  # what "1" on the plot is
     assert [t.get_text() for t in live.axes["loss"].texts] == ["1", "2"]
     _, df, valid = many_tasks(2, True)

@@ -16,6 +16,7 @@ from helpers.trainers import assert_trees_equal
 
 import mtlab
 import mtlab.ui
+import ipywidgets as widgets
 from mtlab.ui.controls import GROUPS, NumberText, parse_number
 from mtlab.ui.view import live_only, page_css
 
@@ -198,12 +199,21 @@ def test_hide_names_control_groups_and_an_unknown_one_lists_them():
 
 
 @pytest.mark.plots
-def test_presentation_mode_puts_the_plot_first_with_larger_text():
-    d = mtlab.ui.dashboard(make_trainer(), presentation=True, hide=["stepwise"])
+def test_presentation_mode_puts_the_chosen_sliders_beside_the_plot_with_larger_text():
+    with pytest.raises(ValueError, match="sliders: unknown"):
+        mtlab.ui.dashboard(make_trainer(), presentation=True, sliders=["nope"])
+    d = mtlab.ui.dashboard(make_trainer(), presentation=True, hide=["stepwise"], sliders=["a/noisy", "lr"])
     try:
         order = [c for c in walk(d)]
-        image, table, sliders = d.controls.image, d.controls.table, d.controls.sliders["a"]
-        assert order.index(image) < order.index(sliders) and order.index(image) < order.index(table)
+        image, table, sliders = d.controls.image, d.controls.table, d.controls.sliders["a/noisy"]
+        screen = next(c for c in order if isinstance(c, widgets.HBox) and image in list(walk(c))
+                      and sliders in list(walk(c)))  # one row: the chosen sliders beside the plot
+        side = screen.children[0]
+        assert [c for c in walk(side) if isinstance(c, widgets.FloatSlider | widgets.FloatLogSlider)] == [
+            sliders, d.controls.lr_slider]
+        assert d.controls.buttons["run"] in list(walk(side))
+        assert order.index(image) < order.index(table)
+        assert image.layout.max_height and "100vh" in image.layout.max_height  # the plot fits the window's height
         assert "mtlab-present" in d._dom_classes and d.live.figure.dpi > 100
         assert not any(c is d.controls.buttons["minibatch"] for c in order)
         d.presentation = False

@@ -1,0 +1,90 @@
+"""``mtlab.plots.plot_runs`` for 2 to 4 runs read at a glance (measured with matplotlib's renderer): one wide axes,
+every text at least 10 px and inside the figure, the legend and what sets the runs apart under the axes in words
+("lr 1e-3 from step 11"), never a raw dict; a fork's shared past drawn once; every point inside the limits. And
+the noise-scale figure: every series its own colour and dash."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="plots need matplotlib: pip install 'mtlab[notebook]'")
+
+import mtlab  # noqa: E402
+from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+from mtlab import plots  # noqa: E402
+
+from .test_liveplot_layout import all_texts, readability  # noqa: E402
+from .test_liveplot_limits import outside, raw_texts  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs():
+    import torch
+
+    torch.set_num_threads(1)
+    ex = make_examples(24, 5)
+    tr = mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex)], lr=1e-2, clip_grad_value=0.5, device="cpu")
+    for _ in range(6):
+        tr.step()
+    snap = tr.state_dict()
+    lower = tr.fork("lower-lr")
+    lower.lr = 1e-3
+    clean = tr.fork("clean-only")
+    clean.set_weight("a", "noisy", 0.0)
+    tr.set_task_weight("b", 0.5)
+    for t in (tr, lower, clean):
+        for _ in range(6):
+            t.step()
+    back = tr.fork("restored", state=snap)
+    for _ in range(3):
+        back.step()
+    return {"main": tr, "lower-lr": lower, "clean-only": clean, "restored": back}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_plot_runs_is_readable_for_2_to_4_runs(runs, n):
+    chosen = dict(list(runs.items())[:n])
+    fig = plots.plot_runs(chosen)
+    assert readability(fig) == [] and outside(fig) == [] and raw_texts(fig) == []
+    texts = [t.get_text() for t in all_texts(fig)]
+    assert any(t.startswith("lower-lr: lr 1e-3 from step 7") for t in texts), texts
+    assert any(t.startswith("main: task b weight 0.5 from step 7") for t in texts), texts
+    if n >= 3:
+        assert any("clean-only: a/noisy weight 0 from step 7" in t for t in texts), texts
+    (ax,) = [a for a in fig.axes if a.get_label() != plots.LEGEND_CELL]
+    assert ax.get_window_extent().width >= 0.8 * fig.bbox.width  # one wide axes, the legend under it
+    main = {ln.get_label(): dict(zip(ln.get_xdata(), ln.get_ydata())) for ln in ax.lines
+            if ln.get_label().startswith("main:")}
+    for line in ax.lines:  # a fork's shared past once: each branch from its last point shared with the first run
+        name, task = line.get_label().split(": ")
+        first = min(line.get_xdata())
+        if name == "main":
+            assert first == 1
+        else:
+            assert first in (6, 7), line.get_label()  # forked after step 6 (its step-7 loss: the same weights)
+            assert main[f"main: {task}"][first] == line.get_ydata()[0]
+    looks = {(to_hex(ln.get_color()), str(ln.get_linestyle())) for ln in ax.lines}
+    assert len(looks) == len(ax.lines)  # every run x task its own look
+
+
+def test_short_numbers_and_changes_in_words():
+    assert plots.short_number(1e-3) == "1e-3" and plots.short_number(2.5e-4) == "2.5e-4"
+    assert plots.short_number(0.5) == "0.5" and plots.short_number(16) == "16"
+    entry = {"type": "change", "kind": "restore", "step": 9, "state": {"id": "230ab9", "n": 6, "k": None},
+             "to_step": 6}
+    assert plots.change_in_words(entry) == "went back to step 6"
+    assert plots.change_in_words({"kind": "lr", "step": 30, "value": 1e-3}) == "lr 1e-3 from step 31"
+
+
+def test_every_series_of_the_noise_scale_figure_is_distinct():
+    import pandas as pd
+
+    df = pd.DataFrame({"step": [1, 2, 3], "gns/frames": [3.0, 4.0, 5.0], "gns/frames/enc": [2.0, 3.0, 4.0],
+                       "gns/frames/frame_head": [1.0, 2.0, 3.0], "gns/speaker": [6.0, 5.0, 4.0],
+                       "gns/speaker/enc": [3.0, 2.0, 1.5], "gns/speaker/spk_head": [2.0, 1.0, 0.5]})
+    fig = plots.plot_noise_scale(df)
+    ax = fig.axes[0]
+    looks = [(to_hex(ln.get_color()), tuple(ln._dash_pattern[1] or ())) for ln in ax.lines]
+    assert len(ax.lines) == 6 and len(set(looks)) == 6, looks
+    assert readability(fig) == []
