@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.browser import CHROMIUM, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api
 
-from .test_notebook03_screens import (DASH_ERROR_JS, MODEL_ERRORS_JS, NOTEBOOK, RUNNING_JS, check_running_plot,
+from helpers.notebook03 import (DASH_ERROR_JS, MODEL_ERRORS_JS, NOTEBOOK, RUNNING_JS, check_running_plot,
                                       write_copy)
 
 pytestmark = pytest.mark.slow  # a server, a kernel and a browser

@@ -24,7 +24,7 @@ EXCEPTIONS: dict[str, str] = {
 }
 
 
-IMPORT_LIKE = re.compile(r"^\s*(from|import)\s+(test_|tests\b|conftest\b)", re.M)
+IMPORT_LIKE = re.compile(r"^\s*(from|import)\s+(\.*test_|tests\b|conftest\b)", re.M)
 
 
 def layers() -> dict[str, set[str]]:
@@ -95,7 +95,7 @@ def test_no_test_module_imports_another() -> None:
         if not IMPORT_LIKE.search(text):  # most files: no line that could be such an import
             continue
         for node in ast.walk(ast.parse(text, str(path))):
-            if isinstance(node, ast.ImportFrom) and node.level == 0:
+            if isinstance(node, ast.ImportFrom):  # relative too: ``from .test_x import y`` is another test file
                 names = [node.module or ""]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

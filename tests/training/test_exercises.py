@@ -130,3 +130,15 @@ def test_planted_nan_is_found_by_the_right_answer_only():
         exercises.plant_nan(tr)
     with pytest.raises(mtlab.ConfigError, match="task"):
         exercises.found_planted_nan(puzzle, {"linkedset": "clean"})
+
+
+def test_a_wrong_type_is_told_apart_from_a_wrong_value():
+    tr, _ = shared_trainer()
+    puzzle = exercises.plant_nan(tr, seed=3, minibatches=5)
+    as_text = exercises.found_planted_nan(puzzle, (puzzle.task, puzzle.linkedset, str(puzzle.minibatch)))
+    assert not as_text and "differs" not in as_text.message
+    assert f"the minibatch must be a whole number (an int, counted from 0 within the task) (got str '{puzzle.minibatch}')" \
+        in as_text.message
+    wrong = exercises.found_planted_nan(puzzle, (puzzle.task, puzzle.linkedset, puzzle.minibatch + 1))
+    assert not wrong and "the minibatch differs (minibatches count from 0 within the task)" in wrong.message
+    assert exercises.found_planted_nan(puzzle, (puzzle.task, puzzle.linkedset, puzzle.minibatch))

@@ -6,9 +6,7 @@ for 1, 2, 4 and 6 tasks, headless (Agg), with matplotlib's renderer for the size
 from __future__ import annotations
 
 import math
-import re
 
-import numpy as np
 import pytest
 
 pytest.importorskip("ipywidgets", reason="the dashboard needs ipywidgets: pip install 'mtlab[notebook]'")
@@ -22,34 +20,7 @@ from helpers.dashboards import many_tasks  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from mtlab import plots  # noqa: E402
 from mtlab.ui.liveplot import LivePlot  # noqa: E402
-
-from .test_liveplot_layout import PLOT_WIDTH, all_texts, readability  # noqa: E402
-
-RAW = re.compile(r"[{}<>]|\w+=[\[{(']|Phase\.|\bNone\b")  # a dict, a repr, an enum, a keyword dump
-
-
-def outside(fig: Figure) -> list[str]:
-    """Every drawn point inside an axes' x limits but outside its y limits (or x beyond a finite last step)."""
-    bad = []
-    for ax in fig.axes:
-        (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
-        for line in ax.lines:
-            if line.get_label() in ("_marker", "_events") or not line.get_visible():
-                continue
-            xs = np.asarray(line.get_xdata(), float)
-            ys = np.asarray(line.get_ydata(), float)
-            keep = (xs >= x0) & (xs <= x1) & np.isfinite(ys)
-            if ax.get_yscale() == "log":
-                keep &= ys > 0
-            out = keep & ((ys < y0 - 1e-12 * abs(y0)) | (ys > y1 + 1e-12 * abs(y1)))
-            if out.any():
-                bad.append(f"{ax.get_title()!r} {line.get_label()!r}: {int(out.sum())} point(s) outside y {y0:.3g}..{y1:.3g}"
-                           f", e.g. step {xs[out][0]:g} value {ys[out][0]:.3g}")
-    return bad
-
-
-def raw_texts(fig: Figure) -> list[str]:
-    return [t.get_text() for t in all_texts(fig) if RAW.search(t.get_text())]
+from helpers.figures import PLOT_WIDTH, outside, raw_texts, readability  # noqa: E402
 
 
 def test_the_check_catches_a_point_off_the_panel():

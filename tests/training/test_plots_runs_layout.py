@@ -13,9 +13,8 @@ import mtlab  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from mtlab import plots  # noqa: E402
+from helpers.figures import all_texts, outside, raw_texts, readability  # noqa: E402
 
-from .test_liveplot_layout import all_texts, readability  # noqa: E402
-from .test_liveplot_limits import outside, raw_texts  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,8 @@ pytest.importorskip("matplotlib", reason="the dashboard needs matplotlib: pip in
 import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
+from helpers.figures import outside, raw_texts, readability  # noqa: E402
 
-from .test_liveplot_limits import outside, raw_texts  # noqa: E402
-from .test_liveplot_layout import readability  # noqa: E402
 
 
 @pytest.fixture
