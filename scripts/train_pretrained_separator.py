@@ -59,15 +59,27 @@ def lr_at(rec: dict[str, Any], step: int) -> float:
     return float(rec["lr"] * rec["lr_decay"] ** (step / rec["steps"]))
 
 
-def scores(path: Path, splits: tuple[str, ...] = ("dev", "test"), limit: int | None = None) -> dict[str, float]:
-    """Mean SI-SDRi and SDRi (dB) per split of the separator stored at ``path``."""
+def figures(path: Path) -> dict[str, Any]:
+    """What the file at ``path`` gets measured on its stored (float16) weights, loaded back as a notebook loads
+    them: mean SI-SDRi and SDRi (dB) on dev and test, each test utterance's SI-SDRi (for a quick check of the
+    file), and the ideal binary and ratio masks' figures on the same splits."""
     sep = load_pretrained(path=path)
-    out = {}
-    for split in splits:
-        df = sep.evaluate(split, limit=limit)
+    out: dict[str, Any] = {}
+    for split in ("dev", "test"):
+        df = sep.evaluate(split)
         out[f"{split}_si_sdri"] = round(float(df["si_sdri"].mean()), 2)
         out[f"{split}_sdri"] = round(float(df["sdri"].mean()), 2)
+    out["test_names"] = list(df["name"])
+    out["test_each_si_sdri"] = [round(float(v), 3) for v in df["si_sdri"]]
+    out.update(ideal_mask_scores(sep, ("dev", "test")))
     return out
+
+
+def report(info: dict[str, Any]) -> None:
+    for split in ("dev", "test"):
+        print(f"{split}: SI-SDRi {info[f'{split}_si_sdri']:+.2f} dB, SDRi {info[f'{split}_sdri']:+.2f} dB; ideal "
+              f"binary mask {info[f'{split}_ibm_si_sdri']:+.2f} / {info[f'{split}_ibm_sdri']:+.2f} dB, ideal ratio "
+              f"mask {info[f'{split}_irm_si_sdri']:+.2f} / {info[f'{split}_irm_sdri']:+.2f} dB")
 
 
 def dev_si_sdri(sep) -> float:
@@ -98,13 +110,20 @@ def main() -> None:
     ap.add_argument("--run", type=Path, default=RUN, help="folder of the resumable checkpoint and the progress log")
     ap.add_argument("--out", type=Path, default=WEIGHTS, help="the shipped file, written when the budget is done")
     ap.add_argument("--evaluate", action="store_true", help="only print the scores of --out")
+    ap.add_argument("--write", action="store_true", help="with --evaluate: store the measured figures in --out")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.evaluate:
         info = pretrained_info(args.out)
         print(f"{args.out}: {info['steps']} steps, {info['train_cpu_seconds']:.0f} s CPU; stored: dev "
               f"{info['dev_si_sdri']:+.2f} dB, test {info['test_si_sdri']:+.2f} dB SI-SDRi")
-        print("measured now:", {k: f"{v:+.2f} dB" for k, v in scores(args.out).items()})
+        now = figures(args.out)
+        print("measured now:")
+        report(now)
+        if args.write:
+            sep = load_pretrained(path=args.out)
+            save_pretrained(sep, args.out, {**{k: v for k, v in info.items() if k != "config"}, **now})
+            print(f"wrote the figures into {args.out}")
         return
     rec = recipe(args)
     ckpt = args.run / "checkpoint.pt"
@@ -154,15 +173,10 @@ def main() -> None:
     info = {"steps": tr.step_count, "train_cpu_seconds": round(cpu, 1), "threads": args.threads,
             "torch": str(torch.__version__), "recipe": repr(rec)}
     save_pretrained(sep, args.out, {**info, "dev_si_sdri": math.nan, "test_si_sdri": math.nan})
-    info.update(scores(args.out))  # the stored (float16) weights, loaded back as a notebook loads them
-    info.update(ideal_mask_scores(load_pretrained(path=args.out), ("dev", "test")))
+    info.update(figures(args.out))
     save_pretrained(sep, args.out, info)
     print(f"{tr.step_count} steps, {cpu:.0f} s CPU in all; wrote {args.out} ({args.out.stat().st_size / 1e6:.2f} MB)")
-    for split in ("dev", "test"):
-        print(f"{split}: SI-SDRi {info[f'{split}_si_sdri']:+.2f} dB, SDRi {info[f'{split}_sdri']:+.2f} dB; ideal "
-              f"binary mask {info[f'{split}_ibm_si_sdri']:+.2f} / {info[f'{split}_ibm_sdri']:+.2f} dB, ideal ratio "
-              f"mask {info[f'{split}_irm_si_sdri']:+.2f} / {info[f'{split}_irm_sdri']:+.2f} dB")
-
+    report(info)
 
 if __name__ == "__main__":
     main()
