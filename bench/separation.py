@@ -20,6 +20,13 @@ files, so on the noisy set its mixtures are clean sources: compare it on ``clean
 of the loudest. At the corpus' 40 dB, ~90% of the noisy bins count, most of them noise, and the
 embeddings do not separate the speakers (dev SI-SDRi +0.6 dB at 40, +3.6 at 30, +5.7 at 20; 10 min each).
 Runs go one after another: the whole table takes about 4 × the per-run budget plus evaluation.
+
+``--cpu-minutes 1 3 10 30 shipped`` measures quality against CPU time instead: one run per (loss, linked set)
+trains until this process has spent each budget of CPU time in training (``time.process_time``, so a busy
+machine makes the run take longer but does not change where it stops; ``shipped`` is the CPU time the shipped
+separator's file records), and at each budget scores dev and test (SI-SDR only; the scoring's CPU time is not
+counted), then prints a markdown table of dev / test SI-SDR improvement per budget, with the shipped
+separator's own figures beside it. ``--mixing dynamic`` trains on dynamic mixing (the shipped recipe's data).
 ``--threads 1`` is much faster than 2 on a CPU shared with other work (OpenMP threads spin while they
 wait for a core).
 """
@@ -60,9 +67,59 @@ def run(loss: str, linkedset: str, data, minutes: float | None, steps: int | Non
             "train_s": train_s, "eval_s": time.perf_counter() - t1}
 
 
+def curve(loss: str, linkedset: str, data, budgets: list[float], args, mixing: str) -> list[dict[str, float]]:
+    """Train one separator, scoring dev and test each time its training CPU time reaches a budget (seconds)."""
+    dynamic = {"gain_db": list(args.dynamic_gain_db)} if mixing == "dynamic" else None
+    sep = build_separator(loss, linkedset, data=data, hidden=args.hidden, layers=args.layers, lr=args.lr,
+                          batch_size=args.batch_size, seed=args.seed, device=args.device,
+                          remix=args.remix if mixing == "remix" else 0, usedbins_db=args.thresholds[linkedset],
+                          dynamic_mix=dynamic)
+    spent, points = 0.0, []
+    for budget in sorted(budgets):
+        c0 = time.process_time()
+        sep.step(10**9, max_cpu_seconds=budget - spent)
+        spent += time.process_time() - c0  # the step that crosses the budget counts: at most one step over
+        row = {"budget_s": budget, "cpu_s": spent, "steps": sep.trainer.step_count}
+        for split in ("dev", "test"):
+            row[split] = float(sep.evaluate(split, metrics=("si_sdr",))["si_sdri"].mean())
+        points.append(row)
+        print(f"  {loss}+{mixing}/{linkedset}: {spent / 60:6.1f} CPU min, {row['steps']:6d} steps: SI-SDRi dev "
+              f"{row['dev']:+.2f} dB, test {row['test']:+.2f} dB", flush=True)
+    return points
+
+
+def cpu_table(args) -> None:
+    """``--cpu-minutes``: SI-SDRi against training CPU time, a markdown table."""
+    from mtlab.separation.pretrained import pretrained_info
+
+    shipped = pretrained_info()
+    budgets = [float(shipped["train_cpu_seconds"]) if b == "shipped" else 60 * float(b)
+               for b in args.cpu_minutes]
+    print(f"CPU budgets {[round(b / 60, 1) for b in budgets]} min; BLSTM {args.layers}x{args.hidden}, batch "
+          f"{args.batch_size}, lr {args.lr}, mixing {args.mixing}, {args.threads} thread(s)", flush=True)
+    rows = {}
+    for linkedset in args.linkedsets:
+        data = load_data(linkedset, usedbins_db=args.thresholds[linkedset])
+        for loss in args.losses:
+            for mixing in args.mixing:
+                rows[f"{loss} ({mixing}, {linkedset})"] = curve(loss, linkedset, data, budgets, args, mixing)
+    cols = sorted(budgets)
+    print("\nSI-SDR improvement over the mixture, dev / test, dB, after a budget of training CPU time "
+          "(one thread; steps done in brackets)\n")
+    print("| | " + " | ".join(f"{b / 60:.3g} CPU min" for b in cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    for name, points in rows.items():
+        print(f"| {name} | " + " | ".join(f"{p['dev']:+.2f} / {p['test']:+.2f} ({p['steps']})" for p in points) + " |")
+    print(f"\nshipped separator ({shipped.get('recipe', 'PIT')}): {float(shipped['train_cpu_seconds']) / 60:.0f} "
+          f"CPU min, {shipped['steps']} steps: SI-SDRi dev {shipped['dev_si_sdri']:+.2f} dB, test "
+          f"{shipped['test_si_sdri']:+.2f} dB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=10.0, help="wall-clock training budget per run")
+    ap.add_argument("--cpu-minutes", nargs="+", default=None,
+                    help="SI-SDRi against training CPU time at these budgets (minutes, or 'shipped')")
     ap.add_argument("--steps", type=int, default=None, help="step budget per run (with --minutes: first reached)")
     ap.add_argument("--losses", nargs="+", default=["deepclustering", "pit"])
     ap.add_argument("--linkedsets", nargs="+", default=["clean", "noisy"])
@@ -89,6 +146,9 @@ def main() -> None:
         name, _, value = item.partition("=")
         args.thresholds[name] = float(value)
     torch.set_num_threads(args.threads)
+    if args.cpu_minutes is not None:
+        cpu_table(args)
+        return
     print(f"per-run budget: {minutes} min, {args.steps} steps; BLSTM {args.layers}x{args.hidden}, batch "
           f"{args.batch_size}, lr {args.lr}, remix {args.remix}, usedbins dB {args.thresholds}, {args.threads} "
           f"thread(s), device {args.device}",

@@ -15,7 +15,9 @@ import torch
 
 from ..base.errors import ConfigError
 from ..data import SeparationDataset
+from .metrics import SeparationScores, score
 from .runner import Separator, SeparatorConfig, build_separator
+from .spectral import apply_masks
 
 WEIGHTS = Path(__file__).resolve().parent / "weights" / "pit_blstm_clean.pt"
 # Settings that fix the models' shapes: the saved ones are used, a different value is an error.
@@ -54,6 +56,28 @@ def load_pretrained(linkedset: str = "clean", path: Path | str | None = None,
         state = {k: v.float() if v.is_floating_point() else v for k, v in blob["models"][name].items()}
         model.load_state_dict(state)
     return sep
+
+
+def ideal_mask_scores(sep: Separator, splits: tuple[str, ...] = ("dev", "test"), limit: int | None = None
+                      ) -> dict[str, float]:
+    """Mean SI-SDRi and SDRi (dB) of the ideal binary mask (each bin to the louder source) and the ideal ratio
+    mask (``|S_k| / Σ_j |S_j|``) of each split, through the same reconstruction (mixture phase) as ``sep``'s
+    estimates: what a mask-based separator could reach at best. Keys like ``test_ibm_si_sdri``."""
+    out: dict[str, float] = {}
+    for split in splits:
+        data = sep.dataset(split)
+        rows: dict[str, list[SeparationScores]] = {"ibm": [], "irm": []}
+        for i in range(len(data) if limit is None else min(limit, len(data))):
+            mix, refs = sep.waveforms(split, data.names[i])
+            mags = data[i]["src_mag"]  # [T, F, S]
+            masks = {"ibm": torch.nn.functional.one_hot(mags.argmax(-1), mags.shape[-1]).to(mags.dtype),
+                     "irm": mags / mags.sum(-1, keepdim=True).clamp_min(1e-8)}
+            for kind, m in masks.items():
+                rows[kind].append(score(apply_masks(mix, m), refs, mix))
+        for kind, scores in rows.items():
+            out[f"{split}_{kind}_si_sdri"] = round(sum(s.row()["si_sdri"] for s in scores) / len(scores), 2)
+            out[f"{split}_{kind}_sdri"] = round(sum(s.row()["sdri"] for s in scores) / len(scores), 2)
+    return out
 
 
 def save_pretrained(sep: Separator, path: Path | str, info: dict[str, Any]) -> Path:

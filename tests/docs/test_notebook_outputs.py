@@ -163,6 +163,20 @@ def test_notebook_05_pretrained_separator_loss_falls_and_audio_once():
     text = "\n".join(text_of(c) for c in cells if c.cell_type == "code")
     (shipped,) = numbers(r"pretrained separator: dev SI-SDR improvement ([+-][\d.]+) dB over \d+ mixtures", text)
     assert shipped > 3  # a separation a listener hears
+    from mtlab.separation.pretrained import pretrained_info
+
+    info = pretrained_info()  # the notebook quotes the file's own figures, read from its output
+    layers, hidden, steps = numbers(r"shipped: PIT, BLSTM (\d+)x(\d+), (\d+) training steps", text)
+    assert (layers, hidden, steps) == (info["config"]["layers"], info["config"]["hidden"], info["steps"])
+    assert layers == 2 and "a 2-layer BLSTM" in prose(cells)
+    dev, test, ibm_dev, ibm_test = numbers(r"measured SI-SDR improvement dev ([+-][\d.]+) dB, test ([+-][\d.]+) dB; "
+                                           r"ideal binary mask dev ([+-][\d.]+) dB, test ([+-][\d.]+) dB", text)
+    assert (dev, test) == (round(info["dev_si_sdri"], 2), round(info["test_si_sdri"], 2))
+    assert ibm_dev > dev and ibm_test > test  # "the best a mask can do"
+    mean_sum, within = numbers(r"mask 1 \+ mask 2 over the bins: mean ([\d.]+), within 0.2 of 1 in (\d+)% of them", text)
+    assert 0 < mean_sum and 0 <= within <= 100
+    figure = code_cell(cells, "import matplotlib.pyplot as plt")
+    assert any("image/png" in o.get("data", {}) for o in figure.outputs), "the masks are not shown"
     before, after, sdri_before, sdri_after = numbers(
         r"noisy dev loss ([\d.]+) -> ([\d.]+), SI-SDR improvement ([+-][\d.]+) -> ([+-][\d.]+) dB", text)
     assert after < before and sdri_after > sdri_before  # "the dev loss falls, the improvement rises"
@@ -178,6 +192,11 @@ def test_notebook_05_pretrained_separator_loss_falls_and_audio_once():
     assert labels == ["mixture", "estimate 1", "estimate 2", "reference 1", "reference 2"]
     assert html.count("<audio") == 5 and all(html.index(f"<b>{n}</b>") < html.index("<audio", html.index(f"<b>{n}</b>"))
                                               for n in labels)
+    compare = code_cell(cells, "heard = ")
+    (html_out,) = [o for o in compare.outputs if "text/html" in o.get("data", {})]
+    assert re.findall(r"<b>([^<]+)</b>", html_out["data"]["text/html"]) == [
+        "mixture (noisy)", "estimate 1 before fine-tuning", "estimate 2 before fine-tuning",
+        "estimate 1 after fine-tuning", "estimate 2 after fine-tuning"]
     clips = [m for c in cells if c.cell_type == "code" for o in c.get("outputs", [])
              for m in re.findall(r"base64,([A-Za-z0-9+/=]+)", o.get("data", {}).get("text/html", ""))]
     assert len(clips) == len(set(clips)), "an audio clip is embedded twice"

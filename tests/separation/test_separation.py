@@ -228,3 +228,6 @@ def test_separator_trains_on_dynamic_mixtures() -> None:
     before = {k: p.clone() for k, p in sep.trainer.params.items()}
     assert sep.step(1) == 1
     assert any(not torch.equal(before[k], p) for k, p in sep.trainer.params.items())
+    assert sep.step(5, max_cpu_seconds=0.0) == 0 and sep.trainer.step_count == 1  # a spent CPU budget: no step
+    df = sep.evaluate(limit=1, metrics=("si_sdr",))
+    assert {"si_sdr", "si_sdr_mix", "si_sdri"} <= set(df.columns) and "sdri" not in df.columns
