@@ -30,16 +30,14 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from collections.abc import Sequence
 
 from ..core.events import Event, Payload
 from .replaycmd import add_replay_parser, replay_command
 
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
 def _demo_recipe() -> Path:
@@ -56,7 +54,6 @@ def _demo_recipe() -> Path:
 
 def _usable_cpus() -> int:
     from ..base.threads import usable_cpus
-
     return usable_cpus()
 
 
@@ -300,13 +297,12 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """``mtlab demo``: recipes/demo.toml into exp/demo (exp/demo-2, ... when it holds a run)."""
     from ..base.errors import ConfigError
+    from ..training.expdir import held_run
     from .recipe import from_recipe
 
     if args.steps is not None and args.steps < 1:  # refused before anything is written: no empty folder
         raise ConfigError(f"--steps {args.steps}: the demo would train nothing; leave --steps out to train it all, "
                           "or give --steps N with N >= 1")
-    from ..training.expdir import held_run
-
     expdir = args.expdir
     if expdir is None:
         expdir, n = Path("exp/demo"), 1

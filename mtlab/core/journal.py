@@ -95,6 +95,37 @@ def rng_bytes(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
+def jsonl_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of ``journal.jsonl``, one a line (its header first); a damaged line is refused naming the
+    file and the line."""
+    if not path.is_file():
+        raise ConfigError(f"no journal at {path}; an experiment folder written by mtlab.run holds journal.jsonl")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read as a journal ({exc})") from exc
+    lines: list[dict[str, Any]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}, line {number}: not a JSON line ({exc.msg} at column {exc.colno}); the "
+                              "journal is damaged (a killed write, an edit?): restore it from a copy or replay "
+                              "the lines before it") from None
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}, line {number}: a journal entry must be a JSON object, got "
+                              f"{type(item).__name__}; the journal is damaged") from None
+        if lines and (item.get("type") not in ("change", "call") or not isinstance(item.get("kind"), str)):
+            raise ConfigError(f"{path}, line {number}: not a journal entry (it needs 'type': 'change' or 'call' "
+                              "and a 'kind'); the journal is damaged") from None
+        lines.append(item)
+    if not lines:
+        raise ConfigError(f"{path} is empty")
+    return lines
+
+
 class Journal:
     """Ordered record of one run's changes and calls; see the module docstring.
 
@@ -366,31 +397,7 @@ class Journal:
         path = Path(path)
         if path.is_dir():
             path = path / "journal.jsonl"
-        if not path.is_file():
-            raise ConfigError(f"no journal at {path}; an experiment folder written by mtlab.run holds journal.jsonl")
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: cannot be read as a journal ({exc})") from exc
-        lines: list[dict[str, Any]] = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}, line {number}: not a JSON line ({exc.msg} at column {exc.colno}); the "
-                                  "journal is damaged (a killed write, an edit?): restore it from a copy or replay "
-                                  "the lines before it") from None
-            if not isinstance(item, dict):
-                raise ConfigError(f"{path}, line {number}: a journal entry must be a JSON object, got "
-                                  f"{type(item).__name__}; the journal is damaged") from None
-            if lines and (item.get("type") not in ("change", "call") or not isinstance(item.get("kind"), str)):
-                raise ConfigError(f"{path}, line {number}: not a journal entry (it needs 'type': 'change' or 'call' "
-                                  "and a 'kind'); the journal is damaged") from None
-            lines.append(item)
-        if not lines:
-            raise ConfigError(f"{path} is empty")
+        lines = jsonl_lines(path)
         try:
             return cls.from_dict({**lines[0], "entries": lines[1:]})
         except ConfigError as exc:
