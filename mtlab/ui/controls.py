@@ -280,8 +280,8 @@ class Controls:
         for slider in (*self.sliders.values(), self.lr_slider):  # presentation mode narrows them: back to normal
             slider.layout.width = f"{LEFT_WIDTH - 44}px"
         wrap = _layout(flex_flow="row wrap", align_items="center")
-        run_row = widgets.VBox([widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"]], layout=wrap),
-                                widgets.HBox([B["reinitialize"], tipped(self.reinit_knobs)], layout=wrap)])
+        run_row = widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"], B["reinitialize"],
+                                tipped(self.reinit_knobs)], layout=wrap)
         beside = set(list(self.sliders) + ["lr"] if chosen is None else chosen) if presentation else set()
         weights = widgets.VBox([*(s for k, s in self.sliders.items() if k not in beside),
                                 *([] if "lr" in beside else [self.lr_slider]),

@@ -185,7 +185,7 @@ def model_norms(st: Accumulator) -> str:
     return ", ".join(f"{m} {float(v):.3g}" for m, v in norms.items())
 
 
-TABLE_STYLE = ("<style>.mtlab-state td,.mtlab-state th,.mtlab-valid td,.mtlab-valid th{padding:1px 8px;"
+TABLE_STYLE = ("<style>.mtlab-state td,.mtlab-state th,.mtlab-valid td,.mtlab-valid th{padding:1px 8px;line-height:16px;"
                "text-align:right;font-size:12px;white-space:nowrap}</style>")
 
 
@@ -207,9 +207,9 @@ def state_table_html(trainer: Trainer) -> str:
             s["normalized_loss"] if s["minibatches"] else None, model_norms(st),
             s["grad_norm_clipped"], None if clip_frac is None else f"{100 * float(clip_frac):.2g}%")) + "</tr>")
     return (f"{TABLE_STYLE}<table class='mtlab-state'>{head}{''.join(body)}</table>"
-            "<div style='font-size:11px;line-height:1.3;color:#555'>Σ w·loss: the accumulated loss sums, each minibatch's times its "
-            "linked set's weight w; Σ w·norm: the same of the normalizers (frames, examples); loss/norm: their "
-            "ratio, the step's normalized loss; clipped: the share of gradient elements clip() clamped</div>")
+            "<div style='font-size:11px;line-height:1.3;color:#555'>Σ w·loss, Σ w·norm: loss and normalizer (frames, "
+            "examples) summed over the minibatches, each times its linked set's weight w · loss/norm: their ratio · "
+            "clipped: share of gradient elements clip() clamped</div>")
 
 
 def validation_html(records: Sequence[Mapping[str, Any]], last: int = 12) -> str:
