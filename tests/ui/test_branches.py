@@ -92,7 +92,7 @@ def test_switch_compare_and_drop(dash):
 def test_reinitialise_beside_run_with_the_starting_knobs_and_only_new_marks(dash):
     c, w = dash.controller, dash.controls
     run_row = dash.controls.layout(True)[-1].children[0].children[0]  # the left column's first part
-    assert w.buttons["reinitialize"] in run_row.children[1].children  # under steps, run, pause, stop
+    assert w.buttons["reinitialize"] in run_row.children  # in the row of steps, run, pause, stop
     for _ in range(2):
         w.buttons["step"].click()
     w.sliders["a/noisy"].value = 0.2
@@ -149,7 +149,7 @@ def test_small_things_a_class_trips_over(dash):
     assert dash.trainer.minibatches_per_step["a"] == 1 and "above the maximum 1000" in dash.status_text
     w.lr_slider.value = w.lr_slider.base ** w.lr_slider.min  # what the browser sends for a typed 1e-9
     assert "the slider's lowest value (a number typed beyond it is clamped there)" in dash.status_text
-    assert "Σ w·norm: the same of the normalizers" in w.table.value  # the jargon explained beside it
+    assert "Σ w·loss, Σ w·norm: loss and normalizer" in w.table.value  # the jargon explained beside it
     dash.controller.start(0)
     try:
         while dash.trainer.step_count < 1:
