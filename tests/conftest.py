@@ -1,4 +1,5 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -51,6 +52,15 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from helpers.recipes import make_tiny_corpus
 
     return make_tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt while the test runs, however the suite was started: a shell starts a
+    background job (``pytest ... &``) with SIGINT ignored, and a test that sends one would then see nothing."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture

@@ -22,15 +22,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------ 1. Ctrl-C while the final checkpoint is written
-@pytest.fixture
-def sigint_raises():
-    """SIGINT raises KeyboardInterrupt while the test runs, however the suite was started: a shell starts a
-    background job (``pytest ... &``) with SIGINT ignored, and a test that sends one would then see nothing."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
 @pytest.mark.slow
 def test_ctrl_c_while_final_pt_is_written_keeps_the_run(tmp_path, monkeypatch, capsys, sigint_raises):
     from mtlab.apps import cli

@@ -25,15 +25,6 @@ def build() -> mtlab.Trainer:
                          numbatches_to_aggregate=2, device="cpu")
 
 
-@pytest.fixture
-def sigint_raises():
-    """SIGINT raises KeyboardInterrupt while the test runs, however the suite was started: a shell starts a
-    background job (``pytest ... &``) with SIGINT ignored, and a test that sends one would then see nothing."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
 def press(times: int) -> None:
     """As if Ctrl-C were pressed ``times`` times right now."""
     for _ in range(times):

@@ -75,15 +75,6 @@ def test_stop_all_stops_every_run_from_code():
     d2.close()
 
 
-@pytest.fixture
-def sigint_raises():
-    """SIGINT raises KeyboardInterrupt while the test runs, however the suite was started: a shell starts a
-    background job (``pytest ... &``) with SIGINT ignored, and a test that sends one would then see nothing."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
 def test_sigint_in_the_main_thread_stops_the_run(sigint_raises):
     tr = make_trainer()
     d = mtlab.ui.dashboard(tr, plots=False)
