@@ -7,11 +7,19 @@ and ``collate``, counted in both).
 
     python bench/step_work.py                       # the overhead case (1-layer BLSTM 16, batch 4, K = 4)
     python bench/step_work.py --case multitask --precision bf16
+    python bench/step_work.py --layers              # also: where mtlab's own time goes, layer by layer
+
+``--layers`` profiles both systems with cProfile over the same steps and charges each function's own time
+(and that of the builtins and torch calls it makes directly) to the mtlab layer of its file: the share of the
+step each layer costs beside the loop's whole step. The profiler slows Python far more than torch's kernels,
+so the shares overstate Python layers; they rank the layers, the timed ratio is ``bench/peers.py``'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import sys
 from collections import Counter
 from pathlib import Path
@@ -55,19 +63,75 @@ def count(step, steps: int = 5) -> tuple[float, float, Counter]:
     return sum(mode.ops.values()) / steps, calls / steps, mode.ops
 
 
+# mtlab's files by the layer a reader knows them as (paths relative to the package)
+LAYERS = {
+    "core/scope.py": "call scope and generator", "core/journal.py": "journal and knobs", "core/knobs.py": "journal and knobs",
+    "core/events.py": "listeners", "core/history.py": "history row", "core/columns.py": "history row",
+    "core/accumulator.py": "accumulator", "core/transforms.py": "clip and normalize", "base/gradops.py": "clip and normalize",
+    "core/update.py": "update (apply)", "core/optimizers.py": "update (apply)", "core/trainer.py": "trainer calls",
+    "core/parallel.py": "trainer calls", "core/precision.py": "trainer calls",
+    "tasks/forward.py": "forward and loss plumbing", "tasks/graph.py": "forward and loss plumbing",
+    "losses/__init__.py": "forward and loss plumbing", "base/batching.py": "forward and loss plumbing",
+}
+TORCH = "torch (the math, both systems)"
+
+
+def layer_of(filename: str) -> str | None:
+    """The mtlab layer of a source file (None: not mtlab's)."""
+    marker = "/mtlab/"
+    if marker not in filename or "/bench/" in filename:
+        return None
+    rel = filename.rsplit(marker, 1)[1]
+    return LAYERS.get(rel, "other mtlab")
+
+
+def layer_times(step, steps: int = 200) -> dict[str, float]:
+    """Seconds per step by layer under cProfile: an mtlab function's own time, and the time of what it calls that
+    is not mtlab's Python (builtins, torch ops called directly), go to its layer; the rest is torch's."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        step()
+    prof.disable()
+    out: dict[str, float] = {}
+    for (filename, _, _), (_, _, tt, _, callers) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        own = layer_of(filename)
+        if own is not None:
+            out[own] = out.get(own, 0.0) + tt
+            continue
+        for (cfile, _, _), (_, _, ctt, _) in callers.items():  # charged to the caller that made the call
+            layer = layer_of(cfile) or TORCH
+            out[layer] = out.get(layer, 0.0) + ctt
+    return {k: v / steps for k, v in out.items()}
+
+
+def print_layers(systems: dict, steps: int) -> None:
+    mt, loop = layer_times(systems["mtlab"], steps), layer_times(systems[peers.LOOP], steps)
+    base = sum(loop.values())
+    print(f"\nwhere the time goes (cProfile, {steps} steps each; share of the loop's whole step)")
+    print(f"{'layer':<34}{'mtlab ms':>10}{'share':>8}{'loop ms':>10}{'share':>8}")
+    for name in sorted(set(mt) | set(loop), key=lambda k: -mt.get(k, 0.0)):
+        a, b = mt.get(name, 0.0), loop.get(name, 0.0)
+        print(f"{name:<34}{a * 1e3:>10.3f}{a / base:>8.1%}{b * 1e3:>10.3f}{b / base:>8.1%}")
+    total = sum(mt.values())
+    print(f"{'whole step':<34}{total * 1e3:>10.3f}{total / base:>8.1%}{base * 1e3:>10.3f}{1:>8.1%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", default="overhead", choices=list(peers.SETTINGS))
     ap.add_argument("--precision", default="32", choices=["32", "bf16", "16"])
     ap.add_argument("--top", type=int, default=0, help="also list the N ops mtlab dispatches most")
+    ap.add_argument("--layers", action="store_true", help="also the time share of each mtlab layer (cProfile)")
     args = ap.parse_args()
     precision = {"32": "32", "bf16": "bf16-mixed", "16": "16-mixed"}[args.precision]
     common.set_threads()
-    rows = {}
+    rows, steps = {}, {}
     for name in ("mtlab", peers.LOOP):
         system = peers.build(name, args.case, "cpu", precision)
         system.step()  # optimizer state, first allocations
         rows[name] = count(system.step)
+        steps[name] = system.step
     minibatches = common.K * (2 if args.case == "multitask" else 1)
     print(f"case {args.case}, precision {precision}, K={common.K} ({minibatches} minibatches per step)")
     print(f"{'system':<8}{'torch ops/step':>16}{'ratio':>8}{'Python calls/step':>20}{'ratio':>8}")
@@ -81,6 +145,8 @@ def main() -> None:
         diff = rows["mtlab"][2] - rows[peers.LOOP][2]
         print("ops mtlab dispatches more often than the loop (over the counted steps):",
               ", ".join(f"{k} +{v}" for k, v in diff.most_common(args.top)))
+    if args.layers:
+        print_layers(steps, 200)
 
 
 if __name__ == "__main__":

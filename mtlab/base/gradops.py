@@ -61,8 +61,13 @@ def norms(tensors: Sequence[Tensor], foreach: bool = True) -> list[Tensor]:
     """Per-tensor L2 norms (0-d tensors), in the input order."""
     if not foreach:
         return [torch.linalg.vector_norm(t) for t in tensors]
-    first = tensors[0] if tensors else None
-    same = first is not None and all(t.device == first.device and t.dtype == first.dtype for t in tensors)
+    same = bool(tensors)
+    if same:  # a plain loop, not all(<genexpr>): this runs at every clip of every step
+        device, dtype = tensors[0].device, tensors[0].dtype
+        for t in tensors:
+            if t.device != device or t.dtype != dtype:
+                same = False
+                break
     groups = [list(tensors)] if same else group(tensors)
     if len(groups) == 1:  # one device and dtype (the usual case): already in the input order
         return list(torch._foreach_norm(groups[0]))
@@ -78,7 +83,7 @@ def total_norm(tensors: Sequence[Tensor], foreach: bool = True) -> Tensor:
     if not tensors:
         return torch.zeros(())
     per = norms(tensors, foreach)
-    dtype = torch.float64 if any(t.dtype == torch.float64 for t in per) else torch.float32
+    dtype = torch.float64 if torch.float64 in [t.dtype for t in per] else torch.float32
     return torch.linalg.vector_norm(torch.stack([n.to(dtype) for n in per]))
 
 

@@ -477,10 +477,10 @@ class Trainer(AccumulationKnobs, Knobs):
         """
         with Scope(self, "finish", {}):
             accs, chain, made = self._accs.values(), self.chain, []
-            if all(a.phase in IDLE for a in accs):
+            if not [a for a in accs if a.phase not in IDLE]:
                 raise PhaseError("finish(): nothing accumulated; call process_minibatch(task, linkedset) first (or step())")
             for call in chain.calls():
-                if any(chain.next_call(a) == call for a in accs):
+                if call in [chain.next_call(a) for a in accs]:
                     self.call(call)
                     made.append(call)
             self.apply()
