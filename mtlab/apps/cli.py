@@ -1,7 +1,8 @@
 """The ``mtlab`` command line.
 
     mtlab train RECIPE --expdir DIR [--steps N] [--no-progress]   train a recipe into an experiment folder
-    mtlab demo [--expdir DIR] [--steps N]                        recipes/demo.toml on data_samples/
+    mtlab demo [--expdir DIR] [--steps N] [--full]               recipes/demo.toml on data_samples/ (8 of its
+                                                                 25 epochs: under a minute; --full: all)
     mtlab resume DIR [--steps N]                                 continue DIR's last checkpoint exactly
     mtlab evaluate DIR [--checkpoint best|final|PATH] [--split dev]
     mtlab prepare LAYOUT ROOT [--out DIR]                        list files of wsj0-2mix, wham or librimix
@@ -36,20 +37,9 @@ from typing import Any
 
 from ..core.events import Event, Payload
 from .replaycmd import add_replay_parser, replay_command
+from .demo import DEMO_EPOCHS, _demo
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
-
-
-def _demo_recipe() -> Path:
-    here = Path(__file__).resolve().parent  # a checkout has recipes/ beside mtlab/, a wheel inside it
-    path = next((p for p in (here.parent / "recipes" / "demo.toml", here / "recipes" / "demo.toml") if p.is_file()),
-                here.parent / "recipes" / "demo.toml")
-    if not path.is_file():
-        from ..base.errors import ConfigError
-
-        raise ConfigError(f"{path}: the demo recipe is not here; run from a checkout of the mtlab repository "
-                          "(pip install -e .) or give a recipe to `mtlab train`")
-    return path
 
 
 def _usable_cpus() -> int:
@@ -138,9 +128,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shrink", type=_positive, default=0, metavar="N",
                    help="cap the hidden sizes of an original Nabu-MSSS recipe at N units: a quick look on a CPU")
     common(p)
-    p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus")
+    p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus: its first "
+                       f"{DEMO_EPOCHS} epochs (under a minute), or all of it with --full")
     device_flags(p)
     p.add_argument("--expdir", type=Path, default=None, help="experiment folder (default: exp/demo, exp/demo-2, ...)")
+    p.add_argument("--full", action="store_true", help="the whole recipe (25 epochs, a few minutes; the same as "
+                   "`mtlab train recipes/demo.toml --expdir DIR`)")
     common(p)
     p = sub.add_parser("resume", help="continue an experiment from its last checkpoint (latest.pt or final.pt)")
     p.add_argument("expdir", type=Path)
@@ -292,25 +285,6 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     print(f"experiment folder: {expdir}")
     return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """``mtlab demo``: recipes/demo.toml into exp/demo (exp/demo-2, ... when it holds a run)."""
-    from ..base.errors import ConfigError
-    from ..training.expdir import held_run
-    from .recipe import from_recipe
-
-    if args.steps is not None and args.steps < 1:  # refused before anything is written: no empty folder
-        raise ConfigError(f"--steps {args.steps}: the demo would train nothing; leave --steps out to train it all, "
-                          "or give --steps N with N >= 1")
-    expdir = args.expdir
-    if expdir is None:
-        expdir, n = Path("exp/demo"), 1
-        while held_run(expdir):
-            n += 1
-            expdir = Path(f"exp/demo-{n}")
-    _fresh_expdir(expdir)
-    return _train(from_recipe(_with_flags(_demo_recipe(), args)), expdir, args)
 
 
 def _resume(args: argparse.Namespace) -> int:

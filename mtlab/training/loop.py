@@ -118,6 +118,9 @@ class _Sigint:
             self.trainer.remove_callback(self._after_call)
 
 
+LOG_PROGRESS_S = 3.0  # the bar's interval when stderr is a file or pipe: never quiet for 5 s, a line per 3 s in a log
+
+
 def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
     """``trainer.step()``, or, if it raises before applying, nothing at all (accumulation, data
     positions and RNG state as before the call)."""
@@ -216,7 +219,7 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
     until = schedule.stage_end if steps is None else min(schedule.stage_end, trainer.step_count + steps)
     first_validation = bool(every) and schedule.stage_start + (local // every + 1) * every <= until
     bar = tqdm(total=_left(trainer, schedule, 0), initial=0, disable=not progress, desc="train", unit="step",
-               dynamic_ncols=True, mininterval=0.1 if tty else 30.0, smoothing=0,
+               dynamic_ncols=True, mininterval=0.1 if tty else LOG_PROGRESS_S, smoothing=0,
                bar_format=NO_ESTIMATE_YET if first_validation else None)
     bar.set_postfix({"step": f"{trainer.step_count}/{schedule.num_steps}"}, refresh=False)
     shown = 0.0

@@ -51,6 +51,13 @@ def test_demo_runs_a_few_steps(tiny_corpus: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert summary["recipe"] == "demo" and summary["step"] == 2 and summary["stop"] == "steps"
+    out = done.stdout
+    # the quick demo: 8 of the recipe's 25 epochs, said with its expected cost at the start
+    assert summary["num_steps"] < 375 and "8 of recipes/demo.toml's 25 epochs, about" in out.splitlines()[1], out
+    # it ends by naming its folder, what it wrote and what to try next
+    last = out.splitlines()[-5:]
+    assert last[0].startswith("wrote in demo: figures losses.png, grad_norms.png") and "journal.jsonl" in last[0], last
+    assert last[1] == "next:" and "mtlab replay demo" in last[3] and "recipes/demo.toml" in last[4], last
 
 
 @pytest.mark.parametrize("text,expect", [
