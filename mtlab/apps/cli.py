@@ -37,7 +37,7 @@ from typing import Any
 
 from ..core.events import Event, Payload
 from .replaycmd import add_replay_parser, replay_command
-from .demo import DEMO_EPOCHS, _demo
+from .demo import DEMO_EPOCHS, demo_recipe, quick, say_next
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
@@ -244,6 +244,29 @@ def _fresh_expdir(path: Path, overwrite: bool = False, recipe: Any = "RECIPE") -
                           f"it with the recipe it started with; `mtlab train {shown} --expdir {path} --overwrite` "
                           "starts it again from the recipe (after fixing it: the old checkpoints and tables are "
                           "removed); or choose another --expdir")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """``mtlab demo``: recipes/demo.toml into exp/demo (exp/demo-2, ... when it holds a run)."""
+    from ..base.errors import ConfigError
+    from ..training.expdir import held_run
+    from .recipe import from_recipe
+
+    if args.steps is not None and args.steps < 1:  # refused before anything is written: no empty folder
+        raise ConfigError(f"--steps {args.steps}: the demo would train nothing; leave --steps out to train it all, "
+                          "or give --steps N with N >= 1")
+    expdir = args.expdir
+    if expdir is None:
+        expdir, n = Path("exp/demo"), 1
+        while held_run(expdir):
+            n += 1
+            expdir = Path(f"exp/demo-{n}")
+    _fresh_expdir(expdir)
+    recipe = _with_flags(demo_recipe(), args)
+    code = _train(from_recipe(recipe if args.full else quick(recipe)), expdir, args)
+    if code == 0:
+        say_next(expdir)
+    return code
 
 
 def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
-"""The price of mtlab's guarantees, counted (never timed): how many of mtlab's Python functions one stepwise
-cycle runs on the overhead-bound case of ``bench/peers.py`` (K=4 ``process_minibatch(batch=...)``, then
+"""The price of mtlab's guarantees, counted as ``bench/step_work.py`` counts them (never timed): how many of
+mtlab's Python functions one stepwise cycle runs on the overhead-bound case of ``bench/peers.py`` (K=4 ``process_minibatch(batch=...)``, then
 ``finish()``: normalize, clip, apply). A per-call layer added on the step path (a wrapper, a listener relay, a
 per-minibatch statistic) shows here as more calls; the bounds are today's counts with a small margin."""
 
