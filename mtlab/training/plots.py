@@ -516,7 +516,37 @@ def _draw_panel(ax: Axes, panel: str, df: pd.DataFrame, styles: Styles, validati
         ax.relim()
         ax.autoscale_view(scalex=False)
         ax.set_ylim(bottom=0.0)
+    if PANEL_SPECS[panel].ylim is None:
+        pad_flat(ax)
     return drawn, keys
+
+
+FLAT_DECADES = 0.3  # the shortest log range drawn: one point or a flat line gets distinct tick labels
+FLAT_SHARE = 0.05  # a linear range under 2 x this share of the values' size is widened to it on each side
+
+
+def pad_flat(ax: Axes) -> None:
+    """Widen a y range too short to read (one point, a flat line, values equal but for rounding): autoscaling
+    would magnify the rounding, with tick labels that all read the same. A log axis gets ``FLAT_DECADES``
+    around its values; a linear range under ``FLAT_SHARE`` of their size gets that share each side (never
+    below 0 for values that are not)."""
+    ys = np.concatenate([np.asarray(ln.get_ydata(), dtype=float) for ln in ax.lines] or [np.zeros(0)])
+    log = ax.get_yscale() == "log"
+    ys = ys[np.isfinite(ys) & ((ys > 0) if log else True)]
+    if not ys.size:
+        return
+    y0, y1 = float(ys.min()), float(ys.max())
+    lo, hi = ax.get_ylim()
+    if log:
+        if lo > 0 and math.log10(hi) - math.log10(lo) < FLAT_DECADES:
+            mid = (math.log10(y0) + math.log10(y1)) / 2
+            ax.set_ylim(10 ** (mid - FLAT_DECADES / 2), 10 ** (mid + FLAT_DECADES / 2))
+        return
+    size = max(abs(y0), abs(y1))
+    need = FLAT_SHARE * size if size > 0 else FLAT_SHARE
+    if hi - lo < need:
+        mid = (y0 + y1) / 2
+        ax.set_ylim(max(mid - need, 0.0) if y0 >= 0 else mid - need, mid + need)
 
 
 def _plot_panel(panel: str, history: HistoryLike, ax: Axes | None, validation: Validation = None, max_points: int = MAX_POINTS,
