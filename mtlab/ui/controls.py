@@ -14,7 +14,7 @@ import traitlets
 from ..core import combine, weighting
 from ..core.columns import set_key
 from .knobs import KNOB_CHOICES
-from .texts import call_buttons, call_tooltip
+from .texts import BRANCHES_TAB, call_buttons, call_tooltip
 
 if TYPE_CHECKING:
     from ..core.trainer import Trainer
@@ -304,7 +304,7 @@ class Controls:
         pages = [(g, box, title) for g, box, title in (("weights", weights, "weights"),
                                                         ("accumulation", accumulation, "batches"),
                                                         ("stepwise", stepwise, "stepwise"),
-                                                        ("snapshots", snaps, "branches")) if g not in hidden]
+                                                        ("snapshots", snaps, BRANCHES_TAB)) if g not in hidden]
         width = "100%" if presentation else f"{LEFT_WIDTH}px"
         left_parts = [] if "run" in hidden or presentation else [run_row]
         if pages:

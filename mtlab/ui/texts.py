@@ -235,12 +235,15 @@ def events_html(events: Sequence[tuple[int, str]], last: int = 12) -> str:
             f"<ol style='margin:0'>{items}</ol></div>")
 
 
+BRANCHES_TAB = "branches"  # the title of the tab with fork, snapshots and export (controls.py builds it)
+
+
 def journal_html(lines: Sequence[str]) -> str:
     """The whole journal of knob changes (newest last), scrollable."""
     if not lines:
         return "<div style='font-size:12px'><b>journal</b>: no knob change yet</div>"
     items = "".join(f"<li>{html.escape(t)}</li>" for t in lines)
-    return (f"<div style='font-size:12px'><b>journal</b> ({len(lines)} change(s); export: snapshots tab)"
+    return (f"<div style='font-size:12px'><b>journal</b> ({len(lines)} change(s); export: the {BRANCHES_TAB} tab)"
             f"<ol style='margin:0;max-height:180px;overflow-y:auto'>{items}</ol></div>")
 
 

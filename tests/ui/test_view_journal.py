@@ -7,11 +7,21 @@ import pytest
 
 pytest.importorskip("ipywidgets", reason="the dashboard needs ipywidgets: pip install 'mtlab[notebook]'")
 
+import re  # noqa: E402
+
+import ipywidgets as widgets  # noqa: E402
+from ipywidgets.widgets.widget import _instances  # noqa: E402
+
 import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 from mtlab.core.journal import Journal  # noqa: E402
 from mtlab.ui.controller import Controller  # noqa: E402
+
+
+def descendants(w) -> list:
+    """Every widget under ``w`` (itself included)."""
+    return [w, *(d for c in getattr(w, "children", ()) for d in descendants(c))]
 
 
 def make_trainer(**kw) -> mtlab.Trainer:
@@ -52,6 +62,12 @@ def test_export_writes_the_journal_and_the_event_log_shows_it(tmp_path, one_thre
     (path,) = (tmp_path / "out").glob("*.jsonl")
     assert Journal.read_file(path).entries == tr.journal.entries
     assert "task_weight task=b" in d.event_log.value and "journal" in d.event_log.value
+    # the journal's note names the tab that holds the export button, by the title that tab shows
+    named = re.search(r"export: the (\w+) tab", d.event_log.value)
+    assert named, d.event_log.value
+    tabs = [w for w in _instances.values() if isinstance(w, widgets.Tab) and named.group(1) in w.titles]
+    page = [t.children[t.titles.index(named.group(1))] for t in tabs]
+    assert any(d.buttons["export_journal"] in descendants(p) for p in page), [t.titles for t in tabs]
     d.buttons["fork"].click()
     assert "fork: branch 'branch-1'" in d.status_text
     d.close()
