@@ -38,12 +38,13 @@ from mtlab.separation.pretrained import WEIGHTS, ideal_mask_scores, load_pretrai
 RUN = Path(__file__).resolve().parent / "separator_run"
 # Settings that decide the result: stored in the checkpoint, a resume with other values is refused.
 RECIPE_KEYS = ("loss", "hidden", "layers", "mixing", "gain_db", "remix", "batch_size", "lr", "lr_decay", "steps",
-               "save_every", "input_noise", "seed")
+               "save_every", "input_noise", "seed", "init_from")
 
 
 def recipe(args: argparse.Namespace) -> dict[str, Any]:
     out = {k: getattr(args, k) for k in RECIPE_KEYS}
     out["gain_db"] = [float(g) for g in out["gain_db"]]
+    out["init_from"] = str(out["init_from"]) if out["init_from"] is not None else None
     return out
 
 
@@ -118,6 +119,9 @@ def main() -> None:
     ap.add_argument("--save-every", type=int, default=100, help="checkpoint every this many steps")
     ap.add_argument("--eval-every", type=int, default=500, help="log dev SI-SDRi every this many steps (0: never)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start from the weights of this shipped file (a second schedule: a fresh optimizer, "
+                         "--lr and --lr-decay over --steps more steps)")
     ap.add_argument("--minutes", type=float, default=None, help="stop this run (at a checkpoint) after this much wall time")
     ap.add_argument("--stop-at", type=int, default=None, help="stop this run at the first checkpoint at or after this step")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
@@ -141,6 +145,7 @@ def main() -> None:
         return
     rec = recipe(args)
     ckpt = args.run / "checkpoint.pt"
+    prior = pretrained_info(args.init_from) if args.init_from is not None else None
     sep = build(rec)
     tr = sep.trainer
     cpu_before = 0.0
@@ -154,6 +159,15 @@ def main() -> None:
         tr.load_state_dict(state, history=False)
         cpu_before = float(state["cpu_seconds"])
         print(f"resumed {ckpt} at step {tr.step_count} ({cpu_before:.0f} s CPU so far)", flush=True)
+    elif args.init_from is not None:
+        start = load_pretrained(path=args.init_from)
+        if {k: getattr(start.cfg, k) for k in ("loss", "hidden", "layers")} != \
+                {"loss": rec["loss"], "hidden": rec["hidden"], "layers": rec["layers"]}:
+            sys.exit(f"{args.init_from} holds another architecture ({start.cfg.loss}, hidden {start.cfg.hidden}, "
+                     f"layers {start.cfg.layers}); pass its --loss, --hidden and --layers")
+        for name, model in tr.models.items():
+            model.load_state_dict(start.trainer.models[name].state_dict())
+        print(f"starting from the weights of {args.init_from}", flush=True)
     args.run.mkdir(parents=True, exist_ok=True)
     log = args.run / "progress.tsv"
     if not log.exists():
@@ -184,6 +198,9 @@ def main() -> None:
     cpu = cpu_before + time.process_time() - c0
     info = {"steps": tr.step_count, "train_cpu_seconds": round(cpu, 1), "threads": args.threads,
             "torch": str(torch.__version__), "recipe": repr(rec)}
+    if prior is not None:  # a second schedule: the file counts both, and says what the first was
+        info.update(steps=prior["steps"] + tr.step_count, train_cpu_seconds=round(prior["train_cpu_seconds"] + cpu, 1),
+                    recipe=f"{prior['recipe']}, then {rec!r}")
     save_pretrained(sep, args.out, {**info, "dev_si_sdri": math.nan, "test_si_sdri": math.nan})
     info.update(figures(args.out))
     save_pretrained(sep, args.out, info)
