@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
 from ..core.columns import set_key
-from ..core.events import (BatchSizeInfo, CombineInfo, Event, EvaluateInfo, MinibatchesPerStepInfo, Payload,
-                           ReinitializeInfo, RestoreInfo, TaskWeightInfo, ValidationInfo, WeightInfo)
+from ..core.events import (BatchSizeInfo, CombineInfo, Event, EvaluateInfo, MinibatchesPerStepInfo, MinibatchInfo,
+                           Payload, ReinitializeInfo, RestoreInfo, TaskWeightInfo, ValidationInfo, WeightInfo)
 from ..training.debug import next_call
 from .branches import Branches
 from .runcontrol import RunControl
@@ -55,7 +55,11 @@ class Controller:
         self.snapshots: list[dict[str, Any]] = []
         self.forks = Branches()  # the branches made by "fork here" (``branches``: name -> trainer)
         self._branch_key: tuple[Any, ...] | None = None  # the selected branch's state when its curves were read
-        self.start_knobs = knobs_of(trainer)  # what "re-initialise, back to the starting knobs" sets again
+        # What "re-initialise, back to the starting knobs" sets again: the knobs the run's first step ran with
+        # (taken at its first minibatch, so a notebook cell after this one that sets lr or a weight counts), or
+        # those of now when the trainer is past step 0 already.
+        self.start_knobs = knobs_of(trainer)
+        self._take_start = trainer.step_count == 0
         self.closed = False
         self.collect_cpu = 0.0  # CPU seconds spent collecting rows and building states (bench/ui_overhead.py)
         self._views: list[View] = []
@@ -297,8 +301,9 @@ class Controller:
     def reinitialize(self, knobs: str = "keep") -> bool:
         """``Trainer.reinitialize()``: the initial weights and a fresh optimizer, step 0; the old curves stay grey
         on the plot, its event marks go. ``knobs``: ``"keep"`` (as set now) or ``"start"`` (back to the knobs the
-        notebook had set when this dashboard was built: ``start_knobs``). During a run at the end of the current
-        step (the run goes on from step 0)."""
+        knobs the run's first step ran with: ``start_knobs``, those of the notebook's cells, the first run's, also
+        after several re-initialisations). During a run at the end of the current step (the run goes on from step
+        0)."""
         if knobs not in KNOB_CHOICES:
             raise ValueError(f"reinitialize(knobs=...) takes one of {list(KNOB_CHOICES)}, got {knobs!r}")
 
@@ -544,7 +549,10 @@ class Controller:
     def _on_event(self, event: Event, info: Payload) -> None:
         data = self.data
         from_code = not self._in_command and threading.current_thread() is threading.main_thread()
-        if isinstance(info, EvaluateInfo):
+        if isinstance(info, MinibatchInfo):
+            if self._take_start:  # the first minibatch of the first step: the knobs it ran with
+                self.start_knobs, self._take_start = knobs_of(self.trainer), False
+        elif isinstance(info, EvaluateInfo):
             with data.lock:
                 data.validation.append({"step": info.step, "task": info.task, "linkedset": info.linkedset,
                                         "loss": info.loss})

@@ -20,6 +20,29 @@ if TYPE_CHECKING:
 Series = tuple[list[float], list[float]]
 
 
+MAX_GHOSTS = 3  # abandoned branches kept grey on the plot (the newest ones)
+
+
+def with_abandoned(ghost: dict[str, Series], new: dict[str, Series], keep: int = MAX_GHOSTS) -> dict[str, Series]:
+    """The grey curves after one more branch is abandoned: ``new`` after those of ``ghost`` (the last ``keep``
+    branches), each branch apart from the next by a gap (a NaN value, so no line runs back to the branch's
+    start). Nothing abandoned (a second re-initialise at once) keeps the grey curves as they are."""
+    if not new:
+        return ghost
+    out: dict[str, Series] = {}
+    for key in {**ghost, **new}:
+        xs, ys = ghost.get(key, ([], []))
+        gaps = [i for i, y in enumerate(ys) if math.isnan(y)]
+        if len(gaps) >= keep - 1:  # drop the oldest branch
+            cut = gaps[len(gaps) - keep + 1] + 1 if keep > 1 else len(xs)
+            xs, ys = xs[cut:], ys[cut:]
+        nx, ny = new.get(key, ([], []))
+        if xs and nx:
+            xs, ys = [*xs, xs[-1]], [*ys, math.nan]
+        out[key] = ([*xs, *nx], [*ys, *ny])
+    return {k: v for k, v in out.items() if v[0]}
+
+
 class SeriesStore:
     """The history as ``column -> (steps, values)`` for every plotted column, grown row by row; the
     branch abandoned by a restore kept apart as the ghost; the event log and validation points.
@@ -83,7 +106,7 @@ class SeriesStore:
                 back = self._reload if self._reload is not None else (rows[-1]["step"] if rows else 0)
                 ghost = {k: ([x for x in xs if x > back], [y for x, y in zip(xs, ys) if x > back])
                          for k, (xs, ys) in self.series.items()}
-                self.ghost = {k: v for k, v in ghost.items() if v[0]}
+                self.ghost = with_abandoned(self.ghost, {k: v for k, v in ghost.items() if v[0]})
                 self.series, self._seen, self._reload = {}, 0, None
                 self.validation = [v for v in self.validation if v["step"] <= trainer.step_count]
                 self.records = [r for r in self.records if r["step"] <= trainer.step_count]

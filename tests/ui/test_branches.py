@@ -160,3 +160,48 @@ def test_small_things_a_class_trips_over(dash):
     finally:
         dash.controller.stop(wait=True)
     assert "mtlab-live" not in w.progress_label.value
+
+
+def test_starting_knobs_are_those_the_first_step_ran_with_not_those_at_build(dash):
+    """A notebook cell after the dashboard's sets the knobs the run starts with: "starting knobs" restores those."""
+    tr, w = dash.trainer, dash.controls
+    tr.lr = 3e-2  # set from the notebook after the dashboard was built, before the first step
+    tr.set_weight("a", "noisy", 0.25)
+    w.buttons["step"].click()
+    w.buttons["step"].click()
+    w.lr_slider.value = 5e-3  # then moved on the dashboard during the run
+    w.sliders["a/noisy"].value = 0.8
+    w.buttons["step"].click()
+    w.reinit_knobs.value = "start"
+    w.buttons["reinitialize"].click()
+    assert tr.step_count == 0 and tr.lr == pytest.approx(3e-2) and tr.linkedset("a", "noisy").weight == 0.25
+    assert w.sliders["a/noisy"].value == 0.25 and w.lr_slider.value == pytest.approx(3e-2)
+    assert "a/noisy weight 0.25" in dash.status_text and "lr 0.03" in dash.status_text
+    w.buttons["step"].click()
+    w.lr_slider.value = 1e-3
+    w.buttons["reinitialize"].click()  # a second time: still the notebook's starting knobs
+    assert tr.lr == pytest.approx(3e-2)
+
+
+def test_a_second_reinitialise_keeps_every_abandoned_branch_grey(dash):
+    c, w = dash.controller, dash.controls
+    for _ in range(3):
+        w.buttons["step"].click()
+    w.buttons["reinitialize"].click()
+    dash.refresh()
+    first = c.data.ghost["a/loss"]
+    assert max(first[0]) == 3
+    w.buttons["reinitialize"].click()  # at once, with no step between: the grey curves stay
+    dash.refresh()
+    assert c.data.ghost["a/loss"][0] == first[0]
+    grey = dash.live.lines["ghost:a/loss"]
+    assert [x for x, y in zip(grey.get_xdata(), grey.get_ydata()) if math.isfinite(y)] == first[0]
+    w.buttons["step"].click()
+    w.buttons["step"].click()
+    w.buttons["reinitialize"].click()
+    dash.refresh()
+    xs, ys = c.data.ghost["a/loss"]
+    finite = [x for x, y in zip(xs, ys) if math.isfinite(y)]
+    assert finite == [1, 2, 3, 1, 2]  # both abandoned branches, apart (a gap between them, not a line back)
+    assert any(math.isnan(y) for y in ys)
+    assert "stays grey" in dash.status_text
