@@ -236,14 +236,32 @@ def test_notebook_06_shows_the_numbers_its_text_quotes():
     assert cos_a < 0 and "frames against speaker" in text
 
 
+def noise_rows(table: str) -> list[tuple[float, float]]:
+    """(|G|² this step, B_simple) of every row the notebook's noise-scale tables print."""
+    rows = []
+    for line in table.splitlines():
+        cells = line.split()
+        if len(cells) == 5 and cells[0].isdigit():
+            rows.append((float(cells[2]), float(cells[3])))
+    return rows
+
+
 @pytest.mark.slow
 def test_notebook_07_figures_and_the_negative_estimate_explained():
     cells = executed("07_journal_and_noise_scale.ipynb")
-    table = text_of(code_cell(cells, 'print(trainer.history.filter(like="gns")'))
-    assert "gns_g2" in table and "can be negative" in prose(cells) and "unbiased" in prose(cells)
+    noise = code_cell(cells, "names = {")
+    table, text = text_of(noise), " ".join(prose(cells).split())
+    assert "|G|² this step" in table and "B_simple (moving averages)" in table
+    assert "can be negative" in text and "unbiased" in text and "moving averages" in text
+    rows = noise_rows(table)
+    assert len(rows) == 3 * 2  # the last 3 steps of each task
+    for g2, b_simple in rows:  # what the text says of a missing B_simple is what the table shows
+        if g2 < 0 and b_simple == b_simple:
+            assert "One negative step does not spoil `gns`" in text
+        if b_simple != b_simple:
+            assert "Only while that moving average itself is at or below 0" in text
     runs = code_cell(cells, 'slow = trainer.fork("lower-lr")')
     assert any("image/png" in o.get("data", {}) for o in runs.outputs)  # plot_runs' figure (its layout: tests/ui)
-    noise = code_cell(cells, 'print(trainer.history.filter(like="gns")')
     assert any("image/png" in o.get("data", {}) for o in noise.outputs)
 
 
