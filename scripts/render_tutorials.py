@@ -29,12 +29,15 @@ WIDGET_NOTE = "[an interactive widget: it shows in a running notebook, not on a 
 
 def static_widgets(nb: nbformat.NotebookNode) -> None:
     """Replace each widget output's data by a one-line note: without a kernel a widget cannot show, and its
-    text form is a long repr of its children. Live widget state is dropped too."""
+    text form is a long repr of its children. A widget that offers a static form of what it shows (HTML or a
+    PNG, as ``dash.follow`` does) keeps that instead. Live widget state is dropped too."""
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
         for out in cell.get("outputs", []):
-            if WIDGET in out.get("data", {}):
-                out["data"] = {"text/plain": WIDGET_NOTE}
+            data = out.get("data", {})
+            if WIDGET in data:
+                static = {k: v for k, v in data.items() if k in ("text/html", "image/png")}
+                out["data"] = {**static, "text/plain": data["text/plain"]} if static else {"text/plain": WIDGET_NOTE}
 
 
 def render(path: Path, timeout: int) -> Path:

@@ -29,6 +29,7 @@ from ..core.trainer import Trainer
 from ..training.schedule import Schedule
 from .controller import Controller
 from .controls import PLOT_WIDTH, Controls, check_hide
+from .follow import Follow
 from .painter import Painter
 from ..training.plots import DPI, figure_png, figure_svg, panel_of, plot_history, plot_runs
 from .liveplot import LIVE_POINTS, LivePlot
@@ -127,6 +128,7 @@ class Dashboard(widgets.VBox):
         self._drawn_key: tuple[Any, ...] | None = None
         self._render_lock = threading.RLock()
         self._final = False
+        self.followers: list[Follow] = []  # the widgets of follow(), shown again as the run goes
         self.controller = Controller(trainer, schedule, keep_snapshots=keep_snapshots, refresh_s=refresh_s)
         self.painter = (Painter(live, self.controller.data, self._show_png, draw_interval, max_draw_share, painter,
                                 on_error=lambda m: self.controller.say(m, error=True)) if live is not None else None)
@@ -452,6 +454,19 @@ class Dashboard(widgets.VBox):
         if self.painter is not None and not self.controller.alive:
             self.painter.flush()
 
+    def follow(self, fn: Callable[[], Any], every_s: float = 1.0, max_share: float = 0.1) -> Follow:
+        """A widget showing ``fn()`` (a table, a figure, a mapping, any value), shown again between steps while
+        this dashboard's run goes and once more when it ends: a cell after the run's that shows "the run so
+        far" stays true under *Run All* (``mtlab.ui.follow``). A redraw waits ``every_s`` s or more (``fn``'s
+        own time at most ``max_share`` of the run's)."""
+        run = self.controller.run
+        in_flight = run is not None and run.alive and run.state != "paused"
+        view = Follow(fn, self.state if in_flight and self.state is not None else self.controller.state(), in_flight,
+                      every_s, max_share)
+        self.controller.subscribe(view)
+        self.followers.append(view)
+        return view
+
     def refresh(self) -> None:
         """Read new rows, update every text and draw the plot now (no step in flight)."""
         self._drawn_key = None
@@ -498,7 +513,7 @@ class Dashboard(widgets.VBox):
         painter, controls = self.__dict__.get("painter"), self.__dict__.get("controls")  # absent if __init__ raised
         if painter is not None:
             painter.close()
-        for child in controls.every() if controls is not None else ():
+        for child in [*(controls.every() if controls is not None else ()), *self.__dict__.get("followers", ())]:
             child.close()
         super().close()
 

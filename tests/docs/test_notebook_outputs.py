@@ -136,8 +136,8 @@ def test_notebook_03_prints_no_raw_html_and_says_why_its_run_ended():
     assert "wait" not in start.source  # the run cell returns: the sliders act during the run
     later = [c.source for c in cells if c.cell_type == "code" and re.search(r"dash\.wait|while dash\.running", c.source)]
     assert later and all("if WAIT:  # unattended only" in s for s in later), later  # Run All never blocks the kernel
-    conflict = text_of(code_cell(cells, "mtlab.training.debug.gradient_conflict"))
-    (cosine,) = numbers(r"\('frames', 'speaker'\): (-?[\d.e-]+)", conflict)
+    conflict = text_of(code_cell(cells, "dash.follow(lambda: mtlab.training.debug.gradient_conflict"))
+    (cosine,) = numbers(r"enc / frames vs speaker\s+(-?[\d.e-]+)", conflict)
     assert -1 <= cosine <= 1
 
 
@@ -263,6 +263,42 @@ def test_notebook_07_figures_and_the_negative_estimate_explained():
     runs = code_cell(cells, 'slow = trainer.fork("lower-lr")')
     assert any("image/png" in o.get("data", {}) for o in runs.outputs)  # plot_runs' figure (its layout: tests/ui)
     assert any("image/png" in o.get("data", {}) for o in noise.outputs)
+
+
+@pytest.mark.slow
+def test_notebook_03_under_run_all_ends_on_the_runs_final_numbers():
+    """Every code cell at once, as Run All does (no MTLAB_WAIT): the cells after the run's ran at step 0 while
+    it trained; once it ends, what they show is the last step's, not ``{}``, a header or empty axes."""
+    jupyter_client = pytest.importorskip("jupyter_client")
+    nbformat, _ = notebook_tools()
+    nb = nbformat.read(NOTEBOOKS / "03_multitask_linkedsets.ipynb", as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    start = next(i for i, s in enumerate(cells) if s.startswith("dash.start(STEPS)"))
+    env = {k: v for k, v in os.environ.items() if k != "MTLAB_WAIT"}
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", startup_timeout=120, cwd=str(NOTEBOOKS),
+                                                     env={**env, "MTLAB_FAST": "1"})
+    try:
+        for source in cells[:start]:
+            kernel_run(kc, source)
+        kernel_run(kc, "STEPS = 6")  # a run that outlasts the cells below
+        for source in cells[start:]:
+            kernel_run(kc, source)
+        during = kernel_run(kc, "print(trainer.step_count, dash.running)").split()
+        kernel_run(kc, "dash.wait(600)")
+        shown = kernel_run(kc, "print('\\n=====\\n'.join(f.plain for f in dash.followers))").split("\n=====\n")
+        final = int(kernel_run(kc, "print(trainer.step_count)"))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert during[1] == "True" and int(during[0]) < 6  # the cells ran during the run
+    assert final == 6 and len(shown) == 3
+    conflict, table, figure = shown
+    assert all(part.startswith("step 6\n") for part in shown), shown
+    (cosine,) = numbers(r"enc / frames vs speaker\s+(-?[\d.e-]+)", conflict)
+    assert -1 <= cosine <= 1
+    rows = [line.split() for line in table.splitlines()[2:]]
+    assert rows and rows[-1][1] == "6" and all(cell not in ("NaN", "–") for cell in rows[-1][1:5]), table
+    assert figure.strip().endswith("[figure]")
 
 
 # ------------------------------------------------------------------------------- 03 steered during its run
