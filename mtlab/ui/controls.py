@@ -27,7 +27,7 @@ BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "
            "clear_error": "clear", "reinitialize": "re-initialise"}
 LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
 MAX_K = 1000  # the K box refuses more minibatch rounds per step (a step of 10^6 rounds would never end in class)
-PRESENT_LEFT = 240  # px: presentation mode's column of run buttons and chosen sliders beside the plot
+PRESENT_LEFT = 236  # px: presentation mode's column of run buttons and chosen sliders (tracks of 200 px or more)
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
 
 
@@ -277,7 +277,7 @@ class Controls:
         beside the plot, which fits the window's height, so that both show on one screen at 150 %; the other
         controls under them. ``hide`` names control groups (``GROUPS``) left out."""
         B, hidden = self.buttons, set(check_hide(hide))
-        for slider in (*self.sliders.values(), self.lr_slider):  # presentation mode narrows them: back to normal
+        for slider in (*self.sliders.values(), self.lr_slider):  # presentation mode widens them: back to normal
             slider.layout.width = f"{LEFT_WIDTH - 44}px"
         wrap = _layout(flex_flow="row wrap", align_items="center")
         run_row = widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"], B["reinitialize"],
@@ -331,15 +331,19 @@ class Controls:
         errors = widgets.HBox([self.error_box, B["clear_error"]], layout=wrap)
         B["clear_error"].layout.display = "none"
         table = [] if "table" in hidden else [self.table]
-        if presentation:  # the run buttons and the chosen sliders beside the plot; everything else under them
+        if presentation:  # run, pause, stop and the chosen sliders beside the plot; everything else under them
             keys = list(self.sliders) + ["lr"] if chosen is None else list(chosen)
             steer = [self.lr_slider if k == "lr" else self.sliders[k] for k in keys]
-            for slider in steer:
-                slider.layout.width = f"{PRESENT_LEFT - 10}px"
-            side = widgets.VBox(([] if "run" in hidden else [run_row]) + ([] if "weights" in hidden else steer),
+            for slider in steer:  # each on two lines (page_css): its name and value, then a track of the column's width
+                slider.layout.width = "100%"
+            run_now = widgets.HBox([B["run"], B["pause"], B["stop"]], layout=wrap)
+            side = widgets.VBox(([] if "run" in hidden else [run_now]) + ([] if "weights" in hidden else steer),
                                 layout=_layout(width=f"{PRESENT_LEFT}px", flex="0 0 auto"))
+            side.add_class("mtlab-side")
             screen = widgets.HBox([side, right], layout=_layout(flex_flow="row", align_items="flex-start"))
-            below = widgets.HBox([left, *([lower] if lower is not None else [])],
+            later = [] if "run" in hidden else [widgets.HBox([tipped(self.steps_box), B["reinitialize"],
+                                                              tipped(self.reinit_knobs)], layout=wrap)]
+            below = widgets.HBox([widgets.VBox([*later, left]), *([lower] if lower is not None else [])],
                                  layout=_layout(flex_flow="row wrap", align_items="flex-start"))
             return [self.counter, self.status, screen, top, errors, *options, below, *table]
         body = widgets.HBox([left, right], layout=_layout(flex_flow="row wrap", align_items="flex-start"))

@@ -71,13 +71,19 @@ class LivePlot:
     """
 
     def __init__(self, tasks: Sequence[str], width_px: int = 720, height_px: int | None = None, dpi: int = DPI,
-                 max_points: int = LIVE_POINTS, font_scale: float = 1.0, presentation: bool = False) -> None:
+                 max_points: int = LIVE_POINTS, font_scale: float = 1.0, presentation: bool = False,
+                 pixel_ratio: float = 1.0) -> None:
         if font_scale <= 0:
             raise ValueError(f"font_scale must be > 0 (1: the dashboard's, {PRESENTATION_SCALE}: presentation), "
                              f"got {font_scale!r}")
         self.width_px = int(width_px)
         self.fixed_height = height_px  # None: the height follows the panels and the legend
+        self.max_height: int | None = None  # the most it grows to (presentation mode: a screen's share)
+        if not pixel_ratio > 0:
+            raise ValueError(f"pixel_ratio must be > 0 (PNG pixels per layout pixel), got {pixel_ratio!r}")
+        self.layout_dpi = dpi  # the layout is in pixels at this dpi; the PNG has pixel_ratio times as many
         self.figure = new_figure(self.width_px, height_px if height_px is not None else int(width_px * 0.5), dpi)
+        self.figure.set_dpi(dpi * pixel_ratio)
         self.canvas = FigureCanvasAgg(self.figure)
         self.max_points = max_points
         self.tasks = list(tasks)
@@ -110,6 +116,24 @@ class LivePlot:
             self._build(self.panels)
             self.set_marker(self.marker)
 
+    @property
+    def pixel_ratio(self) -> float:
+        """PNG pixels per layout pixel: the figure is laid out at ``width_px`` and drawn this many times finer
+        (sharp where the browser shows it larger than ``width_px``)."""
+        return self.figure.dpi / self.layout_dpi
+
+    def set_size(self, width_px: int, font_scale: float = 1.0, pixel_ratio: float = 1.0,
+                 max_height_px: int | None = None) -> None:
+        """Lay the figure out again at ``width_px`` (and at most ``max_height_px`` high: the panels share it)
+        with text ``font_scale`` times the dashboard's, drawn ``pixel_ratio`` times finer (presentation mode on
+        or off)."""
+        if font_scale <= 0 or not pixel_ratio > 0:
+            raise ValueError(f"font_scale and pixel_ratio must be > 0, got {font_scale!r}, {pixel_ratio!r}")
+        self.width_px, self.font_scale, self.max_height = int(width_px), float(font_scale), max_height_px
+        self.figure.set_dpi(self.layout_dpi * pixel_ratio)
+        self._build(self.panels)
+        self.set_marker(self.marker)
+
     def set_presentation(self, on: bool = True) -> None:
         """Presentation mode: larger text (``PRESENTATION_SCALE``), on or off."""
         self.set_font_scale(PRESENTATION_SCALE if on else 1.0)
@@ -139,8 +163,10 @@ class LivePlot:
     def _resize(self, height_px: int) -> None:
         """The figure's height (unless fixed): more rows of panels or of legend make it taller."""
         height_px = self.fixed_height if self.fixed_height is not None else height_px
-        if abs(self.figure.get_figheight() * self.figure.dpi - height_px) > 0.5:
-            self.figure.set_size_inches(self.width_px / self.figure.dpi, height_px / self.figure.dpi)
+        if self.max_height is not None:
+            height_px = min(height_px, self.max_height)
+        if abs(self.figure.get_figheight() * self.layout_dpi - height_px) > 0.5:
+            self.figure.set_size_inches(self.width_px / self.layout_dpi, height_px / self.layout_dpi)
             self._stale = self._relayout = True
             self._background = None
 

@@ -61,6 +61,12 @@ class Painter:
     def reset_counters(self) -> None:
         self.redraws, self.redraw_seconds, self.redraw_cpu = 0, 0.0, 0.0
 
+    def set_size(self, width_px: int, font_scale: float = 1.0, pixel_ratio: float = 1.0,
+                 max_height_px: int | None = None) -> None:
+        """The plot laid out again (``LivePlot.set_size``), between two draws."""
+        with self._lock:
+            self.plot.set_size(width_px, font_scale, pixel_ratio, max_height_px)
+
     def draw(self) -> None:
         """Draw now, in the calling thread (one draw at a time)."""
         with self._lock:

@@ -44,7 +44,12 @@ from .texts import (
     validation_html,
 )
 
-PRESENT_SCALE = 1.25  # presentation mode: the plot's pixels per point (text and lines 25 % larger, same layout)
+# Presentation mode's plot: laid out at PRESENT_WIDTH px (two columns of panels) with text PRESENT_FONT times
+# the dashboard's (its smallest 16.7 px) and drawn PRESENT_RATIO times finer (900 px). The browser shows it as
+# large as the room beside the sliders and the screen's height allow, at most 900 CSS px: at 1280x800 about
+# 820 px wide (text 23 px), at 150 % about 430 CSS px (text 12 px or more).
+PRESENT_WIDTH, PRESENT_FONT, PRESENT_RATIO = 600, 1.6, 1.5
+PRESENT_HEIGHT = 450  # px of layout at most (3:4): at 150 % the plot's width, not the screen's height, limits it
 STALE_S = 30  # s without a new state after which a "running" claim on screen gives way to a warning
 
 
@@ -61,6 +66,19 @@ def page_css() -> str:
 .mtlab-present .widget-html-content .mtlab-valid td, .mtlab-present .widget-html-content .mtlab-valid th
   {{font-size: 13px !important; white-space: normal !important; padding: 2px 5px !important}}
 .mtlab-present img.widget-image {{object-fit: contain}}
+.mtlab-present .mtlab-side .widget-hslider {{flex-wrap: wrap !important; height: auto !important; margin: 0 0 2px 0}}
+.mtlab-present .mtlab-side .widget-hslider > .widget-label, .mtlab-present .mtlab-side .widget-hslider > .widget-readout
+  {{height: 24px !important; line-height: 24px !important; font-size: 16px !important}}
+.mtlab-present .mtlab-side .widget-hslider > .widget-label {{order: 0; flex: 1 1 auto; max-width: none}}
+.mtlab-present .mtlab-side .widget-hslider > .widget-readout {{order: 1; flex: 0 0 auto; max-width: none}}
+.mtlab-present .mtlab-side .widget-hslider > .slider-container {{order: 2; flex: 1 0 100% !important;
+  margin: 0 10px 0 10px !important; height: 20px}}
+.mtlab-present .lm-TabBar-tab {{flex: 0 0 auto !important; min-width: fit-content !important; max-width: none !important}}
+.mtlab-present .lm-TabBar-content {{flex-wrap: wrap}}
+.mtlab-present .widget-tab > .lm-TabBar, .mtlab-present .jupyter-widget-tab > .lm-TabBar {{min-height: fit-content;
+  height: auto !important; overflow: visible}}
+.mtlab-present .widget-dropdown {{width: auto !important; max-width: 100%}}
+.mtlab-present .widget-dropdown > select {{width: auto !important; flex: 0 1 auto}}
 @media (max-width: 1100px) {{  /* zoomed in (150 % of 1280 px is 853 px): table cells wrap instead of being cut */
   .mtlab-dashboard .mtlab-state td, .mtlab-dashboard .mtlab-state th
     {{white-space: normal !important; line-height: 1.25 !important; padding: 2px 6px !important}}
@@ -111,9 +129,7 @@ class Dashboard(widgets.VBox):
                  presentation: bool = False, hide: Sequence[str] = (), sliders: Sequence[str] | None = None) -> None:
         hide = check_hide(hide)
         controls = Controls(trainer)  # first: a bad argument below leaves nothing attached to the trainer
-        scale = PRESENT_SCALE if presentation else 1.0  # the plot's text and lines, larger in presentation mode
-        live = LivePlot(list(trainer.tasks), max_points=max_points, width_px=round(PLOT_WIDTH * scale),
-                        dpi=round(DPI * scale)) if plots else None
+        live = LivePlot(list(trainer.tasks), max_points=max_points, width_px=PLOT_WIDTH, dpi=DPI) if plots else None
         self.controls = controls
         self.hide, self._presentation, self._plots = hide, bool(presentation), plots
         unknown = [k for k in (sliders or ()) if k != "lr" and k not in controls.sliders]
@@ -141,11 +157,17 @@ class Dashboard(widgets.VBox):
     def _parts(self) -> list[widgets.Widget]:
         parts = self.controls.layout(self._plots, self.hide, self._presentation, self.chosen)
         image = self.controls.image
+        size = (PRESENT_WIDTH, PRESENT_FONT, PRESENT_RATIO, PRESENT_HEIGHT) if self._presentation \
+            else (PLOT_WIDTH, 1.0, 1.0, None)
+        live = self.live
+        if self.painter is not None and live is not None \
+                and (live.width_px, live.font_scale, live.pixel_ratio, live.max_height) != size:
+            self.painter.set_size(*size)
         if self._presentation:  # the plot as large as the width beside the sliders and the window's height allow
             self.add_class("mtlab-present")
             image.layout.width, image.layout.height = "auto", "auto"
-            image.layout.max_width = f"min(100%, {round(PLOT_WIDTH * PRESENT_SCALE)}px)"
-            image.layout.max_height = "calc(100vh - 150px)"
+            image.layout.max_width = f"min(100%, {round(PRESENT_WIDTH * PRESENT_RATIO)}px)"
+            image.layout.max_height = "calc(100vh - 185px)"
         else:
             self.remove_class("mtlab-present")
             image.layout.width, image.layout.height = f"{PLOT_WIDTH}px", "auto"
