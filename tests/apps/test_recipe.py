@@ -34,6 +34,7 @@ def test_demo_recipe_parses_without_loading_data() -> None:
     assert recipe["models"]["enc"]["type"] == "BLSTM"
 
 
+@pytest.mark.slow  # over a second of CPU (tests/README.md)
 def test_build_trainer_records_stats_and_derives_steps(tiny_corpus: Path, tmp_path: Path) -> None:
     path = write_tiny_recipe(tmp_path / "tiny.toml", tiny_corpus, num_steps=0)
     exp = from_recipe(path)

@@ -89,8 +89,8 @@ def test_presentation_mode_is_readable_and_every_slider_usable(lab: str, tmp_pat
         shoot(page, tmp_path, f"jupyterlab_presentation_all_sliders_{name}.png")
         page.get_by_role("button", name="stop", exact=True).click()
         # Measured once the run has stopped: drawing the live figure here, beside the painter, would race it.
-        page.wait_for_function(f"() => !/running/.test(document.querySelector('.mtlab-dashboard').innerText"
-                               f".split('\\n')[0])", timeout=60_000)
+        page.wait_for_function("() => !/running/.test(document.querySelector('.mtlab-dashboard').innerText"
+                               ".split('\\n')[0])", timeout=60_000)
         figure = json.loads(page.evaluate(KERNEL_JS, FIGURE_TEXT))
         page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.shutdown()")
         browser.close()

@@ -38,6 +38,7 @@ def test_the_dashboard_displays(dash):
     assert "application/vnd.jupyter.widget-view+json" in dash._repr_mimebundle_()  # no name of a widget's shadowed
 
 
+@pytest.mark.slow  # over a second of CPU (tests/README.md)
 def test_fork_here_adds_the_branch_to_the_plot_and_the_selector(dash):
     c, w = dash.controller, dash.controls
     for _ in range(3):
@@ -63,6 +64,7 @@ def test_fork_here_adds_the_branch_to_the_plot_and_the_selector(dash):
     assert "now 7" in w.branch_dropdown.options[0][0] and "3 step(s)" not in dash.status_text
 
 
+@pytest.mark.slow  # over a second of CPU (tests/README.md)
 def test_switch_compare_and_drop(dash):
     c, w = dash.controller, dash.controls
     w.buttons["step"].click()
@@ -89,6 +91,7 @@ def test_switch_compare_and_drop(dash):
     assert "no branch yet" in dash.status_text
 
 
+@pytest.mark.slow  # over a second of CPU (tests/README.md)
 def test_reinitialise_beside_run_with_the_starting_knobs_and_only_new_marks(dash):
     c, w = dash.controller, dash.controls
     run_row = dash.controls.layout(True)[-1].children[0].children[0]  # the left column's first part
@@ -143,6 +146,7 @@ def test_a_change_during_a_run_says_it_is_pending_then_in_force(dash):
         c.stop(wait=True)
 
 
+@pytest.mark.slow  # over a second of CPU (tests/README.md)
 def test_small_things_a_class_trips_over(dash):
     w = dash.controls
     w.k_boxes["a"].value = "1e6"  # a step of a million rounds: refused with the reason
@@ -162,6 +166,7 @@ def test_small_things_a_class_trips_over(dash):
     assert "mtlab-live" not in w.progress_label.value
 
 
+@pytest.mark.slow  # over a second of CPU (tests/README.md)
 def test_starting_knobs_are_those_the_first_step_ran_with_not_those_at_build(dash):
     """A notebook cell after the dashboard's sets the knobs the run starts with: "starting knobs" restores those."""
     tr, w = dash.trainer, dash.controls
@@ -183,6 +188,7 @@ def test_starting_knobs_are_those_the_first_step_ran_with_not_those_at_build(das
     assert tr.lr == pytest.approx(3e-2)
 
 
+@pytest.mark.slow  # over a second of CPU (tests/README.md)
 def test_a_second_reinitialise_keeps_every_abandoned_branch_grey(dash):
     c, w = dash.controller, dash.controls
     for _ in range(3):

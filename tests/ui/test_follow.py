@@ -41,6 +41,7 @@ def test_before_the_first_step_it_says_nothing_yet_and_after_a_run_it_shows_the_
     assert "enc / a vs b" in conflict.text or "nothing yet" in conflict.text  # the tasks' shared encoder
 
 
+@pytest.mark.slow  # over a second of CPU (tests/README.md)
 def test_it_shows_again_between_steps_of_the_run_not_during_one(dash):
     tr = dash.trainer
     seen: list[tuple[int, str, bool]] = []  # (step, phase of a, in the training thread) at each call of fn

@@ -43,8 +43,8 @@ def spiky(n: int):
     return tasks, df, valid
 
 
-@pytest.mark.parametrize("n", [2, pytest.param(1, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow),
-                               pytest.param(6, marks=pytest.mark.slow)])
+@pytest.mark.slow  # 25 full draws: over a second of CPU (tests/README.md)
+@pytest.mark.parametrize("n", [1, 2, 4, 6])
 def test_every_point_stays_inside_its_panel_at_every_redraw(n):
     tasks, df, valid = spiky(n)
     live = LivePlot(tasks, width_px=PLOT_WIDTH)
@@ -85,7 +85,8 @@ def last_step_shown(dash) -> None:
     assert raw_texts(live.figure) == []
 
 
-@pytest.mark.parametrize("painter", ["inline", pytest.param("thread", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a run of a dashboard: over a second of CPU (tests/README.md)
+@pytest.mark.parametrize("painter", ["inline", "thread"])
 def test_the_frame_left_after_a_run_shows_the_last_step(one_thread, painter, monkeypatch):
     """Drawn at a slow pace (a loaded machine: the last steps fall between two draws), the run's end is drawn
     anyway."""
