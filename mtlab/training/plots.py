@@ -752,9 +752,10 @@ def change_in_words(entry: Mapping[str, Any]) -> str | None:
         name = method.get("name", method.get("method", "custom")) if isinstance(method, Mapping) else method
         return f"combine {name} {at}"
     if kind == "minibatches_per_step":
-        return f"K (minibatches per step) of {entry.get('task') or 'every task'} {value} {at}"
+        task = entry.get("task")
+        return f"{'K' if task is None else f'{task}/K'} (minibatches per step) {value} {at}"
     if kind == "batch_size":
-        return f"batch size of {entry.get('task')} {value} {at}"
+        return f"{entry.get('task')}/batch size {value} {at}"
     if kind == "reinitialize":
         return f"re-initialised at step {entry.get('from_step')}"
     if kind == "restore":
@@ -805,6 +806,8 @@ def plot_runs(runs: Mapping[str, RunLike], panel: str = "loss", width_px: int = 
     a dash per task; a fork's shared past is drawn once (in the first run's colour), each branch from where it
     parts. Under the axes, one legend and, for runs with journals (trainers, experiment folders), what sets each
     run apart in words (``lr 1e-3 from step 31``). Runs are trainers, experiment folders or history DataFrames.
+    ``height_px`` (default: what the text under the axes needs) is grown where it would leave the axes too short
+    to read beside that text.
 
     >>> fig = plot_runs({"main": trainer, "lower-lr": branch})  # doctest: +SKIP
     """
@@ -829,9 +832,11 @@ def plot_runs(runs: Mapping[str, RunLike], panel: str = "loss", width_px: int = 
                                     chars, subsequent_indent="    ")
     legend_h = legend_lines(entries, width_px) * line_px
     below = legend_h + len(text_lines) * line_px + 14
-    axes_h = ROW_PX + 60
-    fig = new_figure(width_px, height_px if height_px is not None else int(axes_h + below + 30))
-    grid_spec = fig.add_gridspec(2, 1, height_ratios=[axes_h, below])
+    axes_h = ROW_PX + 60  # the axes with their title, tick labels and axis label
+    needed = int(axes_h + below + 30)
+    height = needed if height_px is None else max(int(height_px), needed)  # too small a height: grown, never
+    fig = new_figure(width_px, height)  # the axes squeezed under the text
+    grid_spec = fig.add_gridspec(2, 1, height_ratios=[height - below - 30, below])
     ax = fig.add_subplot(grid_spec[0])
     cell = fig.add_subplot(grid_spec[1], label=LEGEND_CELL)
     cell.axis("off")

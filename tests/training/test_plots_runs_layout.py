@@ -67,6 +67,33 @@ def test_plot_runs_is_readable_for_2_to_4_runs(runs, n):
     assert len(looks) == len(ax.lines)  # every run x task its own look
 
 
+@pytest.fixture(scope="module")
+def busy_runs(runs):
+    """Four runs, each with a few knob changes of its own: four or five lines of differences under the axes."""
+    busy = {name: t.fork(f"{name}-busy") for name, t in runs.items()}
+    for t in busy.values():
+        for i in range(6):
+            t.step()
+            if i % 2 == 0:
+                t.lr = t.lr * 0.7
+                t.set_weight("a", "clean", 0.5 + i / 20)
+    return busy
+
+
+@pytest.mark.parametrize("width_px", [400, 553, 830, 1245])
+@pytest.mark.parametrize("height_px", [None, 250])
+def test_plot_runs_axes_stay_readable_at_any_size_asked(busy_runs, width_px, height_px):
+    """The axes keep at least 200x110 px and no text is cut, however narrow the figure and however many lines
+    of differences it holds: a height asked for that is too small for both is grown, never the axes squeezed."""
+    fig = plots.plot_runs(busy_runs, width_px=width_px, height_px=height_px)
+    assert readability(fig) == [] and outside(fig) == [] and raw_texts(fig) == []
+    texts = [t.get_text() for t in all_texts(fig)]
+    assert sum(t.startswith(("main:", "lower-lr:", "clean-only:", "restored:")) for t in texts) == 4, texts
+    assert round(fig.bbox.width) == width_px
+    if height_px is not None:
+        assert round(fig.bbox.height) >= height_px
+
+
 def test_short_numbers_and_changes_in_words():
     assert plots.short_number(1e-3) == "1e-3" and plots.short_number(2.5e-4) == "2.5e-4"
     assert plots.short_number(0.5) == "0.5" and plots.short_number(16) == "16"
@@ -74,6 +101,11 @@ def test_short_numbers_and_changes_in_words():
              "to_step": 6}
     assert plots.change_in_words(entry) == "went back to step 6"
     assert plots.change_in_words({"kind": "lr", "step": 30, "value": 1e-3}) == "lr 1e-3 from step 31"
+    assert plots.change_in_words({"kind": "minibatches_per_step", "step": 16, "value": 2, "task": None}) == \
+        "K (minibatches per step) 2 from step 17"
+    assert plots.change_in_words({"kind": "minibatches_per_step", "step": 4, "value": 3, "task": "a"}) == \
+        "a/K (minibatches per step) 3 from step 5"
+    assert plots.change_in_words({"kind": "batch_size", "step": 4, "value": 8, "task": "b"}) == "b/batch size 8 from step 5"
 
 
 def test_every_series_of_the_noise_scale_figure_is_distinct():
