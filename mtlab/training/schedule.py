@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from ..base.errors import ConfigError
 from ..base.report import say
 from ..core.trainer import Trainer
-from ..tasks.sampling import HeadExamples, SegmentedExamples, trainset_fraction
+from ..tasks.sources import HeadExamples, SegmentedExamples, trainset_fraction
 from ..tasks.task import check_count, check_positive
 
 SETTINGS = ("num_steps", "initial_learning_rate", "learning_rate_decay", "valid_frequency", "valid_batches",

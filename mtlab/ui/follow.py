@@ -26,7 +26,7 @@ import ipywidgets as widgets
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..training.plots import figure_png
+from ..training.plotparts import figure_png
 from .state import DashState
 
 TABLE_CSS = "font-size: 13px; border-collapse: collapse;"

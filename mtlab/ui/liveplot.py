@@ -19,28 +19,19 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from ..training.plots import (
-    DPI,
-    GHOST,
+from ..training.plotparts import (
     MAX_EVENT_MARKS,
-    PANEL_SPECS,
-    Series,
-    Styles,
     constrained_layout,
     figure_svg,
-    grid,
     layout_height,
     log_axis,
     mark_events,
     new_figure,
     panel_axes,
-    panel_of,
-    panels_for,
-    positive,
     shared_legend,
-    smooth,
-    thin,
 )
+from ..training.plotseries import Series, panel_of, panels_for, positive, smooth, thin
+from ..training.plotstyle import DPI, GHOST, PANEL_SPECS, Styles, grid
 
 LIVE_POINTS = 400  # per line in the live plot: a blitted redraw stays ~40 ms
 PRESENTATION_SCALE = 1.35  # font scale of presentation mode (a projector, 150 % zoom)

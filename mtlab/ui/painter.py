@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..training.plots import validation_series
+from ..training.plotseries import validation_series
 from .liveplot import LivePlot
 from .state import SeriesStore
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
 
-from ..training.plots import panel_of
+from ..training.plotseries import panel_of
 
 if TYPE_CHECKING:
     from ..core.trainer import Trainer

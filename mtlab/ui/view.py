@@ -31,7 +31,11 @@ from .controller import Controller
 from .controls import PLOT_WIDTH, Controls, check_hide
 from .follow import Follow
 from .painter import Painter
-from ..training.plots import DPI, figure_png, figure_svg, panel_of, plot_history, plot_runs
+from ..training.plotparts import figure_png, figure_svg
+from ..training.plots import plot_history
+from ..training.plotseries import panel_of
+from ..training.plotstyle import DPI
+from ..training.runplots import plot_runs
 from .liveplot import LIVE_POINTS, LivePlot
 from .state import DashState
 from .texts import (

@@ -10,46 +10,16 @@ import pytest
 import torch
 from helpers.runs import assert_same
 from helpers.recipes import TINY_TOML
-from helpers.runs import LENGTHS, STAGES, staged, utterances
+from helpers.runs import LENGTHS, SEGMENTS, STAGES, staged
 
 import mtlab
 from mtlab.base.errors import ConfigError
 from mtlab.training.loop import Schedule, run
 from mtlab.apps.recipe import from_recipe, load
-from mtlab.tasks.sampling import BatchStream, SegmentedExamples, trainset_fraction
+from mtlab.tasks.sampling import BatchStream
+from mtlab.tasks.sources import SegmentedExamples
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-# Cut into 5-frame segments: 10 -> 2, 7 -> 1 (2 frames dropped), 3 -> 1 (shorter: whole), 25 -> 5, 4 -> 1, 12 -> 2.
-SEGMENTS = [(0, 0, 5), (0, 5, 5), (1, 0, 5), (2, 0, 3), (3, 0, 5), (3, 5, 5), (3, 10, 5), (3, 15, 5), (3, 20, 5),
-            (4, 0, 4), (5, 0, 5), (5, 5, 5)]
-
-
-def test_segments_are_the_originals_cuts() -> None:
-    ex = utterances()
-    segs = SegmentedExamples(ex, 5)
-    assert len(segs) == 12 and segs.lengths == [n for _, _, n in SEGMENTS] and segs.source is ex
-    for j, (i, start, n) in enumerate(SEGMENTS):
-        assert torch.equal(segs[j]["x"], ex[i]["x"][start:start + n]) and torch.equal(segs[j]["y"], ex[i]["y"][start:start + n])
-        assert torch.equal(segs[j]["spk"], ex[i]["spk"])  # per-utterance: copied to every segment
-    only_x = SegmentedExamples(ex, 5, keys=["x"])
-    assert torch.equal(only_x[0]["y"], ex[0]["y"])
-    with pytest.raises(ConfigError, match="segment_length"):
-        SegmentedExamples(ex, 0)
-
-
-def test_trainset_frac_keeps_the_head_of_the_list() -> None:
-    ex = utterances()
-    head = trainset_fraction(ex, 0.5)
-    assert len(head) == 3 and head.lengths == LENGTHS[:3] and all(head[i] is ex[i] for i in range(3))
-    assert len(trainset_fraction(ex, 0.4)) == 2  # int(6 x 0.4) = int(2.4)
-    with pytest.raises(IndexError):
-        head[3]
-    with pytest.raises(ConfigError, match="trainset_frac"):
-        trainset_fraction(ex, 0.1)  # int(0.6) = 0 utterances
-    with pytest.raises(ConfigError, match="trainset_frac"):
-        trainset_fraction(ex, 1.5)
-
 
 def test_stages_switch_data_settings_lr_and_optimizer(monkeypatch: pytest.MonkeyPatch) -> None:
     tr, sch = staged()
