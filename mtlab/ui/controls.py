@@ -236,7 +236,7 @@ class Controls:
                     "(the weights, lr, clip, combine method, K and batch sizes the notebook had set when this "
                     "dashboard was built)")
         self.branch_dropdown = widgets.Dropdown(
-            options=[], description="branch", layout=_layout(width="250px"), style={"description_width": "50px"},
+            options=[], description="branch", layout=_layout(width="320px"), style={"description_width": "50px"},
             tooltip="the branch drawn on the plot (x marks) and acted on by continue, switch, compare and drop")
         self.compare_image = widgets.Image(format="png", layout=_layout(width=f"{PLOT_WIDTH}px", height="auto"))
         self.snapshot_dropdown = widgets.Dropdown(options=[], description="snapshot", layout=_layout(width="210px"),

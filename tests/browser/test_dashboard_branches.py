@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.browser import CHROMIUM, DRAWN_JS, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api
+from helpers.browser import CHROMIUM, CUT_JS, DRAWN_JS, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api
 from helpers.paths import TESTS
 
 pytestmark = pytest.mark.slow  # a server, a kernel and a browser
@@ -95,6 +95,8 @@ def test_fork_here_then_reinitialise(lab: str, tmp_path: Path) -> None:
         assert lines.get("branch:a/loss") == [4, 8], lines  # a second line on the loss panel: the branch's own part
         page.evaluate("() => document.querySelector('.mtlab-dashboard').scrollIntoView()")
         shoot(page, tmp_path, "jupyterlab_fork_1280x800.png")
+        cut = page.evaluate(CUT_JS)  # the branches tab is the one shown
+        assert not cut, f"texts cut: {cut}"  # the branch selector's 'branch-1: from step 4, now 8' whole
 
         index = page.evaluate("() => [...document.querySelectorAll('.mtlab-dashboard select')]"
                               ".findIndex(s => [...s.options].some(o => /starting\\s+knobs/.test(o.text)))")

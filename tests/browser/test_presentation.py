@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.browser import CHROMIUM, DRAWN_JS, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api
+from helpers.browser import CHROMIUM, CUT_JS, DRAWN_JS, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api
 from helpers.paths import TESTS
 
 pytestmark = pytest.mark.slow  # a server, a kernel and a browser
@@ -48,15 +48,7 @@ PAGE_JS = """() => { const d = document.querySelector('.mtlab-dashboard'); const
  const side = d.querySelector(".mtlab-side");
  const sliders = [...(side || d).querySelectorAll('.widget-slider')].filter(shown).map(s => ({
    name: s.innerText.split('\\n')[0], box: box(s), track: box(s.querySelector('.slider-container') || s)}));
- const canvas = document.createElement('canvas').getContext('2d');
- const cut = [];
- for (const e of d.querySelectorAll('.lm-TabBar-tabLabel, .widget-label, button, .widget-html-content')) {
-   if (!shown(e) || !e.innerText.trim()) continue;
-   if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'auto') cut.push(e.innerText.slice(0, 40)); }
- for (const e of d.querySelectorAll('select')) { if (!shown(e) || e.selectedIndex < 0) continue; const s = getComputedStyle(e);
-   canvas.font = s.fontSize + ' ' + s.fontFamily; const text = e.options[e.selectedIndex].text;
-   if (canvas.measureText(text).width + 24 > e.clientWidth) cut.push('select: ' + text); }
- return {view: view, plot: box(d.querySelector('img.widget-image')), sliders: sliders, cut: cut}; }"""
+ return {view: view, plot: box(d.querySelector('img.widget-image')), sliders: sliders, cut: (""" + CUT_JS + """)()}; }"""
 
 
 def inside(box, view) -> bool:

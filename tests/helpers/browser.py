@@ -28,6 +28,21 @@ STEP_JS = ("() => { const e = [...document.querySelectorAll('.widget-html-conten
            ".find(e => /^step \\d+ /.test(e.textContent)); return e ? parseInt(e.textContent.slice(5)) : -1; }")
 DRAWN_JS = ("() => { const e = document.querySelector('.mtlab-asof');"
             " return e ? parseInt(e.textContent.replace('plot as of step ', '')) : -1; }")
+# Every text of the dashboard that is cut (wider than its box): tab titles, labels, buttons, HTML, and the chosen
+# option of each dropdown (its text measured in the select's font, beside the arrow's 24 px), and a dropdown that
+# reaches past the edge of a box that clips it (a tab's page).
+CUT_JS = """() => { const d = document.querySelector('.mtlab-dashboard'); const shown = (e) => e.offsetParent !== null;
+ const canvas = document.createElement('canvas').getContext('2d'); const cut = [];
+ for (const e of d.querySelectorAll('.lm-TabBar-tabLabel, .widget-label, button, .widget-html-content')) {
+   if (!shown(e) || !e.innerText.trim()) continue;
+   if (e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX !== 'auto') cut.push(e.innerText.slice(0, 40)); }
+ for (const e of d.querySelectorAll('select')) { if (!shown(e) || e.selectedIndex < 0) continue; const s = getComputedStyle(e);
+   canvas.font = s.fontSize + ' ' + s.fontFamily; const text = e.options[e.selectedIndex].text;
+   if (canvas.measureText(text).width + 24 > e.clientWidth) cut.push('select: ' + text);
+   const right = e.getBoundingClientRect().right;  // a box around it that clips (a tab's page) cuts it at its edge
+   for (let a = e.parentElement; a && a !== d; a = a.parentElement) { if (getComputedStyle(a).overflowX === 'visible') continue;
+     if (right > a.getBoundingClientRect().right + 1) { cut.push('select past its box: ' + text); break; } } }
+ return cut; }"""
 
 
 def open_and_run_all(page, lab: str, name: str) -> None:  # noqa: ANN001
