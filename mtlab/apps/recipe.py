@@ -413,7 +413,7 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
 
     apply_threads(threads)  # before the data work: statistics and features run on these threads too
     from ..models import build_model
-    from ..tasks.sampling import trainset_fraction
+    from ..tasks.sources import trainset_fraction
 
     cache: Datasets = datasets if datasets is not None else {}
 

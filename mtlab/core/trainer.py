@@ -41,7 +41,8 @@ from .knobs import AccumulationKnobs, Knobs
 from .noise import NoiseScale
 from .precision import Precision, PrecisionSpec, compile_models
 from .scope import RunLock, RunRandom, Scope
-from ..tasks.sampling import BatchStream, ExampleSource, Streams
+from ..tasks.sampling import BatchStream, Streams
+from ..tasks.sources import ExampleSource
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
                           check_relative_weights, check_tasks)
 from .optimizers import OptimizerFactory, optimizer_factory

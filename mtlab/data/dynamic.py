@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..base.batching import collate
-from ..tasks.sampling import Skipped
+from ..tasks.sources import Skipped
 from .audio import SAMPLE_RATE, read_wav_int16
 from .errors import DataError
 from .source import AudioSplit

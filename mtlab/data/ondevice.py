@@ -9,7 +9,7 @@ frames, and every frame past an utterance's end is zero, as collating the precom
 result equals the precomputed batch (to float rounding of the batched FFT).
 
 A batch may carry ``segment`` [B, 2] (first frame, frames): the utterance's features are computed whole (its
-per-utterance reductions need all of it) and then cut, as :class:`mtlab.tasks.sampling.SegmentedExamples` cuts
+per-utterance reductions need all of it) and then cut, as :class:`mtlab.tasks.sources.SegmentedExamples` cuts
 precomputed examples.
 """
 from __future__ import annotations

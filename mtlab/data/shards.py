@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..base.batching import collate
-from ..tasks.sampling import Skipped
+from ..tasks.sources import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE
 from .errors import DataError

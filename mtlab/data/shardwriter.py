@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..tasks.sampling import Skipped
+from ..tasks.sources import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE
 from .corpus import DEFAULT_TARGETS, NUM_SOURCES, data_samples_dir, load_split

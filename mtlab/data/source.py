@@ -1,9 +1,9 @@
 """The base classes of mtlab.data's splits: :class:`Split` describes its examples (the members of
-``mtlab.tasks.sampling.DataSource``, with their defaults), :class:`AudioSplit` is a split whose audio is read per
-batch (``mtlab.tasks.sampling.StreamedSource``).
+``mtlab.tasks.sources.DataSource``, with their defaults), :class:`AudioSplit` is a split whose audio is read per
+batch (``mtlab.tasks.sources.StreamedSource``).
 
 An :class:`AudioSplit` subclass reads utterance ``i``'s audio in :meth:`~AudioSplit.audio` (a dict of int16
-waveforms and per-utterance targets, or a :class:`~mtlab.tasks.sampling.Skipped` for a bad file); the lengths and
+waveforms and per-utterance targets, or a :class:`~mtlab.tasks.sources.Skipped` for a bad file); the lengths and
 per-frame keys it describes, cutting a segment and computing features and targets on the training device are the
 same for every such split and live here::
 
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..tasks.sampling import Skipped
+from ..tasks.sources import Skipped
 from .ondevice import Featurizer
 
 # The per-frame keys of a split, in this order (a per-utterance vector is not one, however long it is).
@@ -31,7 +31,7 @@ SEQUENCE_KEYS = ("features", "mix_mag", "src_mag", "binary_targets", "usedbins",
 
 
 class Split(torch.utils.data.Dataset):
-    """A linked set's examples, described without reading them (``mtlab.tasks.sampling.DataSource``):
+    """A linked set's examples, described without reading them (``mtlab.tasks.sources.DataSource``):
     ``lengths`` (frames per example, for bucketing), ``sequence_keys`` (the per-frame entries a segment cuts; None:
     every entry as long as its example) and ``shard_of`` (the shard of each example; None: not written as shards)."""
 

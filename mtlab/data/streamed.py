@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..tasks.sampling import Skipped
+from ..tasks.sources import Skipped
 from . import features as F
 from .audio import SAMPLE_RATE, read_wav_int16, wav_samples
 from .errors import DataError

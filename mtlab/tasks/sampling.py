@@ -5,78 +5,32 @@ Each epoch, every bucket is shuffled and cut into batches, and the order of all 
 shuffled, from a generator seeded by ``(seed, epoch)``: the same seed gives the same batches,
 every utterance appears exactly once per epoch, and no batch mixes buckets. ``numbuckets=1``
 is plain shuffled batching. The position (epoch, batch index) can be saved and restored exactly.
+What the examples are, and the views of them a stage trains on, is :mod:`mtlab.tasks.sources`'s.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
 
-from ..base.batching import Batch, collate, example_length
+from ..base.batching import Batch, collate
 from ..base.errors import ConfigError, DataError, MtlabError
+# What a linked set's examples are and the views of them: .sources. These names were defined here up to 0.3
+# (``mtlab.tasks.sampling.SegmentedExamples``, ``mtlab.sampling.DataSource``) and are re-exported for that.
+from .sources import (AudioItems as AudioItems, DataSource as DataSource, EpochSource as EpochSource,
+                      ExampleSource as ExampleSource, Failed as Failed, HeadExamples as HeadExamples,
+                      SegmentedExamples as SegmentedExamples, SegmentedSource as SegmentedSource, Skipped as Skipped,
+                      StreamedSource as StreamedSource, lengths_of as lengths_of, reads_audio as reads_audio,
+                      shard_parts as shard_parts, streamed as streamed, tell_epoch as tell_epoch,
+                      trainset_fraction as trainset_fraction)
 
 
 class DataWorkerError(MtlabError, RuntimeError):
     """A data-loading worker died (killed, out of memory, crashed in native code); the message names the stream."""
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """An example a source could not give (a bad file under a skip policy): its name, list line and why."""
-
-    name: str
-    where: str
-    reason: str
-
-    def to_dict(self) -> dict[str, str]:
-        """The skipped example as plain values (``skipped.jsonl``)."""
-        return asdict(self)
-
-
-def reads_audio(source: Any) -> bool:
-    """True for a source whose batches are collated from ``source.audio(i)`` items and turned into features by
-    ``source.featurize(batch, device)`` (a streamed linked set), or a view of one."""
-    if isinstance(source, (SegmentedExamples, HeadExamples)):
-        return reads_audio(source.source)
-    return isinstance(source, StreamedSource)
-
-
-def tell_epoch(source: Any, epoch: int) -> None:
-    """Give ``epoch`` to a source whose examples change per epoch (``set_epoch``, e.g. dynamic mixing), through
-    the views wrapping it; before a batch is collated, so DataLoader workers receive it with their copy."""
-    while source is not None:
-        if isinstance(source, EpochSource):
-            source.set_epoch(epoch)
-        source = source.source if isinstance(source, (SegmentedExamples, HeadExamples)) else None
-
-
-class AudioItems(torch.utils.data.Dataset):
-    """``items[i] = source.audio(i)``: what a DataLoader worker reads for a streamed source."""
-
-    def __init__(self, source: Any) -> None:
-        self.source = source
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, i: int) -> Any:
-        try:
-            return streamed(self.source).audio(i)
-        except MtlabError as err:  # sent back as a value: the stream raises it as is, without the worker's traceback
-            return Failed(err)
-
-
-@dataclass(frozen=True)
-class Failed:
-    """An example a DataLoader worker could not read (bad data under ``on_bad_data="raise"``): the error."""
-
-    error: MtlabError
 
 
 def collate_kept(items: Sequence[Any]) -> tuple[Batch | Failed | None, list[Skipped]]:
@@ -88,69 +42,6 @@ def collate_kept(items: Sequence[Any]) -> tuple[Batch | Failed | None, list[Skip
     skipped = [x for x in items if isinstance(x, Skipped)]
     kept = [x for x in items if not isinstance(x, Skipped)]
     return (collate(kept) if kept else None), skipped
-
-
-class ExampleSource(Protocol):
-    """What a linked set reads examples from: a sized sequence of example dicts (a list, a Dataset, a split)."""
-
-    def __len__(self) -> int: ...
-    def __getitem__(self, i: int) -> Mapping[str, Tensor]: ...
-
-
-@runtime_checkable
-class DataSource(ExampleSource, Protocol):
-    """A source that describes its examples without reading them: ``mtlab.data``'s splits, whose base class
-    ``mtlab.data.source.Split`` gives the defaults (a source of one's own may subclass it, or define all three).
-
-    - ``lengths``: frames per example, for bucketing;
-    - ``sequence_keys``: the per-frame entries a segment cuts (None: every entry as long as its example);
-    - ``shard_of``: the shard of each example, read whole by one rank (None: not written as shards).
-
-    Any other source (a list of example dicts) is measured from its examples."""
-
-    @property
-    def lengths(self) -> Sequence[int]: ...
-    @property
-    def sequence_keys(self) -> Sequence[str] | None: ...
-    @property
-    def shard_of(self) -> Sequence[int] | np.ndarray | None: ...
-
-
-@runtime_checkable
-class StreamedSource(ExampleSource, Protocol):
-    """A source whose audio is read per batch and featurized on the trainer's device (``mtlab.data``'s splits
-    subclass ``mtlab.data.source.AudioSplit``, which also cuts segments)."""
-
-    def audio(self, i: int) -> Any: ...
-    def featurize(self, batch: Batch, device: Any = None) -> Batch: ...
-
-
-class SegmentedSource(StreamedSource, Protocol):
-    """A streamed source that cuts a segment of an utterance (``segment_length``)."""
-
-    def segment(self, i: int, start: int, frames: int) -> Any: ...
-
-
-@runtime_checkable
-class EpochSource(Protocol):
-    """A source whose examples change per epoch (dynamic mixing): told the epoch before a batch is drawn."""
-
-    def set_epoch(self, epoch: int) -> None: ...
-
-
-def streamed(source: ExampleSource) -> SegmentedSource:
-    """``source`` as a streamed source (the wrappers forward these calls only for one)."""
-    return cast(SegmentedSource, source)
-
-
-def lengths_of(source: ExampleSource) -> list[int]:
-    """Per-example lengths: a :class:`DataSource`'s ``lengths``, else each example's first tensor's time axis."""
-    if isinstance(source, DataSource):
-        out = [int(x) for x in source.lengths]
-        if len(out) != len(source):
-            raise ConfigError(f"source.lengths has {len(out)} entries for {len(source)} examples")
-        return out
-    return [example_length(source[i]) for i in range(len(source))]
 
 
 def bucket_batches(
@@ -175,112 +66,6 @@ def bucket_batches(
     return batches
 
 
-class SegmentedExamples:
-    """Every utterance of ``source`` cut into segments of ``segment_length`` frames (the original's
-    ``segment_lengths`` stages): an utterance of n frames gives ``n // segment_length`` consecutive segments
-    (the remainder is dropped); one shorter than a segment stays whole, unpadded (batching pads and masks it).
-
-    ``keys`` names the per-frame entries to cut; by default ``source.sequence_keys`` when the source has them,
-    else every entry with a first axis as long as the utterance (per-utterance entries such as speaker ids
-    or i-vectors are copied to each segment).
-
-    Examples:
-        >>> # len(segs) segments; segs.source is the uncut data
-        >>> segs = SegmentedExamples(examples, 100)  # doctest: +SKIP
-    """
-
-    def __init__(self, source: ExampleSource, segment_length: int, keys: Sequence[str] | None = None) -> None:
-        if not isinstance(segment_length, int) or isinstance(segment_length, bool) or segment_length < 1:
-            raise ConfigError(f"segment_length must be a positive number of frames, got {segment_length!r}")
-        self.source = source
-        self.segment_length = segment_length
-        if keys is None and isinstance(source, DataSource):
-            keys = source.sequence_keys
-        self.keys = None if keys is None else tuple(keys)
-        self.sequence_keys = self.keys  # what is per-frame in a segment: as in the utterance
-        self.index: list[tuple[int, int, int]] = []  # (utterance, first frame, frames)
-        for i, n in enumerate(lengths_of(source)):
-            if n < segment_length:
-                self.index.append((i, 0, n))
-            else:
-                self.index.extend((i, k * segment_length, segment_length) for k in range(n // segment_length))
-        self.lengths = [n for _, _, n in self.index]
-        parts = source.shard_of if isinstance(source, DataSource) else None
-        self.shard_of = None if parts is None else [int(parts[i]) for i, _, _ in self.index]
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def audio(self, j: int) -> Any:
-        """The audio of segment ``j`` for a streamed source (its ``segment(i, start, frames)``)."""
-        i, start, n = self.index[j]
-        return streamed(self.source).segment(i, start, n)
-
-    def featurize(self, batch: Batch, device: Any = None) -> Batch:
-        """Features of a collated batch, by the uncut source."""
-        return streamed(self.source).featurize(batch, device)
-
-    def __getitem__(self, j: int) -> dict[str, Tensor]:
-        i, start, n = self.index[j]
-        example = self.source[i]
-        full = example_length(example)
-        out = {}
-        for key, value in example.items():
-            timed = key in self.keys if self.keys is not None else (value.dim() >= 1 and value.shape[0] == full)
-            out[key] = value[start : start + n] if timed else value
-        return out
-
-    def __repr__(self) -> str:
-        return f"SegmentedExamples({len(self)} segments of <= {self.segment_length} frames from {len(self.source)} utterances)"
-
-
-class HeadExamples:
-    """The first ``count`` examples of ``source`` (the original's ``trainset_frac``: the head of the list, unshuffled)."""
-
-    def __init__(self, source: ExampleSource, count: int, frac: float | None = None) -> None:
-        if not isinstance(count, int) or not 1 <= count <= len(source):
-            raise ConfigError(f"HeadExamples: count must be between 1 and {len(source)} (the examples there are), "
-                              f"got {count!r}")
-        self.source = source
-        self.count = count
-        self.frac = frac  # set by trainset_fraction: a stage's other view of the data keeps this fraction of it
-        self.lengths = lengths_of(source)[:count]
-        described = source if isinstance(source, DataSource) else None
-        self.sequence_keys = described.sequence_keys if described is not None else None
-        parts = described.shard_of if described is not None else None
-        self.shard_of = None if parts is None else [int(x) for x in parts[:count]]
-
-    def __len__(self) -> int:
-        return self.count
-
-    def audio(self, i: int) -> Any:
-        """The audio of example ``i`` (the source's)."""
-        return streamed(self.source).audio(i)
-
-    def featurize(self, batch: Batch, device: Any = None) -> Batch:
-        """Features of a collated batch, by the source."""
-        return streamed(self.source).featurize(batch, device)
-
-    def segment(self, i: int, start: int, frames: int) -> Any:
-        """A segment of example ``i`` (the source's)."""
-        return streamed(self.source).segment(i, start, frames)
-
-    def __getitem__(self, i: int) -> Mapping[str, Tensor]:
-        if not -self.count <= i < self.count:
-            raise IndexError(f"example {i} of {self.count}")
-        return self.source[i % self.count]
-
-    def __repr__(self) -> str:
-        return f"HeadExamples(first {self.count} of {len(self.source)})"
-
-
-def shard_parts(source: ExampleSource) -> list[int] | None:
-    """The shard of each example of a source written as shards (a :class:`DataSource`'s ``shard_of``, which the
-    segment and head views carry through), or None for any other source."""
-    parts = source.shard_of if isinstance(source, DataSource) else None
-    return None if parts is None else [int(x) for x in parts]
-
-
 def batch_count(n: int, batch_size: int, numbuckets: int) -> int:
     """Batches per epoch that :func:`bucket_batches` cuts from ``n`` examples."""
     nb = max(1, min(numbuckets, n))
@@ -303,16 +88,6 @@ def own_examples(parts: Sequence[int], batch_size: int, numbuckets: int, rank: i
                           "fewer ranks")
     own = [i for i, p in enumerate(parts) if p % world == rank]
     return own, max(batch_count(c, batch_size, numbuckets) for c in counts)
-
-
-def trainset_fraction(source: ExampleSource, frac: float) -> HeadExamples:
-    """The first ``int(len(source) x frac)`` examples (the original's ``trainset_frac``), at least one."""
-    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0 < frac <= 1:
-        raise ConfigError(f"trainset_frac must be a fraction in (0, 1], got {frac!r}")
-    count = int(len(source) * float(frac))
-    if count < 1:
-        raise ConfigError(f"trainset_frac = {frac} keeps none of the {len(source)} utterances; raise it")
-    return HeadExamples(source, count, float(frac))
 
 
 class BatchStream:

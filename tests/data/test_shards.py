@@ -20,7 +20,8 @@ from mtlab.data.audio import read_wav_int16
 from mtlab.data.features import ORIGINAL
 from mtlab.data.shards import ShardedSplit, verify_shards
 from mtlab.data.shardwriter import write_shards
-from mtlab.tasks.sampling import BatchStream, SegmentedExamples, trainset_fraction
+from mtlab.tasks.sampling import BatchStream
+from mtlab.tasks.sources import SegmentedExamples, trainset_fraction
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TARGETS = ("mix_mag", "src_mag", "binary_targets", "usedbins", "frame_target", "spk", "spk_pair")

@@ -1,4 +1,4 @@
-"""mtlab.data's splits share one base class, Split (the members of mtlab.tasks.sampling.DataSource with their
+"""mtlab.data's splits share one base class, Split (the members of mtlab.tasks.sources.DataSource with their
 defaults); AudioSplit derives lengths and per-frame keys from its featurizer once for every streamed split."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from mtlab.data import features as F
 from mtlab.data.dynamic import DynamicMix
 from mtlab.data.ondevice import Featurizer
 from mtlab.data.source import AudioSplit, Split
-from mtlab.tasks.sampling import DataSource, HeadExamples, SegmentedExamples, lengths_of, shard_parts
+from mtlab.tasks.sources import DataSource, HeadExamples, SegmentedExamples, lengths_of, shard_parts
 
 
 def test_a_split_of_ones_own_gets_the_defaults_and_its_lengths_are_used() -> None:

@@ -15,7 +15,8 @@ from mtlab.data import load_split, read_wav
 from mtlab.data.corpus import cached_stats
 from mtlab.data.features import ORIGINAL, Spectral
 from mtlab.data.streamed import StreamedSplit
-from mtlab.tasks.sampling import BatchStream, SegmentedExamples, trainset_fraction
+from mtlab.tasks.sampling import BatchStream
+from mtlab.tasks.sources import SegmentedExamples, trainset_fraction
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

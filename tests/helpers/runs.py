@@ -53,6 +53,10 @@ def assert_same(a: Any, b: Any, where: str = "state") -> None:
 
 
 LENGTHS = [10, 7, 3, 25, 4, 12]
+# utterances() cut into 5-frame segments, (utterance, first frame, frames): 10 -> 2, 7 -> 1 (2 frames dropped),
+# 3 -> 1 (shorter: whole), 25 -> 5, 4 -> 1, 12 -> 2.
+SEGMENTS = [(0, 0, 5), (0, 5, 5), (1, 0, 5), (2, 0, 3), (3, 0, 5), (3, 5, 5), (3, 10, 5), (3, 15, 5), (3, 20, 5),
+            (4, 0, 4), (5, 0, 5), (5, 5, 5)]
 
 
 def utterances(seed: int = 0) -> list[dict[str, torch.Tensor]]:

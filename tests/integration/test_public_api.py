@@ -17,7 +17,7 @@ MOVED = {
     **{("loop", n): SCHEDULE for n in ("GO_BACK_DATA", "SETTINGS", "STAGE_KEYS", "STAGE_SCHEDULE_KEYS",
                                        "STAGE_TRAINER_KEYS", "STATE_FIELDS", "check_stage", "stage_view")},
     ("loop", "validate"): "mtlab.training.validation",
-    ("loop", "SegmentedExamples"): "mtlab.tasks.sampling",
+    ("loop", "SegmentedExamples"): "mtlab.tasks.sources",
     ("loop", "check_count"): "mtlab.tasks.task",
     ("loop", "check_positive"): "mtlab.tasks.task",
     ("recipe", "STAGE_KEYS"): SCHEDULE,

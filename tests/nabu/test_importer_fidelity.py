@@ -46,7 +46,7 @@ def test_trainset_frac_under_a_segment_stage_keeps_the_first_segments() -> None:
     import torch
 
     from mtlab.training.schedule import stage_view
-    from mtlab.tasks.sampling import trainset_fraction
+    from mtlab.tasks.sources import trainset_fraction
 
     lengths = [250, 90, 430, 120]  # frames: 2 + 1 (short, kept whole) + 4 + 1 = 8 segments of 100
     utts = [{"features": torch.full((n, 1), float(i))} for i, n in enumerate(lengths)]

@@ -117,9 +117,9 @@ def test_concat_noise_is_training_only_and_one_draw_per_utterance_for_a_vector()
 
 def test_a_segment_keeps_the_whole_vector_even_when_it_is_as_long_as_the_utterance() -> None:
     from mtlab.data.corpus import SEQUENCE_KEYS
-    from mtlab.tasks.sampling import HeadExamples, SegmentedExamples
+    from mtlab.tasks.sources import HeadExamples, SegmentedExamples
 
-    class Source(list):  # a mtlab.tasks.sampling.DataSource
+    class Source(list):  # a mtlab.tasks.sources.DataSource
         lengths = [4]
         sequence_keys = tuple(k for k in SEQUENCE_KEYS if k == "features")
         shard_of = None

@@ -1,12 +1,15 @@
 """The one data-source protocol the stream reads (``DataSource``): lengths, per-frame keys and shards, carried
-through the segment and head views."""
+through the segment and head views; the original's segments and ``trainset_frac``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 import torch
+from helpers.runs import LENGTHS, SEGMENTS, utterances
 
-from mtlab.tasks.sampling import DataSource, HeadExamples, SegmentedExamples, lengths_of, shard_parts
+from mtlab.base.errors import ConfigError
+from mtlab.tasks.sources import DataSource, HeadExamples, SegmentedExamples, lengths_of, shard_parts, trainset_fraction
 
 
 class Described:
@@ -53,3 +56,29 @@ def test_segment_and_head_views_carry_shards_and_per_frame_keys() -> None:
     assert shard_parts(again) == [0, 0, 1, 1, 1, 1] and again.sequence_keys == ("x",)
     unsharded = SegmentedExamples(Described([4], None), 2)
     assert shard_parts(unsharded) is None and shard_parts(HeadExamples(unsharded, 1)) is None
+
+
+def test_segments_are_the_originals_cuts() -> None:
+    ex = utterances()
+    segs = SegmentedExamples(ex, 5)
+    assert len(segs) == 12 and segs.lengths == [n for _, _, n in SEGMENTS] and segs.source is ex
+    for j, (i, start, n) in enumerate(SEGMENTS):
+        assert torch.equal(segs[j]["x"], ex[i]["x"][start:start + n]) and torch.equal(segs[j]["y"], ex[i]["y"][start:start + n])
+        assert torch.equal(segs[j]["spk"], ex[i]["spk"])  # per-utterance: copied to every segment
+    only_x = SegmentedExamples(ex, 5, keys=["x"])
+    assert torch.equal(only_x[0]["y"], ex[0]["y"])
+    with pytest.raises(ConfigError, match="segment_length"):
+        SegmentedExamples(ex, 0)
+
+
+def test_trainset_frac_keeps_the_head_of_the_list() -> None:
+    ex = utterances()
+    head = trainset_fraction(ex, 0.5)
+    assert len(head) == 3 and head.lengths == LENGTHS[:3] and all(head[i] is ex[i] for i in range(3))
+    assert len(trainset_fraction(ex, 0.4)) == 2  # int(6 x 0.4) = int(2.4)
+    with pytest.raises(IndexError):
+        head[3]
+    with pytest.raises(ConfigError, match="trainset_frac"):
+        trainset_fraction(ex, 0.1)  # int(0.6) = 0 utterances
+    with pytest.raises(ConfigError, match="trainset_frac"):
+        trainset_fraction(ex, 1.5)
