@@ -80,8 +80,10 @@ def busy_runs(runs):
     return busy
 
 
-@pytest.mark.parametrize("width_px", [400, 553, 830, 1245])
-@pytest.mark.parametrize("height_px", [None, 250])
+@pytest.mark.parametrize("width_px, height_px", [
+    (400, 250), (830, 250),  # a narrow figure, and the notebook's width with a height too small
+    *(pytest.param(w, h, marks=pytest.mark.slow) for w, h in [(400, None), (553, None), (553, 250), (830, None),
+                                                            (1245, None), (1245, 250)])])
 def test_plot_runs_axes_stay_readable_at_any_size_asked(busy_runs, width_px, height_px):
     """The axes keep at least 200x110 px and no text is cut, however narrow the figure and however many lines
     of differences it holds: a height asked for that is too small for both is grown, never the axes squeezed."""
