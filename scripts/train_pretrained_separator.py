@@ -5,6 +5,8 @@ ideal binary and ratio masks on the same splits.
     python scripts/train_pretrained_separator.py                 # train (or resume) the shipped recipe
     python scripts/train_pretrained_separator.py --evaluate      # only score the shipped file
     python scripts/train_pretrained_separator.py --steps 20 --run /tmp/r --out /tmp/x.pt   # a quick try
+    python scripts/train_pretrained_separator.py --init-from A.pt --steps 4000 --lr 3e-4 --out B.pt  # a second stage
+    python scripts/train_pretrained_separator.py --average B.pt C.pt --init-from A.pt --out D.pt   # their mean
 
 The run keeps its checkpoint in ``--run`` (``checkpoint.pt``: models, optimizer, accumulators, data-stream
 positions, RNG, step, learning rate, the recipe and the CPU seconds spent so far; written atomically every
@@ -76,6 +78,34 @@ def figures(path: Path) -> dict[str, Any]:
     return out
 
 
+def average(paths: list[Path], base: Path | None, out: Path) -> dict[str, Any]:
+    """Write the mean of the weights of ``paths`` (files of one architecture, e.g. second stages from one
+    ``base`` with other seeds) to ``out`` and measure it. The file counts the work of all of them: ``base``'s
+    steps and CPU once, each file's own beyond it."""
+    blobs = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
+    shapes = {(b["config"]["loss"], b["config"]["hidden"], b["config"]["layers"]) for b in blobs}
+    if len(shapes) != 1:
+        sys.exit(f"--average: the files hold different architectures {sorted(shapes)}; average files of one")
+    sep = load_pretrained(path=paths[0])
+    for name, model in sep.trainer.models.items():
+        model.load_state_dict({k: (sum(b["models"][name][k].float() for b in blobs) / len(blobs))
+                               if v.is_floating_point() else v for k, v in blobs[0]["models"][name].items()})
+    infos = [b["info"] for b in blobs]
+    prior = pretrained_info(base) if base is not None else {"steps": 0, "train_cpu_seconds": 0.0}
+    info = {"steps": prior["steps"] + sum(i["steps"] - prior["steps"] for i in infos),
+            "train_cpu_seconds": round(prior["train_cpu_seconds"] + sum(i["train_cpu_seconds"]
+                                                                       - prior["train_cpu_seconds"] for i in infos), 1),
+            "threads": infos[0]["threads"] if base is None or prior.get("threads") == infos[0]["threads"]
+            else f"{prior.get('threads')}, then {infos[0]['threads']}", "torch": str(torch.__version__),
+            "recipe": "the mean of the weights of: " + " | ".join(f"{p.name}: {i['recipe']}" for p, i in zip(paths, infos))}
+    save_pretrained(sep, out, {**info, "dev_si_sdri": math.nan, "test_si_sdri": math.nan})
+    info.update(figures(out))
+    save_pretrained(sep, out, info)
+    print(f"the mean of {len(paths)} files' weights; wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    report(info)
+    return info
+
+
 def report(info: dict[str, Any]) -> None:
     for split in ("dev", "test"):
         print(f"{split}: SI-SDRi {info[f'{split}_si_sdri']:+.2f} dB, SDRi {info[f'{split}_sdri']:+.2f} dB; ideal "
@@ -127,10 +157,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
     ap.add_argument("--run", type=Path, default=RUN, help="folder of the resumable checkpoint and the progress log")
     ap.add_argument("--out", type=Path, default=WEIGHTS, help="the shipped file, written when the budget is done")
+    ap.add_argument("--average", type=Path, nargs="+", default=None,
+                    help="write the mean of these shipped files' weights to --out (with --init-from: their common "
+                         "start, counted once) and score it")
     ap.add_argument("--evaluate", action="store_true", help="only print the scores of --out")
     ap.add_argument("--write", action="store_true", help="with --evaluate: store the measured figures in --out")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.average:
+        average(args.average, args.init_from, args.out)
+        return
     if args.evaluate:
         info = pretrained_info(args.out)
         print(f"{args.out}: {info['steps']} steps, {info['train_cpu_seconds']:.0f} s CPU; stored: dev "
@@ -201,6 +237,8 @@ def main() -> None:
     if prior is not None:  # a second schedule: the file counts both, and says what the first was
         info.update(steps=prior["steps"] + tr.step_count, train_cpu_seconds=round(prior["train_cpu_seconds"] + cpu, 1),
                     recipe=f"{prior['recipe']}, then {rec!r}")
+        if prior.get("threads") != args.threads:
+            info["threads"] = f"{prior.get('threads')}, then {args.threads}"
     save_pretrained(sep, args.out, {**info, "dev_si_sdri": math.nan, "test_si_sdri": math.nan})
     info.update(figures(args.out))
     save_pretrained(sep, args.out, info)

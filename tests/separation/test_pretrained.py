@@ -83,3 +83,35 @@ def test_a_resumed_run_continues_exactly_and_refuses_other_settings(tmp_path: Pa
     refused = _train(split, "--stop-at", "6", "--lr", "0.01")
     assert refused.returncode != 0 and "other settings" in refused.stderr and "'lr': (0.001, 0.01)" in refused.stderr
     assert load_safe(split / "checkpoint.pt")["step"] == 4
+
+
+@pytest.mark.slow  # the script scores the mean on dev and test
+def test_average_writes_the_mean_of_the_files_weights_and_counts_their_work_once(tmp_path: Path) -> None:
+    base = torch.load(WEIGHTS, map_location="cpu", weights_only=True)
+    prior = base["info"]
+    files = []
+    for i, (sign, steps) in enumerate([(1.0, 10), (-0.5, 30)]):
+        blob = {**base, "models": {n: {k: (v.float() + sign * 1e-2).half() if v.is_floating_point() else v
+                                       for k, v in m.items()} for n, m in base["models"].items()},
+                "info": {**prior, "steps": prior["steps"] + steps, "train_cpu_seconds": prior["train_cpu_seconds"] + 100,
+                         "recipe": f"stage {i}"}}
+        files.append(tmp_path / f"stage{i}.pt")
+        torch.save(blob, files[-1])
+    out = tmp_path / "mean.pt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MTLAB_THREADS": "1"}
+    res = subprocess.run([sys.executable, str(SCRIPT), "--average", *map(str, files), "--init-from", str(WEIGHTS),
+                          "--out", str(out)], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    mean = torch.load(out, map_location="cpu", weights_only=True)
+    a, b = (torch.load(f, map_location="cpu", weights_only=True) for f in files)
+    for name, params in mean["models"].items():
+        for k, v in params.items():
+            if v.is_floating_point():  # the mean of the two, rounded to float16 once
+                want = ((a["models"][name][k].float() + b["models"][name][k].float()) / 2).half()
+                assert torch.equal(v, want), f"{name}.{k}"
+    info = pretrained_info(out)
+    assert info["steps"] == prior["steps"] + 40  # the common start once, each file's own steps beyond it
+    assert info["train_cpu_seconds"] == pytest.approx(prior["train_cpu_seconds"] + 200, abs=0.2)
+    assert "stage0.pt: stage 0" in info["recipe"] and "stage1.pt: stage 1" in info["recipe"]
+    assert info["dev_si_sdri"] == pytest.approx(float(load_pretrained(path=out).evaluate("dev")["si_sdri"].mean()),
+                                                abs=0.01)
