@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.browser import CHROMIUM, CUT_JS, DRAWN_JS, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api
+from helpers.browser import CHROMIUM, CUT_JS, DRAWN_JS, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api, wait_for_running_dashboard
 from helpers.paths import TESTS
 
 pytestmark = pytest.mark.slow  # a server, a kernel and a browser
@@ -155,11 +155,7 @@ def test_presentation_at_150_percent_shows_plot_and_sliders_on_one_screen(lab: s
         page = browser.new_page(viewport={"width": 853, "height": 533}, device_scale_factor=1.5)
         open_and_run_all(page, lab, PRESENT)
         collapse_file_browser(page)
-        page.wait_for_function(f"({STEP_JS})() >= 3 && ({DRAWN_JS})() >= 2", timeout=180_000)
-        page.evaluate("() => document.querySelector('.mtlab-dashboard').scrollIntoView()")
-        page.wait_for_function("() => document.querySelector('.mtlab-dashboard img.widget-image').naturalWidth > 0",
-                               timeout=60_000)
-        page.wait_for_timeout(500)  # let the image settle into its box
+        wait_for_running_dashboard(page)
         boxes = page.evaluate(BOXES_JS)
         shoot(page, tmp_path, "jupyterlab_presentation_sliders_150pct.png")
         assert len(boxes["sliders"]) == 2, boxes

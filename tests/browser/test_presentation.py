@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.browser import CHROMIUM, CUT_JS, DRAWN_JS, FLAGS, STEP_JS, collapse_file_browser, open_and_run_all, shoot, sync_api
+from helpers.browser import CHROMIUM, CUT_JS, FLAGS, collapse_file_browser, open_and_run_all, shoot, sync_api, wait_for_running_dashboard
 from helpers.paths import TESTS
 
 pytestmark = pytest.mark.slow  # a server, a kernel and a browser
@@ -72,11 +72,7 @@ def test_presentation_mode_is_readable_and_every_slider_usable(lab: str, tmp_pat
         page = browser.new_page(viewport=viewport, device_scale_factor=scale)
         open_and_run_all(page, lab, NOTEBOOK)
         collapse_file_browser(page)
-        page.wait_for_function(f"({STEP_JS})() >= 3 && ({DRAWN_JS})() >= 2", timeout=180_000)
-        page.evaluate("() => document.querySelector('.mtlab-dashboard').scrollIntoView()")
-        page.wait_for_function("() => document.querySelector('.mtlab-dashboard img.widget-image').naturalWidth > 0",
-                               timeout=60_000)
-        page.wait_for_timeout(500)  # let the image settle into its box
+        wait_for_running_dashboard(page)
         seen = page.evaluate(PAGE_JS)
         shoot(page, tmp_path, f"jupyterlab_presentation_all_sliders_{name}.png")
         page.get_by_role("button", name="stop", exact=True).click()

@@ -45,6 +45,16 @@ CUT_JS = """() => { const d = document.querySelector('.mtlab-dashboard'); const 
  return cut; }"""
 
 
+def wait_for_running_dashboard(page) -> None:  # noqa: ANN001
+    """Until the dashboard's run has done 3 steps and its plot drawn 2, then scrolled to it with its image laid
+    out (what a screenshot or a measurement of a running dashboard waits for)."""
+    page.wait_for_function(f"({STEP_JS})() >= 3 && ({DRAWN_JS})() >= 2", timeout=180_000)
+    page.evaluate("() => document.querySelector('.mtlab-dashboard').scrollIntoView()")
+    page.wait_for_function("() => document.querySelector('.mtlab-dashboard img.widget-image').naturalWidth > 0",
+                           timeout=60_000)
+    page.wait_for_timeout(500)  # let the image settle into its box
+
+
 def open_and_run_all(page, lab: str, name: str) -> None:  # noqa: ANN001
     """Opens notebook ``name`` of the JupyterLab at ``lab`` and runs all its cells once its kernel is idle."""
     page.goto(f"{lab}/lab/tree/{name}?reset")
