@@ -7,6 +7,7 @@ ideal binary and ratio masks on the same splits.
     python scripts/train_pretrained_separator.py --steps 20 --run /tmp/r --out /tmp/x.pt   # a quick try
     python scripts/train_pretrained_separator.py --init-from A.pt --steps 4000 --lr 3e-4 --out B.pt  # a second stage
     python scripts/train_pretrained_separator.py --average B.pt C.pt --init-from A.pt --out D.pt   # their mean
+    python scripts/train_pretrained_separator.py --average B.pt --init-from A.pt --mask-power auto --out D.pt
 
 The run keeps its checkpoint in ``--run`` (``checkpoint.pt``: models, optimizer, accumulators, data-stream
 positions, RNG, step, learning rate, the recipe and the CPU seconds spent so far; written atomically every
@@ -74,11 +75,15 @@ def figures(path: Path) -> dict[str, Any]:
         out[f"{split}_sdri"] = round(float(df["sdri"].mean()), 2)
     out["test_names"] = list(df["name"])
     out["test_each_si_sdri"] = [round(float(v), 3) for v in df["si_sdri"]]
+    if sep.cfg.mask_power is not None:  # and through the head's masks as they are, for comparison
+        sep.cfg.mask_power = None
+        for split in ("dev", "test"):
+            out[f"{split}_si_sdri_head_masks"] = round(float(sep.evaluate(split, metrics=("si_sdr",))["si_sdri"].mean()), 2)
     out.update(ideal_mask_scores(sep, ("dev", "test")))
     return out
 
 
-def average(paths: list[Path], base: Path | None, out: Path) -> dict[str, Any]:
+def average(paths: list[Path], base: Path | None, out: Path, mask_power: str | None = None) -> dict[str, Any]:
     """Write the mean of the weights of ``paths`` (files of one architecture, e.g. second stages from one
     ``base`` with other seeds) to ``out`` and measure it. The file counts the work of all of them: ``base``'s
     steps and CPU once, each file's own beyond it."""
@@ -90,6 +95,9 @@ def average(paths: list[Path], base: Path | None, out: Path) -> dict[str, Any]:
     for name, model in sep.trainer.models.items():
         model.load_state_dict({k: (sum(b["models"][name][k].float() for b in blobs) / len(blobs))
                                if v.is_floating_point() else v for k, v in blobs[0]["models"][name].items()})
+    if mask_power is not None:
+        sep.cfg.mask_power = choose_mask_power(sep) if mask_power == "auto" else \
+            (None if mask_power == "none" else float(mask_power))
     infos = [b["info"] for b in blobs]
     prior = pretrained_info(base) if base is not None else {"steps": 0, "train_cpu_seconds": 0.0}
     info = {"steps": prior["steps"] + sum(i["steps"] - prior["steps"] for i in infos),
@@ -97,20 +105,43 @@ def average(paths: list[Path], base: Path | None, out: Path) -> dict[str, Any]:
                                                                        - prior["train_cpu_seconds"] for i in infos), 1),
             "threads": infos[0]["threads"] if base is None or prior.get("threads") == infos[0]["threads"]
             else f"{prior.get('threads')}, then {infos[0]['threads']}", "torch": str(torch.__version__),
-            "recipe": "the mean of the weights of: " + " | ".join(f"{p.name}: {i['recipe']}" for p, i in zip(paths, infos))}
+            "recipe": infos[0]["recipe"] if len(paths) == 1 else
+            "the mean of the weights of: " + " | ".join(f"{p.name}: {i['recipe']}" for p, i in zip(paths, infos))}
+    if mask_power is not None:
+        info["recipe"] += f"; estimates through mask power {sep.cfg.mask_power} ({'chosen on dev' if mask_power == 'auto' else 'set'})"
     save_pretrained(sep, out, {**info, "dev_si_sdri": math.nan, "test_si_sdri": math.nan})
     info.update(figures(out))
     save_pretrained(sep, out, info)
-    print(f"the mean of {len(paths)} files' weights; wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    print(f"{'the weights' if len(paths) == 1 else f'the mean of {len(paths)} files weights'} of {', '.join(map(str, paths))}; "
+          f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
     report(info)
     return info
 
 
+MASK_POWERS = (None, 1.5, 2.0, 3.0)  # what --mask-power auto tries on dev
+
+
+def choose_mask_power(sep) -> float | None:
+    """The mask power (``SeparatorConfig.mask_power``) of ``MASK_POWERS`` with the best dev SI-SDRi: chosen on
+    dev, never on test."""
+    scores = {}
+    for p in MASK_POWERS:
+        sep.cfg.mask_power = p
+        scores[p] = float(sep.evaluate("dev", metrics=("si_sdr",))["si_sdri"].mean())
+        print(f"  mask power {'none' if p is None else p}: dev SI-SDRi {scores[p]:+.2f} dB", flush=True)
+    best = max(scores, key=lambda p: scores[p])
+    sep.cfg.mask_power = best
+    print(f"chosen on dev: mask power {best}")
+    return best
+
+
 def report(info: dict[str, Any]) -> None:
     for split in ("dev", "test"):
-        print(f"{split}: SI-SDRi {info[f'{split}_si_sdri']:+.2f} dB, SDRi {info[f'{split}_sdri']:+.2f} dB; ideal "
-              f"binary mask {info[f'{split}_ibm_si_sdri']:+.2f} / {info[f'{split}_ibm_sdri']:+.2f} dB, ideal ratio "
-              f"mask {info[f'{split}_irm_si_sdri']:+.2f} / {info[f'{split}_irm_sdri']:+.2f} dB")
+        head = info.get(f"{split}_si_sdri_head_masks")
+        print(f"{split}: SI-SDRi {info[f'{split}_si_sdri']:+.2f} dB, SDRi {info[f'{split}_sdri']:+.2f} dB"
+              + ("" if head is None else f" (the head's masks as they are: SI-SDRi {head:+.2f} dB)")
+              + f"; ideal binary mask {info[f'{split}_ibm_si_sdri']:+.2f} / {info[f'{split}_ibm_sdri']:+.2f} dB, "
+              f"ideal ratio mask {info[f'{split}_irm_si_sdri']:+.2f} / {info[f'{split}_irm_sdri']:+.2f} dB")
 
 
 def dev_si_sdri(sep) -> float:
@@ -160,12 +191,15 @@ def main() -> None:
     ap.add_argument("--average", type=Path, nargs="+", default=None,
                     help="write the mean of these shipped files' weights to --out (with --init-from: their common "
                          "start, counted once) and score it")
+    ap.add_argument("--mask-power", default=None,
+                    help="with --average: the estimates' mask power stored in the file (auto: the best of "
+                         f"{['none' if p is None else p for p in MASK_POWERS]} on dev; none: the head's masks)")
     ap.add_argument("--evaluate", action="store_true", help="only print the scores of --out")
     ap.add_argument("--write", action="store_true", help="with --evaluate: store the measured figures in --out")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.average:
-        average(args.average, args.init_from, args.out)
+        average(args.average, args.init_from, args.out, args.mask_power)
         return
     if args.evaluate:
         info = pretrained_info(args.out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base.errors import BatchError
+from ..base.errors import BatchError, ConfigError
 from ..losses import time_mask
 from .losses import per_bin
 
@@ -85,3 +85,16 @@ def head_masks(masks: Tensor, num_bins: int, seq_lengths: Tensor | None = None) 
     """Mask-head output (``[B, T, F*S]`` or ``[B, T, F, S]``) as ``[B, T, F, S]``, zero on padding."""
     m = per_bin(masks, num_bins, "masks", "head_masks")
     return m * _frames(m, seq_lengths)[:, :, None, None].to(m.dtype)
+
+
+def power_ratio_masks(masks: Tensor, power: float | None) -> Tensor:
+    """Each speaker's mask to ``power``, divided by their sum over the speakers (the last axis): with ``power``
+    2, magnitude masks become the power ratio a Wiener filter uses (a bin goes more to the speaker it clearly
+    belongs to); the masks then sum to 1 wherever any is above 0. ``None``: ``masks`` as they are."""
+    if power is None:
+        return masks
+    if not power > 0:
+        raise ConfigError(f"mask_power must be > 0 (2: power-ratio masks) or None (the masks as they are), got {power!r}")
+    q = masks.clamp_min(0) ** power
+    total = q.sum(-1, keepdim=True)
+    return torch.where(total > 0, q / total.clamp_min(torch.finfo(q.dtype).tiny), torch.zeros_like(q))

@@ -35,7 +35,7 @@ from ..tasks.task import LinkedSet, LossComputer, Task
 from ..core.events import Event, Payload
 from ..core.trainer import Trainer
 from .losses import PIT, DeepAttractorNet, DeepClustering, Direct
-from .masks import attractor_masks, head_masks, kmeans_masks
+from .masks import attractor_masks, head_masks, kmeans_masks, power_ratio_masks
 from .metrics import DEFAULT_METRICS, SeparationScores, score
 from .remix import RemixedSet
 from .spectral import apply_masks
@@ -70,6 +70,9 @@ class SeparatorConfig:
     # train on a new mixture per example and epoch instead (mtlab.data.dynamic settings, e.g. {"gain_db": [-5, 5]})
     dynamic_mix: dict[str, Any] | None = None
     usedbins_db: float = USEDBINS_THRESHOLD_DB  # used bins: within this many dB of the utterance's loudest bin
+    # the estimates' masks: None, the head's masks as they are; p, each to the power p over their sum
+    # (masks.power_ratio_masks; 2: the power ratio). Training is unchanged: the loss reads the head's masks.
+    mask_power: float | None = None
     lr: float = 1e-3
     batch_size: int = 8
     numbatches_to_aggregate: int = 1
@@ -83,6 +86,8 @@ class SeparatorConfig:
         """Refuse settings a separator cannot use, naming the valid choices."""
         if self.loss not in METHODS:
             raise ConfigError(f"loss={self.loss!r} is not a separation loss; choose one of {METHODS}")
+        if self.mask_power is not None and not self.mask_power > 0:
+            raise ConfigError(f"mask_power must be > 0 (2: power-ratio masks) or None, got {self.mask_power!r}")
 
 
 def build_models(cfg: SeparatorConfig, num_bins: int, num_sources: int) -> dict[str, torch.nn.Module]:
@@ -172,7 +177,8 @@ class Separator:
 
     @torch.no_grad()
     def masks(self, examples: Sequence[dict[str, Tensor]], batch_size: int = 8) -> list[Tensor]:
-        """Masks ``[T, F, S]`` (CPU, unpadded) for each example, in eval mode."""
+        """Masks ``[T, F, S]`` (CPU, unpadded) for each example, in eval mode, as the head gives them (the
+        estimates of ``separate`` and ``evaluate`` use ``power_ratio_masks(m, cfg.mask_power)``)."""
         tr = self.trainer
         plan = tr.plans[TASK]
         out_name = plan.task.outputs[0]
@@ -213,8 +219,8 @@ class Separator:
         return self._waves[key]
 
     def separate(self, index: int | str = 0, split: str = "dev") -> dict[str, Any]:
-        """Separate one utterance (index or name): numpy ``mixture [N]``, ``estimates [S, N]`` (in the
-        references' order), ``references [S, N]``, ``sample_rate``, ``name`` and ``scores`` (dB, means
+        """Separate one utterance (index or name), the estimates through ``cfg.mask_power``'s masks: numpy
+        ``mixture [N]``, ``estimates [S, N]`` (in the references' order), ``references [S, N]``, ``sample_rate``, ``name`` and ``scores`` (dB, means
         over the sources)."""
         data = self.dataset(split)
         if isinstance(index, str) and index not in data.names:
@@ -222,7 +228,7 @@ class Separator:
         i = data.names.index(index) if isinstance(index, str) else int(index)
         name = data.names[i]
         mix, refs = self.waveforms(split, name)
-        est = apply_masks(mix, self.masks([data[i]])[0])
+        est = apply_masks(mix, power_ratio_masks(self.masks([data[i]])[0], self.cfg.mask_power))
         sc = score(est, refs, mix)
         return {"name": name, "sample_rate": SAMPLE_RATE, "mixture": mix.numpy(),
                 "estimates": est[list(sc.perm)].numpy(), "references": refs.numpy(), "scores": sc.row()}
@@ -240,7 +246,8 @@ class Separator:
         rows = []
         for i in range(n):
             mix, refs = self.waveforms(split, data.names[i])
-            sc: SeparationScores = score(apply_masks(mix, masks[i]), refs, mix, metrics=metrics)
+            sc: SeparationScores = score(apply_masks(mix, power_ratio_masks(masks[i], self.cfg.mask_power)), refs, mix,
+                                         metrics=metrics)
             rows.append({"name": data.names[i], **sc.row()})
         return pd.DataFrame(rows)
 
