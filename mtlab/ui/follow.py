@@ -122,6 +122,8 @@ class Follow(widgets.VBox):
         """The dashboard's view: show ``fn()`` again when the step changed, at most every ``every_s`` s during
         a run, at once when the run ends or between stepwise calls."""
         key = (state.step, state.running, tuple(state.phases.values()))
+        if state.run is not None and state.run.minibatch:  # inside a long step: fn reads the trainer at its end
+            return
         if key == self._shown or (state.running and time.monotonic() < self._next):
             return
         self.update(state)

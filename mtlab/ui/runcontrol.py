@@ -71,8 +71,10 @@ class RunControl:
         return run if run is not None else (self.run if self.run is not None and self.run.alive else None)
 
     def refusal(self) -> str | None:
-        """Why a run cannot start now (None: it can)."""
+        """Why a run cannot start now (None: it can; a paused run: run resumes it)."""
         run = current_run(self.trainer)
+        if run is not None and run.state in ("paused", "pausing"):
+            return None
         if run is not None and run.alive:
             return f"a run of this trainer is already in progress (step {self.trainer.step_count}); stop it first"
         return run_refusal(self.trainer)
@@ -83,6 +85,16 @@ class RunControl:
         go on); False when refused."""
         if self.host.closed:
             return False
+        paused = current_run(self.trainer)
+        if paused is not None and paused.state in ("paused", "pausing"):  # run on a paused run: it goes on
+            self.attach(paused)
+            left = f"{paused.steps - paused.steps_done} more step(s)" if paused.steps else "until stopped"
+            other = (f"; it goes on as started ({left}), not {int(steps)} steps: stop it first for a run of "
+                     "another length" if steps and (not paused.steps or paused.steps - paused.steps_done != steps)
+                     else "")
+            paused.resume()
+            self.host.say(f"run: resumed the paused run at step {self.trainer.step_count}{other}")
+            return True
         why = self.refusal()
         if why is not None:
             self.host.say(f"run refused: {why}", error=True)
@@ -152,8 +164,11 @@ class RunControl:
         try:
             run.wait(timeout)
         except KeyboardInterrupt:  # the run is stopping (Run.wait asked it); one line instead of a traceback
-            run.wait(30.0)
-            print(f"Interrupted: the run stopped at step {self.trainer.step_count}; the trainer can continue")
+            if run.wait(30.0):
+                print(f"Interrupted: the run stopped at step {self.trainer.step_count}; the trainer can continue")
+            else:  # a step longer than the wait: said as it is, never a step count that is about to change
+                print(f"Interrupted: the run is stopping (step {self.trainer.step_count} in flight); dash.wait() "
+                      "waits for its end")
 
     def detach(self) -> None:
         """Stop following the run (it goes on)."""
@@ -166,7 +181,10 @@ class RunControl:
         if host.closed:
             run.unlisten(self._on_run)
             return
-        if what == "between":
+        if what == "minibatch":  # a long step: its minibatches shown as they go (rebuilt at most every refresh_s)
+            if host.refresh_due():
+                host.refresh()
+        elif what == "between":
             if self.until_stopped and self.schedule is not None:
                 note = extend_before_end(self.schedule, self.trainer)
                 if note:
@@ -174,9 +192,13 @@ class RunControl:
             if host.refresh_due():
                 host.refresh()
         elif what == "state":
+            step = self.trainer.step_count
+            stopping = (f"stopping: step {step} ends at its next minibatch ({run.minibatch} of {run.minibatches} "
+                        "done), discarded as reset does" if run.long_step() and run.minibatch < run.minibatches
+                        else "stopping after the current step...")
             messages = {"pausing": "pausing after the current step...",
-                        "paused": f"paused at step {self.trainer.step_count}; stepwise buttons work while paused",
-                        "running": "running", "stopping": "stopping after the current step..."}
+                        "paused": f"paused at step {step}; stepwise buttons work while paused; run or resume goes on",
+                        "running": "running", "stopping": stopping}
             if run.state in messages:
                 host.set_status(messages[run.state])
             if run.state == "paused" or run.in_thread:
@@ -190,6 +212,10 @@ class RunControl:
         elif what == "end":
             message = (f"run ended after {run.steps_done} step(s) (now at step {self.trainer.step_count}): "
                        f"{REASONS.get(str(run.reason), str(run.reason))}")
+            if run.abandoned is not None:
+                step, done, of = run.abandoned
+                message += (f"; step {step} was abandoned at minibatch {done} of {of}: its accumulation discarded "
+                            "(as reset does), data positions and RNG as before it")
             if run.error is not None:
                 self.error = run.error
                 self.traceback = "".join(traceback.format_exception(type(run.error), run.error,

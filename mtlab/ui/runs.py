@@ -23,7 +23,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TYPE_CHECKING
 
-from ..core.events import ApplyInfo, Event, Payload, RunEndInfo
+from ..core.events import ApplyInfo, Event, MinibatchInfo, Payload, RunEndInfo
 from ..training.loop import run
 from .texts import BUSY
 
@@ -43,7 +43,15 @@ class Run:
     States: ``running``, ``pausing`` (asked, the step in flight finishes), ``paused``, ``stopping``,
     ``ended``. ``reason`` says why it ended (``steps``, ``stopped``, ``interrupted``, ``error``,
     or what the loop reports); ``error`` holds the exception of a failed run.
+
+    Inside a step it counts the step's minibatches (``minibatch`` of ``minibatches``). A step that has gone on
+    ``LONG_STEP_S`` seconds or more (K = 1000 rounds, a slow model) tells its viewers after each minibatch
+    (``minibatch``), and a stop asked during it ends it early, at its next minibatch: the step is abandoned as
+    if it had not begun (its accumulation discarded, as ``reset`` does, data positions and RNG put back by the
+    loop; ``abandoned`` says where). A step shorter than that is finished first.
     """
+
+    LONG_STEP_S = 1.0  # s: a step longer than this shows its minibatches and a stop does not wait for its end
 
     def __init__(self, trainer: Trainer, steps: int = 0, schedule: Schedule | None = None) -> None:
         self.trainer = trainer
@@ -66,6 +74,11 @@ class Run:
         self._thread: threading.Thread | None = None
         self.stop_source: str | None = None
         self.loop_reason: str | None = None  # what the training loop said when it returned
+        self.minibatch = 0  # minibatches done in the step in flight (0: between steps)
+        self.minibatches = 0  # minibatches the step in flight draws (every active linked set, K rounds)
+        self.step_t0 = 0.0  # when the step in flight began (monotonic)
+        self.abandoned: tuple[int, int, int] | None = None  # (step, minibatches done, of) of a step a stop ended
+        self._done = threading.Event()  # set when the thread has finished (wait() waits on it, not on join)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -88,10 +101,15 @@ class Run:
         """Steps per second while running (paused time excluded)."""
         return self.steps_done / max(self.active_seconds(), 1e-9)
 
+    def long_step(self) -> bool:
+        """The step in flight has gone on ``LONG_STEP_S`` seconds or more."""
+        return self.minibatch > 0 and time.monotonic() - self.step_t0 >= self.LONG_STEP_S
+
     # ------------------------------------------------------------------ listeners (dashboards)
     def listen(self, fn: Listener) -> None:
-        """Call ``fn(run, what)`` with what in ``between`` (after a step, in the run's thread),
-        ``state`` (paused, resumed, stopping) and ``end``."""
+        """Call ``fn(run, what)`` with what in ``between`` (after a step, in the run's thread), ``minibatch``
+        (after each minibatch of a long step, in the run's thread), ``state`` (paused, resumed, stopping) and
+        ``end``."""
         if fn not in self._listeners:
             self._listeners.append(fn)
 
@@ -126,7 +144,8 @@ class Run:
         _watch_sigint()
 
     def stop(self, source: str = "stop", wait: bool = False, timeout: float | None = 30.0) -> bool:
-        """Stop after the step in flight; with ``wait``, block until the thread ended. False if not alive."""
+        """Stop after the step in flight (a long one: at its next minibatch, the step abandoned); with ``wait``,
+        block until the thread ended. False if not alive."""
         if not self.alive:
             return False
         if not self._stop.is_set():
@@ -166,19 +185,30 @@ class Run:
         thread = self._thread
         if thread is None or thread is threading.current_thread():
             return not self.alive
-        try:
-            thread.join(timeout)
+        try:  # an Event, not thread.join: a join cut by Ctrl-C may return at once later, the thread still going
+            self._done.wait(timeout)
         except KeyboardInterrupt:
             self.stop("interrupt")
             raise
-        if not thread.is_alive():
+        if self._done.is_set():
+            thread.join()
             release_sigint()
-        return not thread.is_alive()
+        return self._done.is_set()
 
     # ------------------------------------------------------------------ the thread
     def _count(self, event: Event, info: Payload) -> None:
-        if isinstance(info, ApplyInfo) and self.in_thread:
+        if isinstance(info, MinibatchInfo) and self.in_thread:
+            self.minibatch += 1
+            if self._stop.is_set() and self.minibatch < self.minibatches and self.long_step():
+                self.abandoned = (self.trainer.step_count, self.minibatch, self.minibatches)
+                # The loop abandons the step (its accumulation, data positions and RNG as before it) and ends.
+                raise KeyboardInterrupt(f"mtlab: stop: step {self.trainer.step_count} abandoned at minibatch "
+                                        f"{self.minibatch} of {self.minibatches}")
+            if self.long_step():
+                self._tell("minibatch")
+        elif isinstance(info, ApplyInfo) and self.in_thread:
             self.steps_done += 1
+            self.minibatch = 0
         elif isinstance(info, RunEndInfo) and self.in_thread:
             self.loop_reason = info.reason
 
@@ -227,6 +257,10 @@ class Run:
             self.reason = "steps"
             return True
         self._tell("between")
+        tr = self.trainer
+        rounds = tr.minibatches_per_step
+        self.minibatch, self.step_t0 = 0, time.monotonic()
+        self.minibatches = sum(rounds[n] * len(sets) for n, sets in tr.active_tasks().items())
         return False
 
     def _main(self) -> None:
@@ -252,7 +286,9 @@ class Run:
                     self.paused_seconds += self.ended - self._pause_t0
                     self._pause_t0 = None
                 self.state = "ended"
+                self.minibatch = 0
             self._tell("end")
+            self._done.set()
 
 
 def current_run(trainer: Trainer) -> Run | None:

@@ -172,6 +172,8 @@ class RunView:
     elapsed: float  # seconds running, paused time excluded
     reason: str | None  # why it ended
     failed: bool
+    minibatch: int = 0  # minibatches done in the step in flight (shown during a long step; 0: between steps)
+    minibatches: int = 0  # minibatches that step draws
 
 
 @dataclass(frozen=True)

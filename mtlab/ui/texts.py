@@ -138,6 +138,8 @@ def counter_html(state: DashState) -> str:
     text = f"<b>step {state.step}</b> &middot; {phases}"
     if run is not None and run.state != "ended":
         text += f" &middot; {run.state} ({run.rate:.2f} steps/s)"
+    if run is not None and run.minibatch:  # a long step, as it goes (the journal's numbering)
+        text += f" &middot; step {state.step}, minibatch {run.minibatch} of {run.minibatches}"
     if state.skipped:
         text += (" &middot; <span style='color:#b35900'>skipped by step(): " +
                  "; ".join(f"{html.escape(n)} ({html.escape(w)})" for n, w in state.skipped.items()) + "</span>")

@@ -16,6 +16,7 @@ import base64
 import dataclasses
 import functools
 import html
+import math
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -101,6 +102,18 @@ def live_only(text: str, beat: int) -> str:
     return (f"<span class='mtlab-live'>{text}</span><span class='mtlab-stale'> &middot; no news from the kernel for "
             f"{STALE_S} s: a long step, or the kernel was restarted (this view is no longer live)</span>"
             f"<!-- {beat} -->")
+
+
+def widen(slider: widgets.FloatLogSlider, value: float) -> None:
+    """A log slider's range grown to hold ``value`` (a value set from code beyond it: ``trainer.lr = 1e-9``), to
+    whole decades, so that the slider shows the value in force, never its end."""
+    if not value > 0:
+        return
+    exponent = math.log10(value)
+    if exponent < slider.min:
+        slider.min = math.floor(exponent)
+    if exponent > slider.max:
+        slider.max = math.ceil(exponent)
 
 
 class Dashboard(widgets.VBox):
@@ -300,8 +313,10 @@ class Dashboard(widgets.VBox):
         if state.running and state.run is not None:  # a claim that holds only while this kernel keeps sending:
             # it expires on screen
             still = dataclasses.replace(state, run=None)
+            inside = (f" &middot; step {state.step}, minibatch {state.run.minibatch} of {state.run.minibatches}"
+                      if state.run.minibatch else "")  # a long step, as it goes
             w.counter.value = counter_html(still) + live_only(
-                f" &middot; {state.run.state} ({state.run.rate:.2f} steps/s)", self._beat)
+                f" &middot; {state.run.state} ({state.run.rate:.2f} steps/s){inside}", self._beat)
             w.status.value = live_only(status_html(state), self._beat)
         else:
             w.counter.value = counter_html(state)
@@ -341,10 +356,12 @@ class Dashboard(widgets.VBox):
                     s.max = max(s.max, value)
                     s.value = value
             if w.lr_slider.value != lr:
+                widen(w.lr_slider, lr)
                 w.lr_slider.value = lr
             w.clip_toggle.value = clip is not None
             w.clip_slider.disabled = clip is None
             if clip is not None and w.clip_slider.value != clip:
+                widen(w.clip_slider, clip)
                 w.clip_slider.value = clip
             rounds = tr.minibatches_per_step
             for name, box in w.k_boxes.items():

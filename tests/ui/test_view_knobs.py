@@ -3,6 +3,7 @@ dashboard, driven headless (widgets with a dummy comm, browser messages simulate
 
 from __future__ import annotations
 
+import math
 import re
 import time
 
@@ -146,6 +147,17 @@ def test_weights_show_enough_digits(dash):
     dash.trainer.set_weight("a", "noisy", 1e-9)
     slider = dash.sliders["a/noisy"]
     assert slider.value == 1e-9 and format(slider.value, slider.readout_format) == "1e-09"  # never 0.00
+
+
+def test_a_knob_beyond_its_slider_shows_its_true_value_and_the_range_grows(dash):
+    dash.trainer.lr = 1e-9  # from code, far under the slider's range (1e-5 .. 1)
+    dash.trainer.clip_grad_value = 50.0  # over the clip slider's (5e-4 .. 50)... and beyond
+    dash.trainer.clip_grad_value = 400.0
+    dash.refresh()
+    lr, clip = dash.lr_slider, dash.clip_slider
+    assert lr.value == 1e-9 and lr.min <= -9 and format(lr.value, lr.readout_format) == "1.00e-09"
+    assert clip.value == 400.0 and clip.max >= math.log10(400.0)
+    assert dash.trainer.lr == 1e-9  # showing it changed nothing
 
 
 def walk(widget):
