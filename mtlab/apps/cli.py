@@ -29,7 +29,9 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +42,32 @@ from .replaycmd import add_replay_parser, replay_command
 from .demo import DEMO_EPOCHS, demo_recipe, quick, say_next
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+
+
+def exit_code(stopped_by: str | None) -> int:
+    """The shell's status of a command a signal stopped: 128 + the signal's number (Ctrl-C 130, SIGTERM 143)."""
+    if stopped_by in (None, "Ctrl-C"):
+        return EXIT_INTERRUPTED
+    return 128 + int(getattr(signal, str(stopped_by), signal.SIGINT))
+
+
+class _Stop:
+    """Outside a run (loading data, building models, writing results), SIGTERM and SIGUSR1 stop the command as
+    Ctrl-C does (KeyboardInterrupt); the loop handles them itself while it trains. ``signum``: the first one."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> dict[int, Any]:
+        """Handle SIGTERM and SIGUSR1; returns the handlers they had (for ``signal.signal`` to restore)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {getattr(signal, n): signal.signal(getattr(signal, n), self) for n in ("SIGTERM", "SIGUSR1")
+                if hasattr(signal, n)}
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.signum = self.signum or signum
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _usable_cpus() -> int:
@@ -304,8 +332,10 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
         return 0
     print((expdir / "summary.txt").read_text(), end="")
     if schedule.last_stop == "interrupted":
-        print(f"interrupted: final.pt saved; continue with `mtlab resume {expdir}`", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        by = schedule.stop_signal or "Ctrl-C"
+        print(f"interrupted by {by} at step {exp.trainer.step_count}: final.pt saved; continue with "
+              f"`mtlab resume {expdir}`", file=sys.stderr, flush=True)
+        return exit_code(by)
     print(f"experiment folder: {expdir}")
     return 0
 
@@ -374,12 +404,14 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _periodic(exp: Any, expdir: Path) -> Any:
-    """``latest.pt`` every ``checkpoint_frequency`` steps of the recipe (None when 0)."""
+    """``latest.pt`` every ``checkpoint_frequency`` steps and ``checkpoint_minutes`` of the recipe (None when both
+    are 0)."""
     from ..training.checkpoint import Periodic
     from .recipe import trainer_settings
 
-    every = trainer_settings(exp.recipe)["checkpoint_frequency"]
-    return Periodic(exp, expdir, every).attach() if every else None
+    settings = trainer_settings(exp.recipe)
+    every, minutes = settings["checkpoint_frequency"], settings["checkpoint_minutes"]
+    return Periodic(exp, expdir, every, minutes).attach() if every or minutes else None
 
 
 def _restarts() -> int:
@@ -516,9 +548,19 @@ def _interrupted(args: argparse.Namespace, started: float) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``mtlab`` and ``python -m mtlab``; returns the exit code."""
     args = _parser().parse_args(argv)
-    from ..base.errors import MtlabError
-
     started = time.time()
+    stop = _Stop()
+    previous = stop.install()
+    try:
+        return _command(args, stop, started)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _command(args: argparse.Namespace, stop: _Stop, started: float) -> int:
+    """``main`` after parsing: the command, with its errors and signals turned into a message and an exit code."""
+    from ..base.errors import MtlabError
 
     if getattr(args, "no_progress", True):
         handler = logging.StreamHandler(sys.stdout)
@@ -593,5 +635,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mtlab {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"mtlab {args.command}: {_interrupted(args, started)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        by = signal.Signals(stop.signum).name if stop.signum else "Ctrl-C"
+        print(f"mtlab {args.command}: {_interrupted(args, started)} ({by})", file=sys.stderr)
+        return exit_code(by)

@@ -47,6 +47,8 @@ TRAINER_KEYS: dict[str, Key] = {
     "numbuckets": Key("int", 1, "length buckets for batching (1: plain shuffled batches)", 1),
     "valid_frequency": Key("int", 0, "validate every this many steps (0: never)", 0),
     "checkpoint_frequency": Key("int", 0, "mtlab: write latest.pt every this many steps (0: never); restarts resume from it", 0),
+    "checkpoint_minutes": Key("float", 10.0, "mtlab: write latest.pt at the first step boundary this many minutes "
+                              "after the last one (0: never), so a killed job loses minutes, not the run", 0),
     "valid_batches": Key("int", 0, "mtlab: minibatches per validation and linked set (0: all)", 0),
     "valid_adapt": Key("bool", False, "halve the learning rate after a worse validation"),
     "go_back": Key("bool", False, "return to the best validated state after a worse validation"),

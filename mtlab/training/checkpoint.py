@@ -12,6 +12,7 @@ Examples:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,20 +33,29 @@ LATEST = "latest.pt"
 
 
 class Periodic:
-    """A trainer listener that saves ``expdir/latest.pt`` after every ``every``-th step of a run.
+    """A trainer listener that saves ``expdir/latest.pt`` after every ``every``-th step of a run, and at the first
+    step boundary ``minutes`` after the last checkpoint (0: neither).
 
     It listens to the loop's ``step`` event. When the loop validates at that same step, the checkpoint waits for
     the ``validation`` event, so it holds the validation's decisions (learning-rate halving, go-back) too and a
     restart does not redo them. Data parallel: rank 0 writes (every rank holds the same state); the folder must
-    be one every node can read for a multi-node restart.
+    be one every node can read for a multi-node restart. The clock counts only in one process: ranks would
+    disagree on the moment, so a data-parallel run checkpoints by ``every`` alone.
     """
 
-    def __init__(self, experiment: Any, expdir: str | Path, every: int) -> None:
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ConfigError(f"Periodic: every must be a positive number of steps, got {every!r} "
-                              "(checkpoint_frequency = 0 in a recipe means no periodic checkpoints)")
+    def __init__(self, experiment: Any, expdir: str | Path, every: int = 0, minutes: float = 0.0) -> None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            raise ConfigError(f"Periodic: every must be a number of steps >= 0 (0: not by steps), got {every!r} "
+                              "(checkpoint_frequency = 0 in a recipe means no checkpoints by steps)")
+        if not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or not 0 <= minutes < float("inf"):
+            raise ConfigError(f"Periodic: minutes must be a number >= 0 (0: not by time), got {minutes!r} "
+                              "(checkpoint_minutes = 0 in a recipe turns the timed checkpoint off)")
+        if not every and not minutes:
+            raise ConfigError("Periodic: every (steps) or minutes must be positive; with neither nothing is written")
         self.experiment, self.path, self.every = experiment, Path(expdir) / LATEST, every
+        self.minutes = float(minutes) if self.trainer.parallel.world_size == 1 else 0.0
         self.pending: int | None = None  # a step whose checkpoint waits for its validation
+        self.last = time.monotonic()  # when the last checkpoint was written (or the listener attached)
 
     @property
     def trainer(self) -> Any:
@@ -53,7 +63,8 @@ class Periodic:
         return getattr(self.experiment, "trainer", self.experiment)
 
     def attach(self) -> Periodic:
-        """Start writing ``latest.pt`` every ``every`` steps."""
+        """Start writing ``latest.pt`` every ``every`` steps (and ``minutes``)."""
+        self.last = time.monotonic()
         self.trainer.add_callback(self)
         return self
 
@@ -73,14 +84,21 @@ class Periodic:
             extra["recipe"] = dict(recipe)
         if schedule is not None:
             extra["schedule"] = schedule.state_dict(include_best=schedule.go_back)
-        return trainer.save(self.path, extra=extra)
+        written = trainer.save(self.path, extra=extra)
+        self.last = time.monotonic()
+        return written
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` gets a checkpoint: a multiple of ``every``, or ``minutes`` passed since the last one."""
+        by_steps = bool(self.every) and step % self.every == 0
+        return by_steps or (bool(self.minutes) and time.monotonic() - self.last >= 60 * self.minutes)
 
     def __call__(self, event: Event, info: Payload) -> None:
         if isinstance(info, StepInfo):
             if self.pending is not None:  # the validation of that step never came (no held-out data)
                 self.save()
             step = info.step
-            if step % self.every:
+            if not self.due(step):
                 return
             schedule = getattr(self.experiment, "schedule", None)
             validates = schedule is not None and schedule.valid_frequency and step % schedule.valid_frequency == 0

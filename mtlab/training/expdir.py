@@ -113,7 +113,8 @@ def why_stopped(schedule: Schedule, step: int) -> str:
                 f"step {step} of {n}; this is expected once the model stops improving{best}")
     return {"done": f"all {n} steps of the schedule are done{best}",
             "steps": f"the --steps asked for are done (step {step} of {n}); `mtlab resume` continues",
-            "interrupted": f"interrupted by Ctrl-C at step {step} of {n}; `mtlab resume` continues",
+            "interrupted": f"interrupted by {getattr(schedule, 'stop_signal', None) or 'Ctrl-C'} at step {step} of {n}; "
+                           "final.pt holds that step exactly; `mtlab resume` continues",
             "stopped": f"stopped from outside the loop at step {step} of {n}",
             "error": f"an error stopped it at step {step} of {n} (shown above); final.pt holds the state"}.get(
         str(stop), str(stop))

@@ -75,37 +75,51 @@ from .checkpoint import save_checkpoint
 from .schedule import Schedule
 from .validation import validate_and_decide
 
+# The signals a run stops on as on Ctrl-C: a scheduler's stop or preemption (SIGTERM), and SLURM's warning ahead
+# of the time limit (``--signal=USR1@60``). The first finishes the step in flight, a second abandons it.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, name))
+
+
+def _said(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
 class _Sigint:
-    """First Ctrl-C: stop after the step in flight. Second: abandon that step at once (KeyboardInterrupt),
-    except inside ``apply``'s parameter update, where it waits until the update is complete."""
+    """First Ctrl-C (or SIGTERM, SIGUSR1): stop after the step in flight. Second: abandon that step at once
+    (KeyboardInterrupt), except inside ``apply``'s parameter update, where it waits until the update is complete.
+    ``signum`` is the first signal received (None: none)."""
 
     def __init__(self, trainer: Trainer, progress: bool) -> None:
         self.trainer = trainer
         self.progress = progress
         self.requested = False
+        self.signum: int | None = None
         self.abortable = False
         self.pending = False
         self.finishing = False  # writing the experiment folder: a Ctrl-C waits until final.pt is written
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _Sigint:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
             self.trainer.add_callback(self._after_call)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
+        said = _said(signum)
+        if self.signum is None:
+            self.signum = signum
         if self.finishing:
             self.requested = True
-            say("Ctrl-C: writing final.pt and the experiment folder first; it stops right after", self.progress)
+            say(f"{said}: writing final.pt and the experiment folder first; it stops right after", self.progress)
             return
         if self.requested and self.abortable:
             if self.trainer.atomic:
                 self.pending = True  # raised by _after_call once apply() has finished
                 return
-            raise KeyboardInterrupt("mtlab: second Ctrl-C, the step in flight was abandoned")
+            raise KeyboardInterrupt(f"mtlab: second {said}, the step in flight was abandoned")
         self.requested = True
-        say("Ctrl-C: stopping after this step (press again to abandon the step)", self.progress)
+        say(f"{said}: stopping after this step (again to abandon the step)", self.progress)
 
     def _after_call(self, event: Event, info: Payload) -> None:
         if self.pending and not self.trainer.atomic:
@@ -113,8 +127,9 @@ class _Sigint:
             raise KeyboardInterrupt("mtlab: second Ctrl-C, stopped after the step's update")
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        if self._previous:
+            for s, previous in self._previous.items():
+                signal.signal(s, previous)
             self.trainer.remove_callback(self._after_call)
 
 
@@ -338,9 +353,11 @@ def run(target: Any, schedule: Schedule | None = None, steps: int | None = None,
                                          follow_lr, guard)
         guard.finishing = True
         schedule.last_stop = reason
+        schedule.stop_signal = _said(guard.signum) if reason == "interrupted" and guard.signum is not None else None
         _note_skipped(trainer, schedule, progress)
         if reason == "interrupted":
-            say(f"interrupted at step {trainer.step_count}; the trainer is consistent and can continue", progress)
+            by = f" by {schedule.stop_signal}" if schedule.stop_signal else ""
+            say(f"interrupted{by} at step {trainer.step_count}; the trainer is consistent and can continue", progress)
         if path is not None:
             expdir_.finish(trainer, schedule, path, wall_s=time.monotonic() - start, steps_run=done, recipe=recipe,
                            save=lambda p: save_checkpoint(trainer, schedule, p, recipe=recipe), start_step=start_step)

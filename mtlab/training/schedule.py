@@ -58,6 +58,7 @@ class Schedule:
     skipped: list[int] = field(default_factory=list)
     stopped: str | None = None  # "num_tries" or "relative_improvement" once validation has ended the stage
     last_stop: str | None = None  # why the last run() returned: done, num_tries, relative_improvement, steps, ...
+    stop_signal: str | None = None  # what interrupted the last run(): Ctrl-C, SIGTERM or SIGUSR1 (None: no signal)
     stages: list[dict[str, Any]] = field(default_factory=list)  # segment_length, num_steps and settings each
     stage: int = 0  # the stage being trained
     stage_start: int = 0  # step at which it began
