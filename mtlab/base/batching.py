@@ -4,12 +4,18 @@ An example is ``dict[str, Tensor]``. A tensor with at least one axis is a sequen
 time on its first axis; a 0-d tensor (a class id) has length 1. A batch is
 ``data: dict[str, Tensor[B, T, ...]]`` zero-padded to the longest item, plus
 ``seq_lengths: dict[str, LongTensor[B]]``; 0-d items are stacked to ``[B]``.
+
+An entry may also be a numpy array or a number (taken as a tensor: ``torch.as_tensor``). Any other entry (an id,
+a speaker name, a path) is carried along as a list of the batch's values, without a length: a task that does not
+read it never sees it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -18,15 +24,33 @@ from .errors import BatchError
 Batch = tuple[dict[str, Tensor], dict[str, Tensor]]
 
 
-def example_length(example: Mapping[str, Tensor], key: str | None = None) -> int:
-    """Time length of ``example[key]`` (default: its first tensor); 0-d tensors have length 1."""
+def as_entry(value: Any) -> Any:
+    """An example's entry as collate takes it: a tensor as it is, a numpy array or a number as a tensor
+    (``torch.as_tensor``, sharing the array's memory), anything else (an id, a path) unchanged."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
+        return torch.as_tensor(value)
+    if isinstance(value, (int, float)):  # bool is an int
+        return torch.as_tensor(value)
+    return value
+
+
+def example_length(example: Mapping[str, Any], key: str | None = None) -> int:
+    """Time length of ``example[key]`` (default: its first tensor or array); 0-d tensors have length 1."""
     if not example:
         raise BatchError("empty example: an example is a dict name -> tensor with at least one entry")
-    value = example[key] if key is not None else next(iter(example.values()))
+    if key is not None:
+        value = as_entry(example[key])
+    else:
+        value = next((v for v in map(as_entry, example.values()) if isinstance(v, Tensor)), None)
+        if value is None:
+            raise BatchError(f"example with entries {sorted(example)} holds no tensor, numpy array or number; "
+                             "give the data a task reads as tensors or numpy arrays")
     return 1 if value.dim() == 0 else int(value.shape[0])
 
 
-def collate(examples: Sequence[Mapping[str, Tensor]], pin_memory: bool = False) -> Batch:
+def collate(examples: Sequence[Mapping[str, Any]], pin_memory: bool = False) -> Batch:
     """Zero-pad a list of examples into ``(data, seq_lengths)``.
 
     Examples:
@@ -46,10 +70,14 @@ def collate(examples: Sequence[Mapping[str, Tensor]], pin_memory: bool = False) 
     data: dict[str, Tensor] = {}
     seq_lengths: dict[str, Tensor] = {}
     for key in keys:
-        items = [ex[key] for ex in examples]
+        items = [as_entry(ex[key]) for ex in examples]
         first = items[0]
-        if not isinstance(first, Tensor):
-            raise BatchError(f"example entry {key!r} is {type(first).__name__}, expected a torch.Tensor")
+        if not all(isinstance(t, Tensor) for t in items):
+            if any(isinstance(t, Tensor) for t in items):
+                raise BatchError(f"entry {key!r} is a tensor or array in some examples and not in others "
+                                 f"({sorted({type(t).__name__ for t in items})}); give it one type in every example")
+            data[key] = cast(Tensor, list(items))  # carried along (ids, paths): no length, never moved to a device
+            continue
         if first.dim() == 0:
             if any(t.dim() != 0 for t in items):
                 raise BatchError(f"entry {key!r} is 0-d in some examples and not in others")

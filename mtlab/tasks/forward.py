@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ..base.batching import Batch, to_device
 from ..base.errors import BatchError, ConfigError, GraphError, MtlabError
 from .graph import GraphResult
+from .loaders import as_batch, is_loader, loader_fields
 from .sampling import BatchStream
 from .task import Task
 
@@ -72,6 +73,11 @@ class TaskPlan:
                 f"task {t.name!r}: the batch lacks {[k for k in keys if k not in data]}; it has {sorted(data)} "
                 f"(task inputs {list(t.inputs)}, targets {list(t.targets)})"
             ) from None
+        for k, v in picked.items():
+            if not isinstance(v, Tensor):
+                raise BatchError(f"task {self.task.name!r} reads {k!r}, which the batch holds as a "
+                                 f"{type(v).__name__}, not a tensor; give it as a tensor or numpy array of numbers "
+                                 "in each example (other entries, such as ids, are carried along unread)")
         return to_device((picked, seq_lengths if type(seq_lengths) is dict else dict(seq_lengths)), self.device)
 
     def forward(self, batch: Batch) -> GraphResult:
@@ -142,7 +148,10 @@ def loss_in_fp32(loss: Any, targets: dict[str, Tensor], outputs: dict[str, Tenso
 
 
 def evaluate_totals(plan: TaskPlan, source: Any, batch_size: int, num_batches: int | None = None) -> tuple[float, float]:
-    """(Σloss, Σnormalizer) of ``plan`` over ``source`` in order, without gradients (the caller sets eval mode)."""
+    """(Σloss, Σnormalizer) of ``plan`` over ``source`` in order, without gradients (the caller sets eval mode).
+    A DataLoader is read once through, its own batches (``num_batches``: its first ones)."""
+    if is_loader(source):
+        return loader_totals(plan, source, num_batches)
     stream = BatchStream(source, batch_size, 1, seed=0, shuffle=False, device=plan.device)  # streamed: features there
     nb = len(stream) if num_batches is None else min(int(num_batches), len(stream))
     sums = torch.zeros(2, dtype=torch.float64, device=plan.device)
@@ -151,6 +160,20 @@ def evaluate_totals(plan: TaskPlan, source: Any, batch_size: int, num_batches: i
             r = plan.loss(next(stream))
             sums += torch.stack([r.loss_sum.double(), r.normalizer.double()])
     loss_sum, normalizer = sums.tolist()  # one host read for the whole evaluation
+    return loss_sum, normalizer
+
+
+def loader_totals(plan: TaskPlan, loader: Any, num_batches: int | None = None) -> tuple[float, float]:
+    """(Σloss, Σnormalizer) over one pass of a DataLoader (or its first ``num_batches`` batches)."""
+    fields = loader_fields(loader)
+    sums = torch.zeros(2, dtype=torch.float64, device=plan.device)
+    with torch.no_grad():
+        for i, raw in enumerate(loader):
+            if num_batches is not None and i >= int(num_batches):
+                break
+            r = plan.loss(as_batch(raw, fields))
+            sums += torch.stack([r.loss_sum.double(), r.normalizer.double()])
+    loss_sum, normalizer = sums.tolist()
     return loss_sum, normalizer
 
 

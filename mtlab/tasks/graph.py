@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -180,7 +181,9 @@ class ModelGraph:
                     f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; check that the "
                     "batch's shapes and dtypes match what the model expects"
                 ) from exc
-            if node.outputs:
+            if isinstance(result, Mapping):  # a dict or HF ModelOutput: entries by name
+                parts = self._entries(node, result)
+            elif node.outputs:
                 if not isinstance(result, (tuple, list)) or len(result) != len(node.outputs):
                     got = f"a {type(result).__name__}" + (
                         f" of {len(result)}" if isinstance(result, (tuple, list)) else ""
@@ -204,4 +207,17 @@ class ModelGraph:
                 if first_host is not None:
                     hosts[out_name] = first_host
         return GraphResult(outputs=values, seq_lengths=lengths)
+
+    def _entries(self, node: Node, result: Mapping[str, Any]) -> list[Any]:
+        """The entries of a model's dict output (a dict, HF's ``ModelOutput``) that ``node`` takes: those its
+        ``outputs`` name, else the one named like the node; a GraphError lists the keys there are and the fix."""
+        wanted = tuple(node.outputs) if node.outputs else (node.name,)
+        missing = [k for k in wanted if k not in result]
+        if missing:
+            keys = list(result.keys())
+            fix = (f"name the node like the entry it takes (Node({keys[0]!r}, {node.model!r}, ...)) or name entries "
+                   f"with outputs=[...], e.g. outputs={keys[:2]!r}" if keys else "return the output from the model")
+            raise GraphError(f"{self.where}: model {node.model!r} of node {node.name!r} returned a "
+                             f"{type(result).__name__} without {missing}; its keys: {keys}; {fix}")
+        return [result[k] for k in wanted]
 

@@ -19,6 +19,7 @@ import torch
 
 from ..base.batching import Batch, collate
 from ..base.errors import ConfigError, DataError, MtlabError
+from .loaders import FIX as LOADER_FIX, LoaderStream, check_loader_state, is_loader, unreproducible
 # What a linked set's examples are and the views of them: .sources. These names were defined here up to 0.3
 # (``mtlab.tasks.sampling.SegmentedExamples``, ``mtlab.sampling.DataSource``) and are re-exported for that.
 from .sources import (AudioItems as AudioItems, DataSource as DataSource, EpochSource as EpochSource,
@@ -374,25 +375,49 @@ class Streams(dict):
         super().__init__()
         self.seed, self.pin_memory, self.shard, self.device = seed, pin_memory, (0, 1), device
 
-    def get_stream(self, task: Any, linkedset: str) -> BatchStream:
-        """The stream of ``task.linkedsets[linkedset]`` (``task`` is a ``mtlab.Task``)."""
+    def get_stream(self, task: Any, linkedset: str) -> Any:
+        """The stream of ``task.linkedsets[linkedset]`` (``task`` is a ``mtlab.Task``): a :class:`BatchStream`, or a
+        :class:`~mtlab.tasks.loaders.LoaderStream` for a linked set that draws from a DataLoader (whose batch size
+        is the loader's: a task's batch size does not change it)."""
         key = (task.name, linkedset)
         stream = self.get(key)
-        if stream is not None and stream.batch_size != task.batch_size:  # Trainer.set_batch_size: from this draw
-            stream.set_batch_size(task.batch_size)
+        if stream is not None and stream.batch_size != task.batch_size and isinstance(stream, BatchStream):
+            stream.set_batch_size(task.batch_size)  # Trainer.set_batch_size: from this draw
         if key not in self:
             ls = task.linkedsets[linkedset]
             if ls.examples is None:
                 raise ConfigError(f"linked set {linkedset!r} of task {task.name!r} has no examples; pass "
                                   "batch=(data, seq_lengths) to process_minibatch or give LinkedSet(examples)")
+            if is_loader(ls.examples):
+                self[key] = LoaderStream(ls.examples, ls.fields, ls.loader_origin,
+                                         where=f"task {task.name!r}, linked set {linkedset!r}: ")
+                return self[key]
             self[key] = BatchStream(ls.examples, task.batch_size, task.numbuckets,
                                     seed=derived_seed(self.seed, task.name, linkedset), num_workers=ls.num_workers,
                                     pin_memory=self.pin_memory, shard=self.shard, device=self.device)
         return self[key]
 
     def state_dict(self) -> dict[str, Any]:
-        """Every stream's position, for a checkpoint."""
-        return {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self.items()}
+        """Every stream's position, for a checkpoint. A linked set whose DataLoader's position cannot be restored
+        (shuffled by torch's global generator) is refused, naming it and the fix."""
+        out = {f"{t}/{s}": dict(st.state_dict()) for (t, s), st in self.items()}
+        for key, st in out.items():
+            if st.get("reproducible") is False:
+                task, linkedset = key.split("/", 1)
+                raise ConfigError(f"task {task!r}, linked set {linkedset!r}: its DataLoader's position cannot be "
+                                  f"saved: {st['why']}, so a resume, fork or replay would draw other batches. "
+                                  f"To save, fork or replay this run, {LOADER_FIX}")
+        return out
+
+    def check_reproducible(self, tasks: Mapping[str, Any], what: str) -> None:
+        """Refuse, before ``what`` (``"replay()"``) starts, a linked set whose DataLoader cannot give the same
+        batches again, naming it and the fix."""
+        for tname, task in tasks.items():
+            for sname, ls in task.linkedsets.items():
+                why = unreproducible(ls.examples) if is_loader(ls.examples) else None
+                if why is not None:
+                    raise ConfigError(f"{what}: task {tname!r}, linked set {sname!r}: {why}, so its batches would "
+                                      f"differ from the run's; {LOADER_FIX}")
 
     def skipped(self) -> list[dict[str, Any]]:
         """Every example a skip policy left out so far: name, where (list line), reason, epoch, task, linkedset."""
@@ -417,6 +442,19 @@ class Streams(dict):
                 continue
             if declared is not None and declared.get(tname) is not None:
                 sst = {**sst, "batch_size": declared[tname]}
+            examples = tasks[tname].linkedsets[sname].examples
+            if is_loader(examples) or sst.get("kind") == "loader":
+                where = f"task {tname!r}, linked set {sname!r}: "
+                if not is_loader(examples):
+                    raise ConfigError(f"{where}the saved position is a DataLoader's, but this linked set draws from "
+                                      "examples; restore it into a trainer built with the same linked sets")
+                stream = self.get((tname, sname))
+                check_loader_state(sst, stream if isinstance(stream, LoaderStream) else LoaderStream(examples),
+                                   where)
+                if sst.get("reproducible") is False:
+                    raise ConfigError(f"{where}the saved position of its DataLoader cannot be restored: "
+                                      f"{sst.get('why')}; {LOADER_FIX}")
+                continue
             if (tname, sname) in self:  # it adopts its task's batch size (Trainer.set_batch_size) when next used
                 ours = {**self[(tname, sname)].state_dict(), "batch_size": tasks[tname].batch_size}
             else:
@@ -437,6 +475,9 @@ class Streams(dict):
             tname, sname = key.split("/", 1)
             if tname in tasks and sname in tasks[tname].linkedsets:
                 stream = self.get_stream(tasks[tname], sname)
+                if isinstance(stream, LoaderStream):
+                    stream.load_state_dict(sst)
+                    continue
                 saved = int(sst.get("batch_size", stream.batch_size))
                 if declared is not None and declared.get(tname) is not None and saved != stream.batch_size:
                     stream.cut(saved)

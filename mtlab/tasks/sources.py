@@ -12,6 +12,7 @@ drawn from a source is :mod:`mtlab.tasks.sampling`'s.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, cast, runtime_checkable
@@ -20,8 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..base.batching import Batch, example_length
-from ..base.errors import ConfigError, MtlabError
+from ..base.batching import Batch, as_entry, example_length
+from ..base.errors import BatchError, ConfigError, MtlabError
 
 
 @dataclass(frozen=True)
@@ -97,14 +98,111 @@ def streamed(source: ExampleSource) -> SegmentedSource:
     return cast(SegmentedSource, source)
 
 
+class LengthsWarning(UserWarning):
+    """A dataset is read in full to learn its examples' lengths (give them: ``LinkedSet(ds, lengths=[...])``)."""
+
+
+_TOLD: set[int] = set()  # the sources whose lengths were read, said once each (by id: a Dataset need not hash)
+
+
+def given_lengths(source: Any) -> Sequence[int] | None:
+    """A source's ``lengths`` attribute (a :class:`DataSource`'s, a Dataset's own, ``LinkedSet(lengths=...)``), or
+    None where it has none."""
+    lengths = getattr(source, "lengths", None)
+    if lengths is None or callable(lengths) or isinstance(lengths, (str, bytes)):
+        return None
+    return cast(Sequence[int], lengths)
+
+
 def lengths_of(source: ExampleSource) -> list[int]:
-    """Per-example lengths: a :class:`DataSource`'s ``lengths``, else each example's first tensor's time axis."""
-    if isinstance(source, DataSource):
-        out = [int(x) for x in source.lengths]
+    """Per-example lengths: the source's ``lengths`` (:func:`given_lengths`), else each example's first tensor's
+    time axis, which reads every example once; for a Dataset (not a list in memory) that is said once, with how
+    to give the lengths instead."""
+    given = given_lengths(source)
+    if given is not None:
+        out = [int(x) for x in given]
         if len(out) != len(source):
-            raise ConfigError(f"source.lengths has {len(out)} entries for {len(source)} examples")
+            raise ConfigError(f"the source's lengths have {len(out)} entries for {len(source)} examples; give one "
+                              "length (frames, or 1 for an example without a time axis) per example")
         return out
+    if not isinstance(source, (list, tuple)) and id(source) not in _TOLD:
+        _TOLD.add(id(source))
+        warnings.warn(f"reading all {len(source)} examples of a {type(source).__name__} once to learn their lengths "
+                      "(for length bucketing and the epoch's order): every __getitem__ runs before the first "
+                      "minibatch. Give them instead: mtlab.LinkedSet(dataset, lengths=[...]) (frames per example) or "
+                      "a `lengths` attribute of the dataset", LengthsWarning, stacklevel=3)
     return [example_length(source[i]) for i in range(len(source))]
+
+
+class FieldExamples:
+    """A dataset seen as example dicts: ``LinkedSet(ds, fields=("x", "y"))`` names the entries of the tuples a
+    ``TensorDataset`` (or any tuple dataset) gives; ``lengths`` gives the examples' lengths so that nothing is read
+    to learn them. Entries are returned as the dataset gives them (numpy arrays are taken as tensors at
+    collation)."""
+
+    def __init__(self, source: Any, fields: Sequence[str] | None = None, lengths: Sequence[int] | None = None) -> None:
+        if fields is not None:
+            if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields) or not fields:
+                raise ConfigError(f"fields must name each entry of an example, e.g. fields=('x', 'y'), got {fields!r}")
+            if len(set(fields)) != len(fields):
+                raise ConfigError(f"fields must be distinct names, got {list(fields)}")
+        self.source = source
+        self.fields = None if fields is None else tuple(fields)
+        if lengths is None and isinstance(source, torch.utils.data.TensorDataset) and self.fields is not None:
+            lengths = tensor_lengths(source)  # every example of a TensorDataset is as long: no need to read one
+        if lengths is not None:
+            lengths = [check_length(x, i) for i, x in enumerate(lengths)]
+            if len(lengths) != len(source):
+                raise ConfigError(f"lengths has {len(lengths)} entries for the {len(source)} examples of the dataset;"
+                                  " give one length (frames, or 1 for an example without a time axis) per example")
+        self.lengths = lengths
+        self.sequence_keys: Sequence[str] | None = None
+        self.shard_of = None
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> Mapping[str, Any]:
+        return as_example(self.source[i], self.fields, i)
+
+    def __repr__(self) -> str:
+        named = f", fields={list(self.fields)}" if self.fields is not None else ""
+        return f"FieldExamples({type(self.source).__name__} of {len(self)}{named})"
+
+
+def check_length(value: Any, i: int) -> int:
+    """One example's length, a whole number >= 0, or a ConfigError naming the example."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ConfigError(f"lengths[{i}] must be a whole number of frames >= 0, got {value!r}")
+    return int(value)
+
+
+def tensor_lengths(dataset: torch.utils.data.TensorDataset) -> list[int]:
+    """The lengths of a TensorDataset's examples, from its first tensor's shape (the same for every example)."""
+    first = dataset.tensors[0]
+    return [1 if first.dim() == 1 else int(first.shape[1])] * len(dataset)
+
+
+def as_example(item: Any, fields: Sequence[str] | None, i: int | None = None) -> Mapping[str, Any]:
+    """``item`` as an example dict: a mapping as it is; a tuple or list named by ``fields``; else a BatchError
+    that names the fix."""
+    where = "" if i is None else f" {i}"
+    if fields is None:
+        if isinstance(item, Mapping):
+            return item
+        kind = type(item).__name__
+        raise BatchError(f"example{where} is a {kind}, not a dict of entries"
+                         + (f" ({len(item)} entries): name them, e.g. mtlab.LinkedSet(dataset, fields=("
+                            + ", ".join(repr(f"x{k}") for k in range(len(item))) + "))"
+                            if isinstance(item, (tuple, list)) else
+                            "; give examples as dicts name -> tensor, or tuples with LinkedSet(..., fields=(...))"))
+    if isinstance(item, Mapping):
+        raise BatchError(f"example{where} is already a dict (entries {sorted(item)}); leave fields= out")
+    if not isinstance(item, (tuple, list)) or len(item) != len(fields):
+        got = f"{len(item)} entries" if isinstance(item, (tuple, list)) else f"a {type(item).__name__}"
+        raise BatchError(f"example{where} has {got} but fields names {len(fields)} ({list(fields)}); give one name "
+                         "per entry of the dataset's tuples")
+    return dict(zip(fields, item))
 
 
 def shard_parts(source: ExampleSource) -> list[int] | None:
@@ -198,7 +296,9 @@ class SegmentedExamples:
         full = example_length(example)
         out = {}
         for key, value in example.items():
-            timed = key in self.keys if self.keys is not None else (value.dim() >= 1 and value.shape[0] == full)
+            value = as_entry(value)
+            timed = key in self.keys if self.keys is not None else (
+                isinstance(value, Tensor) and value.dim() >= 1 and value.shape[0] == full)
             out[key] = value[start : start + n] if timed else value
         return out
 

@@ -11,6 +11,8 @@ from torch import Tensor
 
 from ..base.errors import ConfigError
 from .graph import ModelGraph, Node
+from .loaders import is_loader, loader_origin, name_fields
+from .sources import FieldExamples, reads_audio
 
 
 LossComputer = Callable[[Mapping[str, Tensor], Mapping[str, Tensor], Mapping[str, Tensor]], tuple[Tensor, Tensor]]
@@ -109,28 +111,92 @@ def check_relative_weights(task: Task, changed: Mapping[str, float] | None = Non
 class LinkedSet:
     """A weighted data source for a task: ``LinkedSet(examples, weight=0.5)``.
 
-    ``examples`` is a sequence (or Dataset) of example dicts, or None when every minibatch is
-    passed explicitly. ``valid`` optionally holds held-out examples for ``Trainer.evaluate``.
-    Both the summed loss and the norm of each minibatch are multiplied by ``weight``.
+    ``examples`` is one of
+
+    - a sequence (or map-style Dataset) of example dicts ``name -> tensor`` (numpy arrays and numbers are taken as
+      tensors; other entries, such as ids, are carried along);
+    - a Dataset of tuples (a ``TensorDataset``) with ``fields=("x", "y")`` naming their entries;
+    - a ``torch.utils.data.DataLoader`` (or torchdata's ``StatefulDataLoader``): each draw is its next batch, its
+      own batch size, sampler, ``collate_fn`` and workers decide (:mod:`mtlab.tasks.loaders`);
+    - None, when every minibatch is passed explicitly.
+
+    ``lengths`` (frames per example) spares reading a Dataset in full to learn them; a ``lengths`` attribute of
+    the dataset does the same. ``valid`` optionally holds held-out examples (or a DataLoader) for
+    ``Trainer.evaluate``. Both the summed loss and the norm of each minibatch are multiplied by ``weight``.
     """
 
     def __init__(self, examples: Any = None, weight: float = 1.0, valid: Any = None,
-                 num_workers: int = 0) -> None:
-        self.examples = examples
+                 num_workers: int = 0, fields: Sequence[str] | None = None,
+                 lengths: Sequence[int] | None = None) -> None:
         self.weight = check_weight(weight, "LinkedSet weight")
-        self.valid = valid
         if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 0:
             raise ConfigError(f"LinkedSet num_workers must be an integer >= 0 (DataLoader worker processes; 0 reads "
                               f"in the training process), got {num_workers!r}")
         self.num_workers = num_workers
-        if examples is not None and not hasattr(examples, "__len__"):
-            raise ConfigError(
-                f"LinkedSet examples must be a sequence or Dataset of example dicts, got {type(examples).__name__}"
-            )
+        self.fields = None if fields is None else tuple([fields] if isinstance(fields, str) else fields)
+        self.loader_origin: list[Tensor] | None = None  # a DataLoader's generator states: where its streams start
+        if is_loader(examples):
+            if num_workers:
+                raise ConfigError(f"LinkedSet(loader, num_workers={num_workers}): a DataLoader has its own workers; "
+                                  f"build it with DataLoader(..., num_workers={num_workers}) and leave num_workers out "
+                                  "here")
+            if lengths is not None:
+                raise ConfigError("LinkedSet(loader, lengths=...): a DataLoader's batches are made by its own "
+                                  "sampler; give lengths= with a Dataset, or leave them out")
+            if self.fields is not None:
+                FieldExamples([], self.fields)  # the names' checks
+            self.loader_origin = loader_origin(examples)
+            name_fields(examples, self.fields)
+        elif examples is not None:
+            if not hasattr(examples, "__len__") or not hasattr(examples, "__getitem__"):
+                raise ConfigError(
+                    f"LinkedSet examples must be a sequence or Dataset of example dicts, or a DataLoader, got "
+                    f"{type(examples).__name__}" + (" (an IterableDataset: wrap it in a DataLoader)"
+                                                    if isinstance(examples, torch.utils.data.IterableDataset) else ""))
+            if self.fields is not None or lengths is not None:
+                if reads_audio(examples):
+                    raise ConfigError("LinkedSet(..., fields=/lengths=) is for a Dataset of one's own; this split of "
+                                      "mtlab.data describes its examples already: leave them out")
+                examples = FieldExamples(examples, self.fields, lengths)
+        elif self.fields is not None or lengths is not None:
+            raise ConfigError("LinkedSet(fields=/lengths=) describe examples; give the examples (a Dataset) too")
+        self.examples = examples
+        if valid is not None and self.fields is not None:
+            if is_loader(valid):
+                name_fields(valid, self.fields)
+            else:
+                valid = FieldExamples(valid, self.fields)
+        self.valid = valid
+
+    @property
+    def loader(self) -> Any:
+        """The DataLoader this linked set draws from, or None."""
+        return self.examples if is_loader(self.examples) else None
 
     def __repr__(self) -> str:
-        n = "explicit batches" if self.examples is None else f"{len(self.examples)} examples"
+        if self.examples is None:
+            n = "explicit batches"
+        elif is_loader(self.examples):
+            n = type(self.examples).__name__
+        else:
+            n = f"{len(self.examples)} examples"
         return f"LinkedSet({n}, weight={self.weight:g})"
+
+
+def check_not_empty(task: str, name: str, ls: LinkedSet) -> None:
+    """Refuse a linked set that has no example (or whose DataLoader gives no batch), naming task and linked set."""
+    source = ls.examples
+    if source is None:
+        return
+    try:
+        count = len(source)
+    except TypeError:  # a DataLoader over an IterableDataset without len: found out at the first draw
+        return
+    if count == 0:
+        what = "DataLoader gives no batch (an empty dataset, or fewer examples than batch_size with drop_last)" \
+            if is_loader(source) else "examples are empty"
+        raise ConfigError(f"task {task!r}: linked set {name!r} has no data: its {what}; give it examples, or "
+                          f"leave {name!r} out of the task's linkedsets")
 
 
 class Task:
@@ -173,6 +239,7 @@ class Task:
                 raise ConfigError(
                     f"task {name!r}: linked set {set_name!r} is a {type(ls).__name__}; wrap it as mtlab.LinkedSet(examples, weight=...)"
                 )
+            check_not_empty(name, set_name, ls)
         self.linkedsets: dict[str, LinkedSet] = dict(linkedsets)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ConfigError(f"task {name!r}: batch_size must be a positive integer, got {batch_size!r}")
