@@ -62,6 +62,11 @@ class Periodic:
         """The trainer whose state is written."""
         return getattr(self.experiment, "trainer", self.experiment)
 
+    @property
+    def schedule(self) -> Any:
+        """The experiment's schedule (None for a bare trainer, whose own ``schedule`` is something else)."""
+        return None if self.experiment is self.trainer else getattr(self.experiment, "schedule", None)
+
     def attach(self) -> Periodic:
         """Start writing ``latest.pt`` every ``every`` steps (and ``minutes``)."""
         self.last = time.monotonic()
@@ -77,7 +82,7 @@ class Periodic:
         """Write ``latest.pt`` now (rank 0; other ranks return None). Every rank must call it (it gathers each
         rank's RNG and data positions, which ``restore_rank_state`` gives back to the same rank)."""
         self.pending = None
-        trainer, schedule = self.trainer, getattr(self.experiment, "schedule", None)
+        trainer, schedule = self.trainer, self.schedule
         recipe = getattr(self.experiment, "recipe", None)
         extra: dict[str, Any] = {"ranks": rank_states(trainer)}
         if recipe is not None:
@@ -100,7 +105,7 @@ class Periodic:
             step = info.step
             if not self.due(step):
                 return
-            schedule = getattr(self.experiment, "schedule", None)
+            schedule = self.schedule
             validates = schedule is not None and schedule.valid_frequency and step % schedule.valid_frequency == 0
             if validates:
                 self.pending = step
