@@ -125,13 +125,19 @@ def lengths_of(source: ExampleSource) -> list[int]:
             raise ConfigError(f"the source's lengths have {len(out)} entries for {len(source)} examples; give one "
                               "length (frames, or 1 for an example without a time axis) per example")
         return out
-    if not isinstance(source, (list, tuple)) and id(source) not in _TOLD:
-        _TOLD.add(id(source))
-        warnings.warn(f"reading all {len(source)} examples of a {type(source).__name__} once to learn their lengths "
-                      "(for length bucketing and the epoch's order): every __getitem__ runs before the first "
-                      "minibatch. Give them instead: mtlab.LinkedSet(dataset, lengths=[...]) (frames per example) or "
-                      "a `lengths` attribute of the dataset", LengthsWarning, stacklevel=3)
-    return [example_length(source[i]) for i in range(len(source))]
+    tell = not isinstance(source, (list, tuple)) and id(source) not in _TOLD
+    out = []
+    for i in range(len(source)):
+        out.append(example_length(as_example(source[i], None, i)))  # a tuple dataset: refused, naming fields=
+        if tell:
+            tell = False
+            _TOLD.add(id(source))
+            named = type(getattr(source, "source", source)).__name__
+            warnings.warn(f"reading all {len(source)} examples of a {named} once to learn their lengths (for length "
+                          "bucketing and the epoch's order): every __getitem__ runs before the first minibatch. Give "
+                          "them instead: mtlab.LinkedSet(dataset, lengths=[...]) (frames per example) or a `lengths` "
+                          "attribute of the dataset", LengthsWarning, stacklevel=3)
+    return out
 
 
 class FieldExamples:
