@@ -210,3 +210,18 @@ def test_workers_give_the_same_run_as_none() -> None:
         assert_same(params(tr), params(again))
         runs.append(params(tr))
     assert_same(*runs)
+
+
+def test_replay_redraws_a_seeded_loader_and_refuses_one_it_cannot() -> None:
+    tr = build(seeded_loader())
+    for _ in range(5):
+        tr.step()
+    again = build(seeded_loader())
+    mtlab.replay(tr.journal, again)
+    assert_same(params(tr), params(again))
+    unseeded = build(DataLoader(EXAMPLES, batch_size=4, shuffle=True, collate_fn=mtlab.collate))
+    unseeded.step()
+    fresh = build(DataLoader(EXAMPLES, batch_size=4, shuffle=True, collate_fn=mtlab.collate))
+    with pytest.raises(ConfigError, match=r"replay\(\): task 'a', linked set 'train'.*StatefulDataLoader"):
+        mtlab.replay(unseeded.journal, fresh)
+    assert fresh.step_count == 0 and fresh.journal.pristine()
