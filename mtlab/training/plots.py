@@ -212,15 +212,18 @@ def plot_clip_fraction(history: HistoryLike, ax: Axes | None = None, max_points:
 
 def plot_history(history: HistoryLike, validation: Validation = None, max_points: int = MAX_POINTS, scale: str = "linear",
                  smoothing: float = 0.0, ghost: Mapping[str, Series] | None = None, width_px: int = WIDTH_PX,
-                 height_px: int | None = None, font_scale: float = 1.0) -> Figure:
+                 height_px: int | None = None, font_scale: float = 1.0,
+                 events: Sequence[tuple[float, str]] | None = None) -> Figure:
     """Every panel worth showing (``panels_for``) on one shared step axis, in a grid chosen from
-    ``width_px`` (a notebook's width at 1280 px: shown 1:1), one legend under the panels."""
+    ``width_px`` (a notebook's width at 1280 px: shown 1:1), one legend under the panels. ``events``: the
+    ``(step, text)`` marks to draw, numbered in that order (a dashboard's); default: the knob changes the
+    history's columns show."""
     if scale not in ("linear", "log"):
         raise ValueError(f"scale must be 'linear' or 'log', got {scale!r}")
     df = as_frame(history)
     series = series_from_frame(df)
     panels = panels_for(series, ghost)
-    marks = events_from_frame(df)
+    marks = events_from_frame(df) if events is None else list(events)
     styles = Styles(tasks_in(df.columns))
     cols = [c for c in series if panel_of(c)[0] in panels]  # type: ignore[index]
     entries = Styles(tasks_in(df.columns)).legend(cols, validation_series(validation), bool(ghost),

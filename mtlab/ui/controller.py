@@ -24,13 +24,14 @@ from typing import Any, TYPE_CHECKING
 from ..core.columns import set_key
 from ..core.events import (BatchSizeInfo, CombineInfo, Event, EvaluateInfo, MinibatchesPerStepInfo, MinibatchInfo,
                            Payload, ReinitializeInfo, RestoreInfo, TaskWeightInfo, ValidationInfo, WeightInfo)
+from ..core.knobs import KNOBS
 from ..training.debug import next_call
 from .branches import Branches
 from .runcontrol import RunControl
 from .runs import Run, current_run
 from .schedules import schedule_text
 from .knobs import KNOB_CHOICES, apply_knobs, knobs_of
-from .state import DashState, RunView, SeriesStore
+from .state import DashState, RunView, SeriesStore, where_text
 from .texts import BUSY, REASONS, call_buttons, noise_html, skipped_tasks, state_table_html
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class Controller:
         self._dirty = False
         self._skipped_seen = skipped_tasks(trainer)
         self._in_command = False  # a command's own status line follows: trainer events need not show
-        self._waiting: tuple[int, str] | None = None  # a change made during a run: (step then, its "in force" line)
+        self._waiting: tuple[int, str] | None = None  # a change made during a run: (journal entries then, its line)
         trainer.add_callback(self._on_event)
         with _BY_TRAINER_LOCK:  # one live dashboard per trainer: a re-run cell replaces the older one
             older = _BY_TRAINER.setdefault(id(trainer), [])
@@ -83,7 +84,30 @@ class Controller:
                             "pause and stop work here")
         else:
             self._status = "ready: " + next_call(trainer)
+        self.data.position = lambda: int(self.trainer.journal.minibatch)
+        self._seed_events()
         self.data.collect(trainer)
+
+    def _seed_events(self) -> None:
+        """The events so far from the trainer's journal (a dashboard built on a trainer that has changed already:
+        a re-run cell's): the same list, numbers and marks the dashboard before it showed, as far as the journal
+        holds them (knob changes, restores, re-initialisations)."""
+        for e in list(self.trainer.journal.entries):
+            if e["type"] != "change":
+                continue
+            knob = KNOBS.get(e["kind"])
+            if knob is not None:
+                text = knob.words(e.get("value"), e.get("task"), e.get("linkedset"))
+            elif e["kind"] == "reinitialize":
+                self.data.restored(int(e["step"]), everything=True)
+                text = f"re-initialised (from step {e.get('from_step')})"
+            elif e["kind"] == "restore":
+                back = int(e.get("to_step", e["step"]))
+                self.data.restored(back)
+                text = f"restored step {back}"
+            else:
+                continue
+            self.data.event(int(e["step"]), text, int(e["minibatch"]))
 
     # ------------------------------------------------------------------ the run (``runs``)
     @property
@@ -157,6 +181,7 @@ class Controller:
         clip = tr.clip_grad_value
         with self.data.lock:
             events, records = tuple(self.data.events), tuple(dict(r) for r in self.data.records)
+            places = tuple(where_text(s, m) for (s, _), m in zip(self.data.events, self.data.minibatches))
         return DashState(
             step=tr.step_count, phases={n: str(getattr(p, "value", p)) for n, p in tr.phase().items()},
             next_call=next_call(tr), skipped=skipped_tasks(tr), weights=dict(tr.weights()), lr=float(tr.lr),
@@ -166,7 +191,7 @@ class Controller:
                                                             for i, s in enumerate(self.snapshots)),
             schedule=schedule_text(self.schedule, tr), run_refusal=runs.refusal(),
             table_html=state_table_html(tr), journal=tuple(tr.journal.lines()), noise_html=noise_html(tr),
-            branches=self.forks.labels(), branch=self.forks.selected, driven=self.forks.driven)
+            branches=self.forks.labels(), branch=self.forks.selected, driven=self.forks.driven, places=places)
 
     def refresh(self) -> DashState:
         """Read new history rows, rebuild the state and show it (between steps or while idle)."""
@@ -174,10 +199,13 @@ class Controller:
         if self.forks.selected is not None:
             self._show_branch()
         waiting = self._waiting
-        if waiting is not None and self.trainer.step_count > waiting[0]:
+        taken = None if waiting is None else next(
+            (e for e in self.trainer.journal.entries[waiting[0]:] if e["type"] == "change"), None)
+        if waiting is not None and taken is not None:  # the run took it: where, in the journal's numbering
             self._waiting = None
-            if self._status.startswith(waiting[1].split("; in force")[0]):  # still the latest news: say it holds now
-                self._status, self._status_error = waiting[1], False
+            if self._status.startswith(waiting[1]):  # still the latest news: say it holds now
+                self._status, self._status_error = (f"{waiting[1]}; in force from "
+                                                    f"{where_text(taken['step'], taken['minibatch'])}"), False
         self.data.collect(self.trainer)
         self._last = self.state()
         self._last_emit, self._dirty = time.monotonic(), False
@@ -255,12 +283,11 @@ class Controller:
 
     def _pending(self, message: str, when: str) -> str:
         """During a run a change waits for the run's next minibatch (or step): the status says it is pending, and
-        says it is in force once a step has ended after it (``refresh``)."""
+        says where it is in force once the run took it (``refresh``), numbered as the journal and the events are."""
         if not self.running:
             return message
-        step = self.trainer.step_count
-        self._waiting = (step, f"{message}; in force since step {step + 1}")
-        return f"{message}; pending: the run takes it at {when} (step {step + 1})"
+        self._waiting = (len(self.trainer.journal.entries), message)
+        return f"{message}; pending: the run takes it at {when}"
 
     def _weight_message(self, what: str, value: float) -> str:
         skipped = skipped_tasks(self.trainer)
@@ -270,7 +297,6 @@ class Controller:
     def set_lr(self, value: float) -> bool:
         def set_it() -> str:
             self.trainer.lr = float(value)
-            self.data.event(self.trainer.step_count, f"lr -> {value:.3g}")
             note = " (the schedule sets it again at each step)" if self.running and self.schedule is not None else ""
             return self._pending(f"lr -> {value:.3g}{note}", "its next apply()")
         return self._command("lr", set_it)
@@ -279,7 +305,6 @@ class Controller:
         """Clipping on (a value) or off (None); during a run at the end of the current step."""
         def set_it() -> None:
             self.trainer.clip_grad_value = value
-            self.data.event(self.trainer.step_count, "clip off" if value is None else f"clip value -> {value:.3g}")
         return self._between_steps("clip setting", set_it)
 
     def set_minibatches_per_step(self, k: int, task: str | None = None) -> bool:
@@ -321,7 +346,6 @@ class Controller:
     def set_combine(self, method: str) -> bool:
         def set_it() -> None:
             self.trainer.set_combine(method)
-            self.data.event(self.trainer.step_count, f"combine -> {method}")
         return self._between_steps("combine method", set_it)
 
     def minibatch(self, task: str, linkedset: str) -> bool:

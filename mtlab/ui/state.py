@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
 
@@ -58,6 +58,8 @@ class SeriesStore:
         self.series: dict[str, Series] = series or {}
         self.ghost: dict[str, Series] = ghost or {}
         self.events: list[tuple[int, str]] = events or []  # (step, what changed): the event log and plot marks
+        self.minibatches: list[int] = [0] * len(self.events)  # each event's minibatch within its step (the journal's)
+        self.position: Callable[[], int] = lambda: 0  # the minibatch an event made now falls in (the controller's)
         self.validation: list[dict[str, Any]] = validation or []  # evaluate events and the loop's validation records
         self.records: list[dict[str, Any]] = records or []  # the loop's validation records (the validation table)
         self.step = step  # the step the collected data reach
@@ -79,11 +81,20 @@ class SeriesStore:
         """Forget every row, ghost, event and validation point (the dashboard drives another trainer now)."""
         with self.lock:
             self.series, self.ghost, self.events, self.validation, self.records = {}, {}, [], [], []
+            self.minibatches = []
             self.abandoned, self._seen, self._reload, self.step = set(), 0, None, 0
 
-    def event(self, step: int, text: str) -> None:
+    def event(self, step: int, text: str, minibatch: int | None = None) -> None:
+        """An event at ``step`` (and ``minibatch``: None, where the trainer stands now): numbered as the journal
+        numbers its entries, "step N, minibatch M"."""
+        where = self.position() if minibatch is None else int(minibatch)
         with self.lock:
             self.events.append((int(step), text))
+            self.minibatches.append(where)
+
+    def where(self, i: int) -> str:
+        """Where event ``i`` happened, as the journal says it: ``step 3`` or ``step 3, minibatch 2``."""
+        return where_text(self.events[i][0], self.minibatches[i] if i < len(self.minibatches) else 0)
 
     def restored(self, step: int, everything: bool = False) -> None:
         """A restore went back to ``step``: the next collect keeps what lies after it as the ghost, and the events
@@ -129,6 +140,7 @@ class SeriesStore:
             out = SeriesStore({k: (list(xs), list(ys)) for k, (xs, ys) in self.series.items()}, dict(self.ghost),
                               list(self.events), list(self.validation), list(self.records), self.step)
             out.abandoned = set(self.abandoned)
+            out.minibatches = list(self.minibatches)
             out.branch_name, out.branch, out.branch_version = self.branch_name, dict(self.branch), self.branch_version
             return out
 
@@ -147,6 +159,12 @@ class SeriesStore:
         with self.lock:
             xs = [x for s in (self.series, self.ghost) for v in s.values() for x in (v[0][:1] + v[0][-1:])]
         return (int(min(xs)), int(max(xs))) if xs else (0, 0)
+
+
+def where_text(step: int, minibatch: int = 0) -> str:
+    """The one numbering of the dashboard, the journal's: ``step N`` (N steps applied before it), and
+    ``, minibatch M`` when it happened inside the accumulation of the step after those (M minibatches begun)."""
+    return f"step {step}" + (f", minibatch {minibatch}" if minibatch else "")
 
 
 def _last_at_or_before(xs: list[float], step: float) -> int | None:
@@ -192,7 +210,7 @@ class DashState:
     status: str
     status_error: bool
     error: str | None  # the latest traceback (collapsible on screen), None when cleared
-    events: tuple[tuple[int, str], ...]
+    events: tuple[tuple[int, str], ...]  # (step, text); where each happened: ``places``
     records: tuple[Mapping[str, Any], ...]
     snapshots: tuple[str, ...]
     schedule: str  # "schedule: step 154 of 251, lr 1.2e-03" or "" without one
@@ -203,6 +221,7 @@ class DashState:
     branches: tuple[tuple[str, str], ...] = ()  # (label, name) of each branch made by "fork here"
     branch: str | None = None  # the selected branch (drawn on the plot)
     driven: str = "main"  # the name of the trainer the dashboard drives
+    places: tuple[str, ...] = ()  # where each event happened, in the journal's numbering ("step 3, minibatch 2")
 
     @property
     def running(self) -> bool:

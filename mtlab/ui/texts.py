@@ -227,12 +227,13 @@ def validation_html(records: Sequence[Mapping[str, Any]], last: int = 12) -> str
     return f"{TABLE_STYLE}<b>validation</b><table class='mtlab-valid'>{head}{body}</table>"
 
 
-def events_html(events: Sequence[tuple[int, str]], last: int = 12) -> str:
-    """The numbered event log (numbers match the triangles on the plot)."""
+def events_html(events: Sequence[tuple[int, str]], last: int = 12, places: Sequence[str] = ()) -> str:
+    """The numbered event log (numbers match the triangles on the plot); ``places``: where each happened, in the
+    journal's numbering (default ``step N``)."""
     if not events:
         return ""
-    items = "".join(f"<li value='{i}'>step {s}: {html.escape(t)}</li>"
-                    for i, (s, t) in list(enumerate(events, start=1))[-last:])
+    items = "".join(f"<li value='{i}'>{html.escape(places[i - 1] if i - 1 < len(places) else f'step {s}')}: "
+                    f"{html.escape(t)}</li>" for i, (s, t) in list(enumerate(events, start=1))[-last:])
     return (f"<div style='font-size:12px'><b>events</b> (numbered triangles on the plot)"
             f"<ol style='margin:0'>{items}</ol></div>")
 
@@ -241,12 +242,12 @@ BRANCHES_TAB = "branches"  # the title of the tab with fork, snapshots and expor
 
 
 def journal_html(lines: Sequence[str]) -> str:
-    """The whole journal of knob changes (newest last), scrollable."""
+    """What the journal holds, in one line: its changes are the events above, in the same numbering (listing
+    them again, worded otherwise, would show each change twice)."""
     if not lines:
         return "<div style='font-size:12px'><b>journal</b>: no knob change yet</div>"
-    items = "".join(f"<li>{html.escape(t)}</li>" for t in lines)
-    return (f"<div style='font-size:12px'><b>journal</b> ({len(lines)} change(s); export: the {BRANCHES_TAB} tab)"
-            f"<ol style='margin:0;max-height:180px;overflow-y:auto'>{items}</ol></div>")
+    return (f"<div style='font-size:12px'><b>journal</b>: {len(lines)} change(s) recorded, where and by whom "
+            f"(trainer.journal.lines()); export: the {BRANCHES_TAB} tab</div>")
 
 
 def noise_html(trainer: Trainer) -> str:

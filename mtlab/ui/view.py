@@ -324,7 +324,7 @@ class Dashboard(widgets.VBox):
         w.table.value = state.table_html
         progress = progress_html(state)  # its ETA is a live claim too: it expires with the kernel's news
         w.progress_label.value = live_only(progress, self._beat) if state.running else progress
-        w.event_log.value = events_html(state.events) + journal_html(state.journal)
+        w.event_log.value = events_html(state.events, places=state.places) + journal_html(state.journal)
         w.noise_panel.value = state.noise_html
         w.validation_table.value = validation_html(state.records)
         w.error_box.value = error_html(state)
@@ -518,10 +518,12 @@ class Dashboard(widgets.VBox):
             self.painter.flush()
 
     def figure(self) -> Any:
-        """A fresh Figure of the whole history (every panel, validation, grey abandoned branch)."""
+        """A fresh Figure of the whole history (every panel, validation, grey abandoned branch), its events marked
+        and numbered as the live plot and the event log mark and number them."""
         data = self.controller.data.copy()
         return plot_history(self.trainer.history, validation=data.validation, scale=self.controls.scale_toggle.value,
-                            smoothing=self.controls.smoothing_slider.value, ghost=data.ghost or None)
+                            smoothing=self.controls.smoothing_slider.value, ghost=data.ghost or None,
+                            events=data.marks())
 
     def export(self, kind: str) -> str:
         """Write the figure (``png``/``svg``) or the history (``csv``) into ``export_dir``; a download link

@@ -63,9 +63,9 @@ def test_run_all_then_a_slider_drag_acts_within_two_steps(lab: str, tmp_path: Pa
         assert at <= before + 2, (event, before)  # taken by the run within 2 steps of the drag
         assert page.evaluate(RUNNING_JS)  # mid-run, not after it
         status = page.evaluate(STATUS_JS)
-        assert "pending" in status or "in force since step" in status, status
+        assert "pending" in status or "in force from step" in status, status
         page.wait_for_function(f"({STEP_JS})() > {at + 1}", timeout=120_000)
-        page.wait_for_function("() => /in force since step/.test(document.querySelector('.mtlab-dashboard')"
+        page.wait_for_function("() => /in force from step/.test(document.querySelector('.mtlab-dashboard')"
                                ".innerText)", timeout=120_000)
         page.locator(".mtlab-dashboard").first.evaluate("e => e.scrollIntoView()")
         shoot(page, tmp_path, "03_runall_slider_1280x800.png")

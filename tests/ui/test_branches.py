@@ -141,7 +141,7 @@ def test_a_change_during_a_run_says_it_is_pending_then_in_force(dash):
         while dash.trainer.step_count < at + 2:
             c.run.wait(0.05)
         dash.refresh()
-        assert "in force since step" in dash.status_text
+        assert "in force from step" in dash.status_text
     finally:
         c.stop(wait=True)
 
