@@ -349,7 +349,7 @@ def _resume(args: argparse.Namespace) -> int:
     if choice.path is None:
         raise ConfigError(f"nothing to resume: {choice.why}; `mtlab train RECIPE --expdir {args.expdir}` starts a run")
     print(f"resuming from {choice.why}", file=sys.stderr)
-    exp = load(choice.path)
+    exp = load(choice.path, expdir=args.expdir)
     restore_rank_state(exp.trainer, choice.path)  # latest.pt: the RNG and data positions of the moment it was taken
     trainer, schedule = exp.trainer, exp.schedule
     if (schedule.finished or trainer.step_count >= schedule.num_steps) and choice.path.name == "final.pt":
@@ -367,7 +367,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     choice = {"best": args.expdir / "best.pt", "final": args.expdir / "final.pt"}.get(args.checkpoint, Path(args.checkpoint))
     if args.checkpoint == "best" and not choice.exists():
         choice = args.expdir / "final.pt"
-    exp = load(choice)
+    exp = load(choice, expdir=args.expdir)
     trainer = exp.trainer
     results: dict[str, float] = {}
     for tname, task in trainer.tasks.items():

@@ -106,8 +106,9 @@ def resolve_recipe(raw: Mapping[str, Any], origin: str = DEFAULT_ORIGIN, base: P
         if both:
             raise ConfigError(f"{origin}: task weight given twice, in [trainer] task_weights and [tasks.{both[0]}] "
                               "weight; keep one of them")
-    if "stats" in recipe:
-        as_table(recipe["stats"], origin, "stats")
+    for key in ("stats", "fingerprints"):  # written by mtlab when a run starts
+        if key in recipe:
+            as_table(recipe[key], origin, key)
     return recipe
 
 
@@ -354,7 +355,43 @@ def _named_dataset(origin: str, where: str, data: Mapping[str, Any], linkedset: 
         return _dataset(data, linkedset, targets, stats, cache)
     except DataError as exc:
         shown = {k: v for k, v in data.items() if k in ("corpus", "root", "split", "linkedset")}
-        raise DataError(f"{origin}: {where} {shown}: {exc}") from None
+        root = data.get("root", "")
+        moved = (f"; if the corpus moved, write its new place as root in {origin}"
+                 if root and "://" not in root and not Path(root).exists() else "")
+        raise DataError(f"{origin}: {where} {shown}: {exc}{moved}") from None
+
+
+def fingerprint(source: Any) -> dict[str, Any]:
+    """What identifies a linked set's data without reading its audio: the number of examples and a hash of their
+    names and lengths (frames). Stored in the recipe (``fingerprints``) when a run starts; data moved to another
+    place must match it."""
+    from ..tasks.sources import lengths_of
+
+    names = [str(n) for n in getattr(source, "names", None) or []]
+    lengths = lengths_of(source)
+    digest = hashlib.sha1(json.dumps([names, lengths]).encode()).hexdigest()
+    return {"examples": len(lengths), "sha1": digest, "names": names[:3], "frames": sum(lengths)}
+
+
+def _same_data(recipe: dict[str, Any], key: str, source: Any, origin: str, where: str, data: Mapping[str, Any]) -> None:
+    """Record ``source``'s fingerprint under ``key``, or check it against the one recorded when the run started."""
+    from ..data.errors import DataError
+
+    now = fingerprint(source)
+    was = recipe.setdefault("fingerprints", {}).setdefault(key, now)
+    if was.get("sha1") == now["sha1"]:
+        return
+    if was.get("examples") != now["examples"]:
+        what = f"{now['examples']} examples, the run trained on {was.get('examples')}"
+    elif was.get("names") != now["names"]:
+        what = f"its first utterances are {now['names']}, the run's were {was.get('names')}"
+    elif was.get("frames") != now["frames"]:
+        what = f"{now['frames']} frames in all, the run's had {was.get('frames')} (other audio under the same names)"
+    else:
+        what = "the names or lengths of its utterances differ from those the run trained on"
+    shown = {k: v for k, v in data.items() if k in ("corpus", "root", "split", "linkedset")}
+    raise DataError(f"{origin}: {where} {shown} is not the data this experiment was trained on: {what}; point it at "
+                    f"the corpus the run used (edit {origin}), or train a new experiment on these data")
 
 
 # ---------------------------------------------------------------------------------- building
@@ -447,11 +484,14 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
                 if key in recipe["stats"] else None
             where = f"[tasks.{tname}.linkedsets.{sname}]"
             train = _named_dataset(origin, f"{where} data", sspec["data"], sname, targets, stats, cache)
+            _same_data(recipe, f"{tname}/{sname}/train", train, origin, f"{where} data", sspec["data"])
             if stats is None:
                 recipe["stats"][key] = train.stats.to_dict()
                 stats = train.stats
             valid = (_named_dataset(origin, f"{where} valid", sspec["valid"], sname, targets, stats, cache)
                      if sspec.get("valid", False) else None)
+            if valid is not None:
+                _same_data(recipe, f"{tname}/{sname}/valid", valid, origin, f"{where} valid", sspec["valid"])
             if "trainset_frac" in spec:  # the original: the head of the training list (stats stay the full set's)
                 try:
                     train = trainset_fraction(train, spec["trainset_frac"])
@@ -527,8 +567,10 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
     return list(trainer.models)
 
 
-def load(path: str | Path, datasets: Datasets | None = None) -> Experiment:
-    """Rebuild the experiment of a checkpoint from the recipe it carries, then load its state and schedule."""
+def load(path: str | Path, datasets: Datasets | None = None, expdir: str | Path | None = None) -> Experiment:
+    """Rebuild the experiment of a checkpoint from the recipe it carries, then load its state and schedule.
+    With ``expdir``, data locations edited in that experiment folder's ``recipe.toml`` replace the checkpoint's
+    (``mtlab.apps.relocate.relocated``: nothing else may change, and the data must be the same)."""
     from ..core.state import VERSION, CheckpointError, check_state, load_safe
 
     state = load_safe(path)
@@ -537,7 +579,12 @@ def load(path: str | Path, datasets: Datasets | None = None) -> Experiment:
                               "trainer.load_checkpoint(path)")
     if state.get("version") != VERSION:  # before building the recipe it carries (another mtlab's may not build)
         check_state(state, [], {}, False, source=f"checkpoint {path}")
-    exp = from_recipe(state["recipe"], datasets, init_weights=False)
+    recipe = state["recipe"]
+    if expdir is not None:
+        from .relocate import relocated
+
+        recipe = relocated(expdir, recipe)
+    exp = from_recipe(recipe, datasets, init_weights=False)
     if isinstance(state.get("schedule"), Mapping):
         exp.schedule = Schedule.from_state(state["schedule"])
         exp.schedule.apply_stage(exp.trainer)  # the stage's data and batch sizes, so the stream positions fit

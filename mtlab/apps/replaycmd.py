@@ -106,6 +106,9 @@ def replay_command(expdir: Path, out: Path | None, progress: bool = True) -> int
         raise ConfigError(f"{expdir} has no final.pt with its recipe; `mtlab replay` rebuilds the trainer from it")
     history_file = expdir / "history.csv"
     history = history_file.read_text() if history_file.is_file() else None
+    from .relocate import relocated
+
+    recipe = relocated(expdir, recipe)  # data moved: the locations edited in the experiment's recipe.toml
     exp = from_recipe(recipe)
     bar, advance = _bar(exp.trainer, steps_in(journal), progress)
     try:

@@ -87,7 +87,8 @@ TRAINER_KEYS: dict[str, Key] = {
     "combine": Key("str", "sum", "mtlab: how tasks' gradients become one direction: sum, an aggregator (upgrad, "
                    "mgda, pcgrad, ...), a loss weighting (uncertainty, dwa, famo, random_loss) or both (dwa+upgrad)"),
 }
-TOP_KEYS = ("name", "description", "trainer_cfg", "trainer", "models", "tasks", "stats", "source", "nabu")
+TOP_KEYS = ("name", "description", "trainer_cfg", "trainer", "models", "tasks", "stats", "fingerprints", "source",
+            "nabu")
 TASK_KEYS = ("inputs", "targets", "outputs", "nodes", "loss", "linkedsets", "weight", "batch_size", "numbuckets",
              "trainset_frac")
 NODE_KEYS = ("name", "model", "inputs", "outputs")

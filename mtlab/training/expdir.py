@@ -41,7 +41,7 @@ def prepare(trainer: Trainer, path: Path, recipe: Mapping[str, Any] | None = Non
         return
     source = Path(str(recipe.get("source", "")))
     if source.suffix == ".toml" and source.is_file() and not (path / "recipe.toml").exists():
-        shutil.copyfile(source, path / "recipe.toml")
+        (path / "recipe.toml").write_text(copy_header(source) + source.read_text())
     (path / "recipe.json").write_text(json.dumps(recipe, indent=1) + "\n")
     stats = recipe.get("stats") or {}
     if stats:
@@ -49,6 +49,24 @@ def prepare(trainer: Trainer, path: Path, recipe: Mapping[str, Any] | None = Non
         for key, value in stats.items():
             name = re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("_")
             (path / "stats" / f"{name}.json").write_text(json.dumps(value, indent=1) + "\n")
+
+
+COPY_MARK = "# mtlab-copy:"  # the line of an experiment's recipe.toml that says where it came from and what it held
+
+
+def copy_header(source: Path) -> str:
+    """The comment at the top of an experiment's ``recipe.toml``: where it came from, how to move the data, and
+    (``COPY_MARK``) the folder its relative paths are read from and a hash of the text below it, by which
+    ``mtlab resume``, ``evaluate`` and ``replay`` tell an edited copy."""
+    import hashlib
+
+    folder = source.resolve().parent
+    digest = hashlib.sha1(source.read_text().encode()).hexdigest()
+    return (f"# The recipe of this experiment, copied from {source.resolve()}. Data moved? Edit its data locations\n"
+            "# here (root, feature_inputs, ivec lists, dynamic_mix noise): `mtlab resume`, `mtlab evaluate` and\n"
+            "# `mtlab replay` read them, check that the data are the same, and refuse any other change.\n"
+            f"# Relative paths are read from {folder}.\n"
+            f"{COPY_MARK} sha1={digest} base={folder}\n")
 
 
 CHECKPOINTS = ("final.pt", "latest.pt", "best.pt")  # any of them: the folder holds a run
