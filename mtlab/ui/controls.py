@@ -233,8 +233,7 @@ class Controls:
             options=[(label, value) for value, label in KNOB_CHOICES.items()], value="keep",
             layout=_layout(width="150px", flex="0 0 auto"),
             tooltip="what re-initialise does with the knobs: keep them as set now, or set the starting knobs again "
-                    "(the weights, lr, clip, combine method, K and batch sizes the notebook had set when this "
-                    "dashboard was built)")
+                    "(the weights, lr, clip, combine method, K and batch sizes the run's first step ran with)")
         self.branch_dropdown = widgets.Dropdown(
             options=[], description="branch", layout=_layout(width="320px"), style={"description_width": "50px"},
             tooltip="the branch drawn on the plot (x marks) and acted on by continue, switch, compare and drop")
@@ -251,7 +250,7 @@ class Controls:
             continuous_update=False, style={"description_width": "56px"}, layout=_layout(width="210px"),
             tooltip="EMA smoothing of the loss curves (TensorBoard's); the raw curve stays faint behind")
         self.zoom = widgets.IntRangeSlider(
-            value=(0, 1), min=0, max=1, description="steps", continuous_update=False,
+            value=(0, 1), min=0, max=1, description="shown", continuous_update=False,
             style={"description_width": "40px"}, layout=_layout(width="260px"),
             tooltip="the step range shown; drag an end to zoom; at the full range the plot follows the run")
         self.read_step = NumberText(
