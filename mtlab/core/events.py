@@ -2,8 +2,8 @@
 
 Each event is a member of :class:`Event` and carries one payload of its own frozen dataclass (``PAYLOADS``).
 The trainer emits ``minibatch``, ``normalize``, ``clip``, ``transform`` (a call of a user's transform),
-``apply``, ``reset``, ``weight``, ``task_weight``, ``minibatches_per_step``, ``batch_size``, ``combine``,
-``reinitialize``, ``evaluate``, ``restore`` and ``fork``; the loop adds ``step``, ``validation``,
+``apply``, ``reset``, ``knob`` (any knob change: ``KnobInfo``), ``reinitialize``, ``evaluate``, ``restore``
+and ``fork``; the loop adds ``step``, ``validation``,
 ``data_skipped``, ``run_start`` and ``run_end``. A listener is any ``fn(event, info)``; loggers, the dashboard
 and traces are listeners. ``Event`` is a ``StrEnum`` and every payload also reads as a mapping, so a listener
 written for strings and dicts keeps working::
@@ -36,11 +36,7 @@ class Event(StrEnum):
     TRANSFORM = "transform"  # a user's transform of the chain ran on a task (its call in ``info.call``)
     APPLY = "apply"  # the update was applied: a step ended
     RESET = "reset"  # a task's accumulation (or every task's) was discarded
-    WEIGHT = "weight"  # a linked set's weight was set
-    TASK_WEIGHT = "task_weight"  # a task's weight was set
-    MINIBATCHES_PER_STEP = "minibatches_per_step"
-    BATCH_SIZE = "batch_size"
-    COMBINE = "combine"  # the way tasks' gradients combine changed
+    KNOB = "knob"  # a knob changed (lr, a weight, clipping, K, batch size, combine...): ``KnobInfo``
     REINITIALIZE = "reinitialize"  # back to the initial weights, step 0
     EVALUATE = "evaluate"  # a held-out loss was measured
     RESTORE = "restore"  # a state or checkpoint was loaded
@@ -125,45 +121,16 @@ class ResetInfo(Payload):
 
 
 @dataclass(frozen=True, eq=False)
-class WeightInfo(Payload):
-    """The weight of linked set ``linkedset`` of ``task`` is now ``weight``."""
+class KnobInfo(Payload):
+    """Knob ``name`` (``mtlab.core.knobs.KNOBS``) of the trainer, of ``task`` or of ``task``'s ``linkedset`` is now
+    ``value``, in force from step ``step``'s minibatch ``minibatch`` on (as the journal numbers it)."""
 
-    task: str
-    linkedset: str
-    weight: float
-
-
-@dataclass(frozen=True, eq=False)
-class TaskWeightInfo(Payload):
-    """The weight of ``task`` in the combined update is now ``weight``."""
-
-    task: str
-    weight: float
-
-
-@dataclass(frozen=True, eq=False)
-class MinibatchesPerStepInfo(Payload):
-    """Minibatch rounds per step of ``task`` (None: every task) are now ``k``."""
-
-    task: str | None  # None: every task
-    k: int
+    name: str
+    value: Any
+    task: str | None
+    linkedset: str | None
     step: int
-
-
-@dataclass(frozen=True, eq=False)
-class BatchSizeInfo(Payload):
-    """Examples per minibatch of ``task`` are now ``batch_size``."""
-
-    task: str
-    batch_size: int
-    step: int
-
-
-@dataclass(frozen=True, eq=False)
-class CombineInfo(Payload):
-    """Tasks' gradients now combine by ``method``."""
-
-    method: Any  # as ``trainer.update.method`` holds it: None, a name, a mapping or an object
+    minibatch: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -242,9 +209,8 @@ class RunEndInfo(Payload):
 
 PAYLOADS: dict[Event, type[Payload]] = {
     Event.MINIBATCH: MinibatchInfo, Event.NORMALIZE: NormalizeInfo, Event.CLIP: ClipInfo,
-    Event.TRANSFORM: TransformInfo, Event.APPLY: ApplyInfo, Event.RESET: ResetInfo, Event.WEIGHT: WeightInfo,
-    Event.TASK_WEIGHT: TaskWeightInfo, Event.MINIBATCHES_PER_STEP: MinibatchesPerStepInfo,
-    Event.BATCH_SIZE: BatchSizeInfo, Event.COMBINE: CombineInfo, Event.REINITIALIZE: ReinitializeInfo,
+    Event.TRANSFORM: TransformInfo, Event.APPLY: ApplyInfo, Event.RESET: ResetInfo, Event.KNOB: KnobInfo,
+    Event.REINITIALIZE: ReinitializeInfo,
     Event.EVALUATE: EvaluateInfo, Event.RESTORE: RestoreInfo, Event.FORK: ForkInfo, Event.STEP: StepInfo,
     Event.VALIDATION: ValidationInfo, Event.DATA_SKIPPED: DataSkippedInfo, Event.RUN_START: RunStartInfo,
     Event.RUN_END: RunEndInfo,

@@ -32,6 +32,7 @@ from torch import Tensor
 from ..base.errors import ConfigError
 
 OptimizerFactory = Callable[[list[Any]], torch.optim.Optimizer]
+DEFAULT_LR = 1e-3  # Trainer(lr=None) with a named optimizer ("adam", "adam_tf1")
 
 
 class AdamTF1(torch.optim.Optimizer):
@@ -180,3 +181,21 @@ def optimizer_factory(spec: str | OptimizerFactory | None, lr: Callable[[], floa
         check_adam_tf1_options(options)  # now, not at the first step
     make = OPTIMIZERS[spec]
     return spec, lambda ps: make(ps, lr=lr(), **options)
+
+
+def checked_factory(factory: OptimizerFactory, lr: float | None) -> OptimizerFactory:
+    """A user's ``params -> optimizer`` factory, checked when it builds: it must return a torch optimizer with a
+    positive ``lr``, and ``Trainer(lr=...)``, when given too, must agree with it (never silently replaced)."""
+
+    def build(params: list[Any]) -> torch.optim.Optimizer:
+        opt = factory(params)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ConfigError(f"optimizer=: the function returned {type(opt).__name__}, not a torch.optim.Optimizer; "
+                              "e.g. optimizer=lambda params: torch.optim.SGD(params, lr=0.1)")
+        own = opt.defaults.get("lr")
+        if lr is not None and own is not None and float(own) != float(lr):
+            raise ConfigError(f"Trainer(lr={lr:g}) and the optimizer's own lr ({type(opt).__name__}, lr={float(own):g}) "
+                              "disagree; give the lr once: drop Trainer's lr= to train at the optimizer's, or build "
+                              f"the optimizer with lr={lr:g}")
+        return opt
+    return build

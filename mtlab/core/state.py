@@ -8,6 +8,7 @@ import os
 import pickle
 import tempfile
 import zipfile
+from types import SimpleNamespace
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
@@ -206,13 +207,34 @@ def check_precision_state(state: dict[str, Any], mode: str) -> None:
                           "state taken between steps")
 
 
-def check_optimizer_state(state: dict[str, Any], name: str) -> None:
-    """Refuse a state whose optimizer state is another named optimizer's (torch's Adam and ``adam_tf1`` keep
-    moments of the same shapes, so it would load and continue silently with the other update)."""
+def optimizer_layout(trainer: Any) -> list[dict[str, Any]]:
+    """Each optimizer of the trainer as ``{"class", "groups"}`` (parameters per param group): what a state's
+    optimizer state must fit."""
+    opts = [trainer.optimizer] if trainer.optimizer is not None else list(trainer.task_optimizers.values())
+    return [{"class": f"{type(o).__module__}.{type(o).__qualname__}", "groups": [len(g["params"]) for g in o.param_groups]}
+            for o in opts]
+
+
+def check_optimizer_state(state: dict[str, Any], name: str, layout: list[dict[str, Any]] | None = None) -> None:
+    """Refuse a state whose optimizer state is another optimizer's (another class, or another layout of param
+    groups), naming both: it would load and continue silently with the other update, or fail at the next step."""
     saved = state.get("settings", {}).get("optimizer", "adam")
     if saved != name and "custom" not in (saved, name):
         raise ConfigError(f"the state was saved with optimizer={saved!r} and this trainer has optimizer={name!r}; "
                           f"build it with optimizer={saved!r} (a recipe's [trainer] optimizer)")
+    theirs = state.get("optimizers")
+    if layout is None or theirs is None:
+        return
+    for mine, other in zip(layout, theirs):
+        if mine["class"] != other.get("class"):
+            raise ConfigError(f"the state was saved with the optimizer {other.get('class')} and this trainer has "
+                              f"{mine['class']}; nothing was loaded. Build the trainer with the same optimizer "
+                              "(Trainer(optimizer=...)) to continue it, or load only the weights "
+                              "(model.load_state_dict(state['models'][name]))")
+        if mine["groups"] != other.get("groups"):
+            raise ConfigError(f"the state's optimizer ({other.get('class')}) has param groups of "
+                              f"{other.get('groups')} parameters and this trainer's {mine['groups']}; nothing was "
+                              "loaded. Build the optimizer with the same param groups to continue it")
 
 
 def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int = 0,
@@ -222,7 +244,8 @@ def save_trainer(state: dict[str, Any], path: str | os.PathLike[str], rank: int 
     if rank != 0:
         logger.info("rank %d does not write %s: rank 0 writes checkpoints for every rank", rank, path)
         return None
-    return save_atomic({**state, **(extra or {})}, path)
+    extra = dict(extra or {})
+    return save_atomic({**state, **extra, "extra_keys": sorted(extra)}, path)
 
 
 def trainer_state(trainer: Any) -> dict[str, Any]:
@@ -238,8 +261,8 @@ def trainer_state(trainer: Any) -> dict[str, Any]:
         "format": "mtlab-trainer", "version": VERSION,
         "models": {k: m.state_dict() for k, m in tr.models.items()},
         "update": tr.update.state_dict(), "tasks": tasks, "streams": tr.streams.state_dict(),
-        "rng": tr.rng.state_dict(), "step": tr.step_count, "lr": tr.lr, "clip_grad_value": tr.clip_grad_value,
-        "clip_grad_norm": tr.clip_grad_norm, "clip_grad_percentile": tr.clip_grad_percentile,
+        "rng": tr.rng.state_dict(), "step": tr.step_count, "knobs": tr.knobs(),
+        "optimizers": optimizer_layout(tr), "scheduler": tr.schedule.state_dict(),
         "chain": tr.chain.state_dict(), "history": tr.log.state_dict(), "journal": tr.journal.state_dict(),
         "precision": tr.precision.state_dict(),
         **({"noise_scale": tr.noise_scale.state_dict()} if tr.noise_scale is not None else {}),
@@ -255,6 +278,7 @@ def initial_state(trainer: Any) -> dict[str, Any]:
     update, accumulators, chain, precision and RNG, as CPU copies (no second copy on the device)."""
     tr = trainer
     return to_cpu({"models": {k: m.state_dict() for k, m in tr.models.items()}, "update": tr.update.state_dict(),
+                   "scheduler": tr.schedule.state_dict(),
                    "tasks": {n: tr.state(n).state_dict() for n in tr.tasks}, "chain": tr.chain.state_dict(),
                    "precision": tr.precision.state_dict(), "rng": tr.rng.state_dict(),
                    "method": getattr(tr.update, "method", None)})
@@ -286,6 +310,7 @@ def load_initial_state(trainer: Any, init: Mapping[str, Any]) -> None:
         tr.update.set_method(method)
     for name in tr.tasks:
         tr.state(name).load_state_dict(init["tasks"][name])
+    tr.schedule.load_state_dict(clone_tree(init["scheduler"]))
     tr.chain.load_state_dict(clone_tree(init["chain"]))
     tr.precision.load_state_dict(clone_tree(init["precision"]))
     tr.streams.clear()  # recreated on first use, from the start, as in a fresh trainer
@@ -301,9 +326,20 @@ def check_trainer_state(trainer: Any, state: Any, source: str = "the state") -> 
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps, source)
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
     check_precision_state(state, tr.precision.mode)
-    check_optimizer_state(state, tr.optimizer_name)
+    unknown = sorted(set(state) - STATE_KEYS - set(state.get("extra_keys", ())))
+    if unknown:
+        raise ConfigError(f"{source} holds entries this trainer does not know: {unknown}; it was written by another "
+                          "mtlab version or edited: load it with the mtlab that wrote it")
+    check_optimizer_state(state, tr.optimizer_name, optimizer_layout(tr))
+    tr.schedule.check_state(state.get("scheduler", {}), source)
+    if "knobs" in state:
+        tr.check_knobs(state["knobs"], source)
     declared = {n: st.get("batch_size") for n, st in state["tasks"].items()}
-    tr.streams.check_state_dict(state["streams"], tr.tasks, declared)
+    # the batch sizes the state's knobs will set (before its data positions are restored) are those to agree with
+    sizes = {e["task"]: e["value"] for e in state.get("knobs", ()) if e.get("name") == "batch_size"}
+    as_restored = {n: SimpleNamespace(linkedsets=t.linkedsets, numbuckets=t.numbuckets,
+                                      batch_size=sizes.get(n, t.batch_size)) for n, t in tr.tasks.items()}
+    tr.streams.check_state_dict(state["streams"], as_restored, declared)
     if "weighting" in state["update"] and getattr(tr.update, "weighting", None) is None:
         raise ConfigError("the state holds a loss weighting's state but this trainer has none; build it with "
                           "the same combine method")
@@ -316,26 +352,45 @@ def load_trainer_state(trainer: Any, state: Any, history: bool = True, source: s
     declared = {n: st.get("batch_size") for n, st in state["tasks"].items()}
     for k, m in tr.models.items():
         m.load_state_dict(state["models"][k])
-    tr.update.load_state_dict(clone_tree(state["update"]))
-    if "numbatches_to_aggregate" in state.get("settings", {}):
-        tr.set_minibatches_per_step(int(state["settings"]["numbatches_to_aggregate"]))
+    tr.update.load_state_dict(clone_tree(state["update"]))  # the optimizer's param groups: lrs included
+    tr.schedule.load_state_dict(clone_tree(state.get("scheduler", {})))
     for name, saved in state["tasks"].items():
         tr.state(name).load_state_dict(saved)
-        tr.tasks[name].weight = float(saved["weight"])
-        for sname, w in saved["linkedset_weights"].items():
-            if sname in tr.tasks[name].linkedsets:
-                tr.tasks[name].linkedsets[sname].weight = float(w)
-        if saved.get("minibatches_per_step", tr.numbatches_to_aggregate) != tr.numbatches_to_aggregate:
-            tr.set_minibatches_per_step(int(saved["minibatches_per_step"]), name)
+    tr.load_knobs(state["knobs"] if "knobs" in state else legacy_knobs(state))  # through the knob table's path
     tr.streams.load_state_dict(state["streams"], tr.tasks, declared)
     tr.rng.load_state_dict(state["rng"])
     tr.precision.load_state_dict(state.get("precision", {}))
     tr.step_count = int(state["step"])
-    tr.lr = state["lr"]
-    tr.clip_grad_value, tr.clip_grad_norm = state["clip_grad_value"], state.get("clip_grad_norm")
-    tr.clip_grad_percentile = state.get("clip_grad_percentile")
     tr.chain.load_state_dict(state.get("chain", []))
     if tr.noise_scale is not None and "noise_scale" in state:
         tr.noise_scale.load_state_dict(state["noise_scale"], tr.device)
     if history:
         tr.log.load_state_dict(state["history"])
+
+
+# every entry a trainer state may hold (older states hold the knobs as separate entries: "lr", "clip_grad_*")
+STATE_KEYS = {"format", "version", "models", "update", "tasks", "streams", "rng", "step", "knobs", "optimizers",
+              "scheduler", "chain", "history", "journal", "precision", "noise_scale", "settings", "lr",
+              "clip_grad_value", "clip_grad_norm", "clip_grad_percentile", "checksum", "extra_keys",
+              "recipe", "ranks", "schedule"}  # the last three: what `mtlab train` saves beside the state
+
+
+def legacy_knobs(state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ``knobs`` list of a state written before the knob table (its knobs as separate entries)."""
+    out: list[dict[str, Any]] = [{"name": "lr", "task": None, "linkedset": None, "value": state["lr"]}]
+    out += [{"name": k, "task": None, "linkedset": None, "value": state.get(k)}
+            for k in ("clip_grad_value", "clip_grad_norm", "clip_grad_percentile")]
+    settings = state.get("settings", {})
+    if "numbatches_to_aggregate" in settings:
+        out.append({"name": "minibatches_per_step", "task": None, "linkedset": None,
+                    "value": int(settings["numbatches_to_aggregate"])})
+    for name, saved in state["tasks"].items():
+        out.append({"name": "task_weight", "task": name, "linkedset": None, "value": float(saved["weight"])})
+        out += [{"name": "weight", "task": name, "linkedset": s, "value": float(w)}
+                for s, w in saved["linkedset_weights"].items()]
+        if "batch_size" in saved:
+            out.append({"name": "batch_size", "task": name, "linkedset": None, "value": saved["batch_size"]})
+        if "minibatches_per_step" in saved:
+            out.append({"name": "minibatches_per_step", "task": name, "linkedset": None,
+                        "value": int(saved["minibatches_per_step"])})
+    return out

@@ -37,15 +37,17 @@ from ..tasks.forward import evaluate_totals as plan_totals
 from .history import History, knob_values, step_row
 from .branch import fork_trainer, restore_journaled
 from .journal import Journal, graph_of
-from .knobs import AccumulationKnobs, Knobs
+from .knobs import Knobs, LrScaler, Rounds
 from .noise import NoiseScale
 from .precision import Precision, PrecisionSpec, compile_models
 from .scope import RunLock, RunRandom, Scope
 from ..tasks.sampling import BatchStream, Streams
 from ..tasks.sources import ExampleSource
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
+                          check_positive,
                           check_relative_weights, check_tasks)
-from .optimizers import OptimizerFactory, optimizer_factory
+from .lrschedule import SchedulerFactory, Schedulers
+from .optimizers import DEFAULT_LR, OptimizerFactory, checked_factory, optimizer_factory
 from .transforms import IDLE, KEPT, Call, Chain, kept_note, refuse_hand_work  # noqa: F401 (KEPT: mtlab.run's)
 from .update import MethodSpec, PerTaskUpdate, Update
 
@@ -56,7 +58,7 @@ NONFINITE_POLICIES = ("raise", "skip")
 NO_CONTEXT = contextlib.nullcontext()  # entered where a context is needed only sometimes (reusable)
 
 
-class Trainer(AccumulationKnobs, Knobs):
+class Trainer(Knobs):
     """Multi-task trainer whose step can be run one call at a time.
 
     Examples:
@@ -79,7 +81,7 @@ class Trainer(AccumulationKnobs, Knobs):
     ``mtlab.replay`` reruns it bit for bit and ``fork()`` branches the run.
     """
 
-    def __init__(self, models: Mapping[str, nn.Module], tasks: Sequence[Task] | Task, lr: float = 1e-3,
+    def __init__(self, models: Mapping[str, nn.Module], tasks: Sequence[Task] | Task, lr: float | None = None,
                  clip_grad_value: float | None = None, normalize_gradients: bool | None = None,
                  numbatches_to_aggregate: int = 1, device: str | torch.device = "auto", seed: int = 0,
                  nonfinite: str = "raise", adam: Mapping[str, Any] | None = None, acc_steps: bool = False,
@@ -88,7 +90,7 @@ class Trainer(AccumulationKnobs, Knobs):
                  combine: MethodSpec = None, clip_grad_percentile: float | None = None,
                  precision: PrecisionSpec | Precision = "32",
                  compile: bool = False, linkedset_weights: str = "absolute", chain: Chain | None = None,
-                 noise_scale: bool | NoiseScale = False) -> None:
+                 noise_scale: bool | NoiseScale = False, scheduler: SchedulerFactory | None = None) -> None:
         # the constructor arguments (less models and tasks): fork() builds a branch with them
         self.build_args = {k: v for k, v in locals().items() if k not in ("self", "models", "tasks", "__class__")}
         self.name = "main"  # a branch made by fork() carries its own
@@ -118,8 +120,7 @@ class Trainer(AccumulationKnobs, Knobs):
             for t in tasks:
                 check_relative_weights(t)
         self.plans: dict[str, TaskPlan] = {t.name: TaskPlan(t, self.models, self.device) for t in tasks}
-        self._k_default = numbatches_to_aggregate  # minibatch rounds per step for every task without its own
-        self._k_task: dict[str, int] = {}  # task -> its own minibatch rounds per step (set_minibatches_per_step)
+        self.rounds = Rounds(numbatches_to_aggregate)  # minibatch rounds per step (K): a default, a task's own
         self._cycle_k: dict[str, int] | None = None  # the rounds of the step() in progress (for its history row)
         if chain is None:
             chain = Chain.from_settings(normalize_gradients is not False, clip_grad_value, clip_grad_norm,
@@ -132,7 +133,7 @@ class Trainer(AccumulationKnobs, Knobs):
                               "clip_grad_percentile (shortcuts that build the chain), not both; e.g. "
                               "chain=mtlab.Chain([mtlab.Normalize(), mtlab.ClipByValue(1.0), ...])")
         self.chain: Chain = chain
-        self.lr = lr
+        self._own_knobs: dict[tuple[str, str | None, str | None], Any] = {}  # knobs of the table kept here
         self.nonfinite = nonfinite
         self.seed = int(seed)
         self.acc_steps, self.normalize_weights_acc_steps = bool(acc_steps), bool(normalize_weights_acc_steps)
@@ -147,13 +148,22 @@ class Trainer(AccumulationKnobs, Knobs):
         self._accs = {t: Accumulator(t, {n: self.params[n] for n in ps}, [n for n in ps if len(users[n]) > 1],
                                      self.device) for t, ps in self.task_params.items()}
         self.adam_options = dict(adam or {})
-        self.optimizer_name, factory = optimizer_factory(optimizer, lambda: self.lr, self.adam_options)
+        if lr is not None:
+            check_positive(lr, "lr")
+        named_lr = DEFAULT_LR if lr is None else float(lr)
+        self.optimizer_name, factory = optimizer_factory(optimizer, lambda: named_lr, self.adam_options)
+        if self.optimizer_name == "custom" and not acc_steps:
+            factory = checked_factory(factory, lr)
         self.update: Update | PerTaskUpdate = (
             PerTaskUpdate({t: {n: self.params[n] for n in ps} for t, ps in self.task_params.items()}, users,
                           factory, self.normalize_weights_acc_steps) if self.acc_steps
             else Update({n: self.params[n] for n in users}, users, factory, combine, seed=self.seed))
         if self.acc_steps:
             self.update.set_method(combine)  # refuses any method but the sum: one optimizer per task
+            self.lr_scaler = LrScaler([], own=named_lr)  # lr × task weight per task's optimizer, as the original
+        else:
+            self.lr_scaler = LrScaler([self.update.optimizer])
+        self.schedule = Schedulers(self, scheduler)  # a torch LR scheduler of the user's, stepped once per apply()
         self.streams = Streams(self.seed, pin_memory=self.device.type == "cuda", device=self.device)
         self.parallel = Parallel(self.streams, local_only=distributed is False)  # rank, shard, agreement, reduction
         self._training_mode: bool | None = None
@@ -203,7 +213,9 @@ class Trainer(AccumulationKnobs, Knobs):
             before = self.step_count
             self.journal.begin(self)
             with self.journal.lock, self.journal.quiet():
+                knobs = self.knobs()  # they stay as set (the optimizer's initial state holds the initial lrs)
                 checkpoint.load_initial_state(self, self.root)
+                self.load_knobs(knobs, announce=False)
             self.log.abandon(0)
             self.step_count = 0
             self.record_change("reinitialize", from_step=before)
@@ -377,7 +389,8 @@ class Trainer(AccumulationKnobs, Knobs):
         with Scope(self, "apply", {}):
             with self.journal.lock:
                 self.journal.read("apply")
-                lr = self._lr
+                lr = self.lr_scaler.read()  # what the optimizer's param groups hold now
+                group_lrs = self.lr_scaler.group_lrs()
                 shown = knob_values(self.tasks)  # read once: a slider may move them; the row shows these
             chain = self.chain
             reduces = chain.reduces_at == Call.APPLY  # no transform in the chain: the ranks sum here
@@ -413,6 +426,7 @@ class Trainer(AccumulationKnobs, Knobs):
             try:
                 skip = self.nonfinite == "skip" or self.precision.scaling
                 self.update.step(self._accs, weights, lr, found_inf if skip else None)
+                self.schedule.step(lambda: float(sum(acc.normalized_loss for acc in accs)))
                 for acc in accs:
                     acc.mark_applied()
                 self.step_count += 1
@@ -424,8 +438,10 @@ class Trainer(AccumulationKnobs, Knobs):
                 self.journal.minibatch = 0  # the next minibatch is the first of a new step
                 row = step_row(self.step_count, lr, found_inf, shown, chosen,
                                {**self.update.stats, **(self.precision.update(found_inf) if self.precision.scaling
-                                                        else {}), **noise_cols},
-                               self._cycle_k or {n: self._k_task.get(n, self._k_default) for n in self.tasks})
+                                                        else {}), **noise_cols,
+                                **({f"lr/{i}": v for i, v in enumerate(group_lrs)}
+                                   if len(set(group_lrs)) > 1 else {})},
+                               self._cycle_k or self.minibatches_per_step)
                 self.log.append(row)
             finally:
                 self.atomic = False

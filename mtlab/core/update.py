@@ -348,20 +348,24 @@ class Update:
              found_inf: Tensor | None) -> None:
         """Set each parameter's ``.grad`` to its direction, step the optimizer, and give the
         accumulators their ``.grad`` views back (whatever happens)."""
+        frozen: list[nn.Parameter] = []
         try:
             directions = self.directions(accs, weights, lr, found_inf)
             params = self.params
             for name, d in directions.items():
                 p = params[name]
+                if not p.requires_grad:  # frozen now: no gradient, so no optimizer, momentum or decay moves it
+                    frozen.append(p)
+                    d = None
                 if p.grad is not d:  # a task's own gradient of weight 1 is already there: reading is cheaper
                     p.grad = d
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            optimizer_step(self.optimizer, found_inf)
+            optimizer_step(self.optimizer, found_inf)  # at the lrs its param groups hold (a scheduler's, a knob's)
             self.calls += 1
         finally:
             for acc in accs.values():
                 acc.restore_grads()
+        for p in frozen:
+            p.grad = None  # as in plain PyTorch: a frozen parameter's .grad is None
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "calls": self.calls}
@@ -429,7 +433,7 @@ class PerTaskUpdate:
                     group["lr"] = lr * factor
                 grads = accs[task].grads
                 for name, p in self.task_params[task].items():
-                    p.grad = grads.get(name)
+                    p.grad = grads.get(name) if p.requires_grad else None  # frozen: untouched
                 optimizer_step(opt, found_inf)
                 for p in self.task_params[task].values():
                     p.grad = None

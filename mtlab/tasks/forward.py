@@ -179,24 +179,26 @@ def loader_totals(plan: TaskPlan, loader: Any, num_batches: int | None = None) -
 
 def parameter_users(models: Mapping[str, nn.Module], plans: Mapping[str, TaskPlan]
                     ) -> tuple[dict[str, nn.Parameter], dict[str, list[str]], dict[str, list[str]]]:
-    """Trainable parameters by ``"<model>.<param>"`` (tied weights keep their first name), each task's
-    parameters (those of the models its graph runs), and each used parameter's tasks."""
+    """Every parameter by ``"<model>.<param>"`` (tied weights keep their first name), each task's parameters
+    (those of the models its graph runs), and each used parameter's tasks. Frozen parameters
+    (``requires_grad=False``) are included, as ``Adam(model.parameters())`` includes them: ``requires_grad``
+    decides at each step what trains, so a parameter unfrozen later trains from the next step."""
     params: dict[str, nn.Parameter] = {}
     seen: dict[int, str] = {}
     for mname, model in models.items():
         for pname, p in model.named_parameters():
-            if p.requires_grad and id(p) not in seen:
+            if id(p) not in seen:
                 seen[id(p)] = f"{mname}.{pname}"
                 params[seen[id(p)]] = p
     task_params: dict[str, list[str]] = {}
     users: dict[str, list[str]] = {}
     for task, plan in plans.items():
         used = list(dict.fromkeys(seen[id(p)] for m in plan.model_names for p in models[m].parameters()
-                                  if p.requires_grad))
+                                  if p.is_floating_point()))
         task_params[task] = used
         for n in used:
             users.setdefault(n, []).append(task)
-    if not users:
+    if not any(params[n].requires_grad for n in users):
         raise ConfigError("no task uses a model with trainable parameters; check the tasks' nodes")
     return params, task_params, users
 

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import ConfigError, MtlabError
-from ..core.transforms import Chain
-from ..tasks.task import check_count, check_positive, check_weight
+from ..core.knobs import KNOBS
 from ..core.journal import Journal, rng_bytes, graph_mismatch, graph_of
 from ..core.state import digest
 from ..core.trainer import Trainer
@@ -51,14 +50,15 @@ def as_journal(journal: Any) -> Journal:
                       "its to_json() text, or the path of journal.jsonl")
 
 
-CHANGES = ("weight", "task_weight", "lr", "clip", "combine", "minibatches_per_step", "batch_size", "restore", "resume",
-           "reinitialize", "fork", "data_position")
+# what a journal records beside the knobs (mtlab.core.knobs.KNOBS, each replayed through Trainer.set); "clip"
+# is the one entry for every clip setting that journals written before the knob table hold
+OTHER_CHANGES = ("clip", "restore", "resume", "reinitialize", "fork", "data_position")
 FIX = ("correct or remove that entry (journal.jsonl is one JSON object a line), or replay the journal the run "
        "wrote")
 
 
 def _names(e: Mapping[str, Any], trainer: Trainer, task_needed: bool, linkedset: bool) -> str | None:
-    """The task (and linked set) an entry names, against the trainer's graph."""
+    """The task (and linked set) a call entry names, against the trainer's graph."""
     task = e.get("task")
     if task is None and not task_needed:
         return None
@@ -70,18 +70,24 @@ def _names(e: Mapping[str, Any], trainer: Trainer, task_needed: bool, linkedset:
     return None
 
 
+def knob_sets(e: Mapping[str, Any]) -> list[tuple[str, Any, str | None, str | None]]:
+    """The ``Trainer.set`` calls a knob entry stands for: ``(name, value, task, linkedset)`` each."""
+    kind = e["kind"]
+    if kind == "clip":  # a journal written before the knob table: every clip setting in one entry
+        return [("clip_grad_value", e.get("value"), None, None), ("clip_grad_norm", e.get("norm"), None, None),
+                ("clip_grad_percentile", e.get("percentile"), None, None),
+                ("normalize_gradients", bool(e.get("normalize")), None, None)]
+    value = e["method"] if kind == "combine" and "value" not in e and "method" in e else e.get("value")
+    return [(kind, value, e.get("task"), e.get("linkedset"))]
+
+
 def _bad_value(e: Mapping[str, Any], trainer: Trainer) -> str | None:
-    """The entry's value checked with the setter's own checks (the message says what was expected)."""
+    """The entry's names and value checked as ``Trainer.set`` checks them (the message says what was expected)."""
     kind = e["kind"]
     try:
-        if kind in ("weight", "task_weight"):
-            check_weight(e.get("value"), "its value")
-        elif kind == "lr":
-            check_positive(e.get("value"), "its lr")
-        elif kind in ("minibatches_per_step", "batch_size"):
-            check_count(e.get("value"), f"its {kind.replace('_', ' ')}", "a whole number of minibatches or examples")
-        elif kind == "clip":
-            Chain.from_settings(bool(e.get("normalize")), e.get("value"), e.get("norm"), e.get("percentile"))
+        if kind in KNOBS or kind == "clip":
+            for name, value, task, linkedset in knob_sets(e):
+                trainer.check_knob(name, value, task, linkedset)
         elif kind == "restore" and not (isinstance(e.get("state"), Mapping) and "n" in e["state"]):
             return "a restore without the position of the state it restored"
     except ConfigError as err:
@@ -105,8 +111,8 @@ def _unreadable(e: Any, trainer: Trainer) -> str | None:
         count = e.get("count", 1)
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             return f"'count' must be a whole number >= 1, got {count!r}"
-    elif kind not in CHANGES and kind != "stage":
-        return f"unknown change {kind!r} (changes: {list(CHANGES)})"
+    elif kind not in KNOBS and kind not in OTHER_CHANGES and kind != "stage":
+        return f"unknown change {kind!r} (changes: {[*KNOBS, *OTHER_CHANGES]})"
     return None
 
 
@@ -115,10 +121,6 @@ def _malformed(e: Mapping[str, Any], trainer: Trainer) -> str | None:
     kind = e["kind"]
     if e["type"] == "call":
         return _names(e, trainer, kind == "minibatch", kind == "minibatch")
-    if kind in ("weight", "task_weight", "batch_size") or (kind == "minibatches_per_step" and e.get("task")):
-        wrong = _names(e, trainer, True, kind == "weight")
-        if wrong:
-            return wrong
     return _bad_value(e, trainer)
 
 
@@ -127,7 +129,8 @@ def _why_not(entry: Mapping[str, Any], trainer: Trainer) -> str | None:
     if entry.get("replayable") is False:
         if kind == "restore":
             return "a restore of a state that is not on this journal's line (another run, or a file without journal)"
-        return f"a {kind} change that cannot be written down ({entry.get('method')!r}: pass the method by name)"
+        return (f"a {kind} change that cannot be written down ({entry.get('value', entry.get('method'))!r}: pass "
+                "the method by name)")
     if kind == "stage":
         return ("a schedule stage (segment-length curriculum: data views, batch sizes and, at a new stage, a fresh "
                 "optimizer state) that this replay cannot redo")
@@ -178,23 +181,9 @@ def check(journal: Journal, trainer: Trainer) -> None:
 def apply_change(trainer: Trainer, e: Mapping[str, Any]) -> None:
     """Make one recorded knob change (restore, resume and fork are handled by the replay)."""
     kind = e["kind"]
-    if kind == "weight":
-        trainer.set_weight(e["task"], e["linkedset"], e["value"])
-    elif kind == "task_weight":
-        trainer.set_task_weight(e["task"], e["value"])
-    elif kind == "lr":
-        trainer.lr = e["value"]
-    elif kind == "clip":
-        trainer.set_clip(e["value"], e["norm"], e["percentile"], normalize=e["normalize"])
-    elif kind == "combine":
-        trainer.set_combine(e["method"])
-    elif kind == "minibatches_per_step":
-        if e.get("task") is None:
-            trainer.numbatches_to_aggregate = e["value"]
-        else:
-            trainer.set_minibatches_per_step(e["value"], task=e["task"])
-    elif kind == "batch_size":
-        trainer.set_batch_size(e["task"], e["value"])
+    if kind in KNOBS or kind == "clip":
+        for name, value, task, linkedset in knob_sets(e):
+            trainer.set(name, value, task, linkedset)
     elif kind == "data_position":
         trainer.set_data_positions(e["positions"])
     elif kind == "reinitialize":

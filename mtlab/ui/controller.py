@@ -22,15 +22,14 @@ from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
 from ..core.columns import set_key
-from ..core.events import (BatchSizeInfo, CombineInfo, Event, EvaluateInfo, MinibatchesPerStepInfo, MinibatchInfo,
-                           Payload, ReinitializeInfo, RestoreInfo, TaskWeightInfo, ValidationInfo, WeightInfo)
+from ..core.events import (Event, EvaluateInfo, KnobInfo, MinibatchInfo, Payload, ReinitializeInfo, RestoreInfo,
+                           ValidationInfo)
 from ..core.knobs import KNOBS
 from ..training.debug import next_call
 from .branches import Branches
 from .runcontrol import RunControl
 from .runs import Run, current_run
 from .schedules import schedule_text
-from .knobs import KNOB_CHOICES, apply_knobs, knobs_of
 from .state import DashState, RunView, SeriesStore, where_text
 from .texts import BUSY, REASONS, call_buttons, noise_html, skipped_tasks, state_table_html
 
@@ -39,6 +38,8 @@ if TYPE_CHECKING:
     from ..training.schedule import Schedule
 
 View = Callable[[DashState], None]
+# The choice beside "re-initialise": its label on screen -> the value ``Controller.reinitialize(knobs=...)`` takes.
+KNOB_CHOICES = {"keep": "keep the knobs", "start": "starting knobs"}
 _BY_TRAINER: dict[int, list[Controller]] = {}  # id(trainer) -> its attached controllers (the newest last)
 _BY_TRAINER_LOCK = threading.Lock()
 
@@ -59,7 +60,7 @@ class Controller:
         # What "re-initialise, back to the starting knobs" sets again: the knobs the run's first step ran with
         # (taken at its first minibatch, so a notebook cell after this one that sets lr or a weight counts), or
         # those of now when the trainer is past step 0 already.
-        self.start_knobs = knobs_of(trainer)
+        self.start_knobs = trainer.knobs()
         self._take_start = trainer.step_count == 0
         self.closed = False
         self.collect_cpu = 0.0  # CPU seconds spent collecting rows and building states (bench/ui_overhead.py)
@@ -335,7 +336,7 @@ class Controller:
 
         def back() -> str:
             before = self.trainer.step_count
-            changed = apply_knobs(self.trainer, self.start_knobs) if knobs == "start" else []
+            changed = self.trainer.set_knobs(self.start_knobs) if knobs == "start" else []
             self.trainer.reinitialize()
             kept = ("knobs kept" if knobs == "keep" else
                     "the starting knobs again" + (f" ({', '.join(changed)})" if changed else " (none had changed)"))
@@ -401,17 +402,7 @@ class Controller:
         snap = self.snapshots[i]
 
         def back() -> str:
-            tr = self.trainer
-            sizes = {n: t.batch_size for n, t in tr.tasks.items()}
-            for name, saved in snap["tasks"].items():  # the batch sizes of the snapshot first: its data positions
-                if "batch_size" in saved and name in tr.tasks:  # are counted in them
-                    tr.set_batch_size(name, int(saved["batch_size"]))
-            try:
-                tr.load_state_dict(snap)
-            except BaseException:
-                for name, size in sizes.items():
-                    tr.set_batch_size(name, size)
-                raise
+            self.trainer.load_state_dict(snap)  # every knob too, batch sizes included (checked before any is set)
             return f"restored snapshot #{i + 1} (step {snap['step']}); the abandoned branch stays grey on the plot"
         return self._between_steps("restore", back)
 
@@ -576,7 +567,7 @@ class Controller:
         from_code = not self._in_command and threading.current_thread() is threading.main_thread()
         if isinstance(info, MinibatchInfo):
             if self._take_start:  # the first minibatch of the first step: the knobs it ran with
-                self.start_knobs, self._take_start = knobs_of(self.trainer), False
+                self.start_knobs, self._take_start = self.trainer.knobs(), False
         elif isinstance(info, EvaluateInfo):
             with data.lock:
                 data.validation.append({"step": info.step, "task": info.task, "linkedset": info.linkedset,
@@ -587,25 +578,18 @@ class Controller:
             with data.lock:
                 data.records.append(record)
                 data.validation.append(record)
-        elif isinstance(info, WeightInfo | TaskWeightInfo):
-            what = set_key(info.task, info.linkedset) if isinstance(info, WeightInfo) else f"task {info.task}"
-            data.event(self.trainer.step_count, f"{what} weight -> {info.weight:.3g}")
-            skipped = skipped_tasks(self.trainer)
-            for name, why in skipped.items():
-                if self._skipped_seen.get(name) != why:
-                    data.event(self.trainer.step_count, f"task {name} skipped by step(): {why}")
-            for name in set(self._skipped_seen) - set(skipped):
-                data.event(self.trainer.step_count, f"task {name} trains again")
-            self._skipped_seen = skipped
-            self._dirty = True
-            if from_code:
-                self._changed()
-        elif isinstance(info, MinibatchesPerStepInfo | BatchSizeInfo):
-            if isinstance(info, BatchSizeInfo):
-                what = f"batch size of {info.task} -> {info.batch_size}"
-            else:
-                what = f"minibatches per step of {'every task' if info.task is None else info.task} -> {info.k}"
-            data.event(self.trainer.step_count, what)
+        elif isinstance(info, KnobInfo):
+            knob = KNOBS.get(info.name)
+            words = knob.words(info.value, info.task, info.linkedset) if knob is not None else f"{info.name} {info.value}"
+            data.event(self.trainer.step_count, words)
+            if info.name in ("weight", "task_weight"):
+                skipped = skipped_tasks(self.trainer)
+                for name, why in skipped.items():
+                    if self._skipped_seen.get(name) != why:
+                        data.event(self.trainer.step_count, f"task {name} skipped by step(): {why}")
+                for name in set(self._skipped_seen) - set(skipped):
+                    data.event(self.trainer.step_count, f"task {name} trains again")
+                self._skipped_seen = skipped
             self._dirty = True
             if from_code:
                 self._changed()
@@ -616,8 +600,6 @@ class Controller:
             self._dirty = True
             if from_code:
                 self._changed()
-        elif isinstance(info, CombineInfo) and from_code:
-            self._changed()
 
     # ------------------------------------------------------------------ lifecycle
     def detach(self, why: str = "closed") -> None:

@@ -13,7 +13,7 @@ import traitlets
 
 from ..core import combine, weighting
 from ..core.columns import set_key
-from .knobs import KNOB_CHOICES
+from .controller import KNOB_CHOICES
 from .texts import BRANCHES_TAB, call_buttons, call_tooltip
 
 if TYPE_CHECKING:

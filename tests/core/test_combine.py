@@ -67,11 +67,11 @@ def plans() -> dict[str, list[tuple[str, float, object]]]:
             "c": [("clean", 1.0, b[4])]}
 
 
-def trainer3(combine=None, clip=0.05, weights=(1.0, 0.7, 1.3), **kw) -> mtlab.Trainer:
+def trainer3(combine=None, clip=0.05, weights=(1.0, 0.7, 1.3), lr=1e-2, **kw) -> mtlab.Trainer:
     tasks = [task_a(), task_b(), task_c()]
     for t, w in zip(tasks, weights):
         t.weight = w
-    return mtlab.Trainer(models3(), tasks, lr=1e-2, clip_grad_value=clip, device="cpu", combine=combine, **kw)
+    return mtlab.Trainer(models3(), tasks, lr=lr, clip_grad_value=clip, device="cpu", combine=combine, **kw)
 
 
 def accumulate(tr: mtlab.Trainer) -> None:
@@ -166,8 +166,7 @@ def test_each_method_equals_torchjd_on_the_jacobian_plain_pytorch_computes(name:
 
 
 def test_apply_steps_with_the_combined_direction_and_the_history_records_it() -> None:
-    tr = trainer3("upgrad", optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0))
-    tr.lr = 1.0
+    tr = trainer3("upgrad", optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0), lr=None)
     before = {k: p.detach().clone() for k, p in tr.params.items()}
     accumulate(tr)
     grads = oracle_grads(models3(), 0.05)
@@ -201,7 +200,7 @@ def test_backward_passes_are_tasks_times_minibatches(method) -> None:
 def test_switching_the_method_between_steps_and_restoring_switches_back() -> None:
     tr = trainer3()
     seen = []
-    tr.add_callback(lambda ev, info: seen.append(info["method"]) if ev == "combine" else None)
+    tr.add_callback(lambda ev, info: seen.append(info.value) if ev == "knob" and info.name == "combine" else None)
     accumulate(tr); tr.apply()
     snap = tr.state_dict()
     tr.set_combine("dwa+mgda")

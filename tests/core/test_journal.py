@@ -77,7 +77,7 @@ def test_lr_and_clip_changed_at_a_step_boundary(acc_steps):
     tr.step()
     want = fingerprint(tr)
     kinds = [e["kind"] for e in tr.journal.changes()]
-    assert kinds == ["lr", "clip", "clip", "clip"]
+    assert kinds == ["lr", "clip_grad_value", "clip_grad_value", "clip_grad_norm"]
     assert_same(tr, want, replayed(tr.journal, acc_steps=acc_steps))
 
 
@@ -89,7 +89,7 @@ def test_combination_method_switched():
     tr.set_combine("sum")
     tr.step()
     want = fingerprint(tr)
-    assert [e["method"] for e in tr.journal.changes()] == ["mgda", "sum"]
+    assert [e["value"] for e in tr.journal.changes()] == ["mgda", "sum"]
     assert_same(tr, want, replayed(tr.journal))
 
 
@@ -190,7 +190,7 @@ def test_a_background_run_steered_through_the_dashboard_controller(one_thread):
     want = fingerprint(tr)
     changes = tr.journal.changes()
     assert {e["source"] for e in changes} == {"dashboard"}
-    assert any(e["inside"] for e in changes) and any(e["kind"] == "clip" for e in changes)
+    assert any(e["inside"] for e in changes) and any(e["kind"] == "clip_grad_value" for e in changes)
     assert_same(tr, want, replayed(tr.journal))
 
 

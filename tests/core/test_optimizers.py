@@ -53,9 +53,9 @@ class NumpyAdamTF1:
         self.beta2_power = self.beta2_power * self.beta2
 
 
-def one_task(optimizer: str | None = "adam_tf1", **kw) -> mtlab.Trainer:
+def one_task(optimizer: str | None = "adam_tf1", lr: float | None = LR, **kw) -> mtlab.Trainer:
     ex = make_examples(16, 3, dtype=torch.float32)
-    return mtlab.Trainer(make_models(dtype=torch.float32), [task_a((ex, ex))], lr=LR, clip_grad_value=0.5,
+    return mtlab.Trainer(make_models(dtype=torch.float32), [task_a((ex, ex))], lr=lr, clip_grad_value=0.5,
                          device="cpu", optimizer=optimizer, **kw)
 
 
@@ -154,7 +154,7 @@ def test_names_and_options_are_checked() -> None:
     with pytest.raises(ConfigError, match="betas"):
         one_task(adam={"weight_decay": 0.1})
     assert one_task(adam={"eps": 1e-6}).optimizer.defaults["eps"] == 1e-6
-    custom = one_task(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    custom = one_task(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), lr=None)
     assert custom.optimizer_name == "custom" and isinstance(custom.optimizer, torch.optim.SGD)
     with pytest.raises(ConfigError, match="sparse"):
         e = torch.nn.Embedding(3, 2, sparse=True)

@@ -113,9 +113,10 @@ def test_any_torch_optimizer_can_be_wrapped() -> None:
     models = make_models()
     ref = clone_models(models)
     ex = make_examples(16, 4)
-    # the trainer's lr (the schedule's) is written into the optimizer's groups before each step
-    tr = mtlab.Trainer(models, [task_a((ex, ex))], device="cpu", lr=0.1,
-                       optimizer=lambda ps: torch.optim.SGD(ps, lr=123.0, momentum=0.9))
+    # the optimizer's own lr is the one it trains at (Trainer(lr=...) is not written over it)
+    tr = mtlab.Trainer(models, [task_a((ex, ex))], device="cpu",
+                       optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    assert tr.lr == 0.1
     tr.process_minibatch("a", "clean"); tr.normalize()
     g = {k: v.clone() for k, v in tr.state("a").grads.items()}
     tr.apply()

@@ -10,9 +10,9 @@ import mtlab
 from helpers import make_examples, make_models, task_a, task_b
 
 
-def trainer(method, **kw) -> mtlab.Trainer:
+def trainer(method, lr=1e-2, **kw) -> mtlab.Trainer:
     ex = make_examples(16, 4)
-    return mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex, weight=0.6)], lr=1e-2, device="cpu",
+    return mtlab.Trainer(make_models(), [task_a((ex, ex)), task_b(ex, weight=0.6)], lr=lr, device="cpu",
                          combine=method, **kw)
 
 
@@ -40,8 +40,7 @@ def test_uncertainty_weighting_equals_plain_torch_and_scales_each_tasks_gradient
     learned = torch.stack([tr.update.weighting.log_vars[t] for t in "ab"]).detach()
     torch.testing.assert_close(learned, s.detach(), atol=1e-12, rtol=0)
     # the update: each task's gradient times task weight × coefficient (SGD with lr 1 shows the direction)
-    tr2 = trainer("uncertainty", optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0))
-    tr2.lr = 1.0
+    tr2 = trainer("uncertainty", optimizer=lambda ps: torch.optim.SGD(ps, lr=1.0), lr=None)
     before = tr2.params["head_b.weight"].detach().clone()
     tr2.process_minibatch("b", "clean"); tr2.process_minibatch("a", "clean"); tr2.normalize()
     g = tr2.state("b").grads["head_b.weight"].clone()
