@@ -298,12 +298,18 @@ class Chain:
         return [{"type": type(t).__name__, "state": t.state_dict()} for t in self.transforms]
 
     def load_state_dict(self, state: Sequence[Mapping[str, Any]]) -> None:
-        """Give each transform its saved state; a transform that a checkpoint does not have keeps its own (a
-        chain built with other settings takes the state of the same kind of transform)."""
-        saved = {entry["type"]: entry["state"] for entry in state}
+        """Give each transform its saved state, by position among the transforms of its class (the second
+        ``Counter`` of the chain takes the second saved ``Counter``'s); a transform that a checkpoint does not
+        have keeps its own (a chain built with other settings takes the state of the same kind of transform)."""
+        saved: dict[str, list[Mapping[str, Any]]] = {}
+        for entry in state:
+            saved.setdefault(entry["type"], []).append(entry["state"])
+        seen: dict[str, int] = {}
         for t in self.transforms:
-            if type(t).__name__ in saved:
-                t.load_state_dict(saved[type(t).__name__])
+            kind = type(t).__name__
+            i = seen[kind] = seen.get(kind, -1) + 1
+            if i < len(saved.get(kind, ())):
+                t.load_state_dict(saved[kind][i])
 
     def __len__(self) -> int:
         return len(self.transforms)
