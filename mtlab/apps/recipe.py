@@ -21,6 +21,7 @@ import copy
 import hashlib
 import inspect
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from ..training.schedule import Schedule
 from ..core.trainer import Trainer
 from .settings import (CORPORA, DATA_KEYS, DEFAULT_ORIGIN, LINKEDSET_KEYS, NODE_KEYS, TASK_KEYS, TOP_KEYS,
                        TRAINER_KEYS, Key, as_names, as_table, unknown_key, check_value, load_trainer_cfg,
-                       trainer_settings)
+                       toml_value, trainer_settings)
 
 # ---------------------------------------------------------------------------------- parsing and checking
 def load_recipe(path: str | Path, data_root: str | Path | None = None) -> dict[str, Any]:
@@ -63,6 +64,10 @@ def load_recipe(path: str | Path, data_root: str | Path | None = None) -> dict[s
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file; a recipe is a UTF-8 TOML file") from None
+    trainer = raw.get("trainer")
+    if isinstance(trainer, dict) and trainer.get("num_steps") and "num_epochs" in trainer:  # an INI's may be overridden
+        raise ConfigError(f"{path}: [trainer] has both num_steps = {trainer['num_steps']!r} and num_epochs = "
+                          f"{trainer['num_epochs']!r}; num_steps would win silently: keep one of them")
     return resolve_recipe(raw, origin=str(path), base=path.parent)
 
 
@@ -124,12 +129,53 @@ def _model_spec(name: str, spec: Any, origin: str) -> tuple[str, dict[str, Any]]
     if kind not in MODELS:
         raise unknown_key(origin, f"[models.{name}] type", kind, list(MODELS), what="model type")
     params = inspect.signature(MODELS[kind]).parameters.values()
+    where = f"[models.{name}]"
     if not any(p.kind is p.VAR_KEYWORD for p in params):  # a typo gets the key's suggestion, as elsewhere
         valid = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         for key in spec:
             if key not in valid:
-                raise unknown_key(origin, f"[models.{name}] (type {kind})", key, valid, what="setting")
+                raise unknown_key(origin, f"{where} (type {kind})", key, valid, what="setting")
+        missing = [p.name for p in params if p.default is p.empty and p.name not in spec
+                   and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if missing:
+            raise ConfigError(f"{origin}: {where} (type {kind}) needs {', '.join(missing)}; write e.g. "
+                              f"{missing[0]} = 64 in {where}")
+    for p in params:
+        if p.name in spec:
+            _check_model_setting(origin, where, kind, p, spec[p.name])
     return kind, spec
+
+
+def _check_model_setting(origin: str, where: str, kind: str, param: inspect.Parameter, value: Any) -> None:
+    """A model's setting against its constructor's annotation: int sizes >= 1 (>= 0 where the default is 0),
+    finite numbers (dropout and noise >= 0), booleans, strings and lists of them."""
+    hint = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
+    kinds = [k.strip() for k in hint.split("|") if k.strip() != "None"]
+    least = 0 if param.default == 0 else 1
+
+    def fits(k: str, v: Any) -> bool:
+        if k == "int":
+            return isinstance(v, int) and not isinstance(v, bool) and v >= least
+        if k == "float":
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            return ok and (v >= 0 or not any(w in param.name for w in ("dropout", "noise")))
+        if k == "bool":
+            return isinstance(v, bool)
+        if k == "str":
+            return isinstance(v, str) and bool(v)
+        if k.startswith("list[") and k.endswith("]"):
+            return isinstance(v, list) and bool(v) and all(fits(k[5:-1], x) for x in v)
+        return True  # not checked here: the constructor's own checks
+
+    if param.annotation is param.empty or any(fits(k, value) for k in kinds):
+        return
+    allowed = {"int": f"an integer >= {least}", "float": "a number" + (" >= 0" if any(
+        w in param.name for w in ("dropout", "noise")) else ""), "bool": "true or false", "str": "a non-empty string"}
+    said = " or ".join(allowed.get(k, f"a non-empty list ({k})") for k in kinds)
+    example = param.default if param.default is not param.empty and param.default is not None else (
+        {"int": 64, "float": 0.1, "bool": True, "str": "relu"}.get(kinds[0], [64]))
+    raise ConfigError(f"{origin}: {where} {param.name} = {value!r} is not allowed for type {kind}: must be {said}; "
+                      f"write e.g. {param.name} = {toml_value(example)}")
 
 
 def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], origin: str, base: Path) -> dict[str, Any]:
@@ -145,25 +191,34 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
             raise ConfigError(f"{origin}: {where} needs {key!r}; a task has {', '.join(TASK_KEYS[:6])}")
     example_keys: tuple[str, ...] = ("features", *TARGET_KEYS)
     if isinstance(spec.get("linkedsets"), Mapping):  # more inputs featurized from audio lists of their own
-        example_keys += tuple(dict.fromkeys(k for s in spec["linkedsets"].values() if isinstance(s, Mapping)
-                                            for k in (s.get("data") or {}).get("feature_inputs", {})))
-    for key in ("inputs", "targets"):
-        for item in as_names(spec[key], origin, f"{where} {key}"):
+        example_keys += tuple(dict.fromkeys(
+            k for s in spec["linkedsets"].values() if isinstance(s, Mapping) and isinstance(s.get("data"), Mapping)
+            and isinstance(s["data"].get("feature_inputs"), Mapping) for k in s["data"]["feature_inputs"]))
+    for key in ("inputs", "targets", "outputs"):
+        spec[key] = as_names(spec[key], origin, f"{where} {key}")
+        if not spec[key]:
+            raise ConfigError(f"{origin}: {where} {key} = [] is not allowed: give at least one name; write e.g. "
+                              f"{key} = [\"{'features' if key == 'inputs' else 'logits' if key == 'outputs' else 'spk'}\"]")
+        for item in spec[key] if key != "outputs" else ():
             if item not in example_keys:
                 raise unknown_key(origin, f"{where} {key}", item, example_keys, what="data key")
-    as_names(spec["outputs"], origin, f"{where} outputs")
     nodes = spec["nodes"]
     if not isinstance(nodes, list) or not nodes:
-        raise ConfigError(f"{origin}: {where} nodes must be a list of tables "
-                          "{{ name = ..., model = ..., inputs = [...] }}, got {nodes!r}")
+        raise ConfigError(f"{origin}: {where} nodes = {nodes!r} is not allowed: must be a non-empty list of tables; "
+                          "write e.g. nodes = [{ name = \"h\", model = \"enc\", inputs = [\"features\"] }]")
     for i, node in enumerate(nodes):
         node = as_table(node, origin, f"{where} nodes[{i}]")
         for key in node:
             if key not in NODE_KEYS:
                 raise unknown_key(origin, f"{where} nodes[{i}]", key, NODE_KEYS)
         model = node.get("model")
-        if not isinstance(node.get("name"), str) or not isinstance(model, str):
-            raise ConfigError(f"{origin}: {where} nodes[{i}] needs name = \"...\" and model = \"...\"")
+        if not isinstance(node.get("name"), str) or not node["name"] or not isinstance(model, str) or "inputs" not in node:
+            raise ConfigError(f"{origin}: {where} nodes[{i}] = {node!r} needs name, model and inputs; write e.g. "
+                              "{ name = \"h\", model = \"enc\", inputs = [\"features\"] }")
+        node["inputs"] = as_names(node["inputs"], origin, f"{where} nodes[{i}] inputs")
+        if "outputs" in node:
+            node["outputs"] = as_names(node["outputs"], origin, f"{where} nodes[{i}] outputs")
+        nodes[i] = node
         if model not in models:
             raise unknown_key(origin, f"{where} nodes[{i}] (node {node['name']!r}) model", model, list(models),
                            what="model")
@@ -185,7 +240,8 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
                               "int(n x trainset_frac) training utterances of each linked set are used)")
     sets = as_table(spec["linkedsets"], origin, f"{where} linkedsets")
     if not sets:
-        raise ConfigError(f"{origin}: {where} has no linked set; add [tasks.{name}.linkedsets.clean]")
+        raise ConfigError(f"{origin}: {where} linkedsets = {{}} is not allowed: a task needs at least one linked set; "
+                          f"write e.g. [tasks.{name}.linkedsets.clean] with data = {{ root = \"path/to/corpus\" }}")
     for sname, sspec in sets.items():
         swhere = f"[tasks.{name}.linkedsets.{sname}]"
         sspec = as_table(sspec, origin, swhere)
@@ -214,6 +270,10 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
 
 
 def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any]:
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{origin}: {where} = {spec!r} is not allowed: must be a table naming the corpus (a folder "
+                          "of <split>/mix_<linkedset>.scp lists, e.g. from `mtlab prepare`); write e.g. data = "
+                          "{ root = \"path/to/corpus\", split = \"train\", linkedset = \"clean\" }")
     spec = as_table(spec, origin, where)
     for key in spec:
         if key not in DATA_KEYS:
@@ -226,7 +286,8 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             try:
                 Spectral(**as_table(value, origin, f"{where} spectral"))
             except (TypeError, DataError) as exc:
-                raise ConfigError(f"{origin}: {where} spectral: {exc}") from None
+                fields = [p for p in inspect.signature(Spectral).parameters]
+                raise ConfigError(f"{origin}: {where} spectral: {exc}; valid: {', '.join(fields)}") from None
         elif key == "ivec":  # the per-utterance vectors (mtlab.data.vectors.VectorList)
             from ..data.errors import DataError
             from ..data.vectors import VectorList
@@ -234,13 +295,14 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
             try:
                 vectors = VectorList.from_dict(as_table(value, origin, f"{where} ivec"), origin=f"{where} ivec")
             except (TypeError, DataError) as exc:
-                raise ConfigError(f"{origin}: {where} ivec: {exc}") from None
+                raise ConfigError(f"{origin}: {where} ivec: {exc}; write e.g. ivec = {{ list = \"path/to/vectors.scp\", "
+                                  "nrcol = 100 }") from None
             paths = {k: str((base / p).resolve()) for k in ("list", "stats_list") if (p := getattr(vectors, k))}
             spec[key] = {**vectors.to_dict(), **paths}
         elif key == "mvn":  # feature normalization: the training set's stats, per utterance, or none
             from ..data.features import MVN_TYPES
 
-            if value not in MVN_TYPES:
+            if not isinstance(value, str) or value not in MVN_TYPES:
                 raise unknown_key(origin, f"{where} mvn", value, MVN_TYPES, what="mvn")
         elif key == "num_sources":  # speakers per mixture: the lists s1.scp ... s<num_sources>.scp
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -279,7 +341,7 @@ def _check_data(spec: Any, origin: str, where: str, base: Path) -> dict[str, Any
         elif key == "on_bad_data":  # a bad audio file mid-epoch: stop with its name, or skip and record it
             from ..data.streamed import BAD_DATA
 
-            if value not in BAD_DATA:
+            if not isinstance(value, str) or value not in BAD_DATA:
                 raise unknown_key(origin, f"{where} on_bad_data", value, BAD_DATA, what="policy")
         elif not isinstance(value, str) or not value:
             raise ConfigError(f"{origin}: {where} {key} must be a non-empty string, got {value!r}")
@@ -423,11 +485,17 @@ def _checked_loss(origin: str, tname: str, spec: Mapping[str, Any]) -> Any:
     outputs: a misspelt key is refused before any data are read, naming the recipe file and the task."""
     from ..losses import get_loss
 
+    from ..losses import LOSSES
+
     loss = dict(spec["loss"])
+    kind = loss.pop("type")
     try:
-        loss_fn = get_loss(loss.pop("type"), **loss)
-    except ConfigError as exc:
-        raise ConfigError(f"{origin}: [tasks.{tname}] loss: {exc}") from None
+        loss_fn = get_loss(kind, **loss)
+    except (ConfigError, TypeError, ValueError) as exc:
+        params = [p for p in inspect.signature(LOSSES[kind.lower()]).parameters if p not in ("self", "args", "kwargs")]
+        raise ConfigError(f"{origin}: [tasks.{tname}] loss: {exc}; valid settings of loss type {kind!r}: "
+                          f"{', '.join(params)}; write e.g. loss = {{ type = \"{kind}\", output = \"logits\", "
+                          "target = \"spk\" }") from None
     for attr, key in (("target", "targets"), ("output", "outputs")):
         name, names = getattr(loss_fn, attr, None), list(spec.get(key, []))
         if isinstance(name, str) and name not in names:
@@ -463,8 +531,9 @@ def from_recipe(recipe: str | Path | Mapping[str, Any], datasets: Datasets | Non
         kind, kwargs = _model_spec(name, spec, origin)
         try:
             models[name] = build_model(kind, **kwargs)
-        except ConfigError as exc:
-            raise ConfigError(f"{origin}: [models.{name}]: {exc}") from None
+        except (ConfigError, TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"{origin}: [models.{name}] (type {kind}) {kwargs}: {exc}; fix the setting it "
+                              "names") from None
     from ..separation.checks import check_mask_activation
 
     check_mask_activation(models, recipe["tasks"], origin)  # a MaskHead's masks squashed again by the loss

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import configparser
 import difflib
+import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,13 +108,16 @@ def _hint(key: str, valid: list[str] | tuple[str, ...]) -> str:
 
 def unknown_key(origin: str, where: str, key: str, valid: list[str] | tuple[str, ...], what: str = "key") -> ConfigError:
     """The error for an unknown ``key`` in ``where``: the closest valid one, then every valid one."""
-    return ConfigError(f"{origin}: unknown {what} {key!r} in {where}{_hint(key, valid)}; valid: {', '.join(valid)}")
+    return ConfigError(f"{origin}: unknown {what} {key!r} in {where}{_hint(str(key), valid)}; valid: "
+                       f"{', '.join(valid)}")
 
 
 def as_table(value: Any, origin: str, where: str) -> dict[str, Any]:
     """``value`` as a TOML table (a dict), or an error naming ``where``."""
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{origin}: {where} must be a table, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{origin}: {where} = {value!r} is not allowed: must be a table ({type(value).__name__} "
+                          f"given); write it as {where if where.startswith('[') else '[' + where + ']'} with its keys "
+                          "below, or inline as { key = value, ... }")
     return dict(value)
 
 
@@ -121,32 +126,75 @@ def as_names(value: Any, origin: str, where: str) -> list[str]:
     if isinstance(value, str):
         value = value.split()
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{origin}: {where} must be a list of names, e.g. [\"features\"], got {value!r}")
+        raise ConfigError(f"{origin}: {where} = {value!r} is not allowed: must be a list of names; write e.g. "
+                          f"{where.split()[-1]} = [\"features\"]")
     return list(value)
 
 
+def toml_value(value: Any) -> str:
+    """``value`` as TOML writes it (``true``, ``"auto"``, ``[1.0, 0.5]``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+EXAMPLES = {"names": ["a", "b"], "floats": [1.0, 0.5], "stages": None, "tries": 3}
+
+
+def fix(key: str, spec: Key) -> str:
+    """The fix an error about ``key`` ends with: an example of an allowed value, in the recipe's syntax."""
+    example = spec.default if spec.default not in (None, False) or spec.kind == "bool" else EXAMPLES.get(spec.kind)
+    if spec.choices:
+        example = spec.default if spec.default in spec.choices else spec.choices[0]
+    if spec.kind == "stages":
+        return f"; write e.g. {key} = [{{segment_length = 100}}, {{segment_length = \"full\"}}]"
+    if example is None:
+        return ""
+    return f"; write e.g. {key} = {toml_value(example)}"
+
+
+DEVICE = re.compile(r"^(auto|cpu|mps|(cuda|xpu)(:\d+)?)$")
+
+
 def check_value(key: str, spec: Key, value: Any, origin: str, where: str) -> Any:
-    """``value`` checked against ``spec`` (already typed, as TOML gives it); ConfigError otherwise."""
+    """``value`` checked against ``spec`` (already typed, as TOML gives it); ConfigError otherwise, naming the
+    file, the key, what is allowed and an example of it."""
     name = f"{where} {key}"
     if spec.kind == "bool":
         if not isinstance(value, bool):
-            raise ConfigError(f"{origin}: {name} must be true or false ({spec.doc}), got {value!r}")
+            raise ConfigError(f"{origin}: {name} = {value!r} is not allowed: must be true or false ({spec.doc})"
+                              f"{fix(key, spec)}")
         return value
     if spec.kind == "str":
         if not isinstance(value, str):
-            raise ConfigError(f"{origin}: {name} must be a string ({spec.doc}), got {value!r}")
+            raise ConfigError(f"{origin}: {name} = {value!r} is not allowed: must be a string ({spec.doc})"
+                              f"{fix(key, spec)}")
         if spec.choices and value not in spec.choices:
-            raise ConfigError(f"{origin}: {name} = {value!r}{_hint(value, spec.choices)}; valid: {', '.join(spec.choices)}")
+            raise ConfigError(f"{origin}: {name} = {value!r} is not allowed{_hint(value, spec.choices)}; valid: "
+                              f"{', '.join(spec.choices)}{fix(key, spec)}")
+        if key == "device" and not DEVICE.match(value):
+            raise ConfigError(f"{origin}: {name} = {value!r} is not a device: valid: auto (a GPU if there is one), "
+                              "cpu, cuda, cuda:N, mps; write e.g. device = \"cuda\" for the first GPU")
         return value
     if spec.kind == "names":
-        return as_names(value, origin, name)
+        names = as_names(value, origin, name)
+        if not names:
+            raise ConfigError(f"{origin}: {name} = [] is not allowed: give at least one name ({spec.doc}), or leave "
+                              f"{key} out{fix(key, spec)}")
+        return names
     if spec.kind == "tries" and value == "none":
         return None
     if spec.kind == "stages":
         return _stages(value, origin, name)
     if spec.kind == "floats":
-        if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{origin}: {name} must be a list of numbers ({spec.doc}), got {value!r}")
+        if (not isinstance(value, list) or not value
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            raise ConfigError(f"{origin}: {name} = {value!r} is not allowed: must be a list of numbers ({spec.doc})"
+                              f"{fix(key, spec)}")
         for v in value:
             if not math.isfinite(v) or v < 0:
                 raise ConfigError(f"{origin}: {name} = {value!r}: every weight must be a finite number >= 0")
@@ -163,7 +211,8 @@ def check_value(key: str, spec: Key, value: Any, origin: str, where: str) -> Any
     if ok and spec.minimum is not None:
         ok = value > spec.minimum if spec.strict else value >= spec.minimum
     if not ok:
-        raise ConfigError(f"{origin}: {name} = {value!r} is not allowed: must be {kind}{bound} ({spec.doc})")
+        raise ConfigError(f"{origin}: {name} = {value!r} is not allowed: must be {kind}{bound} ({spec.doc})"
+                          f"{fix(key, spec)}")
     return float(value) if spec.kind in ("float", "clip") else value
 
 
