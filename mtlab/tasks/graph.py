@@ -1,7 +1,7 @@
 """The graph of named models a task runs (the original's ``run_multi_model``, done right).
 
 Nodes run in the order given. A node's inputs are task inputs or outputs of earlier nodes; a
-model with several outputs names them. A node's output inherits the sequence lengths of its
+model with several outputs (a tuple, or a dict by key) names them. A node's output inherits the sequence lengths of its
 first input.
 """
 
@@ -22,7 +22,9 @@ class Node:
     """One model call in a task's graph.
 
     ``Node("h", model="enc", inputs=["x"])`` runs ``models["enc"](x)`` and names the result
-    ``h``. A model returning a tuple names its parts with ``outputs=["h", "c"]``.
+    ``h``. A model returning a tuple names its parts with ``outputs=["h", "c"]``. A model returning a dict (or
+    Hugging Face's ``ModelOutput``) gives the node its entry named like the node (``Node("logits", ...)`` takes
+    ``out["logits"]``), or the entries ``outputs=[...]`` name, by key.
     """
 
     name: str

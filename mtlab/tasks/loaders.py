@@ -245,8 +245,9 @@ class LoaderStream:
 
     def _iterator(self) -> Any:
         loader = self.loader
-        if loader.persistent_workers and loader.num_workers > 0 and not self.stateful:
-            return loader._get_iterator()  # its own workers: iter() would reset the loader's one shared iterator
+        fresh = getattr(loader, "_get_iterator", None)  # torch's, as the stream's closing reaches its workers
+        if loader.persistent_workers and loader.num_workers > 0 and not self.stateful and fresh is not None:
+            return fresh()  # its own workers: iter() would reset the one iterator the loader shares with a fork
         return iter(loader)
 
     def __next__(self) -> Batch:
