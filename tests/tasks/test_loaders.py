@@ -225,3 +225,14 @@ def test_replay_redraws_a_seeded_loader_and_refuses_one_it_cannot() -> None:
     with pytest.raises(ConfigError, match=r"replay\(\): task 'a', linked set 'train'.*StatefulDataLoader"):
         mtlab.replay(unseeded.journal, fresh)
     assert fresh.step_count == 0 and fresh.journal.pristine()
+
+
+def test_evaluate_reads_a_validation_loader_once_through() -> None:
+    valid = DataLoader(EXAMPLES, batch_size=5, collate_fn=mtlab.collate)
+    tr = mtlab.Trainer(make_models(), frames_task(seeded_loader(), valid=valid), device="cpu")
+    loss_sum, normalizer = tr.evaluate_totals("a", "train")
+    models = make_models()
+    with torch.no_grad():
+        sums = [ce_sum(models, batch) for batch in valid]
+    assert normalizer == pytest.approx(float(sum(n for _, n in sums)))
+    assert loss_sum == pytest.approx(float(sum(s for s, _ in sums)), rel=1e-12)
