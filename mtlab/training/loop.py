@@ -152,6 +152,7 @@ def _guarded_step(trainer: Trainer, guard: _Sigint) -> None:
             explain(exc, "mtlab.run: the refused step was rolled back: its accumulation discarded, data positions "
                          "and RNG as before it, parameters and optimizer untouched (a resume draws the same data)",
                     instead_of=KEPT)
+            trainer.record_change("abandoned", error=type(exc).__name__)  # a replay skips that step as this undoes it
             trainer.reset()
             for key in list(trainer.streams):
                 if key in streams:

@@ -52,7 +52,7 @@ def as_journal(journal: Any) -> Journal:
 
 # what a journal records beside the knobs (mtlab.core.knobs.KNOBS, each replayed through Trainer.set); "clip"
 # is the one entry for every clip setting that journals written before the knob table hold
-OTHER_CHANGES = ("clip", "restore", "resume", "reinitialize", "fork", "data_position")
+OTHER_CHANGES = ("clip", "restore", "resume", "reinitialize", "fork", "data_position", "abandoned")
 FIX = ("correct or remove that entry (journal.jsonl is one JSON object a line), or replay the journal the run "
        "wrote")
 
@@ -238,6 +238,9 @@ def replay(journal: Any, trainer: Trainer, steps: int | None = None) -> Trainer:
             if key not in captured:
                 raise ReplayError(f"replay(): the state restored at step {e['step']} was never reached in the replay")
             as_recorded(e, lambda: trainer.load_state_dict(captured[key], history=e.get("history", True)))
+        elif kind == "abandoned":  # the loop rolled back the step before it: as if it never ran, its knob reads too
+            jr.tick = max(jr.tick, int(e.get("tick", jr.tick)))
+            jr.entries.append(dict(e))
         elif kind in ("resume", "fork"):
             if kind == "resume" and trainer.step_count != e["to_step"]:
                 raise ReplayError(f"replay(): the run resumed at step {e['to_step']}, the replay is at step "
@@ -272,7 +275,9 @@ def replay(journal: Any, trainer: Trainer, steps: int | None = None) -> Trainer:
             continue
         for x in inside:  # made while this call ran: at the knob read where the original took them
             jr.due.setdefault(x["tick"], []).append(lambda x=x: change(x))
-        for _ in range(e.get("count", 1)):
+        abandoned = (e.get("failed") and k < len(entries) and entries[k].get("type") == "change"
+                     and entries[k].get("kind") == "abandoned")
+        for _ in range(0 if abandoned else e.get("count", 1)):  # an abandoned step left nothing to redo
             failed = e.get("failed")
             try:
                 as_recorded(e, lambda e=e: _call(trainer, e))
