@@ -47,6 +47,7 @@ def test_a_missing_key_names_the_keys_and_the_fix() -> None:
         run([mtlab.Node("pred", "net", ["x"])], ["pred"], DictNet())
 
 
+@pytest.mark.slow  # importing transformers takes seconds
 def test_hugging_face_model_output() -> None:
     modeling = pytest.importorskip("transformers.modeling_outputs")
 
