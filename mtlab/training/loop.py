@@ -209,6 +209,33 @@ def _note_bad_data(trainer: Trainer, progress: bool) -> None:
         trainer.events.emit(Event.DATA_SKIPPED, DataSkippedInfo(step=trainer.step_count, examples=fresh))
 
 
+class LogLines:
+    """The progress bar's stream when stderr is a file or pipe: each refresh one whole line (tqdm rewrites one line
+    with carriage returns, which a log shows as a single line holding every refresh, or as the first)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").rstrip()
+        if line:
+            self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _show(bar: Any, trainer: Trainer, schedule: Schedule, values: bool = True) -> None:
+    """The step and the task losses first (visible at 80 columns, where tqdm cuts the end of a long line), the
+    thread count after the bar."""
+    shown = _postfix(trainer) if values else {}
+    threads = shown.pop("threads", None)
+    losses = " ".join(f"{task}={value}" for task, value in shown.items())
+    bar.set_description_str(f"train: step {trainer.step_count}/{schedule.num_steps}" + (f" {losses}" if losses else ""),
+                            refresh=False)
+    bar.set_postfix_str(f"threads={threads}" if threads else "", refresh=False)
+
+
 def _left(trainer: Trainer, schedule: Schedule, done: int) -> int:
     """The bar's total: the steps run so far plus those the schedule still has."""
     return done + max(0, schedule.num_steps - trainer.step_count)
@@ -234,10 +261,10 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
     every, local = schedule.valid_frequency, trainer.step_count - schedule.stage_start
     until = schedule.stage_end if steps is None else min(schedule.stage_end, trainer.step_count + steps)
     first_validation = bool(every) and schedule.stage_start + (local // every + 1) * every <= until
-    bar = tqdm(total=_left(trainer, schedule, 0), initial=0, disable=not progress, desc="train", unit="step",
+    bar = tqdm(total=_left(trainer, schedule, 0), initial=0, disable=not progress, unit="step",
+               desc=f"train: step {trainer.step_count}/{schedule.num_steps}",
                dynamic_ncols=True, mininterval=0.1 if tty else LOG_PROGRESS_S, smoothing=0,
-               bar_format=NO_ESTIMATE_YET if first_validation else None)
-    bar.set_postfix({"step": f"{trainer.step_count}/{schedule.num_steps}"}, refresh=False)
+               bar_format=NO_ESTIMATE_YET if first_validation else None, file=None if tty else LogLines(sys.stderr))
     shown = 0.0
     with trainer.journal.source("schedule"):
         schedule.apply_stage(trainer)
@@ -284,10 +311,12 @@ def _steps(trainer: Trainer, schedule: Schedule, steps: int | None, progress: bo
                 validate_and_decide(trainer, schedule, path, progress, recipe)
                 _note_skipped(trainer, schedule, progress)
                 bar.bar_format = None  # tqdm's own, with the time left
-            if progress and time.monotonic() - shown > (1.0 if tty else 30.0):
-                shown = time.monotonic()  # reading the history is a device sync: at most once a second
-                bar.set_postfix({"step": f"{trainer.step_count}/{schedule.num_steps}", **_postfix(trainer)},
-                                refresh=False)
+            now = time.monotonic()
+            # reading the history is a device sync: at most once a second on a terminal; in a log, right before each
+            # line the bar writes, so that every line carries the step it names
+            if progress and (now - shown > 1.0 if tty else time.time() - bar.last_print_t >= bar.mininterval):
+                shown = now
+                _show(bar, trainer, schedule)
                 _note_skipped(trainer, schedule, progress)
             bar.total = _left(trainer, schedule, done)
             bar.n = done

@@ -40,3 +40,40 @@ def test_a_run_without_a_validation_ahead_shows_the_time_left_from_the_start(
     run(tr, Schedule(num_steps=num_steps, valid_frequency=valid_frequency), steps=steps, progress=True)
     lines = bar_lines(capsys.readouterr().err)
     assert lines and not any(NOT_YET in line for line in lines), lines
+
+
+def test_in_a_log_every_line_carries_the_step_it_names(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """stderr a file or pipe: one whole line per refresh, each with the current step and that step's losses (the
+    losses of step 1 stayed on every line up to the last)."""
+    from mtlab.training import loop
+
+    monkeypatch.setattr(loop, "LOG_PROGRESS_S", 0.0)  # a line per step
+    tr = plain()
+    run(tr, Schedule(num_steps=5), progress=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [line for line in bar_lines(err) if re.search(r"step [1-9]", line)]
+    history = tr.history.set_index("step")
+    seen = set()
+    for line in lines:
+        step = int(re.search(r"step (\d+)/5", line).group(1))
+        seen.add(step)
+        for task in ("a", "b"):
+            value = float(re.search(rf" {task}=([-\d.e+]+)", line).group(1))
+            assert value == pytest.approx(history.loc[step, f"{task}/loss"], rel=1e-3), line
+    assert seen >= {2, 3, 4, 5}, lines
+
+
+def test_the_losses_stay_visible_at_80_columns() -> None:
+    from tqdm import tqdm
+
+    from mtlab.training.loop import _show
+
+    tr = plain()
+    tr.step()
+    bar = tqdm(total=375, disable=False, unit="step", file=open("/dev/null", "w"))
+    _show(bar, tr, Schedule(num_steps=375))
+    line = tqdm.format_meter(**{**bar.format_dict, "ncols": 80})
+    bar.close()
+    assert len(line) <= 80 and "step 1/375" in line and " a=" in line and " b=" in line, line
