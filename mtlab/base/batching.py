@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .errors import BatchError
+from .frames import carry, frame_mask
 
 Batch = tuple[dict[str, Tensor], dict[str, Tensor]]
 
@@ -99,6 +100,7 @@ def collate(examples: Sequence[Mapping[str, Any]], pin_memory: bool = False) -> 
             out[i, : lengths[i]] = t
         data[key] = out
         seq_lengths[key] = torch.tensor(lengths, dtype=torch.long)
+        frame_mask(seq_lengths[key], max(lengths))  # the batch's frame mask, made once here (mtlab.base.frames)
     return data, seq_lengths
 
 
@@ -113,7 +115,7 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     nb = device.type == "cuda"
     return (
         {k: v.to(device, non_blocking=nb) for k, v in data.items()},
-        {k: v.to(device, non_blocking=nb) for k, v in seq_lengths.items()},
+        {k: carry(v, v.to(device, non_blocking=nb), nb) for k, v in seq_lengths.items()},  # with their masks
     )
 
 

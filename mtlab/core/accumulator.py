@@ -6,6 +6,13 @@ the finiteness check and an all-reduce are a few kernels per task whatever the n
 owns the summed loss and normalizer, the per-minibatch records, the phase and the gradient statistics.
 It knows nothing of the trainer: the trainer asks it to take a minibatch's backward, the gradient transforms
 change its buffers, and the update reads them.
+
+A minibatch costs what a loop's minibatch costs: the bookkeeping that makes the accumulation exact is paid once
+per step. The first minibatch's backward leaves its gradients where autograd puts them (as after a loop's
+``zero_grad()``); the second copies them into the flat buffer in one kernel and adds into it from then on (K = 1:
+the first call that reads the buffer copies them). Each record keeps the loss and normalizer as the loss computer
+returned them; the float64 sums (the step's and each linked set's) are made in a few kernels when first read,
+at ``normalize`` or by whoever asks, with the same values and precision as adding each record's float64 pair.
 """
 
 from __future__ import annotations
@@ -35,16 +42,45 @@ class Phase(StrEnum):
     APPLIED = "applied"
 
 
-@dataclass
+@dataclass(eq=False)
 class MinibatchRecord:
-    """One processed minibatch: linked set, example count, weight, and its weighted loss and normalizer."""
+    """One processed minibatch: linked set, example count, weight, and its weighted loss and normalizer.
+
+    ``raw`` holds the loss computer's ``(loss_sum, normalizer)`` as it returned them (kept without a kernel);
+    ``loss`` (weight × the summed loss) and ``normalizer`` (weight × the normalizer), 0-d float64 on the loss's
+    device, are made from them when first read, and kept in ``weighted`` (a record loaded from a state has only
+    those). ``trace``: the per-model gradient contribution, when a MinibatchTrace is attached."""
 
     linkedset: str
     num_examples: int
     weight: float
-    loss: Tensor  # weight × the minibatch's summed loss (0-d float64, on the loss's device)
-    normalizer: Tensor  # weight × its normalizer (0-d float64)
-    trace: dict[str, Tensor] | None = None  # per-model gradient contribution, when a MinibatchTrace is attached
+    raw: tuple[Tensor, Tensor] | None = None
+    weighted: tuple[Tensor, Tensor] | None = None
+    trace: dict[str, Tensor] | None = None
+
+    def weigh(self) -> tuple[Tensor, Tensor]:
+        """``(loss, normalizer)`` weighted, in float64: each value converted as it is, then × the weight."""
+        if self.weighted is None:
+            if self.raw is None:
+                raise ValueError("a MinibatchRecord needs raw=(loss_sum, normalizer) or weighted=(loss, normalizer)")
+            loss, normalizer = self.raw
+            with torch.no_grad():
+                pair = torch.stack([loss, normalizer], out=torch.empty(2, dtype=torch.float64, device=loss.device))
+                if self.weight != 1.0:
+                    pair = pair * self.weight
+            loss_w, normalizer_w = pair.unbind()
+            self.weighted = (loss_w, normalizer_w)
+        return self.weighted
+
+    @property
+    def loss(self) -> Tensor:
+        """weight × the minibatch's summed loss (0-d float64, on the loss's device)."""
+        return self.weigh()[0]
+
+    @property
+    def normalizer(self) -> Tensor:
+        """weight × its normalizer (0-d float64)."""
+        return self.weigh()[1]
 
     @property
     def norm(self) -> Tensor:
@@ -73,7 +109,11 @@ class Accumulator:
         self.shared = frozenset(shared)
         self.owned = tuple(n for n in self.params if n not in self.shared)
         self.device = torch.device(device)
-        self.buffers: list[Tensor] = []
+        self._buffers: list[Tensor] = []
+        self._loose: list[Tensor | None] | None = None  # the first backward's gradients, where autograd put them
+        self._open = False  # between begin() and end(): every parameter's .grad is this task's
+        self._weights: dict[tuple[float, ...], Tensor] = {}  # record factors -> their [k, 1] float64 column
+        self._picks: dict[tuple[int, ...], Tensor] = {}  # a linked set's record positions -> their index
         self._views: dict[str, Tensor] = {}
         self._readonly = MappingProxyType(self._views)
         self.segments: dict[str, list[tuple[int, int, int]]] = {}  # model -> [(buffer index, start, end)]
@@ -85,8 +125,8 @@ class Accumulator:
         self.position = 0  # gradient transforms applied so far
         self.minibatches = 0
         self.records: list[MinibatchRecord] = []
-        self.totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # Σ w·loss, Σ w·normalizer
-        self.set_totals: dict[str, Tensor] = {}
+        self._totals: Tensor | None = None  # Σ w·loss, Σ w·normalizer (None: made from the records when read)
+        self._set_totals: dict[str, Tensor] = {}
         self._pair_views: dict[str | None, tuple[Tensor, tuple[Tensor, ...]]] = {}
         self.grad_norm: Tensor | None = None
         self.grad_norm_clipped: Tensor | None = None
@@ -102,7 +142,7 @@ class Accumulator:
             keys.setdefault((p.device, p.dtype), []).append(name)
         for i, ((dev, dtype), names) in enumerate(keys.items()):
             buf = torch.zeros(sum(self.params[n].numel() for n in names), dtype=dtype, device=dev)
-            self.buffers.append(buf)
+            self._buffers.append(buf)
             start = 0
             for n in names:
                 p = self.params[n]
@@ -114,48 +154,141 @@ class Accumulator:
                 else:
                     segs.append((i, start, start + p.numel()))
                 start += p.numel()
-        self._segment_views = [self.buffers[i][a:b] for segs in self.segments.values() for i, a, b in segs]
+        self._segment_views = [self._buffers[i][a:b] for segs in self.segments.values() for i, a, b in segs]
         self._grad_views: list[tuple[nn.Parameter, Tensor]] = [(self.params[n], v) for n, v in self._views.items()]
+
+    @property
+    def buffers(self) -> list[Tensor]:
+        """The flat gradient buffers, one per (device, dtype) of the task's parameters."""
+        if self._loose is not None:
+            self._gather()
+        return self._buffers
 
     @property
     def grads(self) -> Mapping[str, Tensor]:
         """Parameter name -> this task's gradient (read-only views into ``buffers``; empty before a minibatch).
         Under ``precision="16-mixed"``: ``scale × Σ gradients`` while ``accumulating``, true ones after."""
+        if self._loose is not None:
+            self._gather()
         return self._readonly if self.minibatches else _EMPTY
 
     def begin(self) -> None:
-        """Before a backward: start afresh after apply/reset; every ``.grad`` is this task's view (added into)."""
-        if not self.buffers:
+        """Before a backward. After apply/reset: start afresh, every ``.grad`` None, so that autograd puts the
+        gradients where a loop's first backward has them; later: every ``.grad`` is this task's view (added into)."""
+        if not self._buffers:
             self._allocate()
+        self._open = True
         if self.phase in (Phase.EMPTY, Phase.APPLIED):
             self._clear()
-            for buf in self.buffers:
-                buf.zero_()
+            self._loose = []  # marks the first backward; end() keeps its gradients
+            for p, _ in self._grad_views:
+                if p.grad is not None:
+                    p.grad = None
+            return
+        if self._loose is not None:
+            self._gather()
         for p, view in self._grad_views:
             if p.grad is not view:  # reading is cheaper than the setter's checks; usually already in place
                 p.grad = view
 
     def end(self) -> None:
-        """After a backward: shared parameters' ``.grad`` go back to None (each task keeps its own view)."""
+        """After a backward: the first one's gradients kept; shared parameters' ``.grad`` back to None (each
+        task keeps its own)."""
+        self._open = False
+        if self._loose is not None:
+            self._loose = [p.grad for p, _ in self._grad_views]
         for name in self.shared:
             self.params[name].grad = None
 
+    def _gather(self) -> None:
+        """The first backward's gradients into the flat buffer, one copy (zeros where a parameter got none);
+        ``.grad`` are the views again."""
+        loose, self._loose = self._loose, None
+        dst: list[Tensor] = []
+        src: list[Tensor] = []
+        missing: list[Tensor] = []
+        for (_, view), g in zip(self._grad_views, loose or [None] * len(self._grad_views)):  # a plain loop: per step
+            if g is None:
+                missing.append(view)
+            else:
+                dst.append(view)
+                src.append(g)
+        with torch.no_grad():
+            if src:
+                torch._foreach_copy_(dst, src)
+            if missing:
+                torch._foreach_zero_(missing)
+        if self._open:
+            for p, view in self._grad_views:
+                p.grad = view
+        else:
+            self.restore_grads()
+
     def record(self, linkedset: str, num_examples: int, weight: float, loss: Tensor, normalizer: Tensor) -> None:
-        """Add a minibatch's weighted loss and normalizer (tensors; nothing read back to the host)."""
-        # One [2] float64 pair (loss, normalizer), added into the step's sums and the linked set's: two tiny
-        # in-place adds per minibatch, no host read.
-        pair_w = torch.stack([loss.detach(), normalizer.detach()]).to(torch.float64)
-        if weight != 1.0:
-            pair_w = pair_w * weight
-        self.totals.add_(pair_w)
-        pair = self.set_totals.get(linkedset)
-        if pair is None:
-            pair = self.set_totals[linkedset] = torch.zeros(2, dtype=torch.float64, device=self.totals.device)
-        pair.add_(pair_w)
-        loss_w, normalizer_w = pair_w.unbind()
-        self.records.append(MinibatchRecord(linkedset, num_examples, weight, loss_w, normalizer_w))
+        """Keep a minibatch's loss and normalizer as they are (no kernel, no host read); the weighted float64
+        sums are made from the records when first read."""
+        self.records.append(MinibatchRecord(linkedset, num_examples, weight, raw=(loss, normalizer)))
+        self._totals = None
         self.minibatches += 1
         self.phase = Phase.ACCUMULATING
+
+    def _sum_records(self) -> None:
+        """The step's and each linked set's ``[Σ w·loss, Σ w·normalizer]`` (float64) from the records: each
+        record's pair converted to float64 and × its weight, as it reads alone, then summed (deterministic sums)."""
+        recs, dev = self.records, self.device
+        if not recs:
+            self._totals, self._set_totals = torch.zeros(2, dtype=torch.float64, device=dev), {}
+            return
+        flat: list[Tensor] = []
+        weights: list[float] = []
+        sets: dict[str, list[int]] = {}
+        for i, r in enumerate(recs):  # a plain loop: per step
+            if r.raw is not None:  # as the loss computer returned them: × the weight in float64 below
+                flat += r.raw
+                weights.append(r.weight)
+            else:  # loaded from a state: weighted already
+                flat += (r.loss, r.normalizer)
+                weights.append(1.0)
+            sets.setdefault(r.linkedset, []).append(i)
+        with torch.no_grad():
+            k = len(recs)
+            pairs = torch.stack(flat, out=torch.empty(2 * k, dtype=torch.float64, device=dev)).view(k, 2)
+            factors = tuple(weights)
+            if factors.count(1.0) != k:
+                w = self._weights.get(factors)
+                if w is None:
+                    if len(self._weights) > 16:
+                        self._weights.clear()
+                    w = self._weights[factors] = torch.tensor(factors, dtype=torch.float64, device=dev)[:, None]
+                pairs = pairs * w
+            totals = pairs.sum(0)
+            if len(sets) == 1:
+                set_totals = {s: totals.clone() for s in sets}
+            else:
+                set_totals = {}
+                for s, positions in sets.items():
+                    at = tuple(positions)
+                    pick = self._picks.get(at)
+                    if pick is None:
+                        if len(self._picks) > 64:
+                            self._picks.clear()
+                        pick = self._picks[at] = torch.tensor(at, dtype=torch.long, device=dev)
+                    set_totals[s] = pairs.index_select(0, pick).sum(0)
+        self._totals, self._set_totals = totals, set_totals
+
+    @property
+    def totals(self) -> Tensor:
+        """``[Σ w·loss, Σ w·normalizer]`` over the accumulated minibatches (float64; made when first read)."""
+        if self._totals is None:
+            self._sum_records()
+        return self._totals  # type: ignore[return-value]
+
+    @property
+    def set_totals(self) -> Mapping[str, Tensor]:
+        """Linked set -> its ``[Σ w·loss, Σ w·normalizer]`` in this accumulation (float64)."""
+        if self._totals is None:
+            self._sum_records()
+        return MappingProxyType(self._set_totals)
 
     def _views_of(self, key: str | None, pair: Tensor) -> tuple[Tensor, ...]:
         """The two 0-d views of a ``[2]`` sum (made once per sum tensor; a reassigned tensor gets new ones)."""
@@ -167,6 +300,7 @@ class Accumulator:
     def reset(self) -> None:
         """Discard what was accumulated; owned parameters' ``.grad`` become None."""
         self._clear()
+        self._loose = None
         for name in self.params:
             self.params[name].grad = None
 
@@ -175,10 +309,11 @@ class Accumulator:
         if self.phase not in (Phase.EMPTY, Phase.APPLIED) or minibatches < 1:
             raise ValueError(f"task {self.task!r}: adopt() needs an empty (or applied) accumulator and "
                              f"minibatches >= 1; it is {self.phase} and minibatches={minibatches}")
-        if not self.buffers:
+        if not self._buffers:
             self._allocate()
         self._clear()
-        for buf in self.buffers:
+        self._loose = None
+        for buf in self._buffers:
             buf.zero_()
         self.minibatches = int(minibatches)
         self.phase = Phase.ACCUMULATING
@@ -202,13 +337,16 @@ class Accumulator:
                      minibatches: int | None = None) -> None:
         """After an all-reduce of the buffers: summed totals, summed per-set totals for the sets in ``replaced``
         (absent: no process drew from it) and the minibatch count (None: keep this process's)."""
+        kept = {s: v for s, v in self.set_totals.items() if s not in replaced}
         self.totals.copy_(totals)
-        self.set_totals = {**{s: v for s, v in self.set_totals.items() if s not in replaced}, **set_totals}
+        self._set_totals = {**kept, **set_totals}
         if minibatches is not None:
             self.minibatches = int(minibatches)
 
     def restore_grads(self) -> None:
         """Owned parameters' ``.grad`` show this task's gradient again (after an optimizer step used others)."""
+        if self._loose is not None:
+            return self._gather()  # which ends here
         have = bool(self.minibatches)
         for name in self.owned:  # usually still in place (the update stepped with these views): reading is cheaper
             if self.params[name].grad is not (g := self._views[name] if have else None):
@@ -322,19 +460,20 @@ class Accumulator:
         self.minibatches = int(state["minibatches"])
         self.phase = Phase(state["phase"])
         self.position = int(state.get("position", 0))
-        self.records = [MinibatchRecord(r["linkedset"], int(r["num_examples"]), float(r["weight"]), r["loss"].to(dev),
-                                        r.get("normalizer", r.get("norm")).to(dev)) for r in state["records"]]  # norm: 0.2
-        self.totals = state["totals"].to(dev, torch.float64).clone()
-        self.set_totals = {k: v.to(dev, torch.float64).clone() for k, v in state["set_totals"].items()}
+        self.records = [MinibatchRecord(r["linkedset"], int(r["num_examples"]), float(r["weight"]),
+                                        weighted=(r["loss"].to(dev), r.get("normalizer", r.get("norm")).to(dev)))
+                        for r in state["records"]]  # norm: 0.2
+        self._totals = state["totals"].to(dev, torch.float64).clone()
+        self._set_totals = {k: v.to(dev, torch.float64).clone() for k, v in state["set_totals"].items()}
         self.grad_norm, self.grad_norm_clipped = to(state["grad_norm"]), to(state["grad_norm_clipped"])
         self.clip_fraction = to(state["clip_fraction"])
         self.model_norms = {k: v.to(dev) for k, v in state["model_norms"].items()}
         self.model_norms_clipped = {k: v.to(dev) for k, v in state["model_norms_clipped"].items()}
         self.stats = {k: v.to(dev) for k, v in state.get("stats", {}).items()}
         if self.minibatches:
-            if not self.buffers:
+            if not self._buffers:
                 self._allocate()
-            for buf in self.buffers:
+            for buf in self._buffers:
                 buf.zero_()
             for name, g in state["grads"].items():
                 self._views[name].copy_(g)
@@ -351,7 +490,7 @@ class Accumulator:
 
     def __repr__(self) -> str:
         return (f"Accumulator({self.task!r}, phase={str(self.phase)!r}, minibatches={self.minibatches}, "
-                f"grads={len(self.grads)} tensors in {len(self.buffers)} flat buffer(s))")
+                f"grads={len(self._views) if self.minibatches else 0} tensors in {len(self._buffers)} flat buffer(s))")
 
     def _repr_html_(self) -> str:
         return values_html(self.summary(), "mtlab task state")

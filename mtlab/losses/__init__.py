@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..base.errors import BatchError
+from ..base.frames import frame_mask
 from ..base.registry import Registry, build
 
 LossResult = tuple[Tensor, Tensor]
@@ -22,8 +23,9 @@ IGNORE_INDEX = -100  # target value of padded frames in the frame cross-entropy 
 
 
 def time_mask(lengths: Tensor, max_len: int) -> Tensor:
-    """``[B, max_len]`` bool mask, True on valid frames."""
-    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+    """``[B, max_len]`` bool mask, True on valid frames: made once per lengths tensor (``collate`` makes it with
+    the batch) and kept with it (``mtlab.base.frames``); read it, do not change it in place."""
+    return frame_mask(lengths, max_len).valid
 
 
 def lookup(kind: str, where: Mapping[str, Tensor], name: str, owner: object) -> Tensor:
@@ -96,10 +98,11 @@ class CrossEntropy:
         if lengths is None:
             return (F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum"),
                     logits.new_full((), float(target.numel())))
-        valid = time_mask(lengths, target.shape[1])
-        target = torch.where(valid, target, IGNORE_INDEX)
+        # the batch's frame mask and count, made once per batch (by collate), read here
+        frames = frame_mask(lengths, target.shape[1])
+        target = target.masked_fill(frames.padding, IGNORE_INDEX)
         loss = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
-        return loss, valid.sum().to(logits.dtype)
+        return loss, frames.count(logits.dtype)
 
 
 class MSE:
@@ -125,11 +128,13 @@ class MSE:
         lengths = lengths_for(seq_lengths, self.target, self.output)
         if out.dim() < 2 or lengths is None:
             return F.mse_loss(out, target, reduction="sum"), out.new_full((), float(out.numel()))
-        valid = time_mask(lengths, out.shape[1])
+        frames = frame_mask(lengths, out.shape[1])  # made once per batch (by collate), read here
+        valid = frames.valid
         # Padded frames take the target's value, so they add exactly 0 to the loss and get no gradient.
         kept = torch.where(valid.view(*valid.shape, *([1] * (out.dim() - 2))), out, target)
         elems_per_frame = out[0, 0].numel()
-        return F.mse_loss(kept, target, reduction="sum"), valid.sum().to(out.dtype) * elems_per_frame
+        count = frames.count(out.dtype)
+        return F.mse_loss(kept, target, reduction="sum"), count * elems_per_frame if elems_per_frame != 1 else count
 
 
 # Loss computers by name. The core holds the generic ones; domain packages register theirs on

@@ -16,8 +16,10 @@ if str(BENCH) not in sys.path:
 peers = importlib.import_module("peers")
 
 ROOT = str(MTLAB.resolve())
-PER_MINIBATCH = 27  # mtlab functions one process_minibatch(batch=...) enters (today: 24, the first after finish 25)
-PER_FINISH = 86  # finish(): normalize, clip, apply and the step's history row (today: 80; 104 before the step path lost its per-tensor generator expressions)
+PER_MINIBATCH = 31  # mtlab functions one process_minibatch(batch=...) enters (today: 26, the second of a step 27 (its
+# first gradients into the flat buffer), a batch built by hand 30 on its first use (its frame mask made))
+PER_FINISH = 95  # finish(): normalize, clip, apply and the step's history row (today: 91 with the step's sums of the
+# records; 80 before, 104 before the step path lost its per-tensor generator expressions)
 PER_CYCLE = 4 * PER_MINIBATCH + PER_FINISH
 
 
