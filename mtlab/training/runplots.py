@@ -18,6 +18,7 @@ from matplotlib.lines import Line2D
 
 from ..core.columns import parse_column
 from ..core.journal import Journal
+from ..core.knobs import change_words, fmt
 from .plotparts import LEGEND_CELL, WIDTH_PX, legend_lines, log_axis, new_figure
 from .plotseries import HistoryLike, as_frame, series_from_frame, steps_of, tasks_in, thin
 from .plotstyle import (
@@ -55,69 +56,74 @@ def _history(run: RunLike) -> pd.DataFrame:
 
 
 def short_number(v: Any) -> str:
-    """A knob's value as a person writes it: ``1e-3``, ``2.5e-4``, ``0.5``, ``16``."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return str(v)
-    if v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e4):
-        mantissa, exponent = f"{v:.2e}".split("e")
-        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-    return f"{v:.3g}"
+    """A knob's value as a person writes it: ``1e-3``, ``2.5e-4``, ``0.5``, ``16`` (``mtlab.core.knobs.fmt``)."""
+    return fmt(v)
 
 
 def change_in_words(entry: Mapping[str, Any]) -> str | None:
-    """A journal's knob change in words, with the step from which it acts (``lr 1e-3 from step 31``); None for
+    """A journal's knob change in words, with the step from which it acts (``lr -> 1e-3 from step 31``); None for
     entries that set nothing a reader compares (a data position, a fork)."""
-    kind, step = entry.get("kind"), int(entry.get("step", 0))
-    at = f"from step {step + 1}"
-    value = entry.get("value")
-    if kind == "lr":
-        return f"lr {short_number(value)} {at}"
-    if kind == "weight":
-        return f"{entry.get('task')}/{entry.get('linkedset')} weight {short_number(value)} {at}"
-    if kind == "task_weight":
-        return f"task {entry.get('task')} weight {short_number(value)} {at}"
-    if kind == "clip":
-        if value is None and entry.get("norm") is None and entry.get("percentile") is None:
-            return f"clipping off {at}"
-        parts = [f"{name} {short_number(entry[key])}" for key, name in (("value", "clip value"), ("norm", "clip norm"),
-                                                                         ("percentile", "clip percentile"))
-                 if entry.get(key) is not None]
-        return f"{', '.join(parts)} {at}"
-    if kind == "combine":
-        method = entry.get("method")
-        name = method.get("name", method.get("method", "custom")) if isinstance(method, Mapping) else method
-        return f"combine {name} {at}"
-    if kind == "minibatches_per_step":
-        task = entry.get("task")
-        return f"{'K' if task is None else f'{task}/K'} (minibatches per step) {value} {at}"
-    if kind == "batch_size":
-        return f"{entry.get('task')}/batch size {value} {at}"
-    if kind == "reinitialize":
-        return f"re-initialised at step {entry.get('from_step')}"
-    if kind == "restore":
-        return f"went back to step {entry.get('to_step')}"
-    if kind == "resume":
-        return f"resumed at step {entry.get('to_step')}"
-    if kind in ("data_position", "fork"):
+    words = change_words(entry)
+    if words is None:
         return None
-    return f"{kind} at step {step}"
+    kind = entry.get("kind")
+    if kind in ("reinitialize", "restore", "resume"):
+        return words
+    return f"{words} from step {int(entry.get('step', 0)) + 1}"
 
 
-def run_differences(journals: Mapping[str, Journal], per_run: int = 4) -> dict[str, list[str]]:
-    """Run name -> what sets it apart in words (its knob changes after the past all the journals share), at most
-    ``per_run`` (the latest) and a count of the rest."""
+def _flat(table: Any, path: str = "") -> dict[str, Any]:
+    """A recipe's settings as ``{"trainer.initial_learning_rate": 0.01, ...}``."""
+    if not isinstance(table, Mapping):
+        return {path: table}
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        out.update(_flat(value, f"{path}.{key}" if path else str(key)))
+    return out
+
+
+def recipe_differences(recipes: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Run name -> the recipe settings where it differs from the other runs (``initial_learning_rate = 0.02``):
+    what sets experiment folders apart, rather than what each one's schedule did step by step."""
+    kept = ("trainer", "models", "tasks")
+    flat = {name: _flat({k: v for k, v in r.items() if k in kept}) for name, r in recipes.items()}
+    keys = list(dict.fromkeys(k for f in flat.values() for k in f))
+    differ = [k for k in keys if len({repr(f.get(k)) for f in flat.values()}) > 1]
+    return {name: [f"{k.removeprefix('trainer.')} = {fmt(f[k]) if isinstance(f.get(k), float) else f.get(k)}"
+                   for k in differ if k in f] for name, f in flat.items()}
+
+
+def run_differences(journals: Mapping[str, Journal], per_run: int = 4,
+                    recipes: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, list[str]]:
+    """Run name -> what sets it apart in words: the recipe settings where it differs from the others (experiment
+    folders), then its knob changes after the past all the journals share, at most ``per_run`` (the latest) and a
+    count of the rest. The schedule's own changes (the learning rate's decay at every step, a stage) are the
+    recipe's doing, said by its settings, not step by step."""
     lists = [j.entries for j in journals.values()]
     shared = 0
     if lists:
         shortest = min(len(e) for e in lists)
         while shared < shortest and all(e[shared] == lists[0][shared] for e in lists[1:]):
             shared += 1
+    settings = recipe_differences(recipes) if recipes and len(recipes) > 1 else {}
     out: dict[str, list[str]] = {}
     for name, j in journals.items():
-        said = [w for e in j.entries[shared:] if e["type"] == "change" and (w := change_in_words(e))]
+        said = [w for e in j.entries[shared:] if e["type"] == "change" and e.get("source") != "schedule"
+                and (w := change_in_words(e))]
         more = len(said) - per_run
-        out[name] = said[-per_run:] if more <= 0 else [f"{more} earlier change(s)", *said[-per_run:]]
+        own = settings.get(name, [])
+        out[name] = own + (said[-per_run:] if more <= 0 else [f"{more} earlier change(s)", *said[-per_run:]])
     return out
+
+
+def _recipe(run: RunLike) -> Mapping[str, Any] | None:
+    """An experiment folder's recipe (``recipe.json``), else None."""
+    import json
+
+    if isinstance(run, (str, Path)) and (Path(run) / "recipe.json").is_file():
+        recipe = json.loads((Path(run) / "recipe.json").read_text())
+        return recipe if isinstance(recipe, Mapping) else None
+    return None
 
 
 def parting_step(base: pd.DataFrame, other: pd.DataFrame, columns: Sequence[str]) -> float | None:
@@ -154,7 +160,9 @@ def plot_runs(runs: Mapping[str, RunLike], panel: str = "loss", width_px: int = 
     frames = {name: _history(run) for name, run in runs.items()}
     tasks = list(dict.fromkeys(t for df in frames.values() for t in tasks_in(df.columns)))
     journals = {name: j for name, run in runs.items() if (j := _journal(run)) is not None} if differences else {}
-    said = run_differences(journals) if len(journals) > 1 or (journals and len(runs) == 1) else {}
+    recipes = {name: r for name, run in runs.items() if (r := _recipe(run)) is not None} if differences else {}
+    said = (run_differences(journals, recipes=recipes) if len(journals) > 1 or (journals and len(runs) == 1)
+            else {})
     entries = [(Line2D([], [], color=PALETTE[i % len(PALETTE)], lw=2.2), name) for i, name in enumerate(frames)]
     if len(tasks) > 1:
         entries += [(Line2D([], [], color="#555555", lw=1.4, ls=TASK_DASHES[i % len(TASK_DASHES)]), f"task {t}")
