@@ -89,6 +89,13 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _steps(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--steps {text}: give a number of steps >= 1 to run now, or leave --steps "
+                                         "out to train to the end")
+    return int(text)
+
+
 LARGE_ON_CPU = 2_000_000  # parameters above which a CPU run is told its cost before it starts
 
 
@@ -131,7 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--steps", type=int, default=None, help="run at most this many steps now (default: to the end)")
+        p.add_argument("--steps", type=_steps, default=None, help="run at most this many steps now (default: to the end)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar; log lines instead")
         p.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: 1 for demo, else the CPUs not busy with other work)")
@@ -266,12 +273,25 @@ def _fresh_expdir(path: Path, overwrite: bool = False, recipe: Any = "RECIPE") -
         remove_run(path)
         print(f"--overwrite: the run in {path} was removed; training starts again")
         return
+    shown = recipe if isinstance(recipe, (str, Path)) else "RECIPE"
+    if held and _trained_nothing(path):
+        raise ConfigError(f"{path} holds a run that stopped before its first step (see {path / 'summary.txt'}): "
+                          f"after fixing what stopped it, `mtlab train {shown} --expdir {path} --overwrite` starts "
+                          "again; or choose another --expdir")
     if held:
-        shown = recipe if isinstance(recipe, (str, Path)) else "RECIPE"
         raise ConfigError(f"{path} already holds an experiment ({', '.join(held)}): `mtlab resume {path}` continues "
                           f"it with the recipe it started with; `mtlab train {shown} --expdir {path} --overwrite` "
                           "starts it again from the recipe (after fixing it: the old checkpoints and tables are "
                           "removed); or choose another --expdir")
+
+
+def _trained_nothing(path: Path) -> bool:
+    """Whether the run in ``path`` ended before its first step (an error then): nothing there to resume."""
+    summary = path / "summary.json"
+    try:
+        return not (path / "latest.pt").is_file() and json.loads(summary.read_text()).get("step") == 0
+    except (OSError, ValueError):
+        return False
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -317,9 +337,14 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
         schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
     except MtlabError as exc:
         if exp.trainer.step_count == first == 0 and args.command == "train":
+            from ..base.errors import DataError
+
             shown = args.recipe if isinstance(args.recipe, (str, Path)) else "RECIPE"
-            explain(exc, f"nothing was trained: after fixing the recipe, `mtlab train {shown} --expdir {expdir} "
-                         "--overwrite` starts again (`mtlab resume` would replay this recipe)")
+            what = ("the data (or the recipe's data, to point at other data)" if isinstance(exc, DataError)
+                    else "the recipe")
+            explain(exc, f"nothing was trained: after fixing {what}, `mtlab train {shown} --expdir {expdir} "
+                         "--overwrite` starts again (`mtlab resume` would read the same recipe and data and fail "
+                         "the same way)")
         raise
     finally:
         if logger is not None:

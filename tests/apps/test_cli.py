@@ -107,3 +107,32 @@ def test_train_says_how_many_threads_run(tiny_corpus: Path, tmp_path: Path) -> N
     exp = from_recipe(recipe)
     exp.trainer.step()
     assert _postfix(exp.trainer)["threads"] == "1"  # the progress bar shows it too (one_thread fixture)
+
+
+@pytest.mark.parametrize("steps", ["-3", "0", "x"])
+def test_steps_below_one_are_refused_before_anything(steps: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "r.toml").write_text("[trainer]\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["train", str(tmp_path / "r.toml"), "--expdir", str(tmp_path / "exp"), "--steps", steps])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and ">= 1" in err and "--overwrite" not in err.splitlines()[-1], err
+    assert not (tmp_path / "exp").exists()
+
+
+@pytest.mark.slow
+def test_bad_data_names_the_data_as_the_fix_and_never_resume(tiny_corpus: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    corpus = Path(shutil.copytree(tiny_corpus, tmp_path / "corpus"))
+    spk = corpus / "train" / "spk.txt"
+    spk.write_text(spk.read_text().replace(" 1\n", " spk1\n", 1))  # a speaker id that is not a number
+    recipe = write_tiny_recipe(tmp_path / "tiny.toml", corpus)
+    exp = tmp_path / "exp"
+    assert main(["train", str(recipe), "--expdir", str(exp), "--no-progress", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "after fixing the data" in err and "--overwrite" in err and "fail the same way" in err, err
+    assert main(["train", str(recipe), "--expdir", str(exp), "--no-progress", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "stopped before its first step" in err and "--overwrite" in err and "mtlab resume" not in err, err
