@@ -7,9 +7,10 @@ classes (40-dim inputs). Two kinds of case:
   on zero-padded batches, all built before any timing. The baseline is plain PyTorch with no mtlab code in it:
   padded targets are -100, ``F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100,
   reduction="sum")``, gradients divided once by the window's frame count, ``clip_grad_value_``, torch's
-  ``Adam``. mtlab gets the same model and the same prebuilt batches through its public API
-  (``process_minibatch(task, linkedset, batch=...)`` for each minibatch, then ``finish()``); Accelerate and
-  Lightning get them too.
+  ``Adam``. mtlab gets the same model and the same minibatches through its public API: each made once, before
+  any timing, the way a user makes a batch for mtlab (``mtlab.collate`` of the examples, which makes the frame
+  mask with it), then ``process_minibatch(task, linkedset, batch=...)`` for each minibatch and ``finish()``;
+  Accelerate and Lightning get the padded batches too.
 - **With packing and streaming** (``overhead-streaming``, ``compute-streaming``, ``multitask``): every system
   runs mtlab's ``BLSTM`` (packed sequences) and draws its batches from mtlab's ``BatchStream`` inside the
   timed region (``bench/common.py``: ``UserLoop``), which adds the same fixed cost to every system.
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import time
@@ -59,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
 
 import mtlab  # noqa: E402
+from mtlab.base.batching import to_device  # noqa: E402
 from mtlab.models import BLSTM, MeanPool  # noqa: E402
 from mtlab.tasks.sampling import BatchStream  # noqa: E402
 
@@ -251,17 +254,33 @@ def cycle(batches: list[Padded]):
         yield from batches
 
 
-def plain_mtlab(model: nn.Module, batches: list[Padded], batch: int, device: str, precision: str = "32") -> System:
-    """The same model and prebuilt batches through mtlab's public calls: K ``process_minibatch(batch=...)``,
-    then ``finish()`` (normalize by the window's frames, clip, one Adam step)."""
+def plain_trainer(model: nn.Module, batch: int, device: str, precision: str = "32") -> mtlab.Trainer:
+    """mtlab's trainer for the loop a user writes: one task on the user's model, K minibatches per step."""
     task = mtlab.Task("tag", nodes=[mtlab.Node("logits", "tagger", ["x"])], inputs=["x"], targets=["y"],
                       outputs=["logits"], loss=mtlab.losses.CrossEntropy(output="logits", target="y"),
                       linkedsets={"train": mtlab.LinkedSet(None)},  # no stream: every batch is given
                       batch_size=batch)
-    tr = mtlab.Trainer({"tagger": model}, [task], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=K,
-                       device=device, seed=0, precision=precision)
-    ready = [({"x": x, "y": y}, {"x": n, "y": n}) for x, y, n in batches]  # (data, seq_lengths), built once
-    it = cycle(ready)
+    return mtlab.Trainer({"tagger": model}, [task], lr=1e-3, clip_grad_value=1.0, numbatches_to_aggregate=K,
+                         device=device, seed=0, precision=precision)
+
+
+def collated(batches: list[Padded], device: str) -> list:
+    """The same minibatches the public way a user builds them for mtlab: each example cut from the padded batch,
+    ``mtlab.collate`` (zero-padded, with their lengths and frame masks), moved to ``device``; built once."""
+    out = []
+    for x, y, n in batches:
+        x, y = x.cpu(), y.cpu()
+        chunk = [{"x": x[i, :t], "y": y[i, :t]} for i, t in enumerate(n.tolist())]
+        out.append(to_device(mtlab.collate(chunk), torch.device(device)))
+    return out
+
+
+def plain_mtlab(model: nn.Module, batches: list[Padded], batch: int, device: str, precision: str = "32") -> System:
+    """The same model and minibatches through mtlab's public calls: K ``process_minibatch(batch=...)`` on batches
+    made by ``mtlab.collate`` before any timing, then ``finish()`` (normalize by the window's frames, clip, one Adam
+    step)."""
+    tr = plain_trainer(model, batch, device, precision)
+    it = cycle(collated(batches, device))
 
     def step() -> None:
         for _ in range(K):
@@ -559,12 +578,14 @@ def main() -> None:
     missing = [p for p in ("lightning", "accelerate") if not available(p)]
     if missing:
         print(f"not installed (rows say so): {missing}; pip install \"mtlab[bench]\"")
+    print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} before (1-minute average)")
     print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}, K={K}, "
           f"rounds={args.rounds}, clock {clock_name}, precision {precision}; ratio = median per-round time / loop's, ± half-range of the per-round ratios")
     print(f"{'case':<20}{'system':<12}{'ms/step':>10}{'ratio':>8}{'spread':>9}{'peak MB':>12}{'ratio':>8}")
     for case in cases:
         for r in run_case(case, args.rounds, args.device, args.steps, clock, precision, not args.no_lightning):
             print(format_row(r), flush=True)
+        print(f"load {os.getloadavg()[0]:.1f} after {case}", flush=True)
 
 
 if __name__ == "__main__":

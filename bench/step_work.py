@@ -9,6 +9,11 @@ and ``collate``, counted in both).
     python bench/step_work.py --case multitask --precision bf16
     python bench/step_work.py --layers              # also: where mtlab's own time goes, layer by layer
 
+For the loop a user writes (``overhead``, ``compute``) it also counts one minibatch: mtlab's
+``process_minibatch`` on a batch made by ``mtlab.collate`` against the user's own minibatch (forward, the same
+loss, backward), averaged over the minibatches of a step, and the rest of the step (mtlab's ``finish()``: normalize,
+clip, apply; the loop's division, clipping and Adam step).
+
 ``--layers`` profiles both systems with cProfile over the same steps and charges each function's own time
 (and that of the builtins and torch calls it makes directly) to the mtlab layer of its file: the share of the
 step each layer costs beside the loop's whole step. The profiler slows Python far more than torch's kernels,
@@ -24,6 +29,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -61,6 +68,51 @@ def count(step, steps: int = 5) -> tuple[float, float, Counter]:
     finally:
         sys.setprofile(None)
     return sum(mode.ops.values()) / steps, calls / steps, mode.ops
+
+
+def minibatch_ops(case: str = "overhead", steps: int = 3) -> dict[str, float]:
+    """Torch ops per minibatch (averaged over the minibatches of the steps after the first) and per step's rest, of
+    mtlab (``process_minibatch`` on ``mtlab.collate`` batches, then ``finish()``) and of the user's loop (forward,
+    loss, backward; then division, clipping, Adam), on the same minibatches."""
+    layers, hidden, batch, lo, hi, _ = peers.SETTINGS[case]
+    k = common.K
+    padded = peers.plain_batches(batch, lo, hi, "cpu", n=(steps + 1) * k)
+    tr = peers.plain_trainer(peers.plain_model(layers, hidden), batch, "cpu")
+    ready = peers.collated(padded, "cpu")
+    model = peers.plain_model(layers, hidden)
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=1e-3)
+    mb: dict[str, Counter] = {"mtlab": Counter(), peers.LOOP: Counter()}
+    rest: dict[str, Counter] = {"mtlab": Counter(), peers.LOOP: Counter()}
+    for step in range(steps + 1):  # the first step makes the optimizers' state: not counted
+        window = range(step * k, (step + 1) * k)
+        for i in window:
+            with CountOps() as mode:
+                tr.process_minibatch("tag", "train", batch=ready[i])
+            mb["mtlab"] += mode.ops if step else Counter()
+        with CountOps() as mode:
+            tr.finish()
+        rest["mtlab"] += mode.ops if step else Counter()
+        opt.zero_grad()
+        frames = torch.zeros((), dtype=torch.long)
+        for i in window:
+            x, y, _ = padded[i]
+            with CountOps() as mode:
+                F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=common.IGNORE,
+                                reduction="sum").backward()
+            mb[peers.LOOP] += mode.ops if step else Counter()
+            with CountOps() as mode:
+                frames = frames + (y != common.IGNORE).sum()
+            rest[peers.LOOP] += mode.ops if step else Counter()
+        with CountOps() as mode:
+            for p in params:
+                p.grad.div_(frames)
+            torch.nn.utils.clip_grad_value_(params, 1.0)
+            opt.step()
+        rest[peers.LOOP] += mode.ops if step else Counter()
+    out = {f"{n}/minibatch": sum(c.values()) / (steps * k) for n, c in mb.items()}
+    out.update({f"{n}/rest": sum(c.values()) / steps for n, c in rest.items()})
+    return out
 
 
 # mtlab's files by the layer a reader knows them as (paths relative to the package)
@@ -141,6 +193,12 @@ def main() -> None:
     extra_ops = (rows["mtlab"][0] - rows[peers.LOOP][0]) / minibatches
     extra_calls = (rows["mtlab"][1] - rows[peers.LOOP][1]) / minibatches
     print(f"mtlab's extra work per minibatch: {extra_ops:.1f} torch ops, {extra_calls:.0f} Python calls")
+    if args.case in peers.PLAIN and precision == "32":
+        per = minibatch_ops(args.case)
+        mt, loop = per["mtlab/minibatch"], per[f"{peers.LOOP}/minibatch"]
+        print(f"torch ops per minibatch (averaged over a step): mtlab {mt:.2f}, the user's (forward, loss, backward) "
+              f"{loop:.2f}: {mt - loop:+.2f}; the rest of a step: mtlab's finish() {per['mtlab/rest']:.0f}, "
+              f"the loop's {per[f'{peers.LOOP}/rest']:.0f} (its frame count, division, clipping, Adam)")
     if args.top:
         diff = rows["mtlab"][2] - rows[peers.LOOP][2]
         print("ops mtlab dispatches more often than the loop (over the counted steps):",
