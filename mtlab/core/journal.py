@@ -32,13 +32,12 @@ from typing import Any
 import torch
 
 from ..base.errors import ConfigError
+from .knobs import change_words
 
 
 FORMAT = "mtlab-journal"
 VERSION = 1
-SOURCES = ("code", "dashboard", "schedule", "validation")
-CHANGES = ("weight", "task_weight", "lr", "clip", "combine", "minibatches_per_step", "batch_size", "restore",
-           "resume", "reinitialize", "fork", "data_position", "stage")
+SOURCES = ("code", "dashboard", "schedule", "validation", "attached")
 CALLS = ("step", "minibatch", "normalize", "clip", "apply", "finish", "reset")
 
 
@@ -131,7 +130,7 @@ class Journal:
 
     >>> trainer.set_weight("a", "noisy", 0.2); trainer.step()  # doctest: +SKIP
     >>> trainer.journal.lines()[-1]  # doctest: +SKIP
-    'step 0: weight task=a, linkedset=noisy, value=0.2 (code)'
+    'step 0: a/noisy weight -> 0.2 (code)'
     >>> with trainer.journal.source("schedule"):  # doctest: +SKIP
     ...     trainer.lr = 1e-4
     """
@@ -322,10 +321,13 @@ class Journal:
         for e in self.entries:
             if e["type"] == "call" and not calls:
                 continue
-            skip = {"type", "kind", "step", "minibatch", "tick", "source", "inside", "time"}
-            what = ", ".join(f"{k}={v}" for k, v in e.items() if k not in skip)
+            if e["type"] == "change":
+                what = change_words(e) or e["kind"]
+            else:
+                skip = {"type", "kind", "step", "minibatch", "tick", "source", "inside", "time"}
+                what = f"{e['kind']} " + ", ".join(f"{k}={v}" for k, v in e.items() if k not in skip)
             where = f"step {e['step']}" + (f", minibatch {e['minibatch']}" if e["minibatch"] else "")
-            out.append(f"{where}: {e['kind']} {what} ({e['source']}{', during the step' if e['inside'] else ''})")
+            out.append(f"{where}: {what.rstrip()} ({e['source']}{', during the step' if e['inside'] else ''})")
         return out
 
     def __len__(self) -> int:

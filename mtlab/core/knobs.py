@@ -77,26 +77,57 @@ class Knob:
             raise ConfigError(f"knob {self.name!r}: scope must be one of {SCOPES}, got {self.scope!r}")
 
     def words(self, value: Any, task: str | None = None, linkedset: str | None = None) -> str:
-        """The change in words, the same everywhere (events, journal lines, status): ``lr -> 0.002``,
-        ``a/noisy weight -> 0.5``, ``task a weight -> 0.7``, ``batch size of a -> 4``, ``clip value -> off``."""
+        """The change in words, the same everywhere (events, journal lines, status, ``plot_runs``): ``lr 1e-3``,
+        ``a/noisy weight 0.5``, ``task a weight 0.7``, ``b/batch size 4``, ``a/K (minibatches per step) 2``,
+        ``clip value off``."""
         label = self.label or self.name.replace("_", " ")
         if linkedset is not None:
-            return f"{task}/{linkedset} {label} -> {fmt(value)}"
+            return f"{task}/{linkedset} {label} {fmt(value)}"
         if task is not None:
-            return (f"task {task} {label}" if self.scope == "task" and self.label == "weight"
-                    else f"{label} of {task}") + f" -> {fmt(value)}"
-        return f"{label}{' of every task' if self.scope == 'task_or_all' else ''} -> {fmt(value)}"
+            where = f"task {task} " if self.scope == "task" and self.label == "weight" else f"{task}/"
+            return f"{where}{label} {fmt(value)}"
+        return f"{label} {fmt(value)}"
 
 
 def fmt(value: Any) -> str:
-    """A knob's value as text: numbers with 3 significant digits (``0.002``, ``1e-05``), None as ``off``."""
+    """A knob's value as a person writes it: ``1e-3``, ``2.5e-4``, ``0.5``, ``16``; None as ``off``."""
     if value is None:
         return "off"
     if isinstance(value, bool):
         return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
+    if isinstance(value, Mapping):
+        return str(value.get("type", value.get("name", "custom")))
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if value != 0 and (abs(value) < 1e-2 or abs(value) >= 1e4):
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return f"{value:.3g}"
+
+
+def change_words(entry: Mapping[str, Any]) -> str | None:
+    """A journal entry of a change in words, the one wording the journal's lines, the dashboard's events and
+    ``plot_runs`` use (``lr -> 1e-3``, ``a/noisy weight -> 0.5``); None for what sets no knob (a data position,
+    a fork)."""
+    kind = entry.get("kind")
+    if kind == "clip":  # a journal written before the knob table: every clip setting in one entry
+        parts = [KNOBS[name].words(entry.get(key)) for key, name in
+                 (("value", "clip_grad_value"), ("norm", "clip_grad_norm"), ("percentile", "clip_grad_percentile"))
+                 if entry.get(key) is not None]
+        return ", ".join(parts) or "clipping off"
+    knob = KNOBS.get(str(kind))
+    if knob is not None:
+        value = entry["method"] if kind == "combine" and "value" not in entry and "method" in entry else entry.get("value")
+        return knob.words(value, entry.get("task"), entry.get("linkedset"))
+    if kind == "reinitialize":
+        return f"re-initialised (from step {entry.get('from_step')})"
+    if kind == "restore":
+        return f"went back to step {entry.get('to_step')}"
+    if kind == "resume":
+        return f"resumed at step {entry.get('to_step')}"
+    if kind in ("data_position", "fork"):
+        return None
+    return str(kind)
 
 
 class KnobTable(Mapping[str, Knob]):
@@ -264,7 +295,7 @@ for _row in (
          lambda tr, v, t, s: setattr(tr, "chain", tr.chain.replaced(Normalize, Normalize() if v else None)),
          when="apply", control=("toggle",), doc="divide each task's gradients by its accumulated normalizer"),
     Knob("minibatches_per_step", "task_or_all", _k_check, _k_read, _k_write, when="step",
-         control=("int", 1, 16), doc="minibatch rounds accumulated per step (K)"),
+         control=("int", 1, 16), label="K (minibatches per step)", doc="minibatch rounds accumulated per step (K)"),
     Knob("batch_size", "task", _batch_check, lambda tr, t, s: tr.tasks[t].batch_size, _batch_write,
          control=("int", 1, 64), doc="examples per minibatch of a task's linked sets"),
     Knob("combine", "trainer", _combine_check, _combine_read, _combine_write, when="apply",
