@@ -374,7 +374,7 @@ def _resume(args: argparse.Namespace) -> int:
     if choice.path is None:
         raise ConfigError(f"nothing to resume: {choice.why}; `mtlab train RECIPE --expdir {args.expdir}` starts a run")
     print(f"resuming from {choice.why}", file=sys.stderr)
-    exp = load(choice.path, expdir=args.expdir)
+    exp = load(choice.path, recipe=_moved(args.expdir, choice.path))
     restore_rank_state(exp.trainer, choice.path)  # latest.pt: the RNG and data positions of the moment it was taken
     trainer, schedule = exp.trainer, exp.schedule
     if (schedule.finished or trainer.step_count >= schedule.num_steps) and choice.path.name == "final.pt":
@@ -385,6 +385,19 @@ def _resume(args: argparse.Namespace) -> int:
     return _train(exp, args.expdir, args)  # done in latest.pt (killed while finishing): writes final.pt and the tables
 
 
+def _moved(expdir: Path, checkpoint: Path) -> Any:
+    """The recipe ``checkpoint`` carries, with the data locations edited in the experiment's own recipe.toml
+    (``mtlab.apps.relocate``); None when the checkpoint cannot be read (``load`` then says why)."""
+    from ..core.state import CheckpointError, load_safe
+    from .relocate import relocated
+
+    try:
+        recipe = load_safe(checkpoint).get("recipe")
+    except CheckpointError:
+        return None
+    return relocated(expdir, recipe) if isinstance(recipe, dict) else None
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from ..base.errors import ConfigError, DataError
     from .recipe import load, load_split_for
@@ -392,7 +405,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     choice = {"best": args.expdir / "best.pt", "final": args.expdir / "final.pt"}.get(args.checkpoint, Path(args.checkpoint))
     if args.checkpoint == "best" and not choice.exists():
         choice = args.expdir / "final.pt"
-    exp = load(choice, expdir=args.expdir)
+    exp = load(choice, recipe=_moved(args.expdir, choice))
     trainer = exp.trainer
     results: dict[str, float] = {}
     for tname, task in trainer.tasks.items():

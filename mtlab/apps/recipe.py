@@ -636,10 +636,9 @@ def load_initial_weights(trainer: Trainer, path: str | Path, origin: str = "init
     return list(trainer.models)
 
 
-def load(path: str | Path, datasets: Datasets | None = None, expdir: str | Path | None = None) -> Experiment:
-    """Rebuild the experiment of a checkpoint from the recipe it carries, then load its state and schedule.
-    With ``expdir``, data locations edited in that experiment folder's ``recipe.toml`` replace the checkpoint's
-    (``mtlab.apps.relocate.relocated``: nothing else may change, and the data must be the same)."""
+def load(path: str | Path, datasets: Datasets | None = None, recipe: Mapping[str, Any] | None = None) -> Experiment:
+    """Rebuild the experiment of a checkpoint from the recipe it carries (or ``recipe``: the same with its data
+    moved, ``mtlab.apps.relocate.relocated``), then load its state and schedule."""
     from ..core.state import VERSION, CheckpointError, check_state, load_safe
 
     state = load_safe(path)
@@ -648,11 +647,7 @@ def load(path: str | Path, datasets: Datasets | None = None, expdir: str | Path 
                               "trainer.load_checkpoint(path)")
     if state.get("version") != VERSION:  # before building the recipe it carries (another mtlab's may not build)
         check_state(state, [], {}, False, source=f"checkpoint {path}")
-    recipe = state["recipe"]
-    if expdir is not None:
-        from .relocate import relocated
-
-        recipe = relocated(expdir, recipe)
+    recipe = state["recipe"] if recipe is None else recipe
     exp = from_recipe(recipe, datasets, init_weights=False)
     if isinstance(state.get("schedule"), Mapping):
         exp.schedule = Schedule.from_state(state["schedule"])

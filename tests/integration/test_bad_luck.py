@@ -382,7 +382,7 @@ def test_evaluate_names_the_split_flag(tmp_path, monkeypatch, capsys):
     def no_such_split(exp, task, linkedset, split):
         raise mtlab.data.DataError(f"/corpus/{split}: list folder not found")
 
-    monkeypatch.setattr(recipe, "load", lambda path: Exp())
+    monkeypatch.setattr(recipe, "load", lambda path, **kw: Exp())
     monkeypatch.setattr(recipe, "load_split_for", no_such_split)
     (tmp_path / "final.pt").write_bytes(b"")
     code = cli.main(["evaluate", str(tmp_path), "--split", "tset", "--threads", "1"])
