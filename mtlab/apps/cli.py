@@ -60,8 +60,8 @@ class _Stop:
 
     def install(self) -> dict[int, Any]:
         """Handle SIGTERM and SIGUSR1; returns the handlers they had (for ``signal.signal`` to restore)."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
+        if threading.current_thread() is not threading.main_thread() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            return {}  # a worker of a torchrun group: torchrun's SIGTERM ends it (see mtlab.training.loop)
         return {getattr(signal, n): signal.signal(getattr(signal, n), self) for n in ("SIGTERM", "SIGUSR1")
                 if hasattr(signal, n)}
 

@@ -101,7 +101,10 @@ class _Sigint:
 
     def __enter__(self) -> _Sigint:
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+            # Data parallel: ranks would stop at different steps and wait for each other forever; a group's
+            # workers keep the default SIGTERM (torchrun restarts them from latest.pt, checkpoint_frequency)
+            signals = STOP_SIGNALS if self.trainer.parallel.world_size == 1 else (signal.SIGINT,)
+            self._previous = {s: signal.signal(s, self._handle) for s in signals}
             self.trainer.add_callback(self._after_call)
         return self
 
