@@ -72,10 +72,11 @@ def _bar(trainer: Any, total: int, show: bool) -> tuple[Any, Any]:
     from tqdm.auto import tqdm
 
     from ..core.events import Event, Payload
+    from ..training.loop import LOG_PROGRESS_S, LogLines
 
     tty = sys.stderr.isatty()
     bar = tqdm(total=total, desc="replay", unit="step", dynamic_ncols=True, disable=not show,
-               mininterval=0.1 if tty else 30.0)
+               mininterval=0.1 if tty else LOG_PROGRESS_S, file=None if tty else LogLines(sys.stderr))
 
     def advance(event: Event, info: Payload) -> None:
         if event == Event.APPLY and bar.n < total:

@@ -69,3 +69,23 @@ def test_a_different_corpus_is_refused_saying_what_differs(moved: tuple[Path, Pa
     err = capsys.readouterr().err
     assert "is not the data this experiment was trained on: 6 examples, the run trained on 8" in err, err
     assert str(toml) in err
+
+
+def test_a_run_of_a_recipe_dict_moves_its_data_in_recipe_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    import mtlab
+
+    old, new = tmp_path / "corpus", tmp_path / "moved"
+    make_tiny_corpus(old)
+    recipe = tomllib.loads(write_tiny_recipe(tmp_path / "r.toml", old).read_text())
+    exp = tmp_path / "exp"
+    mtlab.run(mtlab.from_recipe(recipe), steps=2, progress=False, expdir=exp)
+    assert not (exp / "recipe.toml").exists()
+    shutil.move(old, new)
+    text = (exp / "recipe.json").read_text()
+    (exp / "recipe.json").write_text(text.replace(str(old), str(new)))
+    assert main(["evaluate", str(exp), "--threads", "1"]) == 0, capsys.readouterr().err
+    (exp / "recipe.json").write_text(text.replace(str(old), str(new)).replace('"batch_size": 3', '"batch_size": 4'))
+    assert main(["evaluate", str(exp), "--threads", "1"]) == 2
+    assert "[trainer] batch_size is 4 here, 3 when the run started" in capsys.readouterr().err
