@@ -3,8 +3,8 @@
     mtlab train RECIPE --expdir DIR [--steps N] [--no-progress]   train a recipe into an experiment folder
     mtlab demo [--expdir DIR] [--steps N] [--full]               recipes/demo.toml on data_samples/ (8 of its
                                                                  25 epochs: under a minute; --full: all)
-    mtlab resume DIR [--steps N]                                 continue DIR's last checkpoint exactly
-    mtlab evaluate DIR [--checkpoint best|final|PATH] [--split dev]
+    mtlab resume DIR [--steps N] [--moved OLD=NEW]               continue DIR's last checkpoint exactly
+    mtlab evaluate DIR [--checkpoint best|final|PATH] [--split dev] [--moved OLD=NEW]
     mtlab prepare LAYOUT ROOT [--out DIR]                        list files of wsj0-2mix, wham or librimix
     mtlab score --mixture MIX --references S1 S2 --estimates E1 E2 [--metrics si_sdr,sdr,stoi] [--out DIR]
                                                                  separation metrics of WAV lists, with the
@@ -19,8 +19,9 @@ database.conf paths are re-rooted).
 
 train, demo and resume take ``--log csv,tensorboard,mlflow,trackio`` (files in the experiment folder).
 
-A bad recipe or checkpoint prints one message and exits with code 2; Ctrl-C saves ``final.pt`` and
-exits with code 130 (``mtlab resume DIR`` continues from there).
+A bad recipe or checkpoint prints one message and exits with code 2; Ctrl-C, SIGTERM and SIGUSR1 save ``final.pt``
+and exit with 128 + the signal's number (130, 143, 138; ``mtlab resume DIR`` continues from there). Data that moved:
+edit their locations in DIR/recipe.toml, or ``--moved OLD=NEW``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.events import Event, Payload
-from .replaycmd import add_replay_parser, replay_command
+from .replaycmd import add_replay_parser, moved_flag, replay_command
 from .demo import DEMO_EPOCHS, demo_recipe, quick, say_next
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
@@ -172,10 +173,12 @@ def _parser() -> argparse.ArgumentParser:
     common(p)
     p = sub.add_parser("resume", help="continue an experiment from its last checkpoint (latest.pt or final.pt)")
     p.add_argument("expdir", type=Path)
+    moved_flag(p)
     common(p)
     add_replay_parser(sub)
     p = sub.add_parser("evaluate", help="evaluate a checkpoint on held-out data")
     p.add_argument("expdir", type=Path)
+    moved_flag(p)
     p.add_argument("--checkpoint", default="best", help="best, final or a path (default: best, else final)")
     p.add_argument("--split", default=None, help="evaluate this split (default: each linked set's valid data)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -374,7 +377,7 @@ def _resume(args: argparse.Namespace) -> int:
     if choice.path is None:
         raise ConfigError(f"nothing to resume: {choice.why}; `mtlab train RECIPE --expdir {args.expdir}` starts a run")
     print(f"resuming from {choice.why}", file=sys.stderr)
-    exp = load(choice.path, recipe=_moved(args.expdir, choice.path))
+    exp = load(choice.path, recipe=_moved(args.expdir, choice.path, args.moved))
     restore_rank_state(exp.trainer, choice.path)  # latest.pt: the RNG and data positions of the moment it was taken
     trainer, schedule = exp.trainer, exp.schedule
     if (schedule.finished or trainer.step_count >= schedule.num_steps) and choice.path.name == "final.pt":
@@ -385,9 +388,10 @@ def _resume(args: argparse.Namespace) -> int:
     return _train(exp, args.expdir, args)  # done in latest.pt (killed while finishing): writes final.pt and the tables
 
 
-def _moved(expdir: Path, checkpoint: Path) -> Any:
-    """The recipe ``checkpoint`` carries, with the data locations edited in the experiment's own recipe.toml
-    (``mtlab.apps.relocate``); None when the checkpoint cannot be read (``load`` then says why)."""
+def _moved(expdir: Path, checkpoint: Path, moves: list[str] | None = None) -> Any:
+    """The recipe ``checkpoint`` carries, with the data locations edited in the experiment's own recipe.toml and
+    those of ``--moved OLD=NEW`` (``mtlab.apps.relocate``); None when the checkpoint cannot be read (``load`` then
+    says why)."""
     from ..core.state import CheckpointError, load_safe
     from .relocate import relocated
 
@@ -395,7 +399,7 @@ def _moved(expdir: Path, checkpoint: Path) -> Any:
         recipe = load_safe(checkpoint).get("recipe")
     except CheckpointError:
         return None
-    return relocated(expdir, recipe) if isinstance(recipe, dict) else None
+    return relocated(expdir, recipe, moves) if isinstance(recipe, dict) else None
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -405,7 +409,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     choice = {"best": args.expdir / "best.pt", "final": args.expdir / "final.pt"}.get(args.checkpoint, Path(args.checkpoint))
     if args.checkpoint == "best" and not choice.exists():
         choice = args.expdir / "final.pt"
-    exp = load(choice, recipe=_moved(args.expdir, choice))
+    exp = load(choice, recipe=_moved(args.expdir, choice, args.moved))
     trainer = exp.trainer
     results: dict[str, float] = {}
     for tname, task in trainer.tasks.items():
@@ -650,7 +654,7 @@ def _command(args: argparse.Namespace, stop: _Stop, started: float) -> int:
         if args.command == "resume":
             return _resume(args)
         if args.command == "replay":
-            return replay_command(args.expdir, args.out, progress=not args.no_progress)
+            return replay_command(args.expdir, args.out, progress=not args.no_progress, moves=args.moved)
         if args.command == "prepare":
             from ..data.layouts import prepare
 

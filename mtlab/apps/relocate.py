@@ -3,7 +3,7 @@
 ``mtlab resume``, ``mtlab evaluate`` and ``mtlab replay`` rebuild an experiment from the recipe its checkpoint
 carries. When the user has edited the experiment's copy of the recipe, the data locations written there (a linked
 set's ``root`` or ``corpus``, ``feature_inputs``, the ``ivec`` lists, ``dynamic_mix``'s noise, and ``init_file``)
-replace the checkpoint's; any other edit is refused naming the key. The data found at the new place are then
+replace the checkpoint's, as does ``--moved OLD=NEW`` on those commands; any other edit is refused naming the key. The data found at the new place are then
 checked against the fingerprints the run recorded when it started (``mtlab.apps.recipe.fingerprint``).
 
 Examples:
@@ -85,47 +85,99 @@ def _shown(path: str) -> str:
     return f"[{parts[0]}] {'.'.join(parts[1:])}" if len(parts) > 1 else parts[0]
 
 
-def relocated(expdir: str | Path, recipe: Mapping[str, Any]) -> dict[str, Any]:
+def _under(value: str, old: str, new: str) -> str | None:
+    """``value`` with its leading ``old`` folder replaced by ``new``; None when it is not under ``old``."""
+    if value == old or value.startswith(old.rstrip("/") + "/"):
+        return new.rstrip("/") + value[len(old.rstrip("/")):] if value != old else new
+    return None
+
+
+def _apply_moves(recipe: dict[str, Any], moves: list[tuple[str, str]]) -> None:
+    """Every data location of ``recipe`` under a moved folder (``--moved OLD=NEW``), rewritten in place."""
+    places: list[tuple[dict[str, Any], str]] = []  # (table, key) of each location
+    if isinstance(recipe.get("trainer", {}).get("init_file"), str):
+        places.append((recipe["trainer"], "init_file"))
+    for task in recipe.get("tasks", {}).values():
+        for sspec in task["linkedsets"].values():
+            for part in ("data", "valid"):
+                data = sspec.get(part)
+                if not isinstance(data, dict):
+                    continue
+                places += [(data, "root")] if isinstance(data.get("root"), str) else []
+                for table, keys in ((data.get("feature_inputs"), None), (data.get("ivec"), ("list", "stats_list")),
+                                    (data.get("dynamic_mix"), ("noise",))):
+                    if isinstance(table, dict):
+                        places += [(table, k) for k in (keys or table) if isinstance(table.get(k), str)]
+    for old, new in moves:
+        hits = [(t, k, moved) for t, k in places if (moved := _under(t[k], old, new)) is not None]
+        if not hits:
+            shown = sorted({t[k] for t, k in places})
+            raise ConfigError(f"--moved {old}={new}: no data location of the experiment is under {old}; its data are "
+                              f"at {shown[:4]}; give the folder that moved as OLD")
+        for table, key, moved in hits:
+            table[key] = moved
+
+
+def _parse_moves(moves: list[str] | None) -> list[tuple[str, str]]:
+    out = []
+    for text in moves or []:
+        old, sep, new = text.partition("=")
+        if not sep or not old or not new:
+            raise ConfigError(f"--moved {text}: write --moved OLD=NEW, the folder the data were in and where they are "
+                              "now (e.g. --moved /scratch/corpus=/data/corpus)")
+        out.append((str(Path(old).expanduser().absolute()), str(Path(new).expanduser().resolve())))
+    return out
+
+
+def relocated(expdir: str | Path, recipe: Mapping[str, Any], moves: list[str] | None = None) -> dict[str, Any]:
     """The recipe a checkpoint carries, with the data locations of the experiment's edited ``recipe.toml`` (or
-    ``recipe.json``); errors name that file. Anything else edited there is refused (ConfigError naming the key
-    and its value when the run started); a file that was not edited changes nothing."""
+    ``recipe.json``) and of ``moves`` (``["OLD=NEW", ...]``: every location under the folder OLD is now under NEW);
+    errors name that file. Anything else edited there is refused (ConfigError naming the key and its value when
+    the run started); a file that was not edited changes nothing."""
     expdir = Path(expdir)
     out = copy.deepcopy(dict(recipe))
+    pairs = _parse_moves(moves)
     edited = _edited(expdir, recipe)
     own = expdir / "recipe.toml" if (expdir / "recipe.toml").is_file() else expdir / "recipe.json"
-    if edited is None:
-        if own.is_file():
-            out["source"] = str(own)  # the file to edit, should its data move
-        return out
-    path, raw, base = edited
-    new = resolve_recipe(raw, origin=str(path), base=base)
-    old = {k: v for k, v in recipe.items() if k not in MADE_BY_MTLAB}
-    new = {k: v for k, v in new.items() if k not in MADE_BY_MTLAB}
-    was, now = trainer_settings({**old, "source": str(path)}), trainer_settings({**new, "source": str(path)})
-    changed = [(f"trainer.{k}", was[k], now[k]) for k in was if was[k] != now[k]
-               and not (k in SET_BY_FLAGS and k not in new.get("trainer", {}))]
-    changed += [d for d in _differences({k: v for k, v in old.items() if k != "trainer"},
-                                        {k: v for k, v in new.items() if k != "trainer"})]
-    refused = [d for d in changed if not LOCATIONS.match(d[0])]
-    if refused:
-        key, before, after = refused[0]
-        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-        raise ConfigError(f"{path}: {_shown(key)} is {after!r} here, {before!r} when the run started{more}: only "
-                          f"data locations may change in an experiment's recipe ({WHAT_MAY_CHANGE}); put back "
-                          f"{_shown(key)} = {before!r}, or start a new experiment with these settings: "
-                          f"`mtlab train {path} --expdir NEW_FOLDER`")
-    moved = [d for d in changed if LOCATIONS.match(d[0])]
+    if own.is_file():
+        out["source"] = str(own)  # the file to edit, should its data move
+    if edited is not None:
+        path, raw, base = edited
+        new = resolve_recipe(raw, origin=str(path), base=base)
+        old = {k: v for k, v in recipe.items() if k not in MADE_BY_MTLAB}
+        new = {k: v for k, v in new.items() if k not in MADE_BY_MTLAB}
+        was, now = trainer_settings({**old, "source": str(path)}), trainer_settings({**new, "source": str(path)})
+        changed = [(f"trainer.{k}", was[k], now[k]) for k in was if was[k] != now[k]
+                   and not (k in SET_BY_FLAGS and k not in new.get("trainer", {}))]
+        changed += _differences({k: v for k, v in old.items() if k != "trainer"},
+                                {k: v for k, v in new.items() if k != "trainer"})
+        refused = [d for d in changed if not LOCATIONS.match(d[0])]
+        if refused:
+            key, before, after = refused[0]
+            more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+            raise ConfigError(f"{path}: {_shown(key)} is {after!r} here, {before!r} when the run started{more}: "
+                              f"only data locations may change in an experiment's recipe ({WHAT_MAY_CHANGE}); put "
+                              f"back {_shown(key)} = {before!r}, or start a new experiment with these settings: "
+                              f"`mtlab train {path} --expdir NEW_FOLDER`")
+        for tname, task in new.get("tasks", {}).items():
+            for sname, sspec in task["linkedsets"].items():
+                into = out["tasks"][tname]["linkedsets"][sname]
+                into["data"], into["valid"] = sspec["data"], sspec.get("valid", into.get("valid"))
+        if "init_file" in new.get("trainer", {}):
+            out["trainer"]["init_file"] = new["trainer"]["init_file"]
+    _apply_moves(out, pairs)
     stats = dict(out.get("stats") or {})
-    for tname, task in new.get("tasks", {}).items():
+    for tname, task in out.get("tasks", {}).items():
         for sname, sspec in task["linkedsets"].items():
-            before = out["tasks"][tname]["linkedsets"][sname]
-            key_was, key_now = stats_key(before["data"], sname), stats_key(sspec["data"], sname)
+            before = recipe["tasks"][tname]["linkedsets"][sname]["data"]
+            key_was, key_now = stats_key(before, sname), stats_key(sspec["data"], sname)
             if key_was in stats:  # the statistics the run normalized with, under the data's new name
                 stats.setdefault(key_now, stats[key_was])
-            before["data"], before["valid"] = sspec["data"], sspec.get("valid", before.get("valid"))
-    if "init_file" in new.get("trainer", {}):
-        out["trainer"]["init_file"] = new["trainer"]["init_file"]
-    out["stats"], out["source"] = stats, str(path)
-    for key, before, after in moved:
-        say(f"{path}: {_shown(key)} moved: {before} -> {after}")
+    if "stats" in out or stats:
+        out["stats"] = stats
+    where = f"{out['source']}" if edited is not None else "--moved"
+    for key, before, after in _differences({k: recipe.get(k) for k in ("trainer", "tasks")},
+                                           {k: out.get(k) for k in ("trainer", "tasks")}):
+        if LOCATIONS.match(key):
+            say(f"{where}: {_shown(key)} moved: {before} -> {after}")
     return out

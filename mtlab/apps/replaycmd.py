@@ -11,6 +11,13 @@ from pathlib import Path
 from typing import Any
 
 
+def moved_flag(p: Any) -> None:
+    """``--moved OLD=NEW`` of resume, evaluate and replay: data moved without editing the experiment's recipe."""
+    p.add_argument("--moved", action="append", default=None, metavar="OLD=NEW",
+                   help="the experiment's data moved from the folder OLD to NEW (repeatable); or edit the data "
+                        "locations in the experiment's recipe.toml. The data are checked to be the same")
+
+
 def add_replay_parser(sub: Any) -> None:
     """The ``replay`` subcommand of ``mtlab``."""
     p = sub.add_parser("replay", help="rerun an experiment from its journal.jsonl, bit for bit, and compare it with "
@@ -20,6 +27,7 @@ def add_replay_parser(sub: Any) -> None:
                    help="write the replayed run here (final.pt, history.csv, journal.jsonl); default: compare only")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    moved_flag(p)
 
 
 def steps_in(journal: Any) -> int:
@@ -86,7 +94,7 @@ def _bar(trainer: Any, total: int, show: bool) -> tuple[Any, Any]:
     return bar, advance
 
 
-def replay_command(expdir: Path, out: Path | None, progress: bool = True) -> int:
+def replay_command(expdir: Path, out: Path | None, progress: bool = True, moves: list[str] | None = None) -> int:
     """Rebuild the experiment from its recipe, replay its journal, compare with its final.pt."""
     from ..base.errors import ConfigError
     from ..core.journal import Journal
@@ -109,7 +117,7 @@ def replay_command(expdir: Path, out: Path | None, progress: bool = True) -> int
     history = history_file.read_text() if history_file.is_file() else None
     from .relocate import relocated
 
-    recipe = relocated(expdir, recipe)  # data moved: the locations edited in the experiment's recipe.toml
+    recipe = relocated(expdir, recipe, moves)  # data moved: recipe.toml's edited locations, --moved OLD=NEW
     exp = from_recipe(recipe)
     bar, advance = _bar(exp.trainer, steps_in(journal), progress)
     try:

@@ -89,3 +89,16 @@ def test_a_run_of_a_recipe_dict_moves_its_data_in_recipe_json(tmp_path: Path, ca
     (exp / "recipe.json").write_text(text.replace(str(old), str(new)).replace('"batch_size": 3', '"batch_size": 4'))
     assert main(["evaluate", str(exp), "--threads", "1"]) == 2
     assert "[trainer] batch_size is 4 here, 3 when the run started" in capsys.readouterr().err
+
+
+def test_moved_on_the_command_line(moved: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    exp, old, new = moved
+    assert main(["evaluate", str(exp), "--moved", f"{old.parent}={new.parent}", "--threads", "1"]) == 0
+    assert f"data.root moved: {old} -> {new}" in capsys.readouterr().out
+    assert main(["evaluate", str(exp), "--moved", f"/nowhere={new.parent}", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--moved /nowhere=" in err and "no data location of the experiment is under /nowhere" in err, err
+    assert main(["replay", str(exp), "--moved", f"{old}={new}", "--no-progress", "--threads", "1"]) == 0
+    assert "replay identical" in capsys.readouterr().out
+    assert main(["resume", str(exp), "--moved", f"{old}={new}", "--no-progress", "--threads", "1"]) == 0
+    assert main(["evaluate", str(exp), "--threads", "1"]) == 0  # the resumed run's checkpoints carry the new place
