@@ -24,7 +24,6 @@ def restore_journaled(trainer: Any, state: Mapping[str, Any], history: bool = Tr
         journal.begin(trainer)
     with journal.lock, journal.quiet():
         checkpoint.load_trainer_state(trainer, state, history, source=source)
-        trainer.knobs_loaded()
     if adopt:
         journal.adopt(saved)
         trainer.record_change("resume", to_step=trainer.step_count)
@@ -58,7 +57,6 @@ def fork_trainer(trainer: Any, name: str, state: Mapping[str, Any] | None = None
         branch.root = trainer.root  # "initial" means the run's: reinitialize() goes there on every branch
         with branch.journal.quiet():
             checkpoint.load_trainer_state(branch, trainer.state_dict(), source=f"the state of {trainer.name!r}")
-            branch.knobs_loaded()
         if state is not None:  # a state the branch cannot take is refused before the parent records anything
             checkpoint.check_trainer_state(branch, state, source="fork(state=...)")
         trainer.journal.begin(trainer)

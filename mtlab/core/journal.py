@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..base.errors import ConfigError
-from .knobs import change_words
+from .knobtable import change_words
 
 
 FORMAT = "mtlab-journal"

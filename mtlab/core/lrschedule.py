@@ -87,3 +87,62 @@ class Schedulers:
         """Take back a ``state_dict()`` (checked with ``check_state`` first)."""
         if self.scheduler is not None and state:
             self.scheduler.load_state_dict(dict(state["state"]))
+
+
+class LrScaler:
+    """The ``lr`` knob over an optimizer's own hyperparameters: reads the base lr from the first param group
+    (divided by that group's ratio to the optimizer's ``defaults["lr"]`` when it was built), and moving it
+    multiplies every group's lr, and a scheduler's base lrs, by the same factor. With ``acc_steps`` (one
+    optimizer per task, each stepped with lr × task weight) it keeps the value itself, as the original did."""
+
+    def __init__(self, optimizers: list[Any], own: float | None = None) -> None:
+        self.optimizers = optimizers
+        self.schedulers: list[Any] = []
+        self.own = own
+        self.ratios: list[list[float]] = []
+        for opt in optimizers:
+            base = opt.defaults.get("lr") if opt is not None else None
+            if base is None or not float(base) > 0:
+                raise ConfigError(f"{type(opt).__name__} has no positive default lr (defaults['lr'] = {base!r}); "
+                                  "give the optimizer an lr, e.g. torch.optim.SGD(params, lr=0.1)")
+            self.ratios.append([float(g["lr"]) / float(base) for g in opt.param_groups])
+
+    def _anchor(self) -> tuple[Any, int]:
+        opt = self.optimizers[0]
+        ratios = self.ratios[0]
+        i = next((i for i, r in enumerate(ratios) if r > 0), 0)
+        return opt, i
+
+    def read(self) -> float:
+        """The base lr now (scheduled and knobbed)."""
+        if self.own is not None:
+            return self.own
+        opt, i = self._anchor()
+        ratio = self.ratios[0][i]
+        lr = float(opt.param_groups[i]["lr"])
+        return lr if ratio == 1.0 else lr / ratio
+
+    def write(self, value: float) -> None:
+        """Scale every group (and every scheduler's base lrs) so that the base lr reads ``value``."""
+        if self.own is not None:
+            self.own = value
+            return
+        current = self.read()
+        if current == value:
+            return
+        for opt in self.optimizers:
+            opt.defaults["lr"] = value
+            for g in opt.param_groups:
+                g["lr"] = value * (float(g["lr"]) / current) if current > 0 else value
+                if "initial_lr" in g:
+                    g["initial_lr"] = value * (float(g["initial_lr"]) / current) if current > 0 else value
+        factor = value / current if current > 0 else 1.0
+        for sch in self.schedulers:
+            if hasattr(sch, "base_lrs"):
+                sch.base_lrs = [b * factor for b in sch.base_lrs]
+            if hasattr(sch, "min_lrs"):  # ReduceLROnPlateau's floor scales with the rest
+                sch.min_lrs = [m * factor for m in sch.min_lrs]
+
+    def group_lrs(self) -> list[float]:
+        """Every group's lr now (of the first optimizer)."""
+        return [float(g["lr"]) for g in self.optimizers[0].param_groups] if self.own is None else [self.own]

@@ -199,3 +199,16 @@ def checked_factory(factory: OptimizerFactory, lr: float | None) -> OptimizerFac
                               f"the optimizer with lr={lr:g}")
         return opt
     return build
+
+
+def trainer_optimizer(spec: str | OptimizerFactory | None, lr: float | None, options: Mapping[str, Any],
+                      acc_steps: bool) -> tuple[str, OptimizerFactory, float]:
+    """``Trainer(optimizer=..., lr=...)``: ``(name, factory, lr of a named optimizer)``. A named optimizer is built
+    at ``lr`` (1e-3 when None); a user's factory at its own lr, which ``lr``, when given, must agree with."""
+    if lr is not None and not (_real(lr) and lr > 0 and lr != float("inf")):
+        raise ConfigError(f"lr must be > 0 and finite, got {lr!r}")
+    named = DEFAULT_LR if lr is None else float(lr)
+    name, factory = optimizer_factory(spec, lambda: named, options)
+    if name == "custom" and not acc_steps:
+        factory = checked_factory(factory, lr)
+    return name, factory, named

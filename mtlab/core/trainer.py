@@ -37,17 +37,16 @@ from ..tasks.forward import evaluate_totals as plan_totals
 from .history import History, knob_values, step_row
 from .branch import fork_trainer, restore_journaled
 from .journal import Journal, graph_of
-from .knobs import Knobs, LrScaler, Rounds
+from .knobs import Knobs, Rounds
 from .noise import NoiseScale
 from .precision import Precision, PrecisionSpec, compile_models
 from .scope import RunLock, RunRandom, Scope
 from ..tasks.sampling import BatchStream, Streams
 from ..tasks.sources import ExampleSource
 from ..tasks.task import (LinkedSet, Task, applied_weight, check_count, check_linkedset_weights, check_models,
-                          check_positive,
                           check_relative_weights, check_tasks)
-from .lrschedule import SchedulerFactory, Schedulers
-from .optimizers import DEFAULT_LR, OptimizerFactory, checked_factory, optimizer_factory
+from .lrschedule import LrScaler, SchedulerFactory, Schedulers
+from .optimizers import OptimizerFactory, trainer_optimizer
 from .transforms import IDLE, KEPT, Call, Chain, kept_note, refuse_hand_work  # noqa: F401 (KEPT: mtlab.run's)
 from .update import MethodSpec, PerTaskUpdate, Update
 
@@ -148,12 +147,7 @@ class Trainer(Knobs):
         self._accs = {t: Accumulator(t, {n: self.params[n] for n in ps}, [n for n in ps if len(users[n]) > 1],
                                      self.device) for t, ps in self.task_params.items()}
         self.adam_options = dict(adam or {})
-        if lr is not None:
-            check_positive(lr, "lr")
-        named_lr = DEFAULT_LR if lr is None else float(lr)
-        self.optimizer_name, factory = optimizer_factory(optimizer, lambda: named_lr, self.adam_options)
-        if self.optimizer_name == "custom" and not acc_steps:
-            factory = checked_factory(factory, lr)
+        self.optimizer_name, factory, named_lr = trainer_optimizer(optimizer, lr, self.adam_options, self.acc_steps)
         self.update: Update | PerTaskUpdate = (
             PerTaskUpdate({t: {n: self.params[n] for n in ps} for t, ps in self.task_params.items()}, users,
                           factory, self.normalize_weights_acc_steps) if self.acc_steps
