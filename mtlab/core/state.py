@@ -211,7 +211,8 @@ def optimizer_layout(trainer: Any) -> list[dict[str, Any]]:
     """Each optimizer of the trainer as ``{"class", "groups"}`` (parameters per param group): what a state's
     optimizer state must fit."""
     opts = [trainer.optimizer] if trainer.optimizer is not None else list(trainer.task_optimizers.values())
-    return [{"class": f"{type(o).__module__}.{type(o).__qualname__}", "groups": [len(g["params"]) for g in o.param_groups]}
+    return [{"class": f"{type(o).__module__}.{type(o).__qualname__}", "groups": [len(g["params"]) for g in o.param_groups],
+             "hypers": sorted({k for g in o.state_dict()["param_groups"] for k in g if k != "params"})}
             for o in opts]
 
 
@@ -223,7 +224,17 @@ def check_optimizer_state(state: dict[str, Any], name: str, layout: list[dict[st
         raise ConfigError(f"the state was saved with optimizer={saved!r} and this trainer has optimizer={name!r}; "
                           f"build it with optimizer={saved!r} (a recipe's [trainer] optimizer)")
     theirs = state.get("optimizers")
-    if layout is None or theirs is None:
+    if layout is None:
+        return
+    if theirs is None:  # a state written before optimizers were recorded: their param groups' hyperparameters
+        update = state.get("update", {})
+        saved_opts = [update["optimizer"]] if "optimizer" in update else list(update.get("task_optimizers", {}).values())
+        for mine, other in zip(layout, saved_opts):
+            keys = sorted(k for g in other.get("param_groups", []) for k in g if k != "params")
+            if mine.get("hypers") is not None and set(keys) != set(mine["hypers"]):
+                raise ConfigError(f"the state's optimizer has the hyperparameters {sorted(set(keys))} and this trainer's "
+                                  f"{mine['class']} {sorted(mine['hypers'])}: it was saved with another optimizer; "
+                                  "nothing was loaded. Build the trainer with the same optimizer to continue it")
         return
     for mine, other in zip(layout, theirs):
         if mine["class"] != other.get("class"):

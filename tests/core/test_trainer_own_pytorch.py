@@ -296,3 +296,14 @@ def test_set_checks_the_scope_and_names_the_fix():
         tr.set("lr", 0.5, task="a")
     change = tr.set("weight", 0.5, task="a", linkedset="noisy")
     assert tr.get("weight", task="a", linkedset="noisy") == 0.5 and "from the next minibatch" in str(change)
+
+
+def test_a_state_of_another_optimizer_written_before_optimizers_were_recorded_is_refused():
+    sgd = trainer(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    sgd.step()
+    state = {k: v for k, v in sgd.state_dict().items() if k != "optimizers"}
+    adam = trainer()
+    with pytest.raises(mtlab.ConfigError, match="saved with another optimizer; nothing was loaded"):
+        adam.load_state_dict(state)
+    adam.step()
+    assert adam.step_count == 1 and isinstance(adam.optimizer, torch.optim.Adam)
