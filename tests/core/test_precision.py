@@ -279,7 +279,7 @@ def test_the_recipe_key_sets_precision(tiny_corpus: Path, tmp_path: Path) -> Non
     assert tr.precision.mode == "bf16-mixed" and tr.precision.scaler is None and not tr.compiled
     assert from_recipe(load_recipe(tmp_path / "tiny.toml")).trainer.precision.mode == "32"
     recipe["trainer"]["precision"] = "half"
-    with pytest.raises(ConfigError, match="precision = 'half'; valid: 32, bf16-mixed, 16-mixed"):
+    with pytest.raises(ConfigError, match="precision = 'half' is not allowed; valid: 32, bf16-mixed, 16-mixed"):
         from_recipe(recipe)
 
 
