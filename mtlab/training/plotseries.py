@@ -136,7 +136,8 @@ def validation_series(validation: Validation) -> dict[str, Series]:
 
     Accepts evaluate events (dicts with step, task, linkedset, loss: name ``"task/linkedset"``),
     validation records of the loop (dicts with step and ``"task"`` / ``"task/linkedset"`` keys), or a
-    DataFrame of either.
+    DataFrame of either. A task's points equal to those of its only linked set are left out (drawn, its marker
+    would hide under the set's, and the legend would name a marker no one can see).
     """
     if validation is None:
         return {}
@@ -153,6 +154,10 @@ def validation_series(validation: Validation) -> dict[str, Series]:
         for key, value in items:
             if isinstance(value, (int, float)) and math.isfinite(value):
                 points.setdefault(str(key), {})[r["step"]] = float(value)
+    for key in [k for k in points if "/" not in k]:  # a task of one linked set: its points are the set's, and
+        sets = [k for k in points if k.startswith(f"{key}/")]  # two markers on one place read as one, the
+        if len(sets) == 1 and points[sets[0]] == points[key]:  # legend naming a marker no one can see
+            del points[key]
     return {k: (list(v), list(v.values())) for k, v in points.items()}
 GO_BACK = re.compile(r"go_back_to_(\d+)")
 

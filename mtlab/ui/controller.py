@@ -5,7 +5,7 @@ from which every text on screen is derived::
 
     c = Controller(trainer, schedule)
     c.subscribe(lambda state: print(state.status))
-    c.step(); c.set_weight("a", "clean", 0.5)
+    c.step(); c.set("weight", 0.5, task="a", linkedset="clean")
     c.start(100); c.wait()                    # a background run (mtlab.ui.runs.Run)
     c.start(50)                               # 50 more, even after the schedule ended: it is extended
 
@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TYPE_CHECKING
 
-from ..core.columns import set_key
 from ..core.events import (Event, EvaluateInfo, KnobInfo, MinibatchInfo, Payload, ReinitializeInfo, RestoreInfo,
                            ValidationInfo)
 from ..core.knobs import KNOBS
@@ -40,6 +39,8 @@ if TYPE_CHECKING:
 View = Callable[[DashState], None]
 # The choice beside "re-initialise": its label on screen -> the value ``Controller.reinitialize(knobs=...)`` takes.
 KNOB_CHOICES = {"keep": "keep the knobs", "start": "starting knobs"}
+# Where a knob's change is in force during a run, by its row's ``when``.
+WHEN = {"minibatch": "its next minibatch", "step": "its next step", "apply": "its next apply()"}
 _BY_TRAINER: dict[int, list[Controller]] = {}  # id(trainer) -> its attached controllers (the newest last)
 _BY_TRAINER_LOCK = threading.Lock()
 
@@ -269,18 +270,38 @@ class Controller:
         self.say(message if isinstance(message, str) else f"{name}: done. next: {next_call(self.trainer)}")
         return True
 
-    def set_weight(self, task: str, linkedset: str, value: float) -> bool:
-        """A linked set's weight, used from the next minibatch on (also during a run)."""
+    def set(self, name: str, value: Any, task: str | None = None, linkedset: str | None = None) -> bool:
+        """Set a knob of the trainer (``Trainer.set``: a row of ``mtlab.core.knobs.KNOBS``), as every control of
+        the dashboard does: in force from the row's point of the cycle (also during a run: the status says it is
+        pending, then where it is in force); a refused value is said in the status line, nothing changed."""
         def do() -> str:
-            self.trainer.set_weight(task, linkedset, value)
-            return self._pending(self._weight_message(set_key(task, linkedset), value), "its next minibatch")
-        return self._command("weight", do)
+            change = self.trainer.set(name, value, task, linkedset)
+            skipped = skipped_tasks(self.trainer)
+            tail = "; skipped by step(): " + ", ".join(f"{n} ({w})" for n, w in skipped.items()) if skipped else ""
+            return self._pending(f"{change.words}{tail}", WHEN.get(change.when, "its next minibatch"))
+        return self._command(name.replace("_", " "), do)
+
+    # The setters of earlier dashboards: one line each.
+    def set_weight(self, task: str, linkedset: str, value: float) -> bool:
+        return self.set("weight", value, task, linkedset)
 
     def set_task_weight(self, task: str, value: float) -> bool:
-        def do() -> str:
-            self.trainer.set_task_weight(task, value)
-            return self._pending(self._weight_message(f"task {task}", value), "its next minibatch")
-        return self._command("task weight", do)
+        return self.set("task_weight", value, task)
+
+    def set_lr(self, value: float) -> bool:
+        return self.set("lr", value)
+
+    def set_clip(self, value: float | None) -> bool:
+        return self.set("clip_grad_value", value)
+
+    def set_minibatches_per_step(self, k: int, task: str | None = None) -> bool:
+        return self.set("minibatches_per_step", k, task)
+
+    def set_batch_size(self, task: str, batch_size: int) -> bool:
+        return self.set("batch_size", batch_size, task)
+
+    def set_combine(self, method: str) -> bool:
+        return self.set("combine", method)
 
     def _pending(self, message: str, when: str) -> str:
         """During a run a change waits for the run's next minibatch (or step): the status says it is pending, and
@@ -289,41 +310,6 @@ class Controller:
             return message
         self._waiting = (len(self.trainer.journal.entries), message)
         return f"{message}; pending: the run takes it at {when}"
-
-    def _weight_message(self, what: str, value: float) -> str:
-        skipped = skipped_tasks(self.trainer)
-        tail = "; skipped by step(): " + ", ".join(f"{n} ({w})" for n, w in skipped.items()) if skipped else ""
-        return f"{what} weight -> {value:.3g}{tail}"
-
-    def set_lr(self, value: float) -> bool:
-        def set_it() -> str:
-            self.trainer.lr = float(value)
-            note = " (the schedule sets it again at each step)" if self.running and self.schedule is not None else ""
-            return self._pending(f"lr -> {value:.3g}{note}", "its next apply()")
-        return self._command("lr", set_it)
-
-    def set_clip(self, value: float | None) -> bool:
-        """Clipping on (a value) or off (None); during a run at the end of the current step."""
-        def set_it() -> None:
-            self.trainer.clip_grad_value = value
-        return self._between_steps("clip setting", set_it)
-
-    def set_minibatches_per_step(self, k: int, task: str | None = None) -> bool:
-        """Minibatch rounds per step (K) of ``task`` (None: every task), from the next step on (also during a
-        run: the step in progress keeps its own). The event log shows it (a trainer event)."""
-        def set_it() -> str:
-            self.trainer.set_minibatches_per_step(k, task)
-            note = " (the step in progress keeps its own)" if self.running else ""
-            return self._pending(f"minibatches per step of {'every task' if task is None else task} -> {k}, from the "
-                                 f"next step{note}", "its next step")
-        return self._command("minibatches per step", set_it)
-
-    def set_batch_size(self, task: str, batch_size: int) -> bool:
-        """Examples per minibatch of ``task``, from the next minibatch drawn on (also during a run)."""
-        def set_it() -> str:
-            self.trainer.set_batch_size(task, batch_size)
-            return self._pending(f"batch size of {task} -> {batch_size}, from the next minibatch", "its next minibatch")
-        return self._command("batch size", set_it)
 
     def reinitialize(self, knobs: str = "keep") -> bool:
         """``Trainer.reinitialize()``: the initial weights and a fresh optimizer, step 0; the old curves stay grey
@@ -343,11 +329,6 @@ class Controller:
             return (f"re-initialised: step {before} -> 0, the initial weights and a fresh optimizer; {kept}; "
                     "the abandoned branch stays grey on the plot")
         return self._between_steps("re-initialise", back)
-
-    def set_combine(self, method: str) -> bool:
-        def set_it() -> None:
-            self.trainer.set_combine(method)
-        return self._between_steps("combine method", set_it)
 
     def minibatch(self, task: str, linkedset: str) -> bool:
         def do() -> str:

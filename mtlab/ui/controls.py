@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 import traitlets
 
-from ..core import combine, weighting
 from ..core.columns import set_key
+from ..core.knobs import KNOBS, Knob, fmt, knob_keys
 from .controller import KNOB_CHOICES
 from .texts import BRANCHES_TAB, call_buttons, call_tooltip
 
@@ -26,14 +26,15 @@ BUTTONS = {"minibatch": "process minibatch", "normalize": "normalize", "clip": "
            "compare": "compare", "drop": "drop",
            "clear_error": "clear", "reinitialize": "re-initialise"}
 LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-px screen's notebook width
-MAX_K = 1000  # the K box refuses more minibatch rounds per step (a step of 10^6 rounds would never end in class)
+MAX_K = 1000  # a knob's number box refuses more (a step of 10^6 minibatch rounds would never end in class)
 PRESENT_LEFT = 236  # px: presentation mode's column of run buttons and chosen sliders (tracks of 200 px or more)
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
 
 
 # The groups of controls ``Dashboard(hide=[...])`` can hide, and what each holds.
-GROUPS = {"run": "steps box, run, pause, stop, re-initialise", "weights": "the weights tab (task and linked-set weights, lr, clip, "
-          "combine)", "accumulation": "the batches tab (minibatches per step K, batch size)",
+GROUPS = {"run": "steps box, run, pause, stop, re-initialise", "weights": "the weights tab (the knobs' sliders, dropdowns and "
+          "checkboxes: weights, lr, clip, combine, ...)", "accumulation": "the batches tab (each task's number "
+          "boxes: minibatches per step K, batch size, ...)",
           "stepwise": "the stepwise tab (process minibatch, normalize, clip, apply, step, reset)",
           "snapshots": "the branches tab (fork here, continue, switch, compare, drop; snapshot, restore; export)",
           "plot_options": "the plot options (scale, smoothing, zoom, read-out step)", "table": "the state table",
@@ -147,56 +148,210 @@ def tipped(widget: widgets.Widget) -> widgets.Box:
     return TipBox([widget], tooltip=widget.tooltip, layout=_layout(width="auto", flex="0 0 auto"))
 
 
-def weight_slider(label: str, value: float, width: str, tip: str) -> widgets.FloatSlider:
-    """A weight slider from 0 to at least 2 (twice the value when larger), applied on release."""
-    return widgets.FloatSlider(value=value, min=0.0, max=max(2.0, 2 * value), step=0.01, description=label,
-                               readout_format=".3g", continuous_update=False, tooltip=tip,
-                               style={"description_width": width}, layout=_layout(width=f"{LEFT_WIDTH - 44}px"))
+WHEN = {"minibatch": "from the next minibatch on (during a run too)",
+        "step": "from the next step on (a step in progress keeps its own)",
+        "apply": "at the next apply() (during a run too)"}
+SLIDERS = ("log", "linear")  # the controls that can sit beside the plot in presentation mode
+
+
+def knob_key(knob: Knob, task: str | None, linkedset: str | None) -> str:
+    """The name a dashboard gives a knob's control: the knob's name for a trainer's knob, ``"a"`` and
+    ``"a/clean"`` for the weights (as ``trainer.weights()`` names them), else ``"name:a"``, ``"name:a/clean"``."""
+    if task is None:
+        return knob.name
+    where = set_key(task, linkedset) if linkedset is not None else task
+    return where if knob.name in ("weight", "task_weight") else f"{knob.name}:{where}"
+
+
+def knob_what(knob: Knob, task: str | None, linkedset: str | None) -> str:
+    """A knob's name on screen, as its change is put into words (``Knob.words``) less the value: ``lr``,
+    ``a/noisy weight``, ``task a weight``, ``clip value``."""
+    words = knob.words(None, task, linkedset)
+    return words[:-len(fmt(None))].rstrip(" ->:") if words.endswith(fmt(None)) else words
+
+
+def knob_tooltip(knob: Knob, task: str | None, linkedset: str | None) -> str:
+    """What a knob's control calls, what the knob does and from when (its row's doc and ``when``)."""
+    where = "".join(f", {k}={v!r}" for k, v in (("task", task), ("linkedset", linkedset)) if v is not None)
+    kind = (knob.control or ("",))[0]
+    extra = {"optional": "; untick: off (None)",
+             "log": "; a value typed beyond the slider's range is clamped to its end: set it in code for another",
+             "int": f"; whole numbers up to {MAX_K}"}.get(kind, "")
+    return f"trainer.set({knob.name!r}, value{where}): {knob.doc or knob.name}; {WHEN.get(knob.when, 'at once')}{extra}"
+
+
+class KnobControl:
+    """The control of one knob of a trainer (a row of ``mtlab.core.knobs.KNOBS`` and its task and linked set),
+    built from the row's ``control`` hint: ``("log", lo, hi)`` a log slider, ``("linear", lo, hi)`` a slider,
+    ``("int", lo, hi)`` a number box (whole numbers from ``lo`` to ``MAX_K``), ``("choice", ...)`` a dropdown
+    (the options the trainer accepts), ``("toggle",)`` a checkbox, ``("optional", lo, hi)`` a checkbox and a log
+    slider (unticked: None). ``box`` is what is laid out, ``widget`` the control that takes the value. A value
+    from code beyond a slider's range widens the range (``show``): the control shows the value in force."""
+
+    def __init__(self, trainer: Trainer, knob: Knob, task: str | None, linkedset: str | None,
+                 label_px: int = 110) -> None:
+        assert knob.control is not None
+        self.knob, self.task, self.linkedset = knob, task, linkedset
+        self.name, self.kind, self.key = knob.name, str(knob.control[0]), knob_key(knob, task, linkedset)
+        value = trainer.get(knob.name, task, linkedset)
+        self.description = knob_what(knob, task, linkedset)
+        tip = knob_tooltip(knob, task, linkedset)
+        self.toggle: widgets.Checkbox | None = None
+        full = f"{LEFT_WIDTH - 44}px"
+        style = {"description_width": f"{label_px}px"}
+        kind, hint = self.kind, knob.control[1:]
+        if kind in ("log", "optional"):
+            lo, hi = (float(h) for h in hint[:2])
+            shown = value if isinstance(value, (int, float)) and value > 0 else math.sqrt(lo * hi)
+            self.widget: widgets.Widget = widgets.FloatLogSlider(
+                value=shown, base=10, min=math.log10(lo), max=math.log10(hi), step=0.05,
+                description=self.description if kind == "log" else "", readout_format=".3g" if kind == "optional"
+                else ".2e", continuous_update=False, tooltip=tip, disabled=kind == "optional" and value is None,
+                style=style if kind == "log" else {"description_width": "0px"},
+                layout=_layout(width=full if kind == "log" else f"{LEFT_WIDTH - 44 - label_px}px"))
+            widen(self.widget, shown)
+            self.widget.value = shown
+            if kind == "optional":
+                self.toggle = widgets.Checkbox(value=value is not None, description=self.description, indent=False,
+                                               tooltip=tip, layout=_layout(width=f"{label_px}px", flex="0 0 auto"))
+                self.box: widgets.Widget = widgets.HBox([self.toggle, self.widget])
+            else:
+                self.box = self.widget
+        elif kind == "linear":
+            lo, hi = (float(h) for h in hint[:2])
+            v = float(value) if value is not None else lo
+            self.widget = widgets.FloatSlider(
+                value=v, min=min(lo, v), max=max(hi, 2 * v), step=(hi - lo) / 200, description=self.description,
+                readout_format=".3g", continuous_update=False, tooltip=tip, style=style, layout=_layout(width=full))
+            self.box = self.widget
+        elif kind == "int":
+            self.widget = NumberText(int(value), int, int(hint[0]), MAX_K, what=self.description, tooltip=tip,
+                                     layout=_layout(width="80px", flex="0 0 auto"))
+            self.box = tipped(self.widget)
+        elif kind == "choice":
+            options = [o for o in hint if _accepts(trainer, knob, o, task, linkedset)]
+            self.widget = widgets.Dropdown(options=options or list(hint), description=self.description, tooltip=tip,
+                                           style={"description_width": "60px"}, layout=_layout(width="240px"),
+                                           disabled=len(options) <= 1)
+            self.show(value)
+            self.box = tipped(self.widget)
+        elif kind == "toggle":
+            self.widget = widgets.Checkbox(value=bool(value), description=self.description, indent=False,
+                                           tooltip=tip, layout=_layout(width="auto"))
+            self.box = self.widget
+        else:
+            raise ValueError(f"knob {knob.name!r}: unknown control {knob.control!r}; one of log, linear, int, "
+                             "choice, toggle, optional (mtlab.core.knobs)")
+
+    def value(self) -> Any:
+        """The value the control asks for (None: an optional knob unticked)."""
+        if self.toggle is not None and not self.toggle.value:
+            return None
+        return self.widget.number if isinstance(self.widget, NumberText) else self.widget.value
+
+    def show(self, value: Any) -> None:
+        """Show ``value`` (the knob's value in force), widening a slider's range to hold it."""
+        w = self.widget
+        if isinstance(w, NumberText):
+            if value is not None and w.number != value:
+                w.show(value)
+        elif isinstance(w, widgets.Dropdown):
+            text = w.options[0] if value is None else value if isinstance(value, str) else str(value)
+            if text not in w.options:
+                w.options = [*w.options, text]
+            w.value = text
+        elif isinstance(w, widgets.Checkbox):
+            w.value = bool(value)
+        else:
+            if self.toggle is not None:
+                self.toggle.value = value is not None
+                w.disabled = value is None
+            if value is None:
+                return
+            if isinstance(w, widgets.FloatLogSlider):
+                widen(w, float(value))
+            else:
+                w.min, w.max = min(w.min, value), max(w.max, value)
+            if w.value != value:
+                w.value = value
+
+    def observe(self, fn: Callable[[Any], None]) -> None:
+        """``fn(value)`` after every change of the control (the user's, or ``show``'s: tell them apart yourself)."""
+        self.widget.observe(lambda ch: fn(self.value()), "number" if isinstance(self.widget, NumberText) else "value")
+        if self.toggle is not None:
+            self.toggle.observe(lambda ch: fn(self.value()), "value")
+
+    def at_end(self, value: Any) -> str | None:
+        """"lowest" or "highest" when ``value`` sits at an end of a log slider (a typed value clamped there)."""
+        w = self.widget
+        if not isinstance(w, widgets.FloatLogSlider) or not isinstance(value, (int, float)) or value <= 0:
+            return None
+        if value <= w.base ** w.min * (1 + 1e-6):
+            return "lowest"
+        return "highest" if value >= w.base ** w.max * (1 - 1e-6) else None
+
+    def parts(self) -> list[widgets.Widget]:
+        return [self.widget, *([self.toggle] if self.toggle is not None else [])]
+
+
+def widen(slider: widgets.FloatLogSlider, value: float) -> None:
+    """A log slider's range grown to hold ``value`` (a value set from code beyond it: ``trainer.lr = 1e-9``), to
+    whole decades, so that the slider shows the value in force, never its end."""
+    if not value > 0:
+        return
+    exponent = math.log10(value)
+    if exponent < slider.min:
+        slider.min = math.floor(exponent)
+    if exponent > slider.max:
+        slider.max = math.ceil(exponent)
+
+
+def _accepts(trainer: Trainer, knob: Knob, value: Any, task: str | None, linkedset: str | None) -> bool:
+    try:
+        trainer.check_knob(knob.name, value, task, linkedset)
+    except Exception:  # noqa: BLE001 (an option this trainer refuses is not offered)
+        return False
+    return True
+
+
+def knob_controls(trainer: Trainer) -> dict[str, KnobControl]:
+    """A control for every knob of ``trainer`` whose row has a ``control`` hint, in the table's order, the
+    task and linked-set knobs task by task; a knob of a task or of every task (``task_or_all``) gets one per
+    task (the knob of every task sets each)."""
+    instances = []
+    for knob in KNOBS.values():
+        if knob.control is None:
+            continue
+        for task, linkedset in knob_keys(trainer, knob):
+            if knob.scope == "task_or_all" and task is None:
+                continue
+            instances.append((knob, task, linkedset))
+    order = {t: i for i, t in enumerate(trainer.tasks)}
+    instances.sort(key=lambda e: (len(order) if e[1] is None else order[e[1]], e[2] is not None))  # stable: the
+    # table's order within a task; the trainer's knobs after the tasks'
+    words = [knob_what(k, t, s) for k, t, s in instances
+             if (k.control or ("",))[0] in ("log", "linear")]
+    label_px = min(max([len(w) for w in words] + [8]) * 7 + 16, 150)
+    controls = [KnobControl(trainer, k, t, s, label_px) for k, t, s in instances]
+    return {c.key: c for c in controls}
 
 
 class Controls:
     """Every control of a dashboard, by role (see ``Dashboard``'s docstring for the names)."""
 
     def __init__(self, trainer: Trainer) -> None:
-        keys = [*trainer.weights()]
-        width = f"{min(max(len(k) for k in keys) * 7 + 24, 150)}px"
-        self.sliders: dict[str, widgets.FloatSlider] = {}
-        for tname, t in trainer.tasks.items():
-            self.sliders[tname] = weight_slider(
-                f"task {tname}", t.weight, width,
-                f"set_task_weight({tname!r}, w): task {tname!r}'s weight in the combined update; "
-                "0 leaves the task out of step()")
-            for sname, ls in t.linkedsets.items():
-                self.sliders[set_key(tname, sname)] = weight_slider(
-                    f"  {set_key(tname, sname)}", ls.weight, width,
-                    f"set_weight({tname!r}, {sname!r}, w): weight of this linked set's loss and normalizer, from "
-                    "the next minibatch on; 0 leaves it out")
-        lr = trainer.lr
-        self.lr_slider = widgets.FloatLogSlider(
-            value=lr, base=10, min=math.log10(lr) - 3, max=math.log10(lr) + 2, step=0.05, description="lr",
-            readout_format=".2e", continuous_update=False, style={"description_width": width},
-            layout=_layout(width=f"{LEFT_WIDTH - 44}px"),
-            tooltip="trainer.lr: learning rate of the next apply(); a run's schedule sets it again at each step "
-                    "(lr decay)")
-        clip = trainer.clip_grad_value
-        c0 = clip if clip is not None else 1.0
-        self.clip_toggle = widgets.Checkbox(value=clip is not None, description="clip", indent=False,
-                                            layout=_layout(width="60px", flex="0 0 auto"),
-                                            tooltip="clipping on/off (trainer.clip_grad_value = value or None); "
-                                                    "during a run it changes at the end of the current step")
-        self.clip_slider = widgets.FloatLogSlider(
-            value=c0, base=10, min=math.log10(c0) - 3, max=math.log10(c0) + 2, step=0.05, description="value",
-            readout_format=".3g", continuous_update=False, disabled=clip is None,
-            style={"description_width": "40px"}, layout=_layout(width=f"{LEFT_WIDTH - 110}px"),
-            tooltip="trainer.clip_grad_value: clip() clamps every gradient element to ± this value. Needs: clip ticked")
-        methods = ["sum", *combine.AGGREGATORS, *weighting.WEIGHTINGS]
-        current = str(getattr(trainer.update, "method", None) or "sum")
-        self.combine_dropdown = widgets.Dropdown(
-            options=methods if current in methods else [*methods, current], value=current, description="combine",
-            disabled=bool(trainer.acc_steps), style={"description_width": "60px"}, layout=_layout(width="240px"),
-            tooltip="trainer.set_combine(): how the tasks' processed gradients become one direction, from the next "
-                    "apply() (aggregators and FAMO need pip install \"mtlab[mtl]\"); during a run it changes at the "
-                    "end of the current step")
+        # The knobs: one control per knob of the table (mtlab.core.knobs.KNOBS) with a control hint, by its key
+        # (knob_key); the names below are the usual ones, kept for scripts and tests.
+        self.knobs = knob_controls(trainer)
+        by_name = {c.key: c.widget for c in self.knobs.values() if c.name in ("weight", "task_weight")}
+        self.sliders: dict[str, widgets.Widget] = {k: by_name[k] for k in trainer.weights() if k in by_name}
+        self.lr_slider: Any = self.knobs["lr"].widget if "lr" in self.knobs else None
+        clip = self.knobs.get("clip_grad_value")
+        self.clip_slider: Any = clip.widget if clip is not None else None
+        self.clip_toggle: Any = clip.toggle if clip is not None else None
+        self.combine_dropdown: Any = self.knobs["combine"].widget if "combine" in self.knobs else None
+        self.k_boxes = self.per_task("minibatches_per_step")
+        self.batch_boxes = self.per_task("batch_size")
         tasks = list(trainer.tasks)
         self.task_dropdown = widgets.Dropdown(options=tasks, value=tasks[0], description="task",
                                               layout=_layout(width="165px"), style={"description_width": "35px"},
@@ -210,19 +365,6 @@ class Controls:
             tooltip="steps per run: run trains this many more steps, whatever the schedule's state (a finished "
                     "schedule is continued: lr decay and validation go on); 0 = to the schedule's end, or until stopped once it "
                     "has ended (or without one). Whole numbers only (25, 1e3); anything else is refused")
-        rounds = trainer.minibatches_per_step
-        self.k_boxes = {n: NumberText(
-            rounds[n], int, 1, MAX_K, what=f"minibatches per step of {n}", description="K",
-            style={"description_width": "16px"}, layout=_layout(width="90px", flex="0 0 auto"),
-            tooltip=f"trainer.set_minibatches_per_step(k, {n!r}): minibatch rounds (each active linked set once) task "
-                    f"{n!r} accumulates before each apply(); from the next step on (a step in progress keeps its own)")
-            for n in trainer.tasks}
-        self.batch_boxes = {n: NumberText(
-            t.batch_size, int, 1, 10**6, what=f"batch size of {n}", description="batch",
-            style={"description_width": "38px"}, layout=_layout(width="110px", flex="0 0 auto"),
-            tooltip=f"trainer.set_batch_size({n!r}, n): examples per minibatch of task {n!r}, from the next minibatch "
-                    "drawn on (each stream keeps its place in the epoch)")
-            for n, t in trainer.tasks.items()}
         self.calls = call_buttons(trainer)  # the chain's calls, a user transform's included: one button each
         labels = {**BUTTONS, **{c: c for c in self.calls if c not in BUTTONS}}
         self.buttons = {name: widgets.Button(description=label, tooltip=call_tooltip(trainer, name),
@@ -269,6 +411,31 @@ class Controls:
         self.image = widgets.Image(format="png", layout=_layout(width=f"{PLOT_WIDTH}px", height="auto"))
         self.lower_tab: widgets.Tab | None = None
 
+    def per_task(self, name: str) -> dict[str, Any]:
+        """Task -> the control of knob ``name`` of that task (e.g. the number boxes of ``batch_size``)."""
+        return {c.task: c.widget for c in self.knobs.values() if c.name == name and c.task is not None
+                and c.linkedset is None}
+
+    def slider_keys(self) -> list[str]:
+        """The knobs that may sit beside the plot in presentation mode (sliders), by key: ``sliders=[...]``."""
+        return [k for k, c in self.knobs.items() if c.kind in SLIDERS]
+
+    def _grid(self) -> widgets.Widget:
+        """The per-task number boxes (``("int", ...)`` knobs of a task): a row per knob, a column per task."""
+        rows = [n for n in dict.fromkeys(c.name for c in self.knobs.values() if c.kind == "int" and c.task is not None
+                                         and c.linkedset is None)]
+        tasks = list(dict.fromkeys(c.task for c in self.knobs.values() if c.task is not None))
+        cells: list[widgets.Widget] = [widgets.HTML("")] + [widgets.HTML(f"<b>{html.escape(str(t))}</b>") for t in tasks]
+        for name in rows:
+            knob = KNOBS[name]
+            cells.append(widgets.HTML(f"<span title='{html.escape(knob.doc, quote=True)}'>"
+                                      f"{html.escape(knob.label or name.replace('_', ' '))}</span>"))
+            for t in tasks:
+                c = self.knobs.get(knob_key(knob, t, None))
+                cells.append(c.box if c is not None else widgets.HTML(""))
+        return widgets.GridBox(cells, layout=_layout(grid_template_columns=f"150px repeat({len(tasks)}, 90px)",
+                                                     align_items="center"))
+
     def layout(self, plots: bool, hide: Sequence[str] = (), presentation: bool = False,
                chosen: Sequence[str] | None = None) -> list[widgets.Widget]:
         """The parts of one screen: texts on top, controls on the left, the plot on the right; in presentation
@@ -276,21 +443,18 @@ class Controls:
         beside the plot, which fits the window's height, so that both show on one screen at 150 %; the other
         controls under them. ``hide`` names control groups (``GROUPS``) left out."""
         B, hidden = self.buttons, set(check_hide(hide))
-        for slider in (*self.sliders.values(), self.lr_slider):  # presentation mode widens them: back to normal
-            slider.layout.width = f"{LEFT_WIDTH - 44}px"
+        for key in self.slider_keys():  # presentation mode widens them: back to normal
+            self.knobs[key].widget.layout.width = f"{LEFT_WIDTH - 44}px"
         wrap = _layout(flex_flow="row wrap", align_items="center")
         run_row = widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"], B["reinitialize"],
                                 tipped(self.reinit_knobs)], layout=wrap)
-        beside = set(list(self.sliders) + ["lr"] if chosen is None else chosen) if presentation else set()
-        weights = widgets.VBox([*(s for k, s in self.sliders.items() if k not in beside),
-                                *([] if "lr" in beside else [self.lr_slider]),
-                                widgets.HBox([self.clip_toggle, self.clip_slider]), tipped(self.combine_dropdown)])
-        accumulation = widgets.VBox([widgets.HTML("<div style='line-height:1.3;font-size:12px'>per task: K = minibatch "
-                                                  "rounds per step (each active linked set once a round; from the "
-                                                  "next step, at most 1000), batch = examples per minibatch (from "
-                                                  "the next minibatch)</div>")] + [
-            widgets.HBox([widgets.HTML(f"<b>{html.escape(n)}</b>", layout=_layout(width="70px")),
-                          tipped(self.k_boxes[n]), tipped(self.batch_boxes[n])], layout=wrap) for n in self.k_boxes])
+        default = [k for k in self.slider_keys()]
+        beside = set(default if chosen is None else chosen) if presentation else set()
+        grid = [c for c in self.knobs.values() if c.kind == "int" and c.task is not None and c.linkedset is None]
+        weights = widgets.VBox([c.box for k, c in self.knobs.items() if k not in beside and c not in grid])
+        accumulation = widgets.VBox([widgets.HTML(f"<div style='line-height:1.3;font-size:12px'>per task, whole "
+                                                  f"numbers up to {MAX_K}; each box's tooltip says what it sets "
+                                                  "and from when</div>"), self._grid()])
         stepwise = widgets.VBox([widgets.HBox([tipped(self.task_dropdown), tipped(self.set_dropdown)], layout=wrap),
                                  widgets.HBox([B[n] for n in ("minibatch", *self.calls, "apply", "step",
                                                               "reset")], layout=wrap)])
@@ -331,8 +495,8 @@ class Controls:
         B["clear_error"].layout.display = "none"
         table = [] if "table" in hidden else [self.table]
         if presentation:  # run, pause, stop and the chosen sliders beside the plot; everything else under them
-            keys = list(self.sliders) + ["lr"] if chosen is None else list(chosen)
-            steer = [self.lr_slider if k == "lr" else self.sliders[k] for k in keys]
+            keys = default if chosen is None else list(chosen)
+            steer = [self.knobs[k].box for k in keys]
             for slider in steer:  # each on two lines (page_css): its name and value, then a track of the column's width
                 slider.layout.width = "100%"
             run_now = widgets.HBox([B["run"], B["pause"], B["stop"]], layout=wrap)
@@ -350,10 +514,9 @@ class Controls:
 
     def every(self) -> list[widgets.Widget]:
         """Every widget built here (to close them)."""
-        return [*self.sliders.values(), self.lr_slider, self.clip_slider, self.clip_toggle, self.combine_dropdown,
-                *self.buttons.values(), self.task_dropdown, self.set_dropdown, self.steps_box, self.snapshot_dropdown,
+        return [*(p for c in self.knobs.values() for p in c.parts()), *self.buttons.values(),
+                self.task_dropdown, self.set_dropdown, self.steps_box, self.snapshot_dropdown,
                 self.reinit_knobs, self.branch_dropdown, self.compare_image,
-                *self.k_boxes.values(), *self.batch_boxes.values(),
                 self.scale_toggle, self.smoothing_slider, self.zoom, self.read_step, self.counter, self.status,
                 self.table, self.progress, self.progress_label, self.validation_table, self.event_log, self.readout,
                 self.error_box, self.export_links, self.plot_label, self.image, self.noise_panel]

@@ -8,7 +8,8 @@ of an empty table.
 
 ``fn`` runs in the thread that made the change (the training thread, between two steps, during a run), so it
 may read the trainer's gradients and history. A redraw waits at least ``every_s`` seconds after the last one,
-and longer when ``fn`` is slow, so that it takes at most ``max_share`` of the run's time; a result that is
+and longer when ``fn`` is slow, so that it takes at most ``max_share`` of the run's time, except the first after
+a result of step 0 or an empty one (shown at the run's first step, whatever the pace); a result that is
 empty (no row, no step yet) says so in words; an exception shows its message in the caption and the next
 change tries again.
 """
@@ -139,7 +140,10 @@ class Follow(widgets.VBox):
             self.value = value
             self._show(value, state)
             spent = time.perf_counter() - t0
-            self._next = time.monotonic() + max(self.every_s, spent / self.max_share)
+            # Nothing trained yet (a cell run at step 0, under Run All): the first step is shown at once, not
+            # after the pace's wait, so that it never lags the cells above it.
+            self._next = 0.0 if state.step == 0 or is_empty(value) else \
+                time.monotonic() + max(self.every_s, spent / self.max_share)
             self._shown = (state.step, state.running, tuple(state.phases.values()))
             self.renders += 1
 

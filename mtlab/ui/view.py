@@ -16,7 +16,6 @@ import base64
 import dataclasses
 import functools
 import html
-import math
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -25,11 +24,10 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..core.columns import split_key
 from ..core.trainer import Trainer
 from ..training.schedule import Schedule
 from .controller import Controller
-from .controls import PLOT_WIDTH, Controls, check_hide
+from .controls import PLOT_WIDTH, Controls, KnobControl, NumberText, check_hide
 from .follow import Follow
 from .painter import Painter
 from ..training.plotparts import figure_png, figure_svg
@@ -104,23 +102,15 @@ def live_only(text: str, beat: int) -> str:
             f"<!-- {beat} -->")
 
 
-def widen(slider: widgets.FloatLogSlider, value: float) -> None:
-    """A log slider's range grown to hold ``value`` (a value set from code beyond it: ``trainer.lr = 1e-9``), to
-    whole decades, so that the slider shows the value in force, never its end."""
-    if not value > 0:
-        return
-    exponent = math.log10(value)
-    if exponent < slider.min:
-        slider.min = math.floor(exponent)
-    if exponent > slider.max:
-        slider.max = math.ceil(exponent)
-
-
 class Dashboard(widgets.VBox):
     """The dashboard widget; build it with ``mtlab.ui.dashboard(trainer)``.
 
-    ``controller`` holds the state and takes the commands (scripts and tests can drive it directly);
-    the widgets are attributes too: ``sliders`` ("a" task weight, "a/clean" linked-set weight),
+    ``controller`` holds the state and takes the commands (scripts and tests can drive it directly).
+    The knobs' controls are built from the knob table (``mtlab.core.knobs.KNOBS``): ``knobs`` holds one
+    ``KnobControl`` per knob of the trainer whose row has a ``control`` hint (a slider, a number box, a dropdown
+    or a checkbox), keyed ``"lr"``, ``"a"``/``"a/clean"`` (the weights), ``"batch_size:a"``; a row added to the
+    table gets its control with no code here, and every control calls ``controller.set(name, value, task,
+    linkedset)``. The widgets are attributes too: ``sliders`` ("a" task weight, "a/clean" linked-set weight),
     ``lr_slider``, ``clip_slider``, ``clip_toggle``, ``combine_dropdown``, ``buttons`` (by name),
     ``task_dropdown``, ``set_dropdown``, ``steps_box``, ``snapshot_dropdown``, ``status``, ``counter``,
     ``progress``, ``progress_label``, ``table``, ``validation_table``, ``event_log``, ``image``,
@@ -130,7 +120,8 @@ class Dashboard(widgets.VBox):
     what is typed on Enter: a refusal says why in the status line and the box shows the value in force again.
 
     ``presentation=True`` (or ``dash.presentation = True`` later): larger text, the run buttons and the sliders
-    ``sliders=[...]`` names (weight keys, ``"lr"``; default: every weight and the lr) beside the plot, which fits the
+    ``sliders=[...]`` names (keys of ``knobs`` whose control is a slider: weight keys, ``"lr"``; default: every
+    slider) beside the plot, which fits the
     window's height, the other controls under them: plot and sliders on one screen of a projector (150 % zoom on
     1280x800). ``hide=[...]`` leaves control groups out
     (``mtlab.ui.controls.GROUPS``: run, weights, accumulation, stepwise, snapshots, plot_options, table, log,
@@ -149,9 +140,9 @@ class Dashboard(widgets.VBox):
         live = LivePlot(list(trainer.tasks), max_points=max_points, width_px=PLOT_WIDTH, dpi=DPI) if plots else None
         self.controls = controls
         self.hide, self._presentation, self._plots = hide, bool(presentation), plots
-        unknown = [k for k in (sliders or ()) if k != "lr" and k not in controls.sliders]
+        unknown = [k for k in (sliders or ()) if k not in controls.slider_keys()]
         if unknown:
-            raise ValueError(f"sliders: unknown {unknown}; choose among {[*controls.sliders, 'lr']}")
+            raise ValueError(f"sliders: unknown {unknown}; choose among {controls.slider_keys()}")
         self.chosen = None if sliders is None else list(sliders)  # presentation mode's sliders beside the plot
         self._beat = 0  # counts renders: a live claim ("running") re-sent each time restarts its expiry
         self.export_dir = Path(export_dir)
@@ -212,22 +203,10 @@ class Dashboard(widgets.VBox):
     # ------------------------------------------------------------------ wiring: one command per control
     def _wire(self) -> None:
         c, w = self.controller, self.controls
-        for key, slider in w.sliders.items():
-            task, lset = split_key(key)
-            if lset:
-                slider.observe(lambda ch, t=task, s=lset: self._user(c.set_weight, t, s, ch["new"]), "value")
-            else:
-                slider.observe(lambda ch, t=task: self._user(c.set_task_weight, t, ch["new"]), "value")
-        w.lr_slider.observe(lambda ch: self._user(self._set_lr, ch["new"]), "value")
-        for part in (w.clip_toggle, w.clip_slider):
-            part.observe(lambda ch: self._user(c.set_clip, w.clip_slider.value if w.clip_toggle.value else None),
-                         "value")
-        w.combine_dropdown.observe(lambda ch: self._user(c.set_combine, ch["new"]), "value")
-        for name, box in w.k_boxes.items():
-            box.observe(lambda ch, t=name: self._user(c.set_minibatches_per_step, ch["new"], t), "number")
-        for name, box in w.batch_boxes.items():
-            box.observe(lambda ch, t=name: self._user(c.set_batch_size, t, ch["new"]), "number")
-        for box in (w.steps_box, w.read_step, *w.k_boxes.values(), *w.batch_boxes.values()):
+        for knob in w.knobs.values():  # every knob's control: one controller.set
+            knob.observe(functools.partial(self._user_knob, knob))
+        numbers = [k.widget for k in w.knobs.values() if isinstance(k.widget, NumberText)]
+        for box in (w.steps_box, w.read_step, *numbers):
             box.on_refused = lambda message: c.say(message, error=True)
         w.steps_box.observe(lambda ch: self._user(c.say, f"steps -> {ch['new']}: run trains this many more steps"
                                                   if ch["new"] else "steps -> 0: run goes to the schedule's end, or "
@@ -256,14 +235,18 @@ class Dashboard(widgets.VBox):
         if self._syncing != threading.get_ident():  # a value put there by render() (this thread) is no user's
             fn(*args)
 
-    def _set_lr(self, value: float) -> None:
-        """The lr from the slider; at an end of its range, say that a typed value beyond it was clamped there."""
-        slider = self.controls.lr_slider
-        if self.controller.set_lr(value) and (value <= slider.base ** slider.min * (1 + 1e-6) or
-                                              value >= slider.base ** slider.max * (1 - 1e-6)):
-            end = "lowest" if value <= slider.base ** slider.min * (1 + 1e-6) else "highest"
-            self.controller.say(f"lr -> {value:.3g}: the slider's {end} value (a number typed beyond it is clamped "
-                                f"there); for another, set trainer.lr in code")
+    def _user_knob(self, control: KnobControl, value: Any) -> None:
+        self._user(self._set_knob, control, value)
+
+    def _set_knob(self, control: KnobControl, value: Any) -> None:
+        """A knob from its control; at an end of a log slider, say that a typed value beyond it was clamped there."""
+        c = self.controller
+        if c.set(control.name, value, control.task, control.linkedset) and control.at_end(value) is not None:
+            words = control.knob.words(value, control.task, control.linkedset)
+            where = "".join(f", {k}={v!r}" for k, v in (("task", control.task), ("linkedset", control.linkedset))
+                            if v is not None)
+            c.say(f"{words}: the slider's {control.at_end(value)} value (a number typed beyond it is clamped "
+                  f"there); for another, trainer.set({control.name!r}, value{where}) in code")
 
     def _on_task_choice(self, change: dict[str, Any]) -> None:
         self.controls.set_dropdown.options = list(self.controller.trainer.tasks[change["new"]].linkedsets)
@@ -349,29 +332,8 @@ class Dashboard(widgets.VBox):
             if tr.pending_changes():  # a knob moved during a step waits for the step's next knob read: the
                 self._sync_views(state)  # trainer still holds the old value, which must not put the slider back
                 return
-            weights, lr, clip = tr.weights(), float(tr.lr), tr.clip_grad_value
-            for key, value in weights.items():
-                s = w.sliders.get(key)
-                if s is not None and s.value != value:
-                    s.max = max(s.max, value)
-                    s.value = value
-            if w.lr_slider.value != lr:
-                widen(w.lr_slider, lr)
-                w.lr_slider.value = lr
-            w.clip_toggle.value = clip is not None
-            w.clip_slider.disabled = clip is None
-            if clip is not None and w.clip_slider.value != clip:
-                widen(w.clip_slider, clip)
-                w.clip_slider.value = clip
-            rounds = tr.minibatches_per_step
-            for name, box in w.k_boxes.items():
-                if box.number != rounds[name]:
-                    box.show(rounds[name])
-            for name, box in w.batch_boxes.items():
-                if box.number != tr.tasks[name].batch_size:
-                    box.show(tr.tasks[name].batch_size)
-            if state.combine in w.combine_dropdown.options:
-                w.combine_dropdown.value = state.combine
+            for knob in w.knobs.values():  # every knob's control shows the value in force
+                knob.show(tr.get(knob.name, knob.task, knob.linkedset))
             self._sync_views(state)
         finally:
             self._syncing = 0

@@ -16,6 +16,7 @@ import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 from helpers.figures import outside, raw_texts, readability  # noqa: E402
+from mtlab.core.knobs import KNOBS  # noqa: E402
 
 
 
@@ -107,7 +108,8 @@ def test_reinitialise_beside_run_with_the_starting_knobs_and_only_new_marks(dash
     w.buttons["reinitialize"].click()
     tr = dash.trainer
     assert tr.step_count == 0 and tr.linkedset("a", "noisy").weight == 0.5 and tr.lr == pytest.approx(1e-2)
-    assert "the starting knobs again (a/noisy weight 0.5, lr 0.01)" in dash.status_text
+    again = ", ".join([KNOBS["lr"].words(1e-2), KNOBS["weight"].words(0.5, "a", "noisy")])  # the table's order
+    assert f"the starting knobs again ({again})" in dash.status_text
     assert w.sliders["a/noisy"].value == 0.5
     assert all(not math.isfinite(s) for s, _ in c.data.marks()[:-1])  # the abandoned branch's events: unmarked
     dash.refresh()

@@ -9,6 +9,7 @@ import pytest
 from helpers import make_examples, make_models, task_a, task_b
 
 import mtlab
+from mtlab.core.knobs import KNOBS
 from mtlab.ui.controller import Controller
 from mtlab.ui.schedules import continue_schedule
 from mtlab.ui.texts import counter_html, progress_html, status_html
@@ -40,7 +41,8 @@ def test_every_change_hands_one_fresh_state(ctl):
     assert len(ctl.states) == n + 1 and ctl.states[-1].weights["a/clean"] == 0.5
     tr.set_weight("a", "noisy", 0.25)  # a change from code, too
     assert ctl.states[-1].weights["a/noisy"] == 0.25
-    assert [t for _, t in ctl.states[-1].events] == ["a/clean weight 0.5", "a/noisy weight 0.25"]
+    assert [t for _, t in ctl.states[-1].events] == [KNOBS["weight"].words(0.5, "a", "clean"),
+                                                     KNOBS["weight"].words(0.25, "a", "noisy")]
 
 
 def test_skipped_and_error_texts_clear_when_the_weights_come_back(ctl):

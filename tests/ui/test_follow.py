@@ -4,6 +4,7 @@ while the run trains in the background; what it shows must end on the run's fina
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -16,6 +17,7 @@ import mtlab  # noqa: E402
 import mtlab.training.debug  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
+from mtlab.ui.state import RunView  # noqa: E402
 
 
 @pytest.fixture
@@ -102,3 +104,16 @@ def test_its_plain_text_is_the_result_not_the_widgets_repr(dash):
     (cosine,) = mtlab.training.debug.gradient_conflict(tr)["enc"].values()
     assert plain.splitlines()[1].split() == ["enc", "/", "a", "vs", "b", f"{cosine:.4g}"]
     assert "application/vnd.jupyter.widget-view+json" in follower._repr_mimebundle_()
+
+
+def test_what_was_shown_empty_is_shown_again_at_the_first_step_whatever_the_pace(dash):
+    """Under Run All a figure cell runs at step 0; its first redraw must not wait ``every_s`` (nor ``fn``'s own time
+    over ``max_share``): the cells above it showed step 2 while it still showed empty axes."""
+    tr = dash.trainer
+    figure = dash.follow(lambda: mtlab.plots.plot_history(tr.history), every_s=1e4)  # at step 0: empty axes
+    assert figure.renders == 1 and "step 0" in figure.plain
+    running = RunView("running", 0, 10, 1.0, 1.0, None, False)
+    for _ in range(2):
+        tr.step()
+        figure(dataclasses.replace(dash.controller.state(), run=running))  # what the run hands over between steps
+    assert figure.renders == 2 and "step 1" in figure.plain  # the first step at once, then the pace (every_s)

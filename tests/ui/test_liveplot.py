@@ -11,12 +11,14 @@ import pytest
 pytest.importorskip("ipywidgets", reason="the dashboard needs ipywidgets: pip install 'mtlab[notebook]'")
 pytest.importorskip("matplotlib", reason="the dashboard needs matplotlib: pip install 'mtlab[notebook]'")
 
+import html  # noqa: E402
 import io  # noqa: E402
 
 import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 from mtlab.core.events import Event, ValidationInfo  # noqa: E402
+from mtlab.core.knobs import KNOBS  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import PercentFormatter  # noqa: E402
@@ -167,9 +169,9 @@ def test_changes_are_marked_and_logged(one_thread):
     d.clip_toggle.value = False
     d.buttons["step"].click()
     texts = [t for _, t in d.events]
-    assert texts == ["a/noisy weight -> 0.25", "lr -> 0.001", "clip off"]
-    assert "step 1: a/noisy weight -&gt; 0.25" in d.event_log.value or "step 1: a/noisy weight -> 0.25" in \
-        d.event_log.value
+    words = [KNOBS["weight"].words(0.25, "a", "noisy"), KNOBS["lr"].words(1e-3), KNOBS["clip_grad_value"].words(None)]
+    assert texts == words  # one wording: the knob table's
+    assert f"step 1: {html.escape(words[0])}" in d.event_log.value
     marks = [ln for ln in d.live.axes["loss"].lines if ln.get_label() == "_events"]
     assert len(marks) == 1 and list(marks[0].get_xdata()) == [1, 1]  # one dotted line at step 1
     labels = [t.get_text() for t in d.live.axes["loss"].texts]

@@ -15,7 +15,10 @@ from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 
 import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
+from mtlab.core.knobs import KNOBS  # noqa: E402
 from mtlab.ui.painter import MAX_INTERVAL, pace  # noqa: E402
+
+WORDS = KNOBS["weight"].words(0.25, "a", "noisy")  # the one wording of the change
 
 
 def test_draws_are_never_spaced_more_than_max_interval():
@@ -46,7 +49,7 @@ def test_a_knob_moved_during_a_step_waits_for_its_next_minibatch_and_is_marked_t
         assert in_step.wait(30)
         d.sliders["a/noisy"]._handle_msg({"content": {"data": {"method": "update", "state": {"value": 0.25}}}})
         assert tr.step_count == 2  # the step is still in flight: the change waits for its next knob read
-        assert tr.pending_changes() == ["weight 0.25 of a/noisy"]
+        assert tr.pending_changes() == [WORDS]
         assert not any(e["kind"] == "weight" for e in tr.journal.changes())
     finally:
         release.set()
@@ -54,8 +57,8 @@ def test_a_knob_moved_during_a_step_waits_for_its_next_minibatch_and_is_marked_t
         tr.remove_callback(hold)
     d.painter.idle(10.0)
     assert tr.pending_changes() == []
-    assert (2, "a/noisy weight -> 0.25") in d.events  # taken at the step's next minibatch
-    assert (2, "a/noisy weight -> 0.25") in d.live._events  # drawn: the mark is on screen
+    assert (2, WORDS) in d.events  # taken at the step's next minibatch
+    assert (2, WORDS) in d.live._events  # drawn: the mark is on screen
     weight = [e for e in tr.journal.changes() if e["kind"] == "weight"]
     assert [(e["step"], e["inside"], e["value"]) for e in weight] == [(2, True, 0.25)]
     d.close()

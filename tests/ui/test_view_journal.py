@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip("ipywidgets", reason="the dashboard needs ipywidgets: pip install 'mtlab[notebook]'")
 
+import html  # noqa: E402
 import re  # noqa: E402
 import time  # noqa: E402
 
@@ -17,6 +18,7 @@ import mtlab  # noqa: E402
 import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 from mtlab.core.journal import Journal  # noqa: E402
+from mtlab.core.knobs import KNOBS  # noqa: E402
 from mtlab.ui.controller import Controller  # noqa: E402
 
 
@@ -106,7 +108,8 @@ def test_one_numbering_in_the_status_the_events_the_journal_and_the_figures(one_
         # The events, numbered 1.. as the plot marks them, sit at the journal's step of each change.
         changes = [e for e in tr.journal.entries if e["type"] == "change"]
         assert [s for s, _ in d.events] == [e["step"] for e in changes] == [3, 3, 3, 5]
-        assert "step 3: " in d.event_log.value and d.event_log.value.count("weight of a/noisy") == 1
+        words = html.escape(KNOBS["weight"].words(0.3, "a", "noisy"))
+        assert f"step 3: {words}" in d.event_log.value and d.event_log.value.count(words) == 1
         live = event_steps(next(iter(d.live.axes.values())))
         figure = event_steps(d.figure().axes[0])  # the exported PNG draws this figure
         assert live == figure == {1: 3.0, 2: 3.0, 3: 3.0, 4: 5.0}, (live, figure)

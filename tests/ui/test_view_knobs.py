@@ -18,6 +18,7 @@ from helpers.trainers import assert_trees_equal
 import mtlab
 import mtlab.ui
 import ipywidgets as widgets
+from mtlab.core.knobs import KNOBS
 from mtlab.ui.controls import GROUPS, NumberText, parse_number
 from mtlab.ui.view import live_only, page_css
 
@@ -66,7 +67,8 @@ def test_knobs_from_the_dashboard_change_the_next_step_exactly_as_the_calls_from
     assert_trees_equal(tr.state_dict()["update"], code.state_dict()["update"])
     last = tr.history.iloc[-1]
     assert last["a/minibatches_per_step"] == 3 and last["b/batch_size"] == 5
-    assert [t for _, t in dash.events][-2:] == ["minibatches per step of a -> 3", "batch size of b -> 5"]
+    assert [t for _, t in dash.events][-2:] == [KNOBS["minibatches_per_step"].words(3, "a"),
+                                                KNOBS["batch_size"].words(5, "b")]
     code.set_minibatches_per_step(2)  # a change from code shows in the boxes
     tr.set_minibatches_per_step(2)
     assert dash.k_boxes["a"].value == dash.k_boxes["b"].value == "2"
