@@ -101,6 +101,7 @@ def test_every_key_with_a_wrong_type_or_value_is_named_before_anything_runs(
         check(tmp_path_factory.mktemp("recipe"), *case, capsys=capsys)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.sampled_from(sorted(TRAINER_KEYS)), value=st.one_of(
     st.text(max_size=5), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(),
