@@ -52,7 +52,7 @@ __version__ = "0.3.0"
 
 _LAZY = {"from_recipe": ("apps.recipe", "from_recipe"), "run": ("training.loop", "run"),
          "Schedule": ("training.schedule", "Schedule"), "Experiment": ("apps.recipe", "Experiment"),
-         "replay": ("training.replay", "replay")}
+         "replay": ("training.replay", "replay"), "attach": ("remote.client", "attach")}
 # Packages and modules reachable as attributes of ``mtlab`` (imported on first use) and importable as
 # ``mtlab.<name>`` (``import mtlab.debug``, ``from mtlab.recipe import from_recipe``: see ``_Aliases``). The short
 # names are the ones a notebook writes (``mtlab.debug.explain(trainer)``, ``mtlab.distributed.attach(trainer)``).
@@ -60,7 +60,7 @@ _SUBMODULES = {"data": "data", "separation": "separation", "ui": "ui", "nabu": "
                "base": "base", "tasks": "tasks", "core": "core", "training": "training", "apps": "apps",
                "distributed": "training.distributed", "debug": "training.debug", "loop": "training.loop",
                "loggers": "training.loggers", "plots": "training.plots", "checkpoint": "training.checkpoint", "state": "core.state",
-               "recipe": "apps.recipe", "launch": "apps.launch", "cli": "apps.cli", "combine": "core.combine",
+               "recipe": "apps.recipe", "launch": "apps.launch", "cli": "apps.cli", "combine": "core.combine", "remote": "remote",
                "weighting": "core.weighting", "sampling": "tasks.sampling", "exercises": "training.exercises"}
 
 

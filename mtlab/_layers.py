@@ -16,7 +16,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
      "the run loop (schedule, validation, run), checkpoints, data parallelism, loggers, plots, debugging"),
     ("data", ("data",), "speech corpora: lists, audio, features, layouts"),
     ("domains", ("separation", "nabu"), "speech separation; the Nabu-MSSS importer"),
-    ("applications", ("apps",), "recipes, the command line, launchers"),
+    ("applications", ("apps", "remote"), "recipes, the command line, launchers; attaching to a running job"),
     ("notebook UI", ("ui",), "the dashboard (ipywidgets, matplotlib)"),
 )
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.events import Event, Payload
+from ..remote.server import add_attach_flags, attachable
 from .replaycmd import add_replay_parser, moved_flag, replay_command
 from .demo import DEMO_EPOCHS, demo_recipe, quick, say_next
 
@@ -146,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--log", default=None, metavar="NAMES",
                        help="loggers, comma-separated: csv, tensorboard, mlflow, trackio (files in the experiment folder; "
                             "default: the recipe's [trainer] log)")
+        add_attach_flags(p)  # --no-attach, --attach-ip
 
     def device_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--precision", default=None, choices=["32", "bf16-mixed", "16-mixed"],
@@ -336,8 +338,10 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
     periodic = _periodic(exp, expdir)
     cost = _cost_note(exp) if rank == 0 else None
     first = exp.trainer.step_count
+    steering = attachable(exp, expdir, args, progress=not args.no_progress and rank == 0)
     try:
-        schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir)
+        schedule = run(exp, steps=args.steps, progress=not args.no_progress and rank == 0, expdir=expdir,
+                       between_steps=steering.between if steering is not None else None)
     except MtlabError as exc:
         if exp.trainer.step_count == first == 0 and args.command == "train":
             from ..base.errors import DataError
@@ -350,6 +354,8 @@ def _train(exp: Any, expdir: Path, args: argparse.Namespace) -> int:
                          "the same way)")
         raise
     finally:
+        if steering is not None:
+            steering.close(exp.schedule.last_stop)
         if logger is not None:
             logger.close()
         if periodic is not None:
