@@ -1,22 +1,11 @@
-"""The job's side of attaching: a ``Steering`` takes commands from one client and applies them at the job's next
-minibatch boundary, on every rank alike, journaled there with the source ``attached``.
+"""The job's side of attaching, in a thread of its own on rank 0: a ``Server`` answers one steering client (and any
+watching ones) over ZeroMQ, checks every message's signature, and hands the commands to the job's ``Steering``
+(``mtlab.remote.steering``), which applies them at the next minibatch boundary.
 
 ``mtlab train`` (and ``demo``, ``resume``) makes every job attachable unless ``--no-attach``: rank 0 listens on
-127.0.0.1 (``--attach-ip`` for another address) in a thread of its own, and publishes how to reach it in
-``EXPDIR/attach.json`` (``mtlab.remote.wire``). The job never waits for a client: a command is read between two
-minibatches or two steps, and a client that vanishes changes nothing.
-
-Where a change takes effect:
-
-- one process: the command is a ``Trainer.set`` from the server's thread, which the trainer queues and applies at
-  its next knob read (the next minibatch, normalize, clip or apply) and journals there;
-- several ranks (torchrun): rank 0's server queues the commands; after every minibatch and before every step the
-  ranks take them together (one broadcast of a length over a CPU group, a second of the commands when there are
-  any), and each rank makes the same ``Trainer.set`` at the same minibatch.
-
-A pause or a stop takes effect before the next step (a stop ends the run as the schedule's end does: ``final.pt``,
-the tables and the summary are written). An ``lr`` set from a client moves the schedule with it: its decay goes on
-from the value set (``schedule.lr_scale``), rather than the schedule setting its own value again at the next step.
+127.0.0.1 (``--attach-ip`` for another address) and publishes how to reach it in ``EXPDIR/attach.json``
+(``mtlab.remote.wire``). The job never waits for a client, and a client that vanishes changes nothing: one not
+heard from for ``LEASE_S`` seconds no longer steers it.
 """
 
 from __future__ import annotations
@@ -29,12 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..base.errors import ConfigError, MtlabError
 from ..base.report import say
-from ..core.events import Event, Payload
 from ..core.knobs import KNOBS
+from .steering import Steering
 from .wire import CONNECTION_FILE, AttachError, Verifier, connection, encode, need_zmq, new_key, write_private
 
 LEASE_S = 20.0  # s: a steering client not heard from for this long loses the job to the next one
@@ -48,39 +35,20 @@ def _plain_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v)) for k, v in row.items()}
 
 
-class Steering:
-    """Commands from an attached client, applied at the job's minibatch boundaries; see the module docstring.
+class Server:
+    """Rank 0's answers to attached clients, for ``steering``; see the module docstring."""
 
-    ``between()`` goes to the loop as ``between_steps`` (pause, stop, lr follow-up); ``close(reason)`` when the
-    run has ended. Build it with :func:`attachable`."""
-
-    def __init__(self, exp: Any, expdir: Path, ip: str = "127.0.0.1", progress: bool = True) -> None:
-        self.exp, self.trainer, self.expdir = exp, exp.trainer, Path(expdir)
-        self.rank, self.world = self.trainer.parallel.rank, self.trainer.parallel.world_size
-        self.progress = progress
-        self.paused = threading.Event()
-        self.stopping = threading.Event()
-        self._wake = threading.Event()
-        self._lock = threading.Lock()
-        self.inbox: list[dict[str, Any]] = []  # several ranks: commands for the next agreement (rank 0)
+    def __init__(self, steering: Steering) -> None:
+        self.steering = steering
+        self.exp, self.trainer, self.expdir = steering.exp, steering.trainer, steering.expdir
         self.commands: dict[str, dict[str, Any]] = {}  # command id -> where its journal entry will be
-        self.state = "running"
-        self.ended: dict[str, Any] | None = None
         self.steerer: dict[str, Any] | None = None
-        self.agreements = 0  # how often the ranks took the commands together (bench/attach.py)
-        self._scanned = len(self.trainer.journal.entries)
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self.sock: Any = None
         self.key = ""
         self.address = ""
-        self.group: Any = None
-        if self.world > 1:
-            import torch.distributed as dist
-
-            # commands travel on the CPU: a group of gloo beside NCCL, so that no step waits for the device
-            self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-            self.trainer.add_callback(self._after_minibatch)
+        steering.server = self
 
     # ------------------------------------------------------------------ serving (rank 0, its own thread)
     def serve(self, ip: str) -> None:
@@ -103,7 +71,7 @@ class Steering:
         self.address = f"{ip}:{port}"
         self.expdir.mkdir(parents=True, exist_ok=True)
         write_private(self.expdir / CONNECTION_FILE,
-                      connection(ip, port, self.key, self.expdir, self.world))
+                      connection(ip, port, self.key, self.expdir, self.steering.world))
         self._thread = threading.Thread(target=self._serve, name="mtlab-attach", daemon=True)
         self._thread.start()
 
@@ -171,8 +139,9 @@ class Steering:
                 self.steerer = None
             return {"detached": True}
         if command in STEERING:
-            if self.ended is not None:
-                raise AttachError(f"the job has ended ({self.ended['reason']} at step {self.ended['step']}); "
+            ended = self.steering.ended
+            if ended is not None:
+                raise AttachError(f"the job has ended ({ended['reason']} at step {ended['step']}); "
                                   f"nothing to {command}")
             if holder is None or holder["session"] != session:
                 raise AttachError(f"{command} refused: this client does not steer the job "
@@ -203,16 +172,16 @@ class Steering:
                  "control": list(k.control) if k.control else None} for k in KNOBS.values()]
         return {**self.status(), "tasks": {n: list(t.linkedsets) for n, t in tr.tasks.items()},
                 "knobs": tr.knobs(), "knob_table": rows, "name": str((self.exp.recipe or {}).get("name", "")),
-                "expdir": str(self.expdir.resolve()), "world_size": self.world, "address": self.address}
+                "expdir": str(self.expdir.resolve()), "world_size": self.steering.world, "address": self.address}
 
     def status(self) -> dict[str, Any]:
         """Where the job stands (step, state, who steers it, how it ended)."""
         holder = self._holder()
         schedule = getattr(self.exp, "schedule", None)
         return {"step": self.trainer.step_count, "num_steps": getattr(schedule, "num_steps", None),
-                "state": self.state if self.ended is None else "ended", "ended": self.ended,
+                "state": self.steering.state, "ended": self.steering.ended,
                 "steered_by": holder["who"] if holder else None, "minibatch": self.trainer.journal.minibatch,
-                "pending": self.trainer.pending_changes() + [c.get("words", "") for c in list(self.inbox)]}
+                "pending": self.trainer.pending_changes() + [c.get("words", "") for c in list(self.steering.inbox)]}
 
     def _history(self, since: int, last: Any) -> dict[str, Any]:
         rows = self.trainer.log.rows()
@@ -238,13 +207,8 @@ class Steering:
                                          "linkedset": linkedset, "words": words, "sent": time.time(),
                                          "unchanged": unchanged}
         if not unchanged:
-            if self.world == 1:
-                with tr.journal.source("attached"):
-                    tr.set(str(name), value, task, linkedset)
-            else:
-                with self._lock:
-                    self.inbox.append({"op": "set", "id": command_id, "name": name, "value": value, "task": task,
-                                       "linkedset": linkedset, "words": words})
+            self.steering.submit({"op": "set", "id": command_id, "name": name, "value": value, "task": task,
+                                  "linkedset": linkedset, "words": words})
         return {"id": command_id, "words": words, "when": knob.when, "unchanged": unchanged,
                 "step": tr.step_count}
 
@@ -264,125 +228,29 @@ class Steering:
         return {"in_force": False, "words": c["words"], **self.status()}
 
     def _control(self, command: str) -> dict[str, Any]:
-        if self.world > 1:
-            with self._lock:
-                self.inbox.append({"op": command, "words": command})
-        else:
-            self._do({"op": command})
-        if command == "pause" and self.state == "running":
-            self.state = "pausing"
-        elif command == "resume" and self.state in ("pausing", "paused"):
-            self.state = "running"
+        s = self.steering
+        s.submit({"op": command, "words": command})
+        if command == "pause" and s.state == "running":
+            s.state = "pausing"
+        elif command == "resume" and s.state in ("pausing", "paused"):
+            s.state = "running"
         elif command == "stop":
-            self.state = "stopping"
+            s.state = "stopping"
         return self.status()
 
-    # ------------------------------------------------------------------ in the training thread
-    def _do(self, op: dict[str, Any]) -> None:
-        kind = op["op"]
-        if kind == "set":
-            with self.trainer.journal.source("attached"):
-                try:
-                    self.trainer.set(op["name"], op["value"], op.get("task"), op.get("linkedset"))
-                except ConfigError as exc:  # checked on rank 0 already: every rank refuses alike
-                    say(f"attached change {op.get('words')} refused: {exc}", self.progress)
-        elif kind == "pause":
-            self.paused.set()
-        elif kind == "resume":
-            self.paused.clear()
-            self._wake.set()
-        elif kind == "stop":
-            self.stopping.set()
-            self._wake.set()
-
-    def agree(self) -> None:
-        """Several ranks: take rank 0's commands together, at the same point of the run on every rank (a
-        broadcast of their length; of the commands themselves when there are any)."""
-        import torch.distributed as dist
-
-        data = b""
-        if self.rank == 0:
-            with self._lock:
-                ops, self.inbox = self.inbox, []
-            data = json.dumps(ops).encode() if ops else b""
-        size = torch.tensor([len(data)], dtype=torch.int64)
-        dist.broadcast(size, 0, group=self.group)
-        self.agreements += 1
-        n = int(size.item())
-        if not n:
-            return
-        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0 else torch.empty(n, dtype=torch.uint8)
-        dist.broadcast(buf, 0, group=self.group)
-        for op in json.loads(buf.numpy().tobytes()):
-            self._do(op)
-
-    def _after_minibatch(self, event: Event, info: Payload) -> None:
-        if event == Event.MINIBATCH:
-            self.agree()
-
-    def between(self) -> bool:
-        """Before each step, in the loop's thread (``run(between_steps=...)``): the commands, a pause, the
-        schedule following an attached lr; True stops the run."""
-        if self.world > 1:
-            self.agree()
-        self._follow_lr()
-        if self.paused.is_set() and not self.stopping.is_set():
-            self.state = "paused"
-            say(f"paused by the attached client at step {self.trainer.step_count}", self.progress)
-            while self.paused.is_set() and not self.stopping.is_set():
-                if self.world > 1:
-                    time.sleep(0.2)
-                    self.agree()
-                else:
-                    self._wake.wait(0.2)
-                    self._wake.clear()
-            self._follow_lr()
-            if not self.stopping.is_set():
-                say(f"resumed by the attached client at step {self.trainer.step_count}", self.progress)
-        if self.stopping.is_set():
-            self.state = "stopping"
-            say(f"stopped by the attached client at step {self.trainer.step_count}", self.progress)
-            return True
-        self.state = "running"
-        return False
-
-    def _follow_lr(self) -> None:
-        """An lr set from the client since the last step: the schedule's decay goes on from it."""
-        schedule = getattr(self.exp, "schedule", None)
-        journal = self.trainer.journal
-        with journal.lock:
-            entries = journal.entries
-            if self._scanned > len(entries):
-                self._scanned = 0
-            new, self._scanned = entries[self._scanned:], len(entries)
-        for e in new:
-            if schedule is not None and e.get("type") == "change" and e.get("kind") == "lr" \
-                    and e.get("source") == "attached":
-                planned = schedule.lr_at(int(e["step"]))
-                if planned > 0:
-                    schedule.lr_scale *= float(e["value"]) / planned
-
     # ------------------------------------------------------------------ the end
-    def close(self, reason: str | None, step: int | None = None) -> None:
-        """The run ended (``reason``: done, stopped, interrupted, error): say so in ``attach.json`` (its key
-        removed) and to a client asking now, then stop listening."""
-        if self.ended is not None:
-            return
-        self.ended = {"reason": reason or "error", "step": self.trainer.step_count if step is None else step,
-                      "time": round(time.time(), 3)}
-        self.state = "ended"
-        if self.world > 1 and self._after_minibatch in self.trainer.callbacks:
-            self.trainer.remove_callback(self._after_minibatch)
-        if self.sock is None:
-            return
-        time.sleep(min(0.3, POLL_MS / 1000 * 3) if self._holder() is not None else 0.0)  # a polling client hears it
+    def close(self, ended: dict[str, Any]) -> None:
+        """Stop listening (a client polling now hears the end first) and leave ``ended`` in ``attach.json``, its
+        key removed."""
+        time.sleep(min(0.3, POLL_MS / 1000 * 3) if self._holder() is not None else 0.0)
         self._closing.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
-        self.sock.close(linger=0)
-        self.context.term()
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.context.term()
         try:
-            write_private(self.expdir / CONNECTION_FILE, {"ended": self.ended, "pid": None,
+            write_private(self.expdir / CONNECTION_FILE, {"ended": ended, "pid": None,
                                                          "expdir": str(self.expdir.resolve())})
         except OSError:
             pass
@@ -405,15 +273,17 @@ def attachable(exp: Any, expdir: Path, args: argparse.Namespace | None = None, p
     if getattr(args, "no_attach", False):
         return None
     ip = str(getattr(args, "attach_ip", "127.0.0.1"))
-    steering = Steering(exp, expdir, ip, progress)
+    steering = Steering(exp, expdir, progress)
     if steering.rank != 0:
         return steering
+    server = Server(steering)
     try:
-        steering.serve(ip)
+        server.serve(ip)
     except ImportError as exc:
+        steering.server = None
         say(f"not attachable: {exc}", progress)
         return steering if steering.world > 1 else None
     user = getpass.getuser()
-    say(f"attach from a notebook: job = mtlab.attach({str(expdir)!r}) (listening on {steering.address}, "
+    say(f"attach from a notebook: job = mtlab.attach({str(expdir)!r}) (listening on {server.address}, "
         f"key in {Path(expdir) / CONNECTION_FILE}, readable by {user} only; --no-attach to turn it off)", progress)
     return steering
