@@ -136,7 +136,7 @@ def decorate(ax: Axes, panel: str, scale: str = "linear", bottom: bool = True, f
     else:
         ax.tick_params(labelbottom=False)
     ax.tick_params(which="both", labelsize=text_pt("tick", font_scale))
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True, min_n_ticks=1))  # whole steps, even for one
     ax.grid(alpha=0.3)
     if spec.log or (panel == "loss" and scale == "log"):
         log_axis(ax)

@@ -179,7 +179,7 @@ class Controller:
                 total = max(int(self.schedule.num_steps) - (tr.step_count - run.steps_done), 0)
             view = RunView(run.state, run.steps_done, total, run.rate(), run.active_seconds(),
                            REASONS.get(str(run.reason), run.reason) if run.reason else None, run.error is not None,
-                           run.minibatch if run.in_thread else 0, run.minibatches)
+                           run.minibatch if run.in_thread else 0, run.minibatches, run.end_step)
         clip = tr.clip_grad_value
         with self.data.lock:
             events, records = tuple(self.data.events), tuple(dict(r) for r in self.data.records)

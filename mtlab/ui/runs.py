@@ -74,6 +74,7 @@ class Run:
         self._thread: threading.Thread | None = None
         self.stop_source: str | None = None
         self.loop_reason: str | None = None  # what the training loop said when it returned
+        self.end_step: int | None = None  # the trainer's step when the run ended (a restore may go back since)
         self.minibatch = 0  # minibatches done in the step in flight (0: between steps)
         self.minibatches = 0  # minibatches the step in flight draws (every active linked set, K rounds)
         self.step_t0 = 0.0  # when the step in flight began (monotonic)
@@ -277,6 +278,7 @@ class Run:
             if self._stop.is_set() and self.reason != "error":  # asked to stop: say who asked
                 self.reason = "interrupted" if self.stop_source == "interrupt" else "stopped"
             self.reason = self.reason or "done"
+            self.end_step = self.trainer.step_count
             self.trainer.remove_callback(self._count)
             with _LOCK:
                 if _RUNS.get(id(self.trainer)) is self:

@@ -192,6 +192,7 @@ class RunView:
     failed: bool
     minibatch: int = 0  # minibatches done in the step in flight (shown during a long step; 0: between steps)
     minibatches: int = 0  # minibatches that step draws
+    end_step: int | None = None  # the step the run ended at (None: not ended)
 
 
 @dataclass(frozen=True)

@@ -160,8 +160,9 @@ def progress_html(state: DashState) -> str:
     text += f" &middot; {run.rate:.2f} steps/s &middot; elapsed {clock(run.elapsed)}"
     if run.state == "paused":
         text += " &middot; paused"
-    elif run.state == "ended":
-        text += f" &middot; ended ({html.escape(str(run.reason))})"
+    elif run.state == "ended":  # where it ended: a restore or re-initialise since moves the step, not the run's end
+        at = f" at step {run.end_step}" if run.end_step is not None else ""
+        text += f" &middot; ended{at} ({html.escape(str(run.reason))})"
     return text + (f"<br>{state.schedule}" if state.schedule else "")
 
 

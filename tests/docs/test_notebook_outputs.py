@@ -252,6 +252,7 @@ def test_notebook_07_figures_and_the_negative_estimate_explained():
     noise = code_cell(cells, "names = {")
     table, text = text_of(noise), " ".join(prose(cells).split())
     assert "|G|² this step" in table and "B_simple (moving averages)" in table
+    assert not re.search(r"(^|\s)-0(\.0*)?(\s|$)", table), table  # a small negative number shown as -0.00 says nothing
     assert "can be negative" in text and "unbiased" in text and "moving averages" in text
     rows = noise_rows(table)
     assert len(rows) == 3 * 2  # the last 3 steps of each task

@@ -25,6 +25,13 @@ def test_notebooks_are_committed_without_outputs():
         assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
 
 
+def test_the_notebooks_name_the_dashboard_parts_as_the_screen_shows_them():
+    """'run ended' is said by the status line (the counter above it shows the step and the phases)."""
+    for path in PATHS:
+        text = "".join("".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"])
+        assert not re.search(r"counter says\W+\**run ended", text), f"{path.name}: the status line says 'run ended'"
+
+
 @pytest.mark.slow  # a kernel per notebook
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
 def test_notebook_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

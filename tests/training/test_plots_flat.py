@@ -36,6 +36,9 @@ def test_a_one_step_history_has_distinct_tick_labels_on_every_panel(one_thread) 
     for ax in axes:
         ticks = shown_ticks(ax)
         assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), (ax.get_title(), ax.get_ylim(), ticks)
+        lo, hi = sorted(ax.get_xlim())  # the step axis: whole steps only (one point once read 0.8, 0.9, 1.0, ...)
+        steps = [v for v in ax.get_xticks() if lo <= v <= hi]
+        assert steps and all(float(v).is_integer() for v in steps), (ax.get_title(), ax.get_xlim(), steps)
 
 
 @pytest.mark.parametrize("scale", ["linear", "log"])

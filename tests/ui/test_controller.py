@@ -127,6 +127,19 @@ def test_a_spent_schedule_run_shows_the_same_step_everywhere(one_thread):
     c.close()
 
 
+def test_after_a_restore_the_ended_run_says_where_it_ended_beside_the_schedule_now(one_thread):
+    tr = make_trainer()
+    c = Controller(tr, mtlab.Schedule(num_steps=4))
+    assert c.call("step") and c.take_snapshot()
+    assert c.start(0)
+    c.wait(30)
+    assert tr.step_count == 4 and "ended at step 4 (the schedule is finished)" in progress_html(c.state())
+    assert c.restore()
+    text = progress_html(c.state())
+    assert "step 1 of 4" in text and "ended at step 4 (the schedule is finished)" in text  # never "finished" alone
+    c.close()
+
+
 def test_interrupt_during_wait_prints_one_line(one_thread, capsys, monkeypatch):
     tr = make_trainer()
     c = Controller(tr)
