@@ -95,16 +95,28 @@ def _same(a, b) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("other", ["batch_size", "numbuckets", "list_size"])
+def test_a_state_taken_at_another_batch_size_brings_its_batch_size_back():
+    saved = _trainer()
+    saved.step(); saved.step()
+    tr = _trainer(batch_size=2)
+    tr.step()
+    tr.load_state_dict(saved.state_dict())  # a batch size is a knob: the state's comes back with it
+    assert tr.tasks["a"].batch_size == tr.tasks["b"].batch_size == 4
+    saved.step(); tr.step()
+    parts = ("models", "update", "tasks", "streams", "knobs", "step")
+    assert _same({k: _everything(saved)[k] for k in parts}, {k: _everything(tr)[k] for k in parts})
+
+
+@pytest.mark.parametrize("other", ["numbuckets", "list_size"])
 def test_a_state_with_other_stream_settings_is_refused_before_anything_changes(other):
     saved = _trainer()
     saved.step(); saved.step()
     state = saved.state_dict()
-    kw = {"batch_size": {"batch_size": 2}, "numbuckets": {"numbuckets": 3}, "list_size": {"n": 12}}[other]
+    kw = {"numbuckets": {"numbuckets": 3}, "list_size": {"n": 12}}[other]
     tr = _trainer(**kw)
     tr.step()
     before = _everything(tr)
-    with pytest.raises(mtlab.ConfigError, match=other.split("_")[0] if other != "list_size" else "size"):
+    with pytest.raises(mtlab.ConfigError, match=other if other != "list_size" else "size"):
         tr.load_state_dict(state)
     held = _same(before, _everything(tr))
     record(f"half-loaded state refused: other {other}", held)
