@@ -29,6 +29,7 @@ LEFT_WIDTH = 360  # px: the controls column; the plot takes the rest of a 1280-p
 MAX_K = 1000  # a knob's number box refuses more (a step of 10^6 minibatch rounds would never end in class)
 PRESENT_LEFT = 236  # px: presentation mode's column of run buttons and chosen sliders (tracks of 200 px or more)
 PLOT_WIDTH = 620  # px: the PNG is drawn at exactly this width (no downscaling by the browser)
+PRESENT_TRACK = 280  # px: a slider's width in presentation mode outside the column (its track 236 px or more)
 
 
 # The groups of controls ``Dashboard(hide=[...])`` can hide, and what each holds.
@@ -215,6 +216,7 @@ class KnobControl:
                 self.toggle = widgets.Checkbox(value=value is not None, description=self.description, indent=False,
                                                tooltip=tip, layout=_layout(width=f"{label_px}px", flex="0 0 auto"))
                 self.box: widgets.Widget = widgets.HBox([self.toggle, self.widget])
+                self.box.add_class("mtlab-knob-optional")
             else:
                 self.box = self.widget
         elif kind == "linear":
@@ -242,6 +244,7 @@ class KnobControl:
         else:
             raise ValueError(f"knob {knob.name!r}: unknown control {knob.control!r}; one of log, linear, int, "
                              "choice, toggle, optional (mtlab.core.knobs)")
+        self.width = str(self.widget.layout.width or "")  # as the dashboard lays it out (presentation widens it)
 
     def value(self) -> Any:
         """The value the control asks for (None: an optional knob unticked)."""
@@ -443,8 +446,13 @@ class Controls:
         beside the plot, which fits the window's height, so that both show on one screen at 150 %; the other
         controls under them. ``hide`` names control groups (``GROUPS``) left out."""
         B, hidden = self.buttons, set(check_hide(hide))
-        for key in self.slider_keys():  # presentation mode widens them: back to normal
-            self.knobs[key].widget.layout.width = f"{LEFT_WIDTH - 44}px"
+        # Presentation mode: every slider on two lines (page_css), its name and value over a track of 236 px or
+        # more; the dashboard's own: one line in the column's width.
+        for c in self.knobs.values():
+            if c.kind in SLIDERS or c.kind == "optional":
+                c.widget.layout.width = f"{PRESENT_TRACK}px" if presentation else c.width
+        self.smoothing_slider.layout.width = f"{PRESENT_TRACK}px" if presentation else "210px"
+        self.zoom.layout.width = f"{PRESENT_TRACK}px" if presentation else "260px"
         wrap = _layout(flex_flow="row wrap", align_items="center")
         run_row = widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"], B["reinitialize"],
                                 tipped(self.reinit_knobs)], layout=wrap)
@@ -483,8 +491,8 @@ class Controls:
         if plots and not presentation:
             right = widgets.VBox([*options, self.plot_label, self.image, *([lower] if lower is not None else [])],
                                  layout=_layout(width=f"{PLOT_WIDTH + 10}px", flex="0 1 auto"))
-        elif plots:
-            right = widgets.VBox([self.image, self.plot_label], layout=_layout(width="auto", flex="1 1 auto",
+        elif plots:  # "plot as of step N" over the plot: on the first screen with it
+            right = widgets.VBox([self.plot_label, self.image], layout=_layout(width="auto", flex="1 1 auto",
                                                                                min_width="0"))
         else:
             right = widgets.VBox([lower] if lower is not None and not presentation else [], layout=_layout(flex="1 1 auto"))

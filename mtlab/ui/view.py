@@ -16,6 +16,7 @@ import base64
 import dataclasses
 import functools
 import html
+import os
 import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -69,13 +70,14 @@ def page_css() -> str:
 .mtlab-present .widget-html-content .mtlab-valid td, .mtlab-present .widget-html-content .mtlab-valid th
   {{font-size: 13px !important; white-space: normal !important; padding: 2px 5px !important}}
 .mtlab-present img.widget-image {{object-fit: contain}}
-.mtlab-present .mtlab-side .widget-hslider {{flex-wrap: wrap !important; height: auto !important; margin: 0 0 2px 0}}
-.mtlab-present .mtlab-side .widget-hslider > .widget-label, .mtlab-present .mtlab-side .widget-hslider > .widget-readout
+.mtlab-present .widget-hslider {{flex-wrap: wrap !important; height: auto !important; margin: 0 0 2px 0}}
+.mtlab-present .widget-hslider > .widget-label, .mtlab-present .widget-hslider > .widget-readout
   {{height: 24px !important; line-height: 24px !important; font-size: 16px !important}}
-.mtlab-present .mtlab-side .widget-hslider > .widget-label {{order: 0; flex: 1 1 auto; max-width: none}}
-.mtlab-present .mtlab-side .widget-hslider > .widget-readout {{order: 1; flex: 0 0 auto; max-width: none}}
-.mtlab-present .mtlab-side .widget-hslider > .slider-container {{order: 2; flex: 1 0 100% !important;
+.mtlab-present .widget-hslider > .widget-label {{order: 0; flex: 1 1 auto; max-width: none; width: auto !important}}
+.mtlab-present .widget-hslider > .widget-readout {{order: 1; flex: 0 0 auto; max-width: none}}
+.mtlab-present .widget-hslider > .slider-container {{order: 2; flex: 1 0 100% !important;
   margin: 0 10px 0 10px !important; height: 20px}}
+.mtlab-present .mtlab-knob-optional {{flex-wrap: wrap}}
 .mtlab-present .lm-TabBar-tab {{flex: 0 0 auto !important; min-width: fit-content !important; max-width: none !important}}
 .mtlab-present .lm-TabBar-content {{flex-wrap: wrap}}
 .mtlab-present .widget-tab > .lm-TabBar, .mtlab-present .jupyter-widget-tab > .lm-TabBar {{min-height: fit-content;
@@ -91,6 +93,11 @@ def page_css() -> str:
 .mtlab-live {{animation: mtlab-expire 1ms linear {STALE_S}s forwards}}
 .mtlab-stale {{visibility: hidden; font-size: 0; color: #b35900; animation: mtlab-appear 1ms linear {STALE_S}s forwards}}
 </style>"""
+
+
+def in_voila() -> bool:
+    """This kernel serves a Voila page (Voila starts its kernels with ``SERVER_SOFTWARE=voila/<version>``)."""
+    return os.environ.get("SERVER_SOFTWARE", "").startswith("voila")
 
 
 def live_only(text: str, beat: int) -> str:
@@ -119,7 +126,8 @@ class Dashboard(widgets.VBox):
     size, in the "batches" tab). Number boxes (``steps_box``, ``read_step``, ``k_boxes``, ``batch_boxes``) parse
     what is typed on Enter: a refusal says why in the status line and the box shows the value in force again.
 
-    ``presentation=True`` (or ``dash.presentation = True`` later): larger text, the run buttons and the sliders
+    ``presentation=True`` (or ``dash.presentation = True`` later; by default on in a Voila page, off elsewhere):
+    larger text, the run buttons and the sliders
     ``sliders=[...]`` names (keys of ``knobs`` whose control is a slider: weight keys, ``"lr"``; default: every
     slider) beside the plot, which fits the
     window's height, the other controls under them: plot and sliders on one screen of a projector (150 % zoom on
@@ -134,8 +142,11 @@ class Dashboard(widgets.VBox):
     def __init__(self, trainer: Trainer, schedule: Schedule | None = None, refresh_s: float = 0.25, draw_interval: float = 0.7,
                  max_draw_share: float = 0.1, max_points: int = LIVE_POINTS, plots: bool = True,
                  keep_snapshots: int = 5, painter: str = "thread", export_dir: str | Path = "mtlab_export",
-                 presentation: bool = False, hide: Sequence[str] = (), sliders: Sequence[str] | None = None) -> None:
+                 presentation: bool | None = None, hide: Sequence[str] = (),
+                 sliders: Sequence[str] | None = None) -> None:
         hide = check_hide(hide)
+        if presentation is None:  # a Voila page is a class's screen: a slider and its effect on the first one
+            presentation = in_voila()
         controls = Controls(trainer)  # first: a bad argument below leaves nothing attached to the trainer
         live = LivePlot(list(trainer.tasks), max_points=max_points, width_px=PLOT_WIDTH, dpi=DPI) if plots else None
         self.controls = controls
@@ -175,7 +186,7 @@ class Dashboard(widgets.VBox):
             self.add_class("mtlab-present")
             image.layout.width, image.layout.height = "auto", "auto"
             image.layout.max_width = f"min(100%, {round(PRESENT_WIDTH * PRESENT_RATIO)}px)"
-            image.layout.max_height = "calc(100vh - 185px)"
+            image.layout.max_height = "calc(100vh - 210px)"
         else:
             self.remove_class("mtlab-present")
             image.layout.width, image.layout.height = f"{PLOT_WIDTH}px", "auto"

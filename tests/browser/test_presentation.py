@@ -1,8 +1,9 @@
 """Presentation mode as a teacher projects it, in JupyterLab (headless Chromium) at 1280x800 and at 150 % zoom
-(853x533 CSS px), with every slider chosen: plot and sliders on the first screen, every slider track at least
-200 CSS px (a drag anywhere, not only to one end), the plot's text at least 12 CSS px as shown (its PNG's text
-size times the shown/drawn width), and no text cut (tab titles, dropdowns, buttons, labels). Measured in the
-page and in the kernel; the screenshots are kept with ``MTLAB_SCREENSHOTS=docs/screenshots``."""
+(853x533 CSS px), with every slider chosen: plot, sliders and "plot as of step N" on the first screen, every
+slider track at least 200 CSS px (the smooth, zoom and clip sliders under them too: a drag anywhere, not only to
+one end), the plot's text at least 12 CSS px as shown (its PNG's text size times the shown/drawn width), and no
+text cut (tab titles, dropdowns, buttons, labels). Measured in the page and in the kernel; the screenshots are
+kept with ``MTLAB_SCREENSHOTS=docs/screenshots``."""
 
 from __future__ import annotations
 
@@ -46,9 +47,12 @@ PAGE_JS = """() => { const d = document.querySelector('.mtlab-dashboard'); const
  view.right = Math.min(view.right, c.right); view.bottom = Math.min(view.bottom, c.bottom); }
  const shown = (e) => e.offsetParent !== null;
  const side = d.querySelector(".mtlab-side");
- const sliders = [...(side || d).querySelectorAll('.widget-slider')].filter(shown).map(s => ({
+ const sliders = [...d.querySelectorAll('.widget-slider')].filter(shown).map(s => ({
    name: s.innerText.split('\\n')[0], box: box(s), track: box(s.querySelector('.slider-container') || s)}));
- return {view: view, plot: box(d.querySelector('img.widget-image')), sliders: sliders, cut: (""" + CUT_JS + """)()}; }"""
+ const asof = d.querySelector('.mtlab-asof');
+ return {view: view, plot: box(d.querySelector('img.widget-image')), asof: asof ? box(asof) : null,
+   side: side ? [...side.querySelectorAll('.widget-slider')].map(s => s.innerText.split('\\n')[0]) : [],
+   sliders: sliders, cut: (""" + CUT_JS + """)()}; }"""
 
 
 def inside(box, view) -> bool:
@@ -84,11 +88,12 @@ def test_presentation_mode_is_readable_and_every_slider_usable(lab: str, tmp_pat
         browser.close()
     print(json.dumps({"seen": seen, "figure": figure}))
     names = {s["name"] for s in seen["sliders"]}
-    assert {"a/noisy", "a/clean", "lr"} <= names, seen["sliders"]  # every slider beside the plot
+    assert {"a/noisy weight", "a/clean weight", "lr"} <= names, seen["sliders"]  # every slider beside the plot
     short = {s["name"]: round(s["track"]["width"]) for s in seen["sliders"] if s["track"]["width"] < 200}
     assert not short, f"slider tracks under 200 CSS px: {short}"
-    off = [s["name"] for s in seen["sliders"] if not inside(s["box"], seen["view"])]
+    off = [s["name"] for s in seen["sliders"] if s["name"] in seen["side"] and not inside(s["box"], seen["view"])]
     assert not off and inside(seen["plot"], seen["view"]), (off, seen["plot"], seen["view"])  # one screen
+    assert seen["asof"] and inside(seen["asof"], seen["view"]), (seen["asof"], seen["view"])  # "plot as of step N"
     shown_px = figure["px"] * seen["plot"]["width"] / figure["width"]
     assert shown_px >= 12, f"the plot's smallest text shows at {shown_px:.1f} CSS px"
     assert not seen["cut"], f"texts cut: {seen['cut']}"

@@ -269,3 +269,19 @@ def png_size_of(data: bytes) -> int:
     from PIL import Image
 
     return Image.open(io.BytesIO(bytes(data))).size[0]
+
+
+def test_a_voila_page_opens_in_presentation_mode_unless_told_otherwise(monkeypatch):
+    """Voila shows only outputs, prose first: in presentation mode the sliders sit beside the plot, so that a
+    slider and its effect share a screen at 1280x800 and at 150 % without editing the notebook."""
+    monkeypatch.delenv("SERVER_SOFTWARE", raising=False)
+    plain = mtlab.ui.dashboard(make_trainer(), plots=False)
+    monkeypatch.setenv("SERVER_SOFTWARE", "voila/0.5.13")  # what Voila sets in its kernels' environment
+    voila = mtlab.ui.dashboard(make_trainer(), plots=False)
+    told = mtlab.ui.dashboard(make_trainer(), plots=False, presentation=False)
+    try:
+        assert not plain.presentation and voila.presentation and not told.presentation
+        assert "mtlab-present" in voila._dom_classes
+    finally:
+        for d in (plain, voila, told):
+            d.close()
