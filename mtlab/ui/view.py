@@ -70,11 +70,12 @@ def page_css() -> str:
 .mtlab-present .widget-html-content .mtlab-valid td, .mtlab-present .widget-html-content .mtlab-valid th
   {{font-size: 13px !important; white-space: normal !important; padding: 2px 5px !important}}
 .mtlab-present img.widget-image {{object-fit: contain}}
-.mtlab-present .widget-hslider {{flex-wrap: wrap !important; height: auto !important; margin: 0 0 2px 0}}
+.mtlab-present .widget-hslider {{flex-wrap: wrap !important; height: auto !important; margin: 0 14px 2px 0}}
 .mtlab-present .widget-hslider > .widget-label, .mtlab-present .widget-hslider > .widget-readout
   {{height: 24px !important; line-height: 24px !important; font-size: 16px !important}}
 .mtlab-present .widget-hslider > .widget-label {{order: 0; flex: 1 1 auto; max-width: none; width: auto !important}}
-.mtlab-present .widget-hslider > .widget-readout {{order: 1; flex: 0 0 auto; max-width: none}}
+.mtlab-present .widget-hslider > .widget-readout {{order: 1; flex: 0 0 auto; max-width: none; width: auto !important;
+  min-width: 0 !important}}
 .mtlab-present .widget-hslider > .slider-container {{order: 2; flex: 1 0 100% !important;
   margin: 0 10px 0 10px !important; height: 20px}}
 .mtlab-present .mtlab-knob-optional {{flex-wrap: wrap}}
