@@ -91,6 +91,12 @@ class MinibatchRecord:
 
 
 GRAD_STATS = ("grad_norm", "grad_norm_clipped", "clip_fraction")
+
+
+def host_to(t: Tensor, device: torch.device) -> Tensor:
+    """A small tensor made on the host, on ``device`` without waiting for the copy (a plain copy from the host
+    waits for the device: a host sync)."""
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
 _EMPTY: Mapping[str, Tensor] = MappingProxyType({})
 
 
@@ -259,7 +265,7 @@ class Accumulator:
                 if w is None:
                     if len(self._weights) > 16:
                         self._weights.clear()
-                    w = self._weights[factors] = torch.tensor(factors, dtype=torch.float64, device=dev)[:, None]
+                    w = self._weights[factors] = host_to(torch.tensor(factors, dtype=torch.float64)[:, None], dev)
                 pairs = pairs * w
             totals = pairs.sum(0)
             if len(sets) == 1:
@@ -272,7 +278,7 @@ class Accumulator:
                     if pick is None:
                         if len(self._picks) > 64:
                             self._picks.clear()
-                        pick = self._picks[at] = torch.tensor(at, dtype=torch.long, device=dev)
+                        pick = self._picks[at] = host_to(torch.tensor(at, dtype=torch.long), dev)
                     set_totals[s] = pairs.index_select(0, pick).sum(0)
         self._totals, self._set_totals = totals, set_totals
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -158,3 +159,25 @@ def test_the_first_backwards_gradients_enter_the_buffer_exactly_as_plain_pytorch
     assert torch.equal(acc.totals[0], acc.records[0].loss + acc.records[1].loss + acc.records[2].loss)
     tr.normalize(); tr.apply()
     assert tr.step_count == 1 and tr.params["m.tagger.head.weight"].grad is acc.grads["m.tagger.head.weight"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (runs on GPU machines)")
+def test_the_steps_sums_wait_for_nothing_on_cuda_whatever_the_weights_and_sets():
+    """A layout of records not seen before (new weights, several linked sets) makes its small index and weight
+    tensors on the host and copies them without waiting: no host sync, also the first time."""
+    chunks = examples(3)
+    task = mtlab.Task("tag", nodes=[mtlab.Node("logits", "tagger", ["x"])], inputs=["x"], targets=["y"],
+                      outputs=["logits"], loss=mtlab.losses.CrossEntropy(output="logits", target="y"),
+                      linkedsets={"a": mtlab.LinkedSet(None), "b": mtlab.LinkedSet(None, weight=0.25)}, batch_size=BATCH)
+    tr = mtlab.Trainer({"tagger": Tagger()}, [task], lr=1e-3, clip_grad_value=1.0, device="cuda", nonfinite="skip")
+    batches = [mtlab.base.batching.to_device(mtlab.collate(c), torch.device("cuda")) for c in chunks]
+    tr.process_minibatch("tag", "a", batch=batches[0])
+    tr.finish()  # the optimizer's state
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for s, b in zip(("b", "a", "b"), batches):
+            tr.process_minibatch("tag", s, batch=b)
+        tr.finish()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert tr.step_count == 2
