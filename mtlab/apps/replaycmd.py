@@ -94,6 +94,24 @@ def _bar(trainer: Any, total: int, show: bool) -> tuple[Any, Any]:
     return bar, advance
 
 
+def check_ranks(state: Mapping[str, Any], expdir: Path) -> None:
+    """Refuse, before anything runs, a replay in another world than the run's: each rank drew its own shard of the
+    data, so only as many ranks give the same run; the message names the command that does."""
+    import os
+
+    from ..base.errors import ConfigError
+
+    streams = state.get("streams") or {}
+    ranks = max([int(v.get("world_size", 1)) for v in streams.values() if isinstance(v, Mapping)] or [1])
+    here = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if ranks != here:
+        command = (f"torchrun --nproc-per-node {ranks} -m mtlab replay {expdir}" if ranks > 1
+                   else f"mtlab replay {expdir} (without torchrun)")
+        raise ConfigError(f"{expdir} was trained on {ranks} rank{'s' if ranks > 1 else ''} and this replay runs on "
+                          f"{here}: each rank drew its own shard of the data, so only {ranks} give the same run. "
+                          f"Replay it with `{command}`; nothing was replayed")
+
+
 def replay_command(expdir: Path, out: Path | None, progress: bool = True, moves: list[str] | None = None) -> int:
     """Rebuild the experiment from its recipe, replay its journal, compare with its final.pt."""
     from ..base.errors import ConfigError
@@ -113,6 +131,7 @@ def replay_command(expdir: Path, out: Path | None, progress: bool = True, moves:
     recipe = state.get("recipe")
     if recipe is None:
         raise ConfigError(f"{expdir} has no final.pt with its recipe; `mtlab replay` rebuilds the trainer from it")
+    check_ranks(state, expdir)
     history_file = expdir / "history.csv"
     history = history_file.read_text() if history_file.is_file() else None
     from .relocate import relocated

@@ -82,7 +82,7 @@ class Job:
         self.request_timeout = request_timeout
         self.session = uuid.uuid4().hex
         self._lock = threading.RLock()
-        self._context = zmq.Context()
+        self._context = zmq.Context.instance()  # one per process, never terminated: a Job only closes its socket
         self._sock = self._socket()
         self._rows: list[dict[str, Any]] = []
         self._changes: list[dict[str, Any]] = []
@@ -96,7 +96,6 @@ class Job:
             self.info = self._request("hello", {"steer": steer, "who": who})
         except BaseException:
             self._sock.close(linger=0)
-            self._context.term()
             raise
         self._status = dict(self.info)
         if steer:
@@ -120,6 +119,8 @@ class Job:
                    "time": round(time.time(), 3)}
         wait = self.request_timeout if timeout is None else timeout
         with self._lock:
+            if self._ended is not None or self._detached:  # another thread saw the end meanwhile
+                raise self._ended or AttachError("this client has detached; mtlab.attach(expdir) attaches again")
             self._sock.send_multipart(encode(self.connection["key"], message))
             deadline = time.monotonic() + wait
             while True:
@@ -146,6 +147,7 @@ class Job:
             self._status.update({k: v for k, v in result.items() if k not in ("rows", "entries")})
             if result.get("state") == "ended" and isinstance(result.get("ended"), dict):
                 self._ended_with(result["ended"])
+                self._sock.close(linger=0)
         return result
 
     def _ended_with(self, ended: dict[str, Any]) -> None:
@@ -160,6 +162,7 @@ class Job:
             gone = _describe_gone(info, self.path)
             if gone is not None:
                 self._ended = gone
+                self._sock.close(linger=0)
                 return gone
         return AttachError(f"the job at {self.connection['ip']}:{self.connection['port']} did not answer in "
                            f"{waited:.0f} s: it may have ended or died, or the network (an SSH tunnel?) is down; "
@@ -309,7 +312,6 @@ class Job:
         self._detached = True
         with self._lock:
             self._sock.close(linger=0)
-            self._context.term()
 
     def dashboard(self, **kwargs: Any) -> Any:
         """The dashboard of a local trainer, bound to this job: live plots, sliders, run controls, events."""

@@ -57,6 +57,10 @@ class Steering:
             self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
             self.trainer.add_callback(self._after_minibatch)
 
+    def _say(self, message: str) -> None:
+        if self.rank == 0:
+            say(message, self.progress)
+
     def submit(self, op: dict[str, Any]) -> None:
         """A command from the server's thread: several ranks, for the next agreement; one process, at once (a
         ``set`` is queued by the trainer for its next knob read)."""
@@ -74,7 +78,7 @@ class Steering:
                 try:
                     self.trainer.set(op["name"], op["value"], op.get("task"), op.get("linkedset"))
                 except ConfigError as exc:  # checked on rank 0 already: every rank refuses alike
-                    say(f"attached change {op.get('words')} refused: {exc}", self.progress)
+                    self._say(f"attached change {op.get('words')} refused: {exc}")
         elif kind == "pause":
             self.paused.set()
         elif kind == "resume":
@@ -117,7 +121,7 @@ class Steering:
         self._follow_lr()
         if self.paused.is_set() and not self.stopping.is_set():
             self.state = "paused"
-            say(f"paused by the attached client at step {self.trainer.step_count}", self.progress)
+            self._say(f"paused by the attached client at step {self.trainer.step_count}")
             while self.paused.is_set() and not self.stopping.is_set():
                 if self.world > 1:
                     time.sleep(0.2)
@@ -127,10 +131,10 @@ class Steering:
                     self.wake.clear()
             self._follow_lr()
             if not self.stopping.is_set():
-                say(f"resumed by the attached client at step {self.trainer.step_count}", self.progress)
+                self._say(f"resumed by the attached client at step {self.trainer.step_count}")
         if self.stopping.is_set():
             self.state = "stopping"
-            say(f"stopped by the attached client at step {self.trainer.step_count}", self.progress)
+            self._say(f"stopped by the attached client at step {self.trainer.step_count}")
             return True
         self.state = "running"
         return False
