@@ -31,7 +31,7 @@ from .events import Event, KnobInfo
 from .knobtable import KNOBS, Change, Knob, Rounds, change_words, differs, fmt, knob_keys, plain
 from .lrschedule import LrScaler
 from .noise import NoiseScale
-from .transforms import Chain, Normalize
+from .transforms import IDLE, Chain, Normalize
 
 if TYPE_CHECKING:
     from ..tasks.sampling import Streams
@@ -128,7 +128,9 @@ class Knobs:
         knob = KNOBS.get_knob(name)
         value = self.check_knob(name, value, task, linkedset)
         words = knob.words(value, task, linkedset)
-        pending = self.command(lambda: self._apply_knob(knob, value, task, linkedset), words)
+        apply = (between_steps(self, lambda: self._apply_knob(knob, value, task, linkedset), words)
+                 if knob.between_steps else lambda: self._apply_knob(knob, value, task, linkedset))
+        pending = self.command(apply, words)
         return Change(name, value, task, linkedset, pending, self.step_count, knob.when, words)
 
     def _apply_knob(self, knob: Knob, value: Any, task: str | None, linkedset: str | None,
@@ -343,3 +345,23 @@ class Knobs:
         with self.journal.lock:
             self.streams.load_state_dict(positions, self.tasks)
             self.record_change("data_position", positions={k: dict(v) for k, v in positions.items()})
+
+
+def between_steps(trainer: Any, apply: Callable[[], None], words: str) -> Callable[[], None]:
+    """``apply`` for a knob that changes the step's shape (the chain's transforms, the combine method): taken
+    from inside a running call while a step is half done (tasks accumulated, normalized, clipped), it waits in
+    the queue for the next knob read between steps; from code between calls it applies at once."""
+    journal = trainer.journal
+
+    def at_boundary() -> None:
+        if journal.depth > 0 and any(phase not in IDLE for phase in trainer.phase().values()):
+            source = journal.current_source()
+
+            def again() -> None:
+                with journal.source(source):
+                    at_boundary()
+            with journal.pending_lock:
+                journal.pending.append((words, again))
+            return
+        apply()
+    return at_boundary

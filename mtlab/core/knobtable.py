@@ -46,6 +46,7 @@ class Knob:
     control: Control | None = None
     label: str = ""
     replayable: Callable[[Any], bool] | None = None  # False for a value a journal cannot hold (an object)
+    between_steps: bool = False  # changes the step's shape (chain, combine): during a run, taken between steps
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -256,26 +257,27 @@ for _row in (
          label="weight"),
     Knob("clip_grad_value", "trainer", _clip_check(ClipByValue, "clip_grad_value"),
          _clip_read(ClipByValue, "value"), _clip_write(ClipByValue), when="apply", control=("optional", 0.01, 10.0),
-         label="clip value",
+         label="clip value", between_steps=True,
          doc="element-wise clipping bound (ClipByValue in the chain), or None"),
     Knob("clip_grad_norm", "trainer", _clip_check(ClipByGlobalNorm, "clip_grad_norm"),
-         _clip_read(ClipByGlobalNorm, "max_norm"), _clip_write(ClipByGlobalNorm), when="apply", label="clip norm",
+         _clip_read(ClipByGlobalNorm, "max_norm"), _clip_write(ClipByGlobalNorm), when="apply", label="clip norm", between_steps=True,
          control=("optional", 0.01, 100.0), doc="global-norm clipping bound per task, or None"),
     Knob("clip_grad_percentile", "trainer", _clip_check(ClipByHistory, "clip_grad_percentile"),
          _clip_read(ClipByHistory, "percentile"), _clip_write(ClipByHistory), when="apply",
-         label="clip percentile",
+         label="clip percentile", between_steps=True,
          control=("optional", 1.0, 100.0), doc="AutoClip: clip to this percentile of the norm history, or None"),
     Knob("normalize_gradients", "trainer", _normalize_check,
          lambda tr, t, s: tr.chain.find(Normalize) is not None,
          lambda tr, v, t, s: setattr(tr, "chain", tr.chain.replaced(Normalize, Normalize() if v else None)),
-         when="apply", control=("toggle",), doc="divide each task's gradients by its accumulated normalizer"),
+         when="apply", control=("toggle",), between_steps=True,
+         doc="divide each task's gradients by its accumulated normalizer"),
     Knob("minibatches_per_step", "task_or_all", _k_check, _k_read, _k_write, when="step",
          control=("int", 1, 16), label="K (minibatches per step)", doc="minibatch rounds accumulated per step (K)"),
     Knob("batch_size", "task", _batch_check, lambda tr, t, s: tr.tasks[t].batch_size, _batch_write,
          control=("int", 1, 64), doc="examples per minibatch of a task's linked sets"),
     Knob("combine", "trainer", _combine_check, _combine_read, _combine_write, when="apply",
          control=("choice", "sum", "pcgrad", "upgrad", "mgda", "cagrad", "nashmtl", "dwa"),
-         replayable=lambda v: v is None or isinstance(v, (str, Mapping)),
+         replayable=lambda v: v is None or isinstance(v, (str, Mapping)), between_steps=True,
          doc="how tasks' gradients combine: 'sum', a mtlab.combine aggregator, a weighting, or both"),
 ):
     KNOBS.add(_row)

@@ -189,3 +189,29 @@ def test_a_noise_scale_attached_under_loss_scaling_is_refused_as_by_the_construc
     with pytest.raises(mtlab.ConfigError, match="16-mixed"):
         tr.noise_scale = mtlab.NoiseScale()
     assert tr.noise_scale is None
+
+
+def test_a_chain_change_made_during_a_step_waits_for_the_step_boundary_and_replays():
+    import threading
+
+    def build():
+        torch.manual_seed(0)
+        return two_tasks(k=2, clip_grad_value=0.5)
+    tr = build()
+    tr.step()
+
+    def steer(event, info):  # a slider moved from another thread in the middle of step 2
+        if event == "minibatch" and tr.step_count == 1 and tr.state("a").minibatches == 1 and tr.clip_grad_value:
+            t = threading.Thread(target=lambda: (tr.set("clip_grad_value", None), tr.set("combine", "mgda")))
+            t.start(); t.join()
+    tr.add_callback(steer)
+    tr.step()  # finishes with the chain it started with
+    assert tr.clip_grad_value is None and tr.update.method == "mgda" and tr.step_count == 2
+    assert float(tr.history["a/clip_fraction"].iloc[1]) >= 0.0  # step 2 was clipped
+    tr.remove_callback(steer)
+    tr.step()
+    entries = [e for e in tr.journal.changes() if e["kind"] in ("clip_grad_value", "combine")]
+    assert [(e["step"], e["minibatch"]) for e in entries] == [(2, 0), (2, 0)]  # where step 2 ended
+    replayed = mtlab.replay(tr.journal, build())
+    for k, p in tr.params.items():
+        assert torch.equal(p, replayed.params[k]), k
