@@ -145,7 +145,7 @@ def test_n_steps_save_load_n_steps_equals_2n_steps(tiny_corpus: Path, tmp_path: 
         "better", "worse+go_back_to_2+halve_lr", "better", "worse+go_back_to_4+halve_lr",
         "worse+go_back_to_4+halve_lr", "worse+stop+go_back_to_4"]
     a, b = full.state_dict(), resumed.state_dict()
-    for key in ("models", "update", "tasks", "streams", "rng", "step", "lr", "history"):
+    for key in ("models", "update", "tasks", "streams", "rng", "step", "knobs", "history"):
         assert_same(a[key], b[key], key)
     assert full.history.equals(resumed.history)
     assert_same(full_exp.schedule.state_dict(include_best=False), sch.state_dict(include_best=False), "schedule")

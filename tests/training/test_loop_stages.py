@@ -127,7 +127,7 @@ def test_recipe_stages_resume_exactly(tiny_corpus: Path, tmp_path: Path) -> None
     run(resumed, progress=False)
     assert resumed.trainer.step_count == full.trainer.step_count == total and resumed.schedule.stage == 1
     a, b = full.trainer.state_dict(), resumed.trainer.state_dict()
-    for key in ("models", "update", "streams", "step", "lr"):
+    for key in ("models", "update", "streams", "step", "knobs"):
         assert_same(a[key], b[key], key)
 
 
