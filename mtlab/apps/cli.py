@@ -91,11 +91,16 @@ def _positive(text: str) -> int:
     return int(text)
 
 
-def _steps(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"--steps {text}: give a number of steps >= 1 to run now, or leave --steps "
-                                         "out to train to the end")
+def _steps(text: str, least: int = 1) -> int:
+    if not text.isdigit() or int(text) < least:
+        zero = " (0 builds and checks the experiment, trains nothing)" if least == 0 else ""
+        raise argparse.ArgumentTypeError(f"--steps {text}: give a number of steps >= 1 to run now{zero}, or leave "
+                                         "--steps out to train to the end")
     return int(text)
+
+
+def _train_steps(text: str) -> int:
+    return _steps(text, least=0)
 
 
 LARGE_ON_CPU = 2_000_000  # parameters above which a CPU run is told its cost before it starts
@@ -139,8 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mtlab", description="Multi-task training with explicit gradient accumulation.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--steps", type=_steps, default=None, help="run at most this many steps now (default: to the end)")
+    def common(p: argparse.ArgumentParser, steps: Callable[[str], int] = _steps) -> None:
+        p.add_argument("--steps", type=steps, default=None, help="run at most this many steps now (default: to the end)")
         p.add_argument("--no-progress", action="store_true", help="no progress bar; log lines instead")
         p.add_argument("--threads", type=int, default=None,
                        help="torch CPU threads (default: 1 for demo, else the CPUs not busy with other work)")
@@ -165,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the folder holds an experiment (e.g. one a recipe error stopped): remove it and start again")
     p.add_argument("--shrink", type=_positive, default=0, metavar="N",
                    help="cap the hidden sizes of an original Nabu-MSSS recipe at N units: a quick look on a CPU")
-    common(p)
+    common(p, _train_steps)
     p = sub.add_parser("demo", help="train recipes/demo.toml on the shipped sample corpus: its first "
                        f"{DEMO_EPOCHS} epochs (under a minute), or all of it with --full")
     device_flags(p)
