@@ -196,7 +196,7 @@ def _check_task(name: str, spec: dict[str, Any], models: Mapping[str, Any], orig
             and isinstance(s["data"].get("feature_inputs"), Mapping) for k in s["data"]["feature_inputs"]))
     for key in ("inputs", "targets", "outputs"):
         spec[key] = as_names(spec[key], origin, f"{where} {key}")
-        if not spec[key]:
+        if not spec[key] and key != "targets":  # a loss of the outputs alone (a verification task) has none
             raise ConfigError(f"{origin}: {where} {key} = [] is not allowed: give at least one name; write e.g. "
                               f"{key} = [\"{'features' if key == 'inputs' else 'logits' if key == 'outputs' else 'spk'}\"]")
         for item in spec[key] if key != "outputs" else ():
@@ -501,7 +501,8 @@ def _checked_loss(origin: str, tname: str, spec: Mapping[str, Any]) -> Any:
         if isinstance(name, str) and name not in names:
             raise ConfigError(f"{origin}: [tasks.{tname}] loss {attr} = {name!r} is not one of the task's {key} "
                               f"{names}; write {attr} = {names[0]!r} in the loss table (or add {name!r} to {key})"
-                              if names else f"{origin}: [tasks.{tname}] has no {key} for its loss {attr} {name!r}")
+                              if names else f"{origin}: [tasks.{tname}] has no {key} for its loss {attr} {name!r}; "
+                              f"write e.g. {key} = [{name!r}]".replace("'", '"'))
     return loss_fn
 
 
