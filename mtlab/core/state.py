@@ -337,10 +337,12 @@ def check_trainer_state(trainer: Any, state: Any, source: str = "the state") -> 
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps, source)
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
     check_precision_state(state, tr.precision.mode)
-    unknown = sorted(set(state) - STATE_KEYS - set(state.get("extra_keys", ())))
-    if unknown:
-        raise ConfigError(f"{source} holds entries this trainer does not know: {unknown}; it was written by another "
-                          "mtlab version or edited: load it with the mtlab that wrote it")
+    refuse_unknown(state, STATE_KEYS | set(state.get("extra_keys", ())), source)
+    for name, keys in PIECE_KEYS.items():  # each piece's own entries
+        if isinstance(state.get(name), Mapping):
+            refuse_unknown(state[name], keys, source, f"'{name}'")
+    for name, st in state["tasks"].items():
+        refuse_unknown(st, TASK_KEYS, source, f"task {name!r}")
     check_optimizer_state(state, tr.optimizer_name, optimizer_layout(tr))
     tr.schedule.check_state(state.get("scheduler", {}), source)
     if "knobs" in state:
@@ -405,3 +407,22 @@ def legacy_knobs(state: Mapping[str, Any]) -> list[dict[str, Any]]:
             out.append({"name": "minibatches_per_step", "task": name, "linkedset": None,
                         "value": int(saved["minibatches_per_step"])})
     return out
+
+
+# the entries of each piece of a trainer state (a piece's load_state_dict reads these and nothing else)
+PIECE_KEYS = {"update": {"optimizer", "calls", "method", "weighting", "combine", "task_optimizers"},
+              "scheduler": {"type", "state"}, "precision": {"mode", "scaler"}, "rng": {"torch", "cuda"},
+              "journal": {"json", "position"}}
+TASK_KEYS = {"phase", "position", "minibatches", "records", "totals", "set_totals", "grads", "grad_norm",
+             "grad_norm_clipped", "clip_fraction", "model_norms", "model_norms_clipped", "stats", "weight",
+             "linkedset_weights", "batch_size", "minibatches_per_step"}
+
+
+def refuse_unknown(entries: Mapping[str, Any], known: set[str], source: str, where: str = "") -> None:
+    """Refuse entries of a state (or of one of its pieces) that no piece reads, naming them: a state written by
+    another mtlab version, or edited, is not half understood."""
+    unknown = sorted(str(k) for k in set(entries) - known)
+    if unknown:
+        raise ConfigError(f"{source}{' ' + where if where else ''} holds entries this trainer does not know: "
+                          f"{unknown}; nothing was loaded. It was written by another mtlab version or edited: load it "
+                          "with the mtlab that wrote it")

@@ -307,3 +307,20 @@ def test_a_state_of_another_optimizer_written_before_optimizers_were_recorded_is
         adam.load_state_dict(state)
     adam.step()
     assert adam.step_count == 1 and isinstance(adam.optimizer, torch.optim.Adam)
+
+
+@pytest.mark.parametrize("piece", ["update", "scheduler", "task"])
+def test_an_unknown_entry_inside_a_piece_of_a_state_is_refused_before_anything_changes(piece):
+    tr = trainer(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+                 scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 2))
+    tr.step()
+    state = tr.state_dict()
+    if piece == "task":
+        state["tasks"]["a"]["surprise"] = 1
+    else:
+        state[piece]["surprise"] = 1
+    tr.step()
+    before = {k: p.detach().clone() for k, p in tr.params.items()}
+    with pytest.raises(mtlab.ConfigError, match=r"\['surprise'\]; nothing was loaded"):
+        tr.load_state_dict(state)
+    assert tr.step_count == 2 and all(torch.equal(p, before[k]) for k, p in tr.params.items())
