@@ -86,7 +86,7 @@ class Controller:
                             "pause and stop work here")
         else:
             self._status = "ready: " + next_call(trainer)
-        self.data.position = lambda: int(self.trainer.journal.minibatch)
+        self.data.minibatch_now = lambda: int(self.trainer.journal.minibatch)
         self._seed_events()
         self.data.collect(trainer)
 
@@ -183,7 +183,7 @@ class Controller:
         clip = tr.clip_grad_value
         with self.data.lock:
             events, records = tuple(self.data.events), tuple(dict(r) for r in self.data.records)
-            places = tuple(where_text(s, m) for (s, _), m in zip(self.data.events, self.data.minibatches))
+            places = tuple(where_text(s, m) for (s, _), m in zip(self.data.events, self.data.event_minibatches))
         return DashState(
             step=tr.step_count, phases={n: str(getattr(p, "value", p)) for n, p in tr.phase().items()},
             next_call=next_call(tr), skipped=skipped_tasks(tr), weights=dict(tr.weights()), lr=float(tr.lr),

@@ -58,8 +58,8 @@ class SeriesStore:
         self.series: dict[str, Series] = series or {}
         self.ghost: dict[str, Series] = ghost or {}
         self.events: list[tuple[int, str]] = events or []  # (step, what changed): the event log and plot marks
-        self.minibatches: list[int] = [0] * len(self.events)  # each event's minibatch within its step (the journal's)
-        self.position: Callable[[], int] = lambda: 0  # the minibatch an event made now falls in (the controller's)
+        self.event_minibatches: list[int] = [0] * len(self.events)  # each event's minibatch within its step (the journal's)
+        self.minibatch_now: Callable[[], int] = lambda: 0  # the minibatch an event made now falls in (the controller's)
         self.validation: list[dict[str, Any]] = validation or []  # evaluate events and the loop's validation records
         self.records: list[dict[str, Any]] = records or []  # the loop's validation records (the validation table)
         self.step = step  # the step the collected data reach
@@ -81,20 +81,20 @@ class SeriesStore:
         """Forget every row, ghost, event and validation point (the dashboard drives another trainer now)."""
         with self.lock:
             self.series, self.ghost, self.events, self.validation, self.records = {}, {}, [], [], []
-            self.minibatches = []
+            self.event_minibatches = []
             self.abandoned, self._seen, self._reload, self.step = set(), 0, None, 0
 
     def event(self, step: int, text: str, minibatch: int | None = None) -> None:
         """An event at ``step`` (and ``minibatch``: None, where the trainer stands now): numbered as the journal
         numbers its entries, "step N, minibatch M"."""
-        where = self.position() if minibatch is None else int(minibatch)
+        where = self.minibatch_now() if minibatch is None else int(minibatch)
         with self.lock:
             self.events.append((int(step), text))
-            self.minibatches.append(where)
+            self.event_minibatches.append(where)
 
     def where(self, i: int) -> str:
         """Where event ``i`` happened, as the journal says it: ``step 3`` or ``step 3, minibatch 2``."""
-        return where_text(self.events[i][0], self.minibatches[i] if i < len(self.minibatches) else 0)
+        return where_text(self.events[i][0], self.event_minibatches[i] if i < len(self.event_minibatches) else 0)
 
     def restored(self, step: int, everything: bool = False) -> None:
         """A restore went back to ``step``: the next collect keeps what lies after it as the ghost, and the events
@@ -140,7 +140,7 @@ class SeriesStore:
             out = SeriesStore({k: (list(xs), list(ys)) for k, (xs, ys) in self.series.items()}, dict(self.ghost),
                               list(self.events), list(self.validation), list(self.records), self.step)
             out.abandoned = set(self.abandoned)
-            out.minibatches = list(self.minibatches)
+            out.event_minibatches = list(self.event_minibatches)
             out.branch_name, out.branch, out.branch_version = self.branch_name, dict(self.branch), self.branch_version
             return out
 
