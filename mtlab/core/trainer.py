@@ -207,7 +207,8 @@ class Trainer(Knobs):
             before = self.step_count
             self.journal.begin(self)
             with self.journal.lock, self.journal.quiet():
-                knobs = self.knobs()  # they stay as set (the optimizer's initial state holds the initial lrs)
+                # they stay as set (the optimizer's initial state holds the initial lrs); a scheduler starts again
+                knobs = [k for k in self.knobs() if k["name"] != "lr" or self.schedule.scheduler is None]
                 checkpoint.load_initial_state(self, self.root)
                 self.load_knobs(knobs, announce=False)
             self.log.abandon(0)

@@ -324,3 +324,14 @@ def test_an_unknown_entry_inside_a_piece_of_a_state_is_refused_before_anything_c
     with pytest.raises(mtlab.ConfigError, match=r"\['surprise'\]; nothing was loaded"):
         tr.load_state_dict(state)
     assert tr.step_count == 2 and all(torch.equal(p, before[k]) for k, p in tr.params.items())
+
+
+def test_reinitialize_starts_the_schedule_again():
+    tr = trainer(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.4),
+                 scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
+    tr.step(); tr.step()
+    assert tr.lr == 0.1
+    tr.reinitialize()
+    assert tr.lr == 0.4 and tr.schedule.scheduler.last_epoch == 0
+    tr.step()
+    assert tr.history["lr"].iloc[-1] == 0.4
