@@ -58,7 +58,8 @@ STALE_S = 30  # s without a new state after which a "running" claim on screen gi
 
 
 def page_css() -> str:
-    """The dashboard's style sheet: presentation mode's sizes and the expiry of live claims (``live_only``)."""
+    """The dashboard's style sheet: presentation mode's sizes, a Voila page's dashboard first, and the expiry of
+    live claims (``live_only``)."""
     return f"""<style>
 .mtlab-present {{--jp-widgets-font-size: 17px; --jp-widgets-inline-height: 34px; --jp-widgets-inline-label-width: 90px}}
 .mtlab-present .widget-html-content, .mtlab-present .widget-html-content *:not(.mtlab-stale), .mtlab-present .lm-TabBar-tabLabel,
@@ -76,8 +77,9 @@ def page_css() -> str:
 .mtlab-present .widget-hslider > .widget-label {{order: 0; flex: 1 1 auto; max-width: none; width: auto !important}}
 .mtlab-present .widget-hslider > .widget-readout {{order: 1; flex: 0 0 auto; max-width: none; width: auto !important;
   min-width: 0 !important}}
-.mtlab-present .widget-hslider > .slider-container {{order: 2; flex: 1 0 100% !important;
-  margin: 0 10px 0 10px !important; height: 20px}}
+.mtlab-present .widget-hslider > .slider-container {{order: 2; flex: 1 0 calc(100% - 20px) !important;
+  margin: 0 10px 0 10px !important; height: 20px}}  /* the track and its handles inside the slider's box */
+.mtlab-present .mtlab-side .widget-hslider {{margin-right: 0}}
 .mtlab-present .mtlab-knob-optional {{flex-wrap: wrap}}
 .mtlab-present .lm-TabBar-tab {{flex: 0 0 auto !important; min-width: fit-content !important; max-width: none !important}}
 .mtlab-present .lm-TabBar-content {{flex-wrap: wrap}}
@@ -89,6 +91,10 @@ def page_css() -> str:
   .mtlab-dashboard .mtlab-state td, .mtlab-dashboard .mtlab-state th
     {{white-space: normal !important; line-height: 1.25 !important; padding: 2px 6px !important}}
 }}
+/* A Voila page (mtlab-first): the cell of the dashboard first, the notebook's prose and printouts under it, so
+   that the page opens on a slider and the plot (Voila: a box of cell wrappers, each holding one cell). */
+:has(> * > .jp-Cell .mtlab-first) {{display: flex; flex-direction: column}}
+:not(.jp-Cell):has(> .jp-Cell .mtlab-first) {{order: -1}}
 @keyframes mtlab-expire {{to {{visibility: hidden; font-size: 0}}}}
 @keyframes mtlab-appear {{to {{visibility: visible; font-size: 1em}}}}
 .mtlab-live {{animation: mtlab-expire 1ms linear {STALE_S}s forwards}}
@@ -170,6 +176,8 @@ class Dashboard(widgets.VBox):
                                 on_error=lambda m: self.controller.say(m, error=True)) if live is not None else None)
         super().__init__(self._parts())
         self.add_class("mtlab-dashboard")
+        if in_voila():  # a class's screen: the page's style sheet shows this cell first (page_css)
+            self.add_class("mtlab-first")
         self._wire()
         self.controller.subscribe(self.render)
         self.controller.refresh()

@@ -64,7 +64,46 @@ def test_notebook03_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:
         browser.close()
 
 
+# What the first screen of a page shows, unscrolled: the boxes around the dashboard that are scrolled, the
+# viewport, the plot's box and the boxes (name and value, track) of the dashboard's sliders, in CSS px.
+FIRST_SCREEN_JS = """() => { const d = document.querySelector('.mtlab-dashboard'); const box = (e) => {
+   const r = e.getBoundingClientRect(); return {left: r.left, top: r.top, right: r.right, bottom: r.bottom}; };
+ const around = [document.scrollingElement]; for (let e = d.parentElement; e; e = e.parentElement) around.push(e);
+ const scrolled = around.filter(e => e && e.scrollTop > 0);
+ return {scrolled: scrolled.map(e => e.tagName + '#' + e.id + '.' + e.className).slice(0, 5),
+   view: {width: window.innerWidth, height: window.innerHeight}, plot: box(d.querySelector('img.widget-image')),
+   sliders: [...d.querySelectorAll('.widget-hslider')].filter(s => s.offsetParent !== null).map(s => ({
+     name: s.innerText.split('\\n')[0], box: box(s), track: box(s.querySelector('.slider-container') || s),
+     handles: [...s.querySelectorAll('.noUi-handle')].map(box)}))}; }"""
+
+
+def check_first_screen(page, name: str) -> None:
+    """The page as it opens, not scrolled: the whole plot and a slider (its name, value and track) on the first
+    screen, the plot drawn at least once."""
+    from helpers.browser import DRAWN_JS
+
+    page.wait_for_function(f"({DRAWN_JS})() >= 1", timeout=180_000)
+    page.wait_for_timeout(500)  # the image laid out in its box
+    seen = page.evaluate(FIRST_SCREEN_JS)
+    view, plot = seen["view"], seen["plot"]
+    assert not seen["scrolled"], (name, seen)  # nothing scrolled: what opens is what a class sees
+    assert 0 <= plot["top"] and plot["bottom"] <= view["height"] + 1, (name, plot, view)  # the whole plot
+    assert 0 <= plot["left"] and plot["right"] <= view["width"] + 1, (name, plot, view)
+    whole = [s for s in seen["sliders"] if 0 <= s["box"]["top"] and s["track"]["bottom"] <= view["height"]
+             and 0 <= s["track"]["left"] and s["track"]["right"] <= view["width"]]
+    assert whole, (name, seen)  # a slider whole beside it
+    assert whole[0]["track"]["right"] - whole[0]["track"]["left"] >= 200, (name, whole[0])  # a track to drag
+    # Every slider's track and handles inside its own box: a handle at the end of the zoom slider touched the
+    # "read" box beside it at 1280x800.
+    out = [(s["name"], b) for s in seen["sliders"] for b in (s["track"], *s["handles"])
+           if b["left"] < s["box"]["left"] - 1 or b["right"] > s["box"]["right"] + 1]
+    assert not out, (name, out)
+
+
 def test_notebook03_screens_in_voila(voila, tmp_path: Path) -> None:
+    """Besides the checks of the JupyterLab test: the page opens, unscrolled, on a slider and the whole plot
+    (notebook 03's prose and printouts come first in the notebook; its plot's top sat at 726 CSS px in a 533 px
+    view at 150 %, at 1280x800 the first screen held only prose)."""
     write_copy(tmp_path / "voila" / NOTEBOOK, until_start=True)
     port = voila()
     with sync_api.sync_playwright() as p:
@@ -72,6 +111,7 @@ def test_notebook03_screens_in_voila(voila, tmp_path: Path) -> None:
         for size, viewport, scale in SIZES:
             page = browser.new_page(viewport=viewport, device_scale_factor=scale)
             page.goto(f"http://127.0.0.1:{port}/voila/render/{NOTEBOOK}", timeout=180_000)
+            check_first_screen(page, size)
             check_running_plot(page, tmp_path, f"03_voila_{size}.png")
             page.get_by_role("button", name="stop", exact=True).click()
             page.wait_for_function("() => [...document.querySelectorAll('.widget-html-content')]"

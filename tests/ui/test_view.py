@@ -4,6 +4,7 @@ moved (``.value`` or a simulated browser message) and buttons clicked in plain p
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import time
 
@@ -18,6 +19,7 @@ import mtlab.ui  # noqa: E402
 from helpers import make_examples, make_models, task_a, task_b  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from mtlab.training import plots  # noqa: E402
+from mtlab.ui.view import page_css  # noqa: E402
 
 PNG = b"\x89PNG"
 
@@ -282,6 +284,28 @@ def test_a_voila_page_opens_in_presentation_mode_unless_told_otherwise(monkeypat
     try:
         assert not plain.presentation and voila.presentation and not told.presentation
         assert "mtlab-present" in voila._dom_classes
+    finally:
+        for d in (plain, voila, told):
+            d.close()
+
+
+def test_a_voila_page_shows_the_dashboard_first(monkeypatch):
+    """Voila runs the whole notebook and shows its prose and printouts first: the plot of notebook 03 sat at
+    726 CSS px in a 533 px view at 150 %. In a Voila page the dashboard's cell comes first (the page's style
+    sheet moves it, the notebook's cells are not edited); elsewhere the notebook's order holds.
+    tests/browser/test_notebook03_screens.py measures it in pixels."""
+    monkeypatch.delenv("SERVER_SOFTWARE", raising=False)
+    plain = mtlab.ui.dashboard(make_trainer(), plots=False, presentation=True)
+    monkeypatch.setenv("SERVER_SOFTWARE", "voila/0.5.13")
+    voila = mtlab.ui.dashboard(make_trainer(), plots=False)
+    told = mtlab.ui.dashboard(make_trainer(), plots=False, presentation=False)
+    try:
+        assert "mtlab-first" not in plain._dom_classes  # JupyterLab: cells stay where the notebook puts them
+        assert "mtlab-first" in voila._dom_classes and "mtlab-first" in told._dom_classes
+        css = page_css()
+        # the cell holding it goes first among the page's cells (Voila: a box of cell wrappers, each a cell)
+        assert re.search(r":has\(> \* > \.jp-Cell \.mtlab-first\)[^{]*\{[^}]*display: flex; flex-direction: column", css)
+        assert re.search(r":has\(> \.jp-Cell \.mtlab-first\)[^{]*\{[^}]*order: -1", css)
     finally:
         for d in (plain, voila, told):
             d.close()
