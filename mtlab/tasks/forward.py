@@ -54,31 +54,49 @@ class TaskPlan:
         self.outputs = tuple(task.outputs)
         self.keys = (*self.inputs, *self.targets)
         self.model_names = self.graph.model_names
+        self.device_type = device.type
+        self.on_cpu = device.type == "cpu"
 
     def prepare(self, batch: Batch, targets: bool = True) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """Check the batch's form and keys and move what the task needs (inputs, and targets unless
         ``targets=False``) to the device; the batch's own dicts are left as they are."""
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2
-                and (type(batch[0]) is dict or isinstance(batch[0], Mapping))  # dict first: ABC checks cost
-                and (type(batch[1]) is dict or isinstance(batch[1], Mapping))):
+        if type(batch) is tuple and len(batch) == 2 and type(batch[0]) is dict and type(batch[1]) is dict:
+            data, seq_lengths = batch  # collate's form: no ABC checks (this runs per minibatch)
+        elif (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], Mapping)
+              and isinstance(batch[1], Mapping)):
+            data, seq_lengths = batch[0], dict(batch[1])
+        else:
             raise BatchError("batch must be (data: dict[str, Tensor], seq_lengths: dict[str, LongTensor]) "
                              "as mtlab.collate returns")
-        data, seq_lengths = batch
-        keys = self.keys if targets else self.inputs
-        try:
-            picked = {k: data[k] for k in keys}
-        except KeyError:
-            t = self.task
-            raise BatchError(
+        picked: dict[str, Tensor] = {}
+        here = self.on_cpu  # on the CPU: nothing to move when every tensor is there already (no device objects)
+        for k in self.keys if targets else self.inputs:  # a plain loop: this runs per minibatch
+            v = data.get(k)
+            if type(v) is not Tensor and not isinstance(v, Tensor):
+                raise self._bad_entry(data, k, targets)
+            if here and not v.is_cpu:
+                here = False
+            picked[k] = v
+        if here:
+            for v in seq_lengths.values():
+                if not v.is_cpu:
+                    break
+            else:
+                return picked, seq_lengths
+        return to_device((picked, seq_lengths), self.device)
+
+    def _bad_entry(self, data: Mapping[str, Any], key: str, targets: bool) -> BatchError:
+        """The error for a batch that lacks ``key`` or holds something other than a tensor there."""
+        t = self.task
+        if key not in data:
+            keys = self.keys if targets else self.inputs
+            return BatchError(
                 f"task {t.name!r}: the batch lacks {[k for k in keys if k not in data]}; it has {sorted(data)} "
                 f"(task inputs {list(t.inputs)}, targets {list(t.targets)})"
-            ) from None
-        for k, v in picked.items():
-            if not isinstance(v, Tensor):
-                raise BatchError(f"task {self.task.name!r} reads {k!r}, which the batch holds as a "
-                                 f"{type(v).__name__}, not a tensor; give it as a tensor or numpy array of numbers "
-                                 "in each example (other entries, such as ids, are carried along unread)")
-        return to_device((picked, seq_lengths if type(seq_lengths) is dict else dict(seq_lengths)), self.device)
+            )
+        return BatchError(f"task {t.name!r} reads {key!r}, which the batch holds as a "
+                          f"{type(data[key]).__name__}, not a tensor; give it as a tensor or numpy array of numbers "
+                          "in each example (other entries, such as ids, are carried along unread)")
 
     def forward(self, batch: Batch) -> GraphResult:
         """Run the graph on the batch's inputs (no targets needed, no loss)."""
@@ -93,13 +111,14 @@ class TaskPlan:
         the backward has no use for (the encoder's output, the logits) alive through it."""
         t = self.task
         data, seq_lengths = self.prepare(batch)
-        hosts = seq_lengths if self.device.type == "cpu" else host_lengths(batch)  # on the CPU: the same tensors
+        hosts = seq_lengths if self.on_cpu else host_lengths(batch)  # on the CPU: the same tensors
         result = self.graph.run(self.models, data, seq_lengths, hosts)  # inputs by name
         lengths = {**seq_lengths, **result.seq_lengths}
-        outputs = {k: result.outputs[k] for k in self.outputs}
+        made = result.outputs
+        outputs = {k: made[k] for k in self.outputs}
         targets = {k: data[k] for k in self.targets}
         try:
-            if torch.is_autocast_enabled(self.device.type):
+            if torch.is_autocast_enabled(self.device_type):
                 out = loss_in_fp32(t.loss, targets, outputs, lengths, self.device.type)
             else:
                 out = t.loss(targets, outputs, lengths)
@@ -113,19 +132,18 @@ class TaskPlan:
             raise BatchError(f"task {t.name!r}: the loss computer must return (loss_sum, normalizer), "
                              f"got {type(out).__name__}")
         loss_sum, normalizer = out
-        if not isinstance(loss_sum, Tensor) or loss_sum.dim() != 0:
+        if not isinstance(loss_sum, Tensor) or loss_sum.dim():
             raise BatchError(f"task {t.name!r}: loss_sum must be a scalar tensor (the SUM over the minibatch), "
                              f"got {getattr(loss_sum, 'shape', type(loss_sum).__name__)}")
         if not isinstance(normalizer, Tensor):
             normalizer = torch.as_tensor(float(normalizer), device=loss_sum.device)
-        if normalizer.dim() != 0:
+        if normalizer.dim():
             raise BatchError(f"task {t.name!r}: the normalizer must be a scalar tensor, got shape {tuple(normalizer.shape)}")
         if require_grad and not loss_sum.requires_grad:
             raise GraphError(f"task {t.name!r}: the loss does not depend on any trainable parameter; "
                              "check the graph's outputs and the loss's output name")
-        num_examples = int(next(iter(data.values())).shape[0])
         keep = (not require_grad) if keep_outputs is None else keep_outputs
-        return LossResult(loss_sum, normalizer, result.outputs if keep else {}, lengths, num_examples)
+        return LossResult(loss_sum, normalizer, made if keep else {}, lengths, data[self.keys[0]].shape[0])
 
 
 def host_lengths(batch: Batch) -> dict[str, Tensor]:

@@ -120,6 +120,9 @@ class ModelGraph:
         # By id and class: a model freed and a new one at the same address (copies made and dropped, as
         # check_equivalence does) must not inherit another class's answer.
         self._takes_lengths: dict[tuple[int, type], tuple[bool, bool]] = {}
+        # what run() needs of each node, read once: (node, model name, inputs, first input, names given, unnamed)
+        self._steps = tuple((node, node.model, node.inputs, node.inputs[0], node.produces, node.outputs is None)
+                            for node in self.nodes)
         if models is not None:
             self.check_models(models)
 
@@ -150,29 +153,33 @@ class ModelGraph:
         whose forward takes ``host_lengths`` (BLSTM's packing) gets them, so it never copies lengths back."""
         values: dict[str, Tensor] = {}
         lengths: dict[str, Tensor] = {}
-        hosts: dict[str, Tensor] = dict(host_lengths or {})
-        for name in self.inputs:
-            if name not in data:
+        hosts: dict[str, Tensor] = dict(host_lengths) if host_lengths else {}
+        for name in self.inputs:  # plain loops over what __init__ prepared: this runs per minibatch
+            value = data.get(name)
+            if value is None:
                 raise GraphError(
                     f"{self.where}: the batch has no input {name!r}; batch keys: {sorted(data)}"
                 )
-            values[name] = data[name]
-            if name in seq_lengths:
-                lengths[name] = seq_lengths[name]
-        for node in self.nodes:
-            model = models[node.model]
-            args = [values[name] for name in node.inputs]
-            first_len = lengths.get(node.inputs[0])
-            first_host = hosts.get(node.inputs[0])
-            key = (id(model), type(model))
-            takes = self._takes_lengths.get(key)
+            values[name] = value
+            n = seq_lengths.get(name)
+            if n is not None:
+                lengths[name] = n
+        known = self._takes_lengths
+        for node, model_name, inputs, first, produces, unnamed in self._steps:
+            model = models[model_name]
+            args = [values[name] for name in inputs]
+            first_len = lengths.get(first)
+            first_host = hosts.get(first)
+            takes = known.get((id(model), type(model)))
             if takes is None:
-                takes = self._takes_lengths[key] = _takes_lengths(model)
+                takes = known[(id(model), type(model))] = _takes_lengths(model)
             try:
                 if takes[1] and first_host is not None:
                     result = model(*args, seq_lengths=first_len, host_lengths=first_host)
+                elif takes[0]:
+                    result = model(*args, seq_lengths=first_len)
                 else:
-                    result = model(*args, seq_lengths=first_len) if takes[0] else model(*args)
+                    result = model(*args)
             except MtlabError:
                 raise
             except Exception as exc:
@@ -183,7 +190,9 @@ class ModelGraph:
                     f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; check that the "
                     "batch's shapes and dtypes match what the model expects"
                 ) from exc
-            if isinstance(result, Mapping):  # a dict or HF ModelOutput: entries by name
+            if unnamed and type(result) is Tensor:  # the usual case: no ABC check
+                parts = [result]
+            elif isinstance(result, Mapping):  # a dict or HF ModelOutput: entries by name
                 parts = self._entries(node, result)
             elif node.outputs:
                 if not isinstance(result, (tuple, list)) or len(result) != len(node.outputs):
@@ -202,7 +211,7 @@ class ModelGraph:
                         f"{len(result)} values; name them with Node(..., outputs=[...])"
                     )
                 parts = [result]
-            for out_name, value in zip(node.outputs or (node.name,), parts):
+            for out_name, value in zip(produces, parts):
                 values[out_name] = value
                 if first_len is not None:
                     lengths[out_name] = first_len
