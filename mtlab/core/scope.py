@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 GENERATOR = threading.RLock()  # torch's global generator: one run's state in it at a time
+CPU = torch.default_generator  # what torch.get_rng_state / set_rng_state read and write, called directly per call
 
 
 class RunRandom:
@@ -106,9 +107,9 @@ class Scope:
             return
         rng = tr.rng
         GENERATOR.acquire()
-        rng.saved = torch.get_rng_state()
+        rng.saved = CPU.get_state()
         try:
-            torch.set_rng_state(rng.cpu)
+            CPU.set_state(rng.cpu)
             if rng.cuda is not None:
                 rng.saved_cuda = torch.cuda.get_rng_state(rng.device)
                 torch.cuda.set_rng_state(rng.cuda, rng.device)
@@ -128,8 +129,8 @@ class Scope:
                     journal.exit_call(self.entry, self.kind, tr.step_count, None if typ is None else typ.__name__)
                 finally:
                     rng = tr.rng
-                    rng.cpu = torch.get_rng_state()
-                    torch.set_rng_state(rng.saved)
+                    rng.cpu = CPU.get_state()
+                    CPU.set_state(rng.saved)
                     if rng.cuda is not None:
                         rng.cuda = torch.cuda.get_rng_state(rng.device)
                         torch.cuda.set_rng_state(rng.saved_cuda, rng.device)
