@@ -396,7 +396,7 @@ class Controls:
             tooltip="EMA smoothing of the loss curves (TensorBoard's); the raw curve stays faint behind")
         self.zoom = widgets.IntRangeSlider(
             value=(0, 1), min=0, max=1, description="shown", continuous_update=False,
-            style={"description_width": "40px"}, layout=_layout(width="260px"),
+            style={"description_width": "50px"}, layout=_layout(width="270px"),
             tooltip="the step range shown; drag an end to zoom; at the full range the plot follows the run")
         self.read_step = NumberText(
             0, int, 0, 10**12, what="read-out step", description="read", style={"description_width": "34px"},
@@ -452,7 +452,7 @@ class Controls:
             if c.kind in SLIDERS or c.kind == "optional":
                 c.widget.layout.width = f"{PRESENT_TRACK}px" if presentation else c.width
         self.smoothing_slider.layout.width = f"{PRESENT_TRACK}px" if presentation else "210px"
-        self.zoom.layout.width = f"{PRESENT_TRACK}px" if presentation else "260px"
+        self.zoom.layout.width = f"{PRESENT_TRACK}px" if presentation else "270px"
         wrap = _layout(flex_flow="row wrap", align_items="center")
         run_row = widgets.HBox([tipped(self.steps_box), B["run"], B["pause"], B["stop"], B["reinitialize"],
                                 tipped(self.reinit_knobs)], layout=wrap)
