@@ -115,8 +115,12 @@ class TaskPlan:
         result = self.graph.run(self.models, data, seq_lengths, hosts)  # inputs by name
         lengths = {**seq_lengths, **result.seq_lengths}
         made = result.outputs
-        outputs = {k: made[k] for k in self.outputs}
-        targets = {k: data[k] for k in self.targets}
+        outputs: dict[str, Tensor] = {}
+        targets: dict[str, Tensor] = {}
+        for k in self.outputs:  # plain loops, no comprehension's call: this runs per minibatch
+            outputs[k] = made[k]
+        for k in self.targets:
+            targets[k] = data[k]
         try:
             if torch.is_autocast_enabled(self.device_type):
                 out = loss_in_fp32(t.loss, targets, outputs, lengths, self.device.type)

@@ -167,7 +167,7 @@ class ModelGraph:
         known = self._takes_lengths
         for node, model_name, inputs, first, produces, unnamed in self._steps:
             model = models[model_name]
-            args = [values[name] for name in inputs]
+            args = [values[first]] if len(inputs) == 1 else [values[name] for name in inputs]
             first_len = lengths.get(first)
             first_host = hosts.get(first)
             takes = known.get((id(model), type(model)))

@@ -16,8 +16,9 @@ if str(BENCH) not in sys.path:
 peers = importlib.import_module("peers")
 
 ROOT = str(MTLAB.resolve())
-PER_MINIBATCH = 31  # mtlab functions one process_minibatch(batch=...) enters (today: 26, the second of a step 27 (its
-# first gradients into the flat buffer), a batch built by hand 30 on its first use (its frame mask made))
+PER_MINIBATCH = 25  # mtlab functions one process_minibatch(batch=...) enters (today: 21 on a collated batch, 20 the
+# third of a step, 24 a batch built by hand on its first use (its frame mask made); 31 before the forward's plumbing
+# ran in plain loops over what the plan and graph prepare once)
 PER_FINISH = 104  # finish(): normalize, clip, apply and the step's history row (today: 100 with the step's sums of
 # the records and the knob table; 80 before them, 104 before the step path lost its per-tensor generator expressions)
 PER_CYCLE = 4 * PER_MINIBATCH + PER_FINISH
