@@ -133,6 +133,7 @@ class Accumulator:
         self.records: list[MinibatchRecord] = []
         self._totals: Tensor | None = None  # Σ w·loss, Σ w·normalizer (None: made from the records when read)
         self._set_totals: dict[str, Tensor] = {}
+        self._summed: tuple[list[MinibatchRecord], int] | None = None  # the records the sums were made of, and how many
         self._pair_views: dict[str | None, tuple[Tensor, tuple[Tensor, ...]]] = {}
         self.grad_norm: Tensor | None = None
         self.grad_norm_clipped: Tensor | None = None
@@ -241,9 +242,12 @@ class Accumulator:
     def _sum_records(self) -> None:
         """The step's and each linked set's ``[Σ w·loss, Σ w·normalizer]`` (float64) from the records: each
         record's pair converted to float64 and × its weight, as it reads alone, then summed (deterministic sums)."""
-        recs, dev = self.records, self.device
+        source, dev = self.records, self.device
+        n = len(source)  # another thread (a dashboard) may read while the training thread records the next one
+        recs = source[:n]
         if not recs:
             self._totals, self._set_totals = torch.zeros(2, dtype=torch.float64, device=dev), {}
+            self._summed = (source, 0)
             return
         flat: list[Tensor] = []
         weights: list[float] = []
@@ -281,18 +285,24 @@ class Accumulator:
                         pick = self._picks[at] = host_to(torch.tensor(at, dtype=torch.long), dev)
                     set_totals[s] = pairs.index_select(0, pick).sum(0)
         self._totals, self._set_totals = totals, set_totals
+        self._summed = (source, n)
+
+    def _sums_stale(self) -> bool:
+        """The sums are missing, or were made of other records than those held now."""
+        summed = self._summed
+        return self._totals is None or summed is None or summed[0] is not self.records or summed[1] != len(summed[0])
 
     @property
     def totals(self) -> Tensor:
         """``[Σ w·loss, Σ w·normalizer]`` over the accumulated minibatches (float64; made when first read)."""
-        if self._totals is None:
+        if self._sums_stale():
             self._sum_records()
         return self._totals  # type: ignore[return-value]
 
     @property
     def set_totals(self) -> Mapping[str, Tensor]:
         """Linked set -> its ``[Σ w·loss, Σ w·normalizer]`` in this accumulation (float64)."""
-        if self._totals is None:
+        if self._sums_stale():
             self._sum_records()
         return MappingProxyType(self._set_totals)
 
@@ -471,6 +481,7 @@ class Accumulator:
                         for r in state["records"]]  # norm: 0.2
         self._totals = state["totals"].to(dev, torch.float64).clone()
         self._set_totals = {k: v.to(dev, torch.float64).clone() for k, v in state["set_totals"].items()}
+        self._summed = (self.records, len(self.records))
         self.grad_norm, self.grad_norm_clipped = to(state["grad_norm"]), to(state["grad_norm_clipped"])
         self.clip_fraction = to(state["clip_fraction"])
         self.model_norms = {k: v.to(dev) for k, v in state["model_norms"].items()}

@@ -188,3 +188,26 @@ def test_totals_are_the_weighted_sums_of_the_records() -> None:
         assert float(acc.set_normalizer[s]) == pytest.approx(sum(float(r.normalizer) for r in rs), rel=1e-12)
     assert float(acc.loss) == pytest.approx(float(acc.set_loss["clean"] + acc.set_loss["noisy"]), rel=1e-12)
     assert float(acc.normalizer) == float(acc.set_normalizer["clean"] + acc.set_normalizer["noisy"])
+
+
+def test_sums_read_from_another_thread_while_a_minibatch_is_recorded_are_never_kept_stale(monkeypatch):
+    """A dashboard's thread reads a task's sums while the training thread records the next minibatch: the sums
+    made from the records read then must not stand for the records after it (normalize would divide by them)."""
+    import mtlab.core.accumulator as accumulator_module
+    from types import SimpleNamespace
+
+    acc = Accumulator("a", {"w": torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))})
+    acc.begin(); acc.end()
+    acc.record("clean", 2, 1.0, torch.tensor(3.0, dtype=torch.float64), torch.tensor(4.0, dtype=torch.float64))
+    real = torch
+
+    def stack(*args, **kwargs):  # the training thread records a minibatch while the reader sums
+        monkeypatch.setattr(accumulator_module, "torch", real)
+        acc.record("clean", 2, 1.0, torch.tensor(5.0, dtype=torch.float64), torch.tensor(6.0, dtype=torch.float64))
+        return real.stack(*args, **kwargs)
+    names = {k: getattr(real, k) for k in dir(real) if not k.startswith("__")}
+    monkeypatch.setattr(accumulator_module, "torch", SimpleNamespace(**{**names, "stack": stack}))
+    read = acc.totals  # the reader's sums, of the first record only
+    assert read.tolist() == [3.0, 4.0]
+    assert acc.totals.tolist() == [8.0, 10.0]  # both records
+    assert acc.set_totals["clean"].tolist() == [8.0, 10.0]
