@@ -72,6 +72,20 @@ def test_prepare_picks_the_task_keys_and_leaves_the_batch_alone() -> None:
     assert picked_lens["x"] is lens["x"]
 
 
+def test_a_batch_in_other_containers_gives_the_same_loss_and_a_non_tensor_entry_is_refused() -> None:
+    """collate's (dict, dict) takes the short way; a list pair or other mappings give the same result; an entry
+    the task reads that is not a tensor is refused, naming it."""
+    from types import MappingProxyType
+
+    plan = plan_for(task_a())
+    data, lens = collate(make_examples(3, 2))
+    ref = plan.loss((data, lens)).loss_sum
+    for batch in ([data, lens], (MappingProxyType(data), MappingProxyType(lens))):
+        assert torch.equal(plan.loss(batch).loss_sum, ref)
+    with pytest.raises(mtlab.BatchError, match=r"reads 'y', which the batch holds as a list, not a tensor"):
+        plan.loss(({**data, "y": data["y"].tolist()}, lens))
+
+
 def test_forward_needs_no_targets() -> None:
     models = make_models()
     plan = plan_for(task_a(), models)

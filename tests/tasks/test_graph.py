@@ -34,3 +34,16 @@ def test_run_passes_lengths_and_names_multiple_outputs() -> None:
     res = g.run({"split": Split()}, {"x": x}, {"x": torch.tensor([3, 1])})
     assert torch.equal(res.outputs["y"], 2 * x) and res.outputs["n"].tolist() == [3, 1]
     assert res.seq_lengths["y"].tolist() == [3, 1] and g.model_names == ["split"]
+
+
+def test_a_node_naming_its_outputs_refuses_a_bare_tensor_and_an_unnamed_one_takes_it() -> None:
+    """The usual case (one tensor, an unnamed node) is taken as it comes; a node that names its outputs still
+    needs a tuple (or a dict) of them."""
+    x = torch.ones(2, 3, 1)
+    double = nn.Identity()
+    named = ModelGraph([Node("s", "m", ["x"], outputs=["y"])], ["x"], ["y"])
+    with pytest.raises(mtlab.GraphError, match=r"names 1 outputs \['y'\] but model 'm' returned a Tensor"):
+        named.run({"m": double}, {"x": x}, {})
+    unnamed = ModelGraph([Node("y", "m", ["x"]), Node("z", "m", ["y"])], ["x"], ["z"])
+    res = unnamed.run({"m": double}, {"x": x}, {"x": torch.tensor([3, 1])})
+    assert res.outputs["z"] is x and res.seq_lengths["z"].tolist() == [3, 1]
