@@ -8,6 +8,7 @@ and ``collate``, counted in both).
     python bench/step_work.py                       # the overhead case (1-layer BLSTM 16, batch 4, K = 4)
     python bench/step_work.py --case multitask --precision bf16
     python bench/step_work.py --layers              # also: where mtlab's own time goes, layer by layer
+    python bench/step_work.py --parts               # also: the work around the math, timed part by part
 
 For the loop a user writes (``overhead``, ``compute``) it also counts one minibatch: mtlab's
 ``process_minibatch`` on a batch made by ``mtlab.collate`` against the user's own minibatch (forward, the same
@@ -18,6 +19,11 @@ clip, apply; the loop's division, clipping and Adam step).
 (and that of the builtins and torch calls it makes directly) to the mtlab layer of its file: the share of the
 step each layer costs beside the loop's whole step. The profiler slows Python far more than torch's kernels,
 so the shares overstate Python layers; they rank the layers, the timed ratio is ``bench/peers.py``'s.
+
+``--parts`` times what is around the math, with no profiler: the overhead case's batches on a model of negligible
+cost (two small linear layers per frame), mtlab (``process_minibatch`` on collated batches, ``finish()``) and the
+loop taking turns step by step, the minimum over many steps of each part (a minimum sees through the load of a
+shared machine): the microseconds a minibatch and the rest of a step cost beyond the loop's.
 """
 
 from __future__ import annotations
@@ -29,8 +35,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import os
+import time
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -115,6 +125,72 @@ def minibatch_ops(case: str = "overhead", steps: int = 3) -> dict[str, float]:
     return out
 
 
+class Negligible(nn.Module):
+    """A per-frame model whose own cost is negligible: what a step costs beyond it is the work around the math."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden, self.head = nn.Linear(common.DIN, 8), nn.Linear(8, common.CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.hidden(x))
+
+
+def part_times(steps: int = 2000) -> dict[str, float]:
+    """Seconds, the minimum over ``steps`` steps taken in turn: K minibatches and the rest of the step, of mtlab
+    (``process_minibatch`` on ``mtlab.collate`` batches, ``finish()``) and of the loop (forward, loss, backward;
+    frame count, division, clipping, Adam), both on :class:`Negligible` and the overhead case's batches."""
+    _, _, batch, lo, hi, _ = peers.SETTINGS["overhead"]
+    k = common.K
+    padded = peers.plain_batches(batch, lo, hi, "cpu", n=8)
+    ready = peers.collated(padded, "cpu")
+    tr = peers.plain_trainer(Negligible(), batch, "cpu")
+    model = Negligible()
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=1e-3)
+    clock = time.perf_counter
+    best = {"mtlab/minibatches": 1.0, "mtlab/rest": 1.0, "loop/minibatches": 1.0, "loop/rest": 1.0}
+    for step in range(steps + 20):  # the first 20 warm up, not counted
+        window = [(step * k + j) % len(padded) for j in range(k)]
+        t0 = clock()
+        for i in window:
+            tr.process_minibatch("tag", "train", batch=ready[i])
+        t1 = clock()
+        tr.finish()
+        t2 = clock()
+        opt.zero_grad()
+        frames = torch.zeros((), dtype=torch.long)
+        for i in window:
+            x, y, _ = padded[i]
+            F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=common.IGNORE, reduction="sum").backward()
+            frames = frames + (y != common.IGNORE).sum()
+        t3 = clock()
+        for p in params:
+            p.grad.div_(frames)
+        torch.nn.utils.clip_grad_value_(params, 1.0)
+        opt.step()
+        t4 = clock()
+        if step >= 20:
+            for key, t in (("mtlab/minibatches", t1 - t0), ("mtlab/rest", t2 - t1), ("loop/minibatches", t3 - t2),
+                           ("loop/rest", t4 - t3)):
+                best[key] = min(best[key], t)
+    return best
+
+
+def print_parts(steps: int) -> None:
+    t = part_times(steps)
+    k = common.K
+    mb, loop_mb = t["mtlab/minibatches"] / k, t["loop/minibatches"] / k
+    print(f"\nthe work around the math, a model of negligible cost (minimum over {steps} steps each, taking turns)")
+    print(f"per minibatch: mtlab {mb * 1e6:.0f} us, the loop {loop_mb * 1e6:.0f} us: {(mb - loop_mb) * 1e6:+.0f} us, "
+          f"ratio {mb / loop_mb:.3f}")
+    print(f"rest of a step: mtlab's finish() {t['mtlab/rest'] * 1e6:.0f} us, the loop's {t['loop/rest'] * 1e6:.0f} us: "
+          f"{(t['mtlab/rest'] - t['loop/rest']) * 1e6:+.0f} us, ratio {t['mtlab/rest'] / t['loop/rest']:.3f}")
+    extra = t["mtlab/minibatches"] + t["mtlab/rest"] - t["loop/minibatches"] - t["loop/rest"]
+    print(f"a step of K={k}: {extra * 1e6:+.0f} us beyond the loop's")
+
+
 # mtlab's files by the layer a reader knows them as (paths relative to the package)
 LAYERS = {
     "core/scope.py": "call scope and generator", "core/journal.py": "journal and knobs", "core/knobs.py": "journal and knobs",
@@ -175,6 +251,7 @@ def main() -> None:
     ap.add_argument("--precision", default="32", choices=["32", "bf16", "16"])
     ap.add_argument("--top", type=int, default=0, help="also list the N ops mtlab dispatches most")
     ap.add_argument("--layers", action="store_true", help="also the time share of each mtlab layer (cProfile)")
+    ap.add_argument("--parts", action="store_true", help="also the work around the math, timed part by part")
     args = ap.parse_args()
     precision = {"32": "32", "bf16": "bf16-mixed", "16": "16-mixed"}[args.precision]
     common.set_threads()
@@ -205,6 +282,9 @@ def main() -> None:
               ", ".join(f"{k} +{v}" for k, v in diff.most_common(args.top)))
     if args.layers:
         print_layers(steps, 200)
+    if args.parts:
+        print(f"load {os.getloadavg()[0]:.1f} (1-minute average)")
+        print_parts(2000)
 
 
 if __name__ == "__main__":

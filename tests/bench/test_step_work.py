@@ -19,8 +19,9 @@ ROOT = str(MTLAB.resolve())
 PER_MINIBATCH = 25  # mtlab functions one process_minibatch(batch=...) enters (today: 21 on a collated batch, 20 the
 # third of a step, 24 a batch built by hand on its first use (its frame mask made); 31 before the forward's plumbing
 # ran in plain loops over what the plan and graph prepare once)
-PER_FINISH = 104  # finish(): normalize, clip, apply and the step's history row (today: 100 with the step's sums of
-# the records and the knob table; 80 before them, 104 before the step path lost its per-tensor generator expressions)
+PER_FINISH = 108  # finish(): normalize, clip, apply and the step's history row (today: 105, the step's sums naming
+# the records they were made of; 100 with the step's sums of the records and the knob table; 80 before them, 104 before
+# the step path lost its per-tensor generator expressions)
 PER_CYCLE = 4 * PER_MINIBATCH + PER_FINISH
 
 
