@@ -4,7 +4,6 @@ replayed bit for bit; refusals that leave the job untouched; one steering client
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 from helpers import make_examples, make_models, task_a
+from helpers.jobs import start_job
 
 import mtlab
-from mtlab.remote.server import attachable
 from mtlab.remote.wire import CONNECTION_FILE, AttachError, JobEnded, read_connection
-from mtlab.training.loop import Schedule, run
+from mtlab.training.loop import Schedule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,18 +33,9 @@ def job(tmp_path: Path, steps: int = 100_000, paused: bool = False) -> Iterator[
     (experiment, steering); stops it after."""
     exp = SimpleNamespace(trainer=build(), schedule=Schedule(num_steps=steps, initial_learning_rate=0.01,
                                                                learning_rate_decay=0.5), recipe={"name": "t"})
-    steering = attachable(exp, tmp_path, progress=False)
-    assert steering is not None
+    steering, thread = start_job(exp, tmp_path)
     if paused:
         steering.paused.set()
-
-    def train() -> None:  # as `mtlab train` does
-        try:
-            run(exp, progress=False, between_steps=steering.between)
-        finally:
-            steering.close(exp.schedule.last_stop)
-
-    thread = threading.Thread(target=train, daemon=True)
     thread.start()
     try:
         yield exp, steering

@@ -4,16 +4,15 @@ reached over its socket)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from types import SimpleNamespace
 
 import pytest
 from helpers import make_examples, make_models, task_a
+from helpers.jobs import start_job
 
 import mtlab
-from mtlab.remote.server import attachable
-from mtlab.training.loop import Schedule, run
+from mtlab.training.loop import Schedule
 from mtlab.ui.remote import JobDashboard
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # a figure and a job: a few seconds
@@ -23,15 +22,7 @@ def test_the_dashboard_of_a_job_shows_its_history_moves_its_knobs_and_says_its_e
     task = task_a((make_examples(24, 1), make_examples(24, 2)))
     tr = mtlab.Trainer(make_models(), [task], lr=0.01, numbatches_to_aggregate=2, device="cpu", seed=3)
     exp = SimpleNamespace(trainer=tr, schedule=Schedule(num_steps=10**6, initial_learning_rate=0.01), recipe={})
-    steering = attachable(exp, tmp_path, progress=False)
-
-    def train() -> None:
-        try:
-            run(exp, progress=False, between_steps=steering.between)
-        finally:
-            steering.close(exp.schedule.last_stop)
-
-    thread = threading.Thread(target=train, daemon=True)
+    steering, thread = start_job(exp, tmp_path)
     thread.start()
     job = mtlab.attach(tmp_path, timeout=10)
     dash = job.dashboard(refresh_s=0.2)
