@@ -78,7 +78,7 @@ def test_dashboard_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:
 
         tips = page.evaluate(TIPS_JS)
         assert len(tips) >= 9 and all(title for _, title in tips), tips  # combine, task, set, snapshot, boxes
-        assert any("set_combine" in t for _, t in tips) and any("snapshot" in t for _, t in tips)
+        assert any("trainer.set('combine'" in t for _, t in tips) and any("snapshot" in t for _, t in tips)
 
         output = page.locator(".jp-OutputArea")
         steps = output.locator(".widget-inline-hbox", has_text="steps").locator("input").first
@@ -93,10 +93,10 @@ def test_dashboard_screens_in_jupyterlab(lab: str, tmp_path: Path) -> None:
         page.wait_for_function("(e) => e.value === '1000'", arg=steps.element_handle(), timeout=30_000)
 
         output.locator(".lm-TabBar-tab", has_text="batches").first.click()
-        k_box = output.locator(".widget-inline-hbox", has_text="K").locator("input").first
+        k_box = output.locator("[title*=\"set('minibatches_per_step', value, task='a')\"] input").first
         k_box.fill("3")
         k_box.press("Enter")
-        page.wait_for_function(f"() => ({STATUS_JS})().includes('minibatches per step of a -> 3')", timeout=60_000)
+        page.wait_for_function(f"() => ({STATUS_JS})().includes('a/K (minibatches per step) 3')", timeout=60_000)
         shot = shoot(page, tmp_path, "jupyterlab_accumulation_1280x800.png")
         assert shot.stat().st_size > 20_000
 

@@ -121,11 +121,11 @@ def test_quickstart_dashboard_step_in_jupyterlab(lab: str, tmp_path: Path) -> No
         output.locator(".lm-TabBar-tab", has_text="weights").first.click()
         readout.fill("1")
         readout.press("Enter")
-        page.wait_for_function(f"() => ({STATUS_JS})().includes('task tag weight -> 1')", timeout=60_000)
+        page.wait_for_function(f"() => ({STATUS_JS})().includes('task tag weight 1')", timeout=60_000)
         counter_text, status_color = page.evaluate(
             "() => { const all = [...document.querySelectorAll('.jp-OutputArea .widget-html-content')];"
             " const c = all.find(e => /^step \\d+ /.test(e.textContent));"
-            " const s = all.find(e => e.textContent.startsWith('task tag weight -> 1'));"
+            " const s = all.find(e => e.textContent.startsWith('task tag weight 1'));"
             " return [c.textContent, s.querySelector('span').style.color]; }")
         assert "skipped" not in counter_text and status_color != "rgb(176, 0, 32)", (counter_text, status_color)
         assert "ConfigError" not in page.evaluate(STATUS_JS).split("events")[0]  # no error left in the texts
