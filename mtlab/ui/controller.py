@@ -275,10 +275,15 @@ class Controller:
         the dashboard does: in force from the row's point of the cycle (also during a run: the status says it is
         pending, then where it is in force); a refused value is said in the status line, nothing changed."""
         def do() -> str:
+            before = len(self.trainer.journal.entries)
             change = self.trainer.set(name, value, task, linkedset)
             skipped = skipped_tasks(self.trainer)
             tail = "; skipped by step(): " + ", ".join(f"{n} ({w})" for n, w in skipped.items()) if skipped else ""
-            return self._pending(f"{change.words}{tail}", WHEN.get(change.when, "its next minibatch"))
+            taken = None if change.pending else next(
+                (e for e in self.trainer.journal.entries[before:] if e["type"] == "change"), None)
+            if taken is not None and self.running:  # made between two steps of the run: in force at once
+                return f"{change.words}{tail}; in force from {where_text(taken['step'], taken['minibatch'])}"
+            return self._pending(f"{change.words}{tail}", WHEN.get(change.when, "its next minibatch"), before)
         return self._command(name.replace("_", " "), do)
 
     # The setters of earlier dashboards: one line each.
@@ -303,12 +308,12 @@ class Controller:
     def set_combine(self, method: str) -> bool:
         return self.set("combine", method)
 
-    def _pending(self, message: str, when: str) -> str:
+    def _pending(self, message: str, when: str, since: int | None = None) -> str:
         """During a run a change waits for the run's next minibatch (or step): the status says it is pending, and
         says where it is in force once the run took it (``refresh``), numbered as the journal and the events are."""
         if not self.running:
             return message
-        self._waiting = (len(self.trainer.journal.entries), message)
+        self._waiting = (len(self.trainer.journal.entries) if since is None else since, message)
         return f"{message}; pending: the run takes it at {when}"
 
     def reinitialize(self, knobs: str = "keep") -> bool:

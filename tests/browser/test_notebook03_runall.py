@@ -65,8 +65,12 @@ def test_run_all_then_a_slider_drag_acts_within_two_steps(lab: str, tmp_path: Pa
         status = page.evaluate(STATUS_JS)
         assert "pending" in status or "in force from step" in status, status
         page.wait_for_function(f"({STEP_JS})() > {at + 1}", timeout=120_000)
-        page.wait_for_function("() => /in force from step/.test(document.querySelector('.mtlab-dashboard')"
-                               ".innerText)", timeout=120_000)
+        try:
+            page.wait_for_function("() => /in force from step/.test(document.querySelector('.mtlab-dashboard')"
+                                   ".innerText)", timeout=120_000)
+        except sync_api.TimeoutError:
+            raise AssertionError(f"never said in force; the status: {page.evaluate(STATUS_JS)!r}; the events: "
+                                 f"{page.evaluate(EVENTS_JS)!r}") from None
         page.locator(".mtlab-dashboard").first.evaluate("e => e.scrollIntoView()")
         shoot(page, tmp_path, "03_runall_slider_1280x800.png")
         assert not page.evaluate(DASH_ERROR_JS), page.evaluate(DASH_ERROR_JS)
