@@ -337,7 +337,8 @@ def check_trainer_state(trainer: Any, state: Any, source: str = "the state") -> 
     check_state(state, list(tr.models), {n: tr.task_params[n] for n in tr.tasks}, tr.acc_steps, source)
     check_weights(tr.models, state["models"], source, {n: st["grads"] for n, st in state["tasks"].items()})
     check_precision_state(state, tr.precision.mode)
-    refuse_unknown(state, STATE_KEYS | set(state.get("extra_keys", ())), source)
+    # entries of the caller's own beside the trainer's ({**trainer.state_dict(), "epoch": 3}) are theirs; each
+    # piece of the trainer's refuses what it does not read
     for name, keys in PIECE_KEYS.items():  # each piece's own entries
         if isinstance(state.get(name), Mapping):
             refuse_unknown(state[name], keys, source, f"'{name}'")
@@ -379,13 +380,6 @@ def load_trainer_state(trainer: Any, state: Any, history: bool = True, source: s
         tr.noise_scale.load_state_dict(state["noise_scale"], tr.device)
     if history:
         tr.log.load_state_dict(state["history"])
-
-
-# every entry a trainer state may hold (older states hold the knobs as separate entries: "lr", "clip_grad_*")
-STATE_KEYS = {"format", "version", "models", "update", "tasks", "streams", "rng", "step", "knobs", "optimizers",
-              "scheduler", "chain", "history", "journal", "precision", "noise_scale", "settings", "lr",
-              "clip_grad_value", "clip_grad_norm", "clip_grad_percentile", "checksum", "extra_keys",
-              "recipe", "ranks", "schedule"}  # the last three: what `mtlab train` saves beside the state
 
 
 def legacy_knobs(state: Mapping[str, Any]) -> list[dict[str, Any]]:
